@@ -1,0 +1,42 @@
+# One venv for everything. Each target creates it (and installs) when needed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: venv test test-all demo bench lint fmt clean
+
+venv: $(STAMP)
+
+# torch first with an exact pin: that build lies on this disk; a looser spec may pull a
+# multi-GB CUDA build. Real users get the permissive range from pyproject.toml.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev,plot]"
+	@touch $(STAMP)
+
+test: venv
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: venv
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)
+
+bench: venv
+	@mkdir -p benchmarks/results
+	OMP_NUM_THREADS=1 $(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,49 @@
+"""Event names and constants of the record format (no heavy imports: the CLI hot path uses it)."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+#: Lifecycle events in the order they fire within a run (hook name = ``on_`` + event).
+LIFECYCLE_EVENTS: tuple[str, ...] = (
+    "train_begin",
+    "epoch_begin",
+    "step_begin",
+    "before_forward",
+    "after_forward",
+    "before_backward",
+    "after_backward",
+    "before_optimizer_step",
+    "after_optimizer_step",
+    "log",
+    "evaluate",
+    "save",
+    "step_end",
+    "epoch_end",
+    "train_end",
+)
+#: Recorded only with ``journal_detail="microbatch"``.
+MICROBATCH_EVENTS: frozenset[str] = frozenset(
+    {"before_forward", "after_forward", "before_backward", "after_backward"}
+)
+#: Every event name a writer of this version produces.
+EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, "control", "journal_gap")
+#: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
+DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "control", "journal_gap"})
+#: Final states of a run, as written in ``train_end.data.status``.
+END_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "interrupted")
+#: Commands accepted on the control channel (design.md section 3).
+CONTROL_COMMANDS: tuple[str, ...] = ("stop", "abort", "save", "evaluate", "log")
+
+ENVELOPE_FIELDS: tuple[str, ...] = (
+    "v",
+    "seq",
+    "run_id",
+    "attempt",
+    "ts",
+    "event",
+    "step",
+    "epoch",
+    "samples_seen",
+    "data",
+)

@@ -1,0 +1,196 @@
+"""Crash-tolerant journal reader.
+
+Reads complete lines from a byte offset. A final fragment without ``\\n`` is a record still
+being written: the reader stops before it and reports the offset to resume from, unless the
+caller says the file is finished (then the fragment is reported as an invalid line). Invalid
+lines are reported with their line number and skipped; reading never stops on them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.events import SCHEMA_VERSION
+
+CHUNK_SIZE = 4 * 1024 * 1024
+_SNIPPET = 80
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidLine:
+    """A line that is not a valid record: skipped, and reported."""
+
+    line_no: int  # 1-based, counted from the offset/line the reader started at
+    offset: int  # byte offset of the line's start
+    reason: str
+    snippet: bytes
+
+
+@dataclass(slots=True)
+class ReadBatch:
+    """What one :meth:`JournalReader.read` call found."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    invalid: list[InvalidLine] = field(default_factory=list)
+    offset: int = 0  # resume here next time (just past the last complete line)
+    line_no: int = 0  # lines consumed so far (complete lines up to ``offset``)
+    torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
+
+
+def _check(obj: Any) -> str | None:
+    """Cheap envelope check; returns a reason when the object is not a record."""
+    if type(obj) is not dict:
+        return "not a JSON object"
+    seq = obj.get("seq")
+    if type(seq) is not int or seq < 0:
+        return "missing or invalid 'seq'"
+    if type(obj.get("event")) is not str:
+        return "missing or invalid 'event'"
+    if type(obj.get("data", {})) is not dict:
+        return "'data' is not an object"
+    return None
+
+
+def parse_lines(
+    buf: bytes, offset: int, line_no: int, batch: ReadBatch, *, newer_version: list[int]
+) -> None:
+    """Parse the complete lines of ``buf`` (which must end with ``\\n``) into ``batch``."""
+    records = batch.records
+    loads = orjson.loads
+    pos = offset
+    for line in buf.split(b"\n")[:-1]:
+        line_no += 1
+        start = pos
+        pos += len(line) + 1
+        if not line or line.isspace():
+            continue
+        try:
+            obj = loads(line)
+        except orjson.JSONDecodeError as exc:
+            batch.invalid.append(
+                InvalidLine(line_no, start, f"invalid JSON: {exc}", line[:_SNIPPET])
+            )
+            continue
+        if type(obj) is dict and type(obj.get("seq")) is int and type(obj.get("event")) is str:
+            v = obj.get("v", 1)
+            if type(v) is int and v > SCHEMA_VERSION:
+                newer_version.append(v)
+            if obj["seq"] >= 0 and type(obj.get("data", {})) is dict:
+                records.append(obj)
+                continue
+        batch.invalid.append(
+            InvalidLine(line_no, start, _check(obj) or "bad record", line[:_SNIPPET])
+        )
+    batch.offset = pos
+    batch.line_no = line_no
+
+
+class JournalReader:
+    """Incremental reader: call :meth:`read` repeatedly to follow a growing journal.
+
+    The state to persist for resuming is ``(offset, line_no)``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        offset: int = 0,
+        line_no: int = 0,
+        *,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.line_no = line_no
+        self.chunk_size = chunk_size
+        self.newer_versions: list[int] = []
+        self._warned_version = False
+
+    def read(self, *, final: bool = False, max_bytes: int | None = None) -> ReadBatch:
+        """Read complete records from the current offset and advance past them.
+
+        ``final=True`` means the writer is done: a trailing fragment is reported as an
+        invalid line and consumed instead of waited for.
+        """
+        batch = ReadBatch(offset=self.offset, line_no=self.line_no)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return batch
+        try:
+            size = os.fstat(fd).st_size
+            limit = size if max_bytes is None else min(size, self.offset + max_bytes)
+            pos = self.offset
+            carry = b""
+            # Past ``limit`` keep reading only until one complete line has been consumed.
+            while pos < size and (pos < limit or batch.offset == self.offset):
+                chunk = os.pread(fd, min(self.chunk_size, size - pos), pos)
+                if not chunk:
+                    break
+                pos += len(chunk)
+                buf = carry + chunk if carry else chunk
+                cut = buf.rfind(b"\n") + 1
+                if cut:
+                    parse_lines(
+                        buf[:cut],
+                        batch.offset,
+                        batch.line_no,
+                        batch,
+                        newer_version=self.newer_versions,
+                    )
+                carry = buf[cut:]
+        finally:
+            os.close(fd)
+        if carry and pos >= size:
+            if final:
+                batch.line_no += 1
+                batch.invalid.append(
+                    InvalidLine(
+                        batch.line_no,
+                        batch.offset,
+                        "torn final line (no newline)",
+                        carry[:_SNIPPET],
+                    )
+                )
+                batch.offset += len(carry)
+            else:
+                batch.torn_tail = True
+        self.offset, self.line_no = batch.offset, batch.line_no
+        if self.newer_versions and not self._warned_version:
+            self._warned_version = True
+            warnings.warn(
+                f"{self.path}: records of format version {max(self.newer_versions)} "
+                f"(this reader knows {SCHEMA_VERSION}); unknown fields are ignored",
+                stacklevel=2,
+            )
+        return batch
+
+
+def iter_batches(path: str | os.PathLike[str], *, final: bool = True) -> Iterator[ReadBatch]:
+    """Read a whole journal chunk by chunk (bounded memory)."""
+    reader = JournalReader(path)
+    while True:
+        before = reader.offset
+        batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
+        if batch.records or batch.invalid:
+            yield batch
+        if reader.offset == before:
+            return
+
+
+def read_all(path: str | os.PathLike[str], *, final: bool = True) -> ReadBatch:
+    """Read a whole journal at once: all records and all invalid lines."""
+    return JournalReader(path).read(final=final)
+
+
+def iter_records(path: str | os.PathLike[str], *, final: bool = True) -> Iterator[dict[str, Any]]:
+    """Yield every valid record of a journal, in file order."""
+    for batch in iter_batches(path, final=final):
+        yield from batch.records

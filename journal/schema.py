@@ -1,0 +1,171 @@
+"""The record format: envelope, event names and payload models (design.md section 2).
+
+The models document and validate the contract. The hot paths (writer, reader) work on plain
+dicts for speed; use :func:`parse_record` when you want typed access. Every model allows
+extra fields and unknown events parse as a generic payload, so newer writers never break
+older readers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from journal.events import (  # noqa: F401  (re-exported: the contract lives in one place)
+    CONTROL_COMMANDS,
+    DURABLE_EVENTS,
+    END_STATUSES,
+    ENVELOPE_FIELDS,
+    EVENTS,
+    LIFECYCLE_EVENTS,
+    MICROBATCH_EVENTS,
+    SCHEMA_VERSION,
+)
+
+
+class _Open(BaseModel):
+    """Base for every model: unknown fields pass through (forward compatibility)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Payload(_Open):
+    """Payload of an event with no required fields (also used for unknown events)."""
+
+
+class BatchMetrics(_Open):
+    total_samples: int
+    total_length: int
+    num_loss_counted_tokens: int
+    accumulated_loss: float
+    grad_accum_steps: int
+    num_minibatches: int
+
+
+class TrainBeginData(_Open):
+    config: dict[str, Any]
+    world_size: int
+    nnodes: int
+    device_type: str
+    journal_detail: Literal["step", "microbatch"]
+    resumed_from: str | None
+    total_steps: int
+    hostname: str
+    pid: int
+    versions: dict[str, str]
+
+
+class LogData(_Open):
+    loss: float | None = Field(description="average loss across ranks (per loss-counted token)")
+    lr: float
+    grad_norm: float | None
+    elapsed_time: float = Field(description="wall time of the step in seconds")
+    tokens_per_s: float
+    samples_per_s: float
+    samples_seen: int
+    batch_metrics: BatchMetrics
+    cuda_mem_allocated: int | None = Field(description="bytes; null on CPU")
+
+
+class EvaluateData(_Open):
+    val_loss: float | None
+    val_num_tokens: int
+    duration: float
+
+
+class SaveData(_Open):
+    checkpoint_path: str
+    kind: list[Literal["full_state", "hf"]]
+    duration: float
+
+
+class TrainEndData(_Open):
+    status: Literal["completed", "stopped", "failed", "interrupted"]
+    reason: str | None = None
+    final_checkpoint: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+
+
+class ControlData(_Open):
+    command: str | None
+    id: str | None
+    source: str | None = None
+    accepted: bool
+    reason: str | None = None
+    applied_at_step: int | None = None
+
+
+class JournalGapData(_Open):
+    dropped: int = Field(description="records lost while the journal could not be written")
+    first_seq: int
+    last_seq: int
+    error: str
+
+
+PAYLOAD_MODELS: dict[str, type[_Open]] = {
+    "train_begin": TrainBeginData,
+    "log": LogData,
+    "evaluate": EvaluateData,
+    "save": SaveData,
+    "train_end": TrainEndData,
+    "control": ControlData,
+    "journal_gap": JournalGapData,
+}
+
+
+class Record(_Open):
+    """One journal line: the envelope around an event payload."""
+
+    v: int = Field(ge=1, description="record format version")
+    seq: int = Field(ge=0, description="0-based, strictly increasing over the whole file")
+    run_id: str
+    attempt: int = Field(ge=1, description="1 for the first launch, +1 for each resume")
+    ts: float = Field(description="Unix time in seconds")
+    event: str
+    step: int = Field(ge=0, description="global optimizer step; 0 before training starts")
+    epoch: int = Field(ge=0)
+    samples_seen: int = Field(ge=0)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ParsedRecord(BaseModel):
+    """A validated record with its payload parsed into the event's model."""
+
+    record: Record
+    payload: _Open
+
+
+def parse_record(obj: dict[str, Any]) -> ParsedRecord:
+    """Validate a raw record dict; raises ``pydantic.ValidationError`` on a bad record."""
+    record = Record.model_validate(obj)
+    model = PAYLOAD_MODELS.get(record.event, Payload)
+    return ParsedRecord(record=record, payload=model.model_validate(record.data))
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of one journal record, with per-event payload rules."""
+    schema = Record.model_json_schema()
+    defs: dict[str, Any] = schema.setdefault("$defs", {})
+    rules = []
+    for event, model in PAYLOAD_MODELS.items():
+        sub = model.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(sub.pop("$defs", {}))
+        defs[model.__name__] = sub
+        rules.append(
+            {
+                "if": {"properties": {"event": {"const": event}}},
+                "then": {"properties": {"data": {"$ref": f"#/$defs/{model.__name__}"}}},
+            }
+        )
+    schema["allOf"] = rules
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "ilab-journal record"
+    schema["description"] = (
+        f"One line of journal.jsonl, format version {SCHEMA_VERSION}. Known events: "
+        + ", ".join(EVENTS)
+        + ". Unknown events and fields are allowed."
+    )
+    return schema

@@ -1,0 +1,186 @@
+"""Fold a journal into what people and scripts ask about: state, progress, phases."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
+STATE_EXIT_CODES: dict[str, int] = {
+    "completed": 0,
+    "failed": 1,
+    # 2 is reserved for usage errors (click's convention).
+    "running": 3,
+    "stopped": 4,
+    "interrupted": 5,
+    "stale": 6,
+    "empty": 7,
+}
+
+
+@dataclass
+class RunSummary:
+    """The state of the latest attempt in a journal."""
+
+    run_id: str | None = None
+    attempt: int | None = None
+    state: str = "empty"
+    reason: str | None = None
+    last_step: int = 0
+    total_steps: int | None = None
+    epoch: int = 0
+    samples_seen: int = 0
+    last_checkpoint: str | None = None
+    last_loss: float | None = None
+    last_lr: float | None = None
+    last_val_loss: float | None = None
+    last_ts: float | None = None
+    started_ts: float | None = None
+    records: int = 0
+    invalid_lines: int = 0
+    hostname: str | None = None
+    pid: int | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pid_gone(hostname: str | None, pid: int | None) -> bool:
+    """True only when we can tell for sure: same host and no such process."""
+    if not hostname or not pid or hostname != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Summarizer:
+    """Incrementally folds records into a :class:`RunSummary` (used by status and tail)."""
+
+    def __init__(self) -> None:
+        self.s = RunSummary()
+        self.ended = False
+
+    def add(self, rec: dict[str, Any]) -> None:
+        s = self.s
+        s.records += 1
+        event = rec.get("event")
+        data = rec.get("data") or {}
+        s.last_ts = rec.get("ts", s.last_ts)
+        step = rec.get("step")
+        if isinstance(step, int) and step >= s.last_step:
+            s.last_step = step
+        s.epoch = rec.get("epoch", s.epoch)
+        s.samples_seen = rec.get("samples_seen", s.samples_seen)
+        if event == "train_begin" or s.run_id is None:
+            s.run_id, s.attempt = rec.get("run_id"), rec.get("attempt")
+        if event == "train_begin":
+            self.ended = False
+            s.state, s.reason, s.error = "running", None, None
+            s.total_steps = data.get("total_steps", s.total_steps)
+            s.started_ts = rec.get("ts")
+            s.hostname, s.pid = data.get("hostname"), data.get("pid")
+            s.last_step = rec.get("step", 0)
+        elif event == "log":
+            s.last_loss = data.get("loss", s.last_loss)
+            s.last_lr = data.get("lr", s.last_lr)
+        elif event == "evaluate":
+            s.last_val_loss = data.get("val_loss", s.last_val_loss)
+        elif event == "save":
+            s.last_checkpoint = data.get("checkpoint_path", s.last_checkpoint)
+        elif event == "train_end":
+            self.ended = True
+            s.state = str(data.get("status") or "failed")
+            s.reason = data.get("reason")
+            if data.get("final_checkpoint"):
+                s.last_checkpoint = data["final_checkpoint"]
+            if data.get("error_type"):
+                s.error = f"{data['error_type']}: {data.get('error_message', '')}"
+        elif s.state == "empty":
+            s.state = "running"
+
+    def result(self, *, stale_after: float | None = None, now: float | None = None) -> RunSummary:
+        s = self.s
+        if s.state == "running" and s.last_ts is not None:
+            now = time.time() if now is None else now
+            if stale_after is not None and now - s.last_ts > stale_after:
+                s.state, s.reason = (
+                    "stale",
+                    f"no record for {now - s.last_ts:.0f}s and no train_end",
+                )
+            elif _pid_gone(s.hostname, s.pid):
+                s.state, s.reason = (
+                    "stale",
+                    f"trainer process {s.pid} is gone and wrote no train_end",
+                )
+        return s
+
+
+@dataclass
+class PhaseStats:
+    count: int = 0
+    total_s: float = 0.0
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_s / self.count if self.count else 0.0
+
+
+@dataclass
+class JournalStats:
+    """Counts per event, time per phase and throughput (``ilab-journal stats``)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    phases: dict[str, PhaseStats] = field(
+        default_factory=lambda: {k: PhaseStats() for k in ("step", "evaluate", "save")}
+    )
+    tokens: int = 0
+    samples: int = 0
+    log_time_s: float = 0.0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+    def add(self, rec: dict[str, Any]) -> None:
+        ev = rec.get("event", "?")
+        self.counts[ev] += 1
+        ts = rec.get("ts")
+        if isinstance(ts, (int, float)):
+            self.first_ts = ts if self.first_ts is None else self.first_ts
+            self.last_ts = ts
+        data = rec.get("data") or {}
+        if ev == "log":
+            t = data.get("elapsed_time")
+            if isinstance(t, (int, float)):
+                self.phases["step"].count += 1
+                self.phases["step"].total_s += t
+                self.log_time_s += t
+                bm = data.get("batch_metrics") or {}
+                self.tokens += int(bm.get("total_length") or 0)
+                self.samples += int(bm.get("total_samples") or 0)
+        elif ev in ("evaluate", "save"):
+            d = data.get("duration")
+            if isinstance(d, (int, float)):
+                self.phases[ev].count += 1
+                self.phases[ev].total_s += d
+
+    def to_dict(self) -> dict[str, Any]:
+        wall = (self.last_ts - self.first_ts) if self.first_ts is not None else 0.0
+        return {
+            "counts": dict(self.counts),
+            "phases": {
+                k: {"count": v.count, "total_s": v.total_s, "mean_s": v.mean_s}
+                for k, v in self.phases.items()
+            },
+            "wall_s": wall,
+            "tokens_per_s": self.tokens / self.log_time_s if self.log_time_s else None,
+            "samples_per_s": self.samples / self.log_time_s if self.log_time_s else None,
+        }

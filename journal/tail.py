@@ -1,0 +1,119 @@
+"""``ilab-journal tail``: the newest records, and a live view that follows a run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.reader import JournalReader
+from journal.summary import STATE_EXIT_CODES, Summarizer
+
+
+def _line(rec: dict[str, Any]) -> str:
+    from journal.cli import _fmt_ts, summarize_data
+
+    ev = str(rec.get("event"))
+    return (
+        f"{_fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
+        f"{summarize_data(ev, rec.get('data') or {})}"
+    )
+
+
+def follow_journal(
+    path: Path, *, follow: bool, first_n: int, interval: float, as_json: bool
+) -> int:
+    """Print the last ``first_n`` records; with ``follow``, keep going until ``train_end``.
+
+    Returns the exit code (the ``status`` code of the final state when following).
+    """
+    reader = JournalReader(path)
+    summ = Summarizer()
+    recent: deque[dict[str, Any]] = deque(maxlen=max(first_n, 0) or None)
+    batch = reader.read()
+    for rec in batch.records:
+        summ.add(rec)
+        recent.append(rec)
+    emit = (
+        (lambda r: sys.stdout.write(orjson.dumps(r).decode() + "\n"))
+        if as_json
+        else (lambda r: print(_line(r)))
+    )
+    if first_n > 0:
+        for rec in recent:
+            emit(rec)
+    sys.stdout.flush()
+    if not follow:
+        return 0
+    if as_json or not sys.stdout.isatty():
+        return _follow_plain(reader, summ, emit, interval)
+    return _follow_live(reader, summ, interval)
+
+
+def _ended(summ: Summarizer) -> bool:
+    return summ.ended
+
+
+def _follow_plain(reader: JournalReader, summ: Summarizer, emit: Any, interval: float) -> int:
+    while not _ended(summ):
+        batch = reader.read()
+        for rec in batch.records:
+            summ.add(rec)
+            emit(rec)
+        sys.stdout.flush()
+        if not batch.records:
+            time.sleep(interval)  # a person's view: polling is plenty
+    return STATE_EXIT_CODES.get(summ.s.state, 1)
+
+
+def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> int:
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    console = Console()
+    progress = Progress(
+        TextColumn("[bold]step"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("train", total=summ.s.total_steps or None, completed=summ.s.last_step)
+    tput: dict[str, Any] = {}
+
+    def status_line() -> Text:
+        s = summ.s
+        parts = [f"state {s.state}"]
+        if s.last_loss is not None:
+            parts.append(f"loss {s.last_loss:.4f}")
+        if s.last_lr is not None:
+            parts.append(f"lr {s.last_lr:.2e}")
+        if tput.get("tokens_per_s"):
+            parts.append(f"{tput['tokens_per_s']:.0f} tok/s")
+        if s.last_val_loss is not None:
+            parts.append(f"val_loss {s.last_val_loss:.4f}")
+        parts.append(f"ckpt {s.last_checkpoint or '-'}")
+        return Text("  ".join(parts))
+
+    with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
+        while not _ended(summ):
+            batch = reader.read()
+            for rec in batch.records:
+                summ.add(rec)
+                ev = rec.get("event")
+                if ev == "log":
+                    tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
+                if ev in ("save", "evaluate", "control", "train_begin", "train_end"):
+                    console.print(_line(rec))
+            progress.update(task, total=summ.s.total_steps or None, completed=summ.s.last_step)
+            live.update(Group(progress, status_line()))
+            if not batch.records:
+                time.sleep(interval)
+    console.print(f"run ended: {summ.s.state}" + (f" ({summ.s.reason})" if summ.s.reason else ""))
+    return STATE_EXIT_CODES.get(summ.s.state, 1)

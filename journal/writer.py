@@ -1,0 +1,267 @@
+"""Single-writer, append-only journal (design.md section 2).
+
+One ``os.write`` of one orjson-encoded line per record on an ``O_APPEND`` descriptor: a record
+is either wholly in the file or (after a crash mid-write) a torn final fragment that readers
+skip. Only durable events are fsynced, so the hot path costs about one syscall.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
+from journal.paths import JOURNAL_NAME
+
+log = logging.getLogger(__name__)
+
+ErrorPolicy = Literal["warn", "raise"]
+_TAIL_PROBE = 64 * 1024
+# orjson writes NaN/Inf as null (valid JSON); the trainer also sends an explicit flag for
+# non-finite losses so consumers can tell "diverged" from "not measured".
+_DUMPS_OPTS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+
+
+class JournalWriteError(OSError):
+    """Raised by a writer with ``on_error="raise"`` when a record cannot be written."""
+
+
+def _default(obj: Any) -> Any:
+    """Fallback encoder: paths, sets and anything with a sensible ``str``."""
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # 0-d tensors / numpy scalars
+        return obj.item()
+    return str(obj)
+
+
+def _last_record(fd: int, size: int) -> tuple[dict[str, Any] | None, bool]:
+    """Return (last parseable record, file ends with a newline) reading backwards."""
+    if size == 0:
+        return None, True
+    ends_clean = os.pread(fd, 1, size - 1) == b"\n"
+    end = size
+    probe = _TAIL_PROBE
+    while end > 0:
+        start = max(0, end - probe)
+        chunk = os.pread(fd, end - start, start)
+        lines = chunk.split(b"\n")
+        # The first piece may be a partial line unless we are at the file start.
+        candidates = lines if start == 0 else lines[1:]
+        for line in reversed(candidates):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
+                return obj, ends_clean
+        if start == 0:
+            break
+        end = start + len(lines[0])  # re-read the partial first line in the next window
+        probe *= 2
+    return None, ends_clean
+
+
+class JournalWriter:
+    """Append lifecycle records to ``<ckpt_dir>/journal.jsonl``.
+
+    Args:
+        path: a checkpoint directory (``journal.jsonl`` inside it, created as needed), or a
+            file path ending in ``.jsonl``.
+        resume: continue the ``run_id`` of the last record with ``attempt + 1``; otherwise a
+            new run id and attempt 1. ``seq`` always continues over the whole file.
+        run_id: force a run id (for tests and external orchestration).
+        on_error: ``"warn"`` keeps training alive on I/O errors (warn once, count dropped
+            records, write a ``journal_gap`` record once writing works again);
+            ``"raise"`` raises :class:`JournalWriteError`.
+        durable_events: events followed by ``fsync``.
+
+    Not thread-safe: one writer per file, in one thread (rank 0 of the trainer).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        resume: bool = False,
+        run_id: str | None = None,
+        on_error: ErrorPolicy = "warn",
+        durable_events: frozenset[str] = DURABLE_EVENTS,
+        mode: int = 0o640,
+    ) -> None:
+        p = Path(path)
+        self.path = p if p.suffix == ".jsonl" and not p.is_dir() else p / JOURNAL_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.on_error = on_error
+        self.durable_events = durable_events
+        self.dropped = 0
+        self._gap: tuple[int, int, str] | None = None  # first seq, last seq, error text
+        self._torn = False
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        self._init_from_tail(resume, run_id)
+
+    def _init_from_tail(self, resume: bool, run_id: str | None) -> None:
+        rfd = os.open(self.path, os.O_RDONLY)
+        try:
+            size = os.fstat(rfd).st_size
+            last, ends_clean = _last_record(rfd, size)
+        finally:
+            os.close(rfd)
+        if not ends_clean:
+            # A crash left a torn fragment: terminate it so readers skip it as one bad line.
+            self._write_bytes(b"\n")
+        self.seq = last["seq"] + 1 if last else 0
+        if resume and last and isinstance(last.get("run_id"), str):
+            self.run_id = run_id or last["run_id"]
+            self.attempt = int(last.get("attempt", 0)) + 1
+        else:
+            self.run_id = run_id or uuid.uuid4().hex[:12]
+            self.attempt = 1
+
+    # -- public API ---------------------------------------------------------------------
+
+    def append(
+        self,
+        event: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        step: int = 0,
+        epoch: int = 0,
+        samples_seen: int = 0,
+        ts: float | None = None,
+    ) -> int | None:
+        """Append one record; return its ``seq``, or ``None`` if it was dropped."""
+        if self._gap is not None:
+            self._flush_gap()
+        seq = self.seq
+        self.seq = seq + 1
+        line = orjson.dumps(
+            {
+                "v": SCHEMA_VERSION,
+                "seq": seq,
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "ts": time.time() if ts is None else ts,
+                "event": event,
+                "step": step,
+                "epoch": epoch,
+                "samples_seen": samples_seen,
+                "data": data if data is not None else {},
+            },
+            default=_default,
+            option=_DUMPS_OPTS,
+        )
+        if self._gap is not None:  # still failing: do not try the record itself
+            return self._dropped(seq, None)
+        try:
+            self._write_bytes(line)
+            if event in self.durable_events:
+                os.fsync(self._fd)
+        except OSError as exc:
+            return self._dropped(seq, exc)
+        return seq
+
+    def flush(self) -> None:
+        """fsync everything written so far."""
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            if self.on_error == "raise":
+                raise JournalWriteError(exc.errno, f"fsync {self.path}: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        """fsync and close. Safe to call twice."""
+        if self._fd < 0:
+            return
+        self.flush()
+        os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _write_bytes(self, payload: bytes) -> None:
+        if self._torn:
+            # A previous write may have left a partial line: start on a fresh line.
+            payload = b"\n" + payload
+        view = memoryview(payload)
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except OSError:
+                self._torn = True
+                raise
+            if n == len(view):
+                break
+            self._torn = True  # a short write means the disk or quota is full
+            view = view[n:]
+        self._torn = False
+
+    def _dropped(self, seq: int, exc: OSError | None) -> None:
+        if self.on_error == "raise":
+            err = exc.errno if exc else errno.EIO
+            raise JournalWriteError(err, f"cannot write journal {self.path}: {exc}") from exc
+        self.dropped += 1
+        if self._gap is None:
+            text = f"{type(exc).__name__}: {exc}" if exc else "earlier write failed"
+            log.warning(
+                "journal %s: cannot write (%s); training continues, records are counted and "
+                "a journal_gap record will mark the loss",
+                self.path,
+                text,
+            )
+            self._gap = (seq, seq, text)
+        else:
+            self._gap = (self._gap[0], seq, self._gap[2])
+        return None
+
+    def _flush_gap(self) -> None:
+        """Try to write the ``journal_gap`` record; it takes the next ``seq`` on success."""
+        assert self._gap is not None
+        first, last, err = self._gap
+        next_seq = self.seq
+        line = orjson.dumps(
+            {
+                "v": SCHEMA_VERSION,
+                "seq": next_seq,
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "ts": time.time(),
+                "event": "journal_gap",
+                "step": 0,
+                "epoch": 0,
+                "samples_seen": 0,
+                "data": {
+                    "dropped": last - first + 1,
+                    "first_seq": first,
+                    "last_seq": last,
+                    "error": err,
+                },
+            },
+            option=_DUMPS_OPTS,
+        )
+        try:
+            self._write_bytes(line)
+            os.fsync(self._fd)
+        except OSError:
+            return
+        self._gap = None
+        self.seq = next_seq + 1
+        log.warning(
+            "journal %s: writing again after %d dropped records", self.path, last - first + 1
+        )
