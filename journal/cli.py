@@ -179,19 +179,20 @@ def show(
     path = resolve_journal(dir)
     wanted = set(events)
     out: deque[dict[str, Any]] = deque(maxlen=last_n if last_n and last_n > 0 else None)
-    valid = invalid = 0
+    valid = 0
+    skipped: list[InvalidLine] = []
     for records, bad in _scan(path):
         valid += len(records)
-        invalid += len(bad)
-        for line in bad:
-            click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
+        skipped.extend(bad)
         for rec in records:
             if wanted and rec.get("event") not in wanted:
                 continue
             if since_step is not None and rec.get("step", 0) < since_step:
                 continue
             out.append(rec)
-    _require_journal(path, valid, invalid)
+    _require_journal(path, valid, len(skipped))
+    for line in skipped:
+        click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
     if as_json:
         w = sys.stdout.buffer
         for rec in out:

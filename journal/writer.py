@@ -77,7 +77,7 @@ class JournalWriter:
 
     Args:
         path: a checkpoint directory (``journal.jsonl`` inside it, created as needed), or a
-            file path ending in ``.jsonl``.
+            file path (an existing file, or a new one ending in ``.jsonl``).
         resume: continue the ``run_id`` of the last record with ``attempt + 1``; otherwise a
             new run id and attempt 1. ``seq`` always continues over the whole file.
         run_id: force a run id (for tests and external orchestration).
@@ -100,7 +100,8 @@ class JournalWriter:
         mode: int = 0o640,
     ) -> None:
         p = Path(path)
-        self.path = p if p.suffix == ".jsonl" and not p.is_dir() else p / JOURNAL_NAME
+        is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
+        self.path = p if is_file else p / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.on_error = on_error
         self.durable_events = durable_events

@@ -1,0 +1,174 @@
+"""Reader properties: never crashes, never yields a corrupt record, resumes at the right offset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from journal import JournalReader, JournalWriter, read_all
+from journal.reader import iter_records
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**53), 2**53),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+payloads = st.dictionaries(
+    st.text(min_size=1, max_size=10),
+    st.recursive(
+        json_scalars,
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+        max_leaves=8,
+    ),
+    max_size=5,
+)
+records_st = st.lists(
+    st.tuples(
+        st.sampled_from(["log", "save", "step_end", "evaluate", "weird\n\u2028event"]),
+        payloads,
+        st.integers(0, 10**6),
+    ),
+    min_size=0,
+    max_size=12,
+)
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _write(path: Path, recs: list[tuple[str, dict, int]]) -> list[dict]:
+    with JournalWriter(path) as w:
+        for ev, data, step in recs:
+            w.append(ev, data, step=step)
+    return read_all(path).records
+
+
+@SETTINGS
+@given(recs=records_st)
+def test_truncation_at_every_byte_offset(tmp_path_factory, recs) -> None:
+    path = tmp_path_factory.mktemp("t") / "journal.jsonl"
+    written = _write(path, recs)
+    full = path.read_bytes()
+    assert len(written) == len(recs)
+    ends = [i + 1 for i, b in enumerate(full) if b == ord("\n")]
+    cut_path = path.with_name("cut.jsonl")
+    for cut in range(len(full) + 1):
+        cut_path.write_bytes(full[:cut])
+        batch = JournalReader(cut_path).read()
+        complete = sum(1 for e in ends if e <= cut)
+        assert batch.records == written[:complete]
+        assert batch.offset == (ends[complete - 1] if complete else 0)
+        assert batch.torn_tail == (cut > batch.offset)
+        assert not batch.invalid
+
+
+@SETTINGS
+@given(recs=records_st, splits=st.lists(st.integers(0, 10_000), max_size=8))
+def test_incremental_reads_of_a_growing_file_see_each_record_once(
+    tmp_path_factory, recs, splits
+) -> None:
+    path = tmp_path_factory.mktemp("g") / "journal.jsonl"
+    written = _write(path, recs)
+    full = path.read_bytes()
+    growing = path.with_name("growing.jsonl")
+    growing.write_bytes(b"")
+    reader = JournalReader(growing)
+    seen: list[dict] = []
+    points = sorted({min(s, len(full)) for s in splits} | {len(full)})
+    for p in points:
+        growing.write_bytes(full[:p])  # the writer appended up to byte p
+        seen.extend(reader.read().records)
+        assert reader.offset <= p
+    assert seen == written
+    assert reader.offset == len(full)
+
+
+garbage_line = st.one_of(
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
+    st.sampled_from(
+        [
+            b"123",
+            b"[]",
+            b'{"seq": -1, "event": "x"}',
+            b'{"seq": "1", "event": "x"}',
+            b'{"seq": 1}',
+            b'{"seq": 1, "event": 2}',
+            b'{"seq":1,"event":"x","data":[]}',
+            b"null",
+            b"\xff\xfe",
+            b'{"v":1,"seq":3,"ev',
+        ]
+    ),
+)
+
+
+@SETTINGS
+@given(recs=records_st, garbage=st.lists(st.tuples(st.integers(0, 20), garbage_line), max_size=6))
+def test_garbage_lines_are_reported_with_line_numbers_and_skipped(
+    tmp_path_factory, recs, garbage
+) -> None:
+    path = tmp_path_factory.mktemp("x") / "journal.jsonl"
+    written = _write(path, recs)
+    lines = path.read_bytes().splitlines()
+    bad_at: list[int] = []
+    for pos, junk in garbage:
+        i = min(pos, len(lines))
+        lines.insert(i, junk)
+    for n, line in enumerate(lines, start=1):
+        try:
+            obj = orjson.loads(line)
+            ok = (
+                isinstance(obj, dict)
+                and type(obj.get("seq")) is int
+                and obj["seq"] >= 0
+                and type(obj.get("event")) is str
+                and isinstance(obj.get("data", {}), dict)
+            )
+        except orjson.JSONDecodeError:
+            ok = False
+        if not ok and line.strip():
+            bad_at.append(n)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    batch = read_all(path)
+    assert batch.records == written
+    assert [b.line_no for b in batch.invalid] == bad_at
+    assert batch.offset == path.stat().st_size
+
+
+def test_finished_file_with_torn_tail_reports_it_once(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    written = _write(path, [("log", {"a": 1}, 1), ("save", {}, 2)])
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"seq":2,"ru')
+    live = read_all(path, final=False)
+    assert live.records == written and live.torn_tail and not live.invalid
+    done = read_all(path, final=True)
+    assert done.records == written and len(done.invalid) == 1
+    assert done.invalid[0].line_no == 3 and "torn" in done.invalid[0].reason
+
+
+def test_iter_records_spans_chunks_and_huge_lines(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    big = "x" * (5 * 1024 * 1024)  # one line larger than the reader's chunk size
+    written = _write(
+        path,
+        [("log", {"i": i}, i) for i in range(3)]
+        + [("save", {"blob": big}, 9)]
+        + [("log", {"i": i}, i) for i in range(3)],
+    )
+    assert list(iter_records(path)) == written
+
+
+def test_newer_format_version_warns_but_reads(tmp_path: Path) -> None:
+    import pytest
+
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(orjson.dumps({"v": 99, "seq": 0, "event": "future", "data": {"x": 1}}) + b"\n")
+    with pytest.warns(UserWarning, match="format version 99"):
+        batch = read_all(path)
+    assert batch.records[0]["event"] == "future"
