@@ -1,0 +1,49 @@
+"""Shared helpers for the benchmarks: percentiles, machine notes, result output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of an unsorted list."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
+    """Print the result (one JSON object with --json, else a table) and save it."""
+    result = {"bench": name, **result, "machine": machine()}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(result))
+        return
+    print(f"== {name}")
+    for k, v in result.items():
+        if k in ("bench", "machine"):
+            continue
+        if isinstance(v, float):
+            v = f"{v:,.3f}"
+        print(f"  {k:<34} {v}")
+    sys.stdout.flush()

@@ -1,0 +1,44 @@
+"""Run every benchmark (``make bench``): a table per benchmark, JSON in benchmarks/results/.
+
+Usage: python benchmarks/run_all.py [--quick] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["bench_journal", "bench_overhead", "bench_latency", "bench_control"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args()
+    summary = {}
+    failed = []
+    for name in args.only or BENCHES:
+        script = HERE / f"{name}.py"
+        if not script.exists():
+            print(f"-- {name}: not present, skipped")
+            continue
+        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        print(f"-- running {' '.join(cmd[1:])}", flush=True)
+        proc = subprocess.run(cmd)
+        if proc.returncode != 0:
+            failed.append(name)
+            continue
+        summary[name] = json.loads((HERE / "results" / f"{name}.json").read_text())
+    (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
