@@ -1,0 +1,168 @@
+"""Checkpoints: sharded full state via DCP plus a consolidated model, made visible atomically.
+
+Layout of ``<ckpt_dir>/checkpoints/step-000040/``::
+
+    full_state/   DCP shards of model + optimizer, scheduler.pt, rng_rank<r>.pt, trainer_state.json
+    hf/           model.safetensors + config.json (load without torchrun: trainer.model.load_consolidated)
+
+Everything is written under ``.tmp-step-000040`` and renamed by rank 0 after a barrier, so a
+``step-*`` directory that exists is complete on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Loop position restored on resume (the data position is (epoch, step_in_epoch))."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    samples_seen: int = 0
+    run_id: str | None = None
+
+
+def checkpoints_root(ckpt_dir: Path) -> Path:
+    return ckpt_dir / "checkpoints"
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoints_root(ckpt_dir)
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    cps = list_checkpoints(ckpt_dir)
+    return cps[-1] if cps else None
+
+
+def save_checkpoint(
+    ckpt_dir: Path,
+    state: TrainerState,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    hf_config: dict[str, Any] | None,
+    keep_last_n: int | None,
+) -> tuple[Path, list[str]]:
+    """Collective: every rank calls it. Returns (final path, kinds written)."""
+    rank = dist.get_rank()
+    root = checkpoints_root(ckpt_dir)
+    name = f"step-{state.step:06d}"
+    tmp, final = root / f".tmp-{name}", root / name
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "full_state").mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "full_state"))
+    torch.save(_rng_state(), tmp / "full_state" / f"rng_rank{rank}.pt")
+    kinds = ["full_state"]
+    if hf_config is not None:
+        full = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if rank == 0:
+            from trainer.model import save_consolidated
+
+            save_consolidated(tmp / "hf", full, hf_config)
+        kinds.append("hf")
+    if rank == 0:
+        torch.save(scheduler.state_dict(), tmp / "full_state" / "scheduler.pt")
+        (tmp / "full_state" / "trainer_state.json").write_text(json.dumps(asdict(state)))
+    dist.barrier()  # every rank's shards and RNG files are on disk
+    if rank == 0:
+        if final.exists():  # a re-save of the same step (e.g. after resume): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _prune(ckpt_dir, keep_last_n)
+    return final, kinds
+
+
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> TrainerState:
+    """Collective: restore model, optimizer, scheduler and this rank's RNG from ``path``."""
+    full = path / "full_state"
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(full))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    scheduler.load_state_dict(torch.load(full / "scheduler.pt", weights_only=False))
+    rng_file = full / f"rng_rank{dist.get_rank()}.pt"
+    if rng_file.exists():  # absent when resuming on a different world size
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return TrainerState(**json.loads((full / "trainer_state.json").read_text()))
+
+
+def _rng_state() -> dict[str, Any]:
+    st: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state()
+    return st
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    torch.set_rng_state(st["cpu"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state(st["cuda"])
+
+
+def _prune(ckpt_dir: Path, keep_last_n: int | None) -> None:
+    if not keep_last_n:
+        return
+    for old in list_checkpoints(ckpt_dir)[:-keep_last_n]:
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("removed old checkpoint %s (keep_last_n=%d)", old, keep_last_n)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0

@@ -1,0 +1,197 @@
+"""``ilab-train``: command-line front end of ``run_training``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from trainer.config import TorchrunArgs, TrainingArgs, load_config_file
+
+# CLI option -> TrainingArgs field (options left at None are not passed).
+TRAIN_FIELDS = {
+    "ckpt_dir": "ckpt_dir",
+    "data": "data_path",
+    "val_data": "val_data_path",
+    "demo": "demo",
+    "max_steps": "max_steps",
+    "num_epochs": "num_epochs",
+    "batch_size": "effective_batch_size",
+    "max_batch_len": "max_batch_len",
+    "lr": "lr",
+    "warmup_steps": "warmup_steps",
+    "seed": "seed",
+    "log_every": "log_every",
+    "eval_every": "eval_every",
+    "save_every": "save_every",
+    "keep_last_n": "keep_last_n",
+    "resume": "resume",
+    "journal_detail": "journal_detail",
+    "model_path": "model_path",
+    "step_delay": "step_delay",
+    "backend": "backend",
+}
+MODEL_FIELDS = {
+    "d_model": "d_model",
+    "n_layers": "n_layers",
+    "n_heads": "n_heads",
+    "max_seq_len": "max_seq_len",
+}
+TORCHRUN_FIELDS = {
+    "nproc_per_node": "nproc_per_node",
+    "nnodes": "nnodes",
+    "node_rank": "node_rank",
+    "rdzv_id": "rdzv_id",
+    "rdzv_endpoint": "rdzv_endpoint",
+    "master_addr": "master_addr",
+    "master_port": "master_port",
+}
+EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}
+
+
+def _errors(exc: ValidationError) -> str:
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "config"
+        lines.append(f"{loc.replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON or YAML file of TrainingArgs fields (plus an optional 'torchrun' mapping); flags override it.",
+)
+@click.option(
+    "--ckpt-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Checkpoints, journal.jsonl, control/ and logs/ go here.",
+)
+@click.option(
+    "--data",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Training JSONL: input_ids (+labels) or text.",
+)
+@click.option(
+    "--val-data", type=click.Path(dir_okay=False, path_type=Path), help="Validation JSONL."
+)
+@click.option(
+    "--demo", is_flag=True, default=None, help="Built-in model and generated arithmetic demo data."
+)
+@click.option("--max-steps", type=int, help="Stop after this many optimizer steps.")
+@click.option("--num-epochs", type=int, help="Epochs over the data (default 1).")
+@click.option(
+    "--batch-size",
+    type=int,
+    help="Effective batch size: samples per step over all ranks (default 64).",
+)
+@click.option(
+    "--max-batch-len", type=int, help="Token budget of one micro-batch per rank (default 2048)."
+)
+@click.option("--lr", type=float, help="Peak learning rate (default 1e-3).")
+@click.option(
+    "--warmup-steps", type=int, help="Linear warmup steps before cosine decay (default 10)."
+)
+@click.option("--seed", type=int, help="Seed for init and data order (default 42).")
+@click.option("--log-every", type=int, help="Steps between log records (default 1).")
+@click.option("--eval-every", type=int, help="Steps between validations (default: never).")
+@click.option(
+    "--save-every", type=int, help="Steps between checkpoints (default: epoch end and final)."
+)
+@click.option("--keep-last-n", type=int, help="Checkpoints to keep (default 3).")
+@click.option(
+    "--resume",
+    type=click.Choice(["auto", "never"]),
+    help="auto: continue from the latest checkpoint in --ckpt-dir.",
+)
+@click.option(
+    "--journal-detail",
+    type=click.Choice(["step", "microbatch", "off"]),
+    help="step records every event but the per-micro-batch ones (default).",
+)
+@click.option(
+    "--model-path",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Local Hugging Face causal LM directory (needs the 'hf' extra).",
+)
+@click.option("--d-model", type=int, help="Built-in model width (default 128).")
+@click.option("--n-layers", type=int, help="Built-in model depth (default 4).")
+@click.option("--n-heads", type=int, help="Built-in model attention heads (default 4).")
+@click.option(
+    "--max-seq-len", type=int, help="Longest sequence; longer samples are truncated (default 64)."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    help="auto: NCCL with GPUs, else gloo.",
+)
+@click.option("--step-delay", type=float, hidden=True)
+@click.option("--nproc-per-node", type=int, help="Worker processes on this node (default 1).")
+@click.option("--nnodes", type=int, help="Number of nodes (default 1).")
+@click.option("--node-rank", type=int, help="This node's rank.")
+@click.option("--rdzv-id", help="Rendezvous id (multi-node).")
+@click.option("--rdzv-endpoint", help="host:port of the c10d rendezvous (multi-node).")
+@click.option("--master-addr", help="Static rendezvous address (instead of --rdzv-endpoint).")
+@click.option("--master-port", type=int, help="Static rendezvous port.")
+@click.option("--quiet", is_flag=True, help="Do not echo worker output (it still goes to logs/).")
+def main(config: Path | None, quiet: bool, **opts: Any) -> None:
+    """Train with FSDP under torchrun, journaling every lifecycle event.
+
+    \b
+    Example (the built-in demo on 2 CPU ranks):
+      ilab-train --demo --ckpt-dir runs/demo --max-steps 40 --nproc-per-node 2
+
+    Watch it from another shell with `ilab-journal tail -f runs/demo` or react to it with
+    `ilab-watch runs/demo --on-save eval.py`.
+
+    Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 5 interrupted.
+    """
+    from trainer.launch import TrainingFailed, run_training
+
+    base: dict[str, Any] = {}
+    if config is not None:
+        try:
+            base = load_config_file(config)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    torchrun_base = base.pop("torchrun", {}) or {}
+    model_base = base.pop("model", {}) or {}
+    for opt, fld in TRAIN_FIELDS.items():
+        if opts.get(opt) is not None:
+            base[fld] = opts[opt]
+    for opt, fld in MODEL_FIELDS.items():
+        if opts.get(opt) is not None:
+            model_base[fld] = opts[opt]
+    for opt, fld in TORCHRUN_FIELDS.items():
+        if opts.get(opt) is not None:
+            torchrun_base[fld] = opts[opt]
+    if "ckpt_dir" not in base:
+        raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
+    try:
+        targs = TrainingArgs(**base, model=model_base)
+        trun = TorchrunArgs(**torchrun_base)
+    except ValidationError as exc:
+        raise click.UsageError(_errors(exc)) from None
+    except TypeError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        result = run_training(targs, trun, echo=not quiet)
+    except TrainingFailed as exc:
+        click.echo(f"ilab-train: {exc}", err=True)
+        sys.exit(1)
+    click.echo(
+        f"ilab-train: {result.status}"
+        + (f" ({result.reason})" if result.reason else "")
+        + f"; journal {result.journal_path}"
+        + (f"; checkpoint {result.final_checkpoint}" if result.final_checkpoint else ""),
+        err=True,
+    )
+    sys.exit(EXIT_CODES.get(result.status, 1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Training and launch configuration (pydantic), shared by ``ilab-train`` and ``run_training``.
+
+Callback fields (``on_<event>``, ``callbacks``) live here for the flat Python API, but they
+never travel to the torchrun workers: :meth:`TrainingArgs.worker_json` drops them and the
+launching process runs them through the embedded watcher.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from journal.events import LIFECYCLE_EVENTS
+
+CallbackSpec = Callable[..., Any] | str
+CallbackField = CallbackSpec | list[CallbackSpec] | None
+
+
+class ModelConfig(BaseModel):
+    """The built-in decoder-only transformer (byte-level vocabulary)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    d_model: int = Field(128, ge=8)
+    n_layers: int = Field(4, ge=1)
+    n_heads: int = Field(4, ge=1)
+    d_ff: int | None = Field(None, description="MLP width; default 4 * d_model")
+    max_seq_len: int = Field(64, ge=4)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        return self
+
+
+class TorchrunArgs(BaseModel):
+    """How to launch the workers (maps onto torchrun's flags)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nproc_per_node: int = Field(1, ge=1, description="worker processes on this node (GPUs)")
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    rdzv_id: str | None = None
+    rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous")
+    master_addr: str | None = None
+    master_port: int | None = Field(None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _check(self) -> TorchrunArgs:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank ({self.node_rank}) must be < nnodes ({self.nnodes})")
+        if self.rdzv_endpoint and self.master_addr:
+            raise ValueError("give either rdzv_endpoint or master_addr/master_port, not both")
+        if self.nnodes > 1 and not (self.rdzv_endpoint or self.master_addr):
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (or master_addr and master_port)")
+        if self.master_addr and not self.master_port:
+            raise ValueError("master_addr needs master_port")
+        return self
+
+
+class TrainingArgs(BaseModel):
+    """Everything a training run needs. See ``ilab-train --help`` for the CLI names."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    ckpt_dir: Path = Field(description="checkpoints, journal.jsonl, control/ and logs/ live here")
+    data_path: Path | None = Field(None, description="training JSONL (input_ids[/labels] or text)")
+    val_data_path: Path | None = Field(None, description="validation JSONL (optional)")
+    demo: bool = Field(False, description="generate the built-in arithmetic demo data")
+    demo_samples: int = Field(6000, ge=64, description="demo training samples")
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    model_path: Path | None = Field(
+        None, description="local HF causal LM dir (needs the 'hf' extra; nothing is downloaded)"
+    )
+
+    num_epochs: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    effective_batch_size: int = Field(64, ge=1, description="samples per optimizer step, all ranks")
+    max_batch_len: int = Field(2048, ge=8, description="token budget of one micro-batch per rank")
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(10, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 42
+
+    log_every: int = Field(1, ge=1, description="steps between log records")
+    eval_every: int | None = Field(None, ge=1, description="steps between validations")
+    save_every: int | None = Field(None, ge=1, description="steps between checkpoints")
+    save_at_epoch_end: bool = True
+    save_final: bool = Field(True, description="checkpoint at the end unless one was just saved")
+    save_hf: bool = Field(True, description="also write a consolidated model (safetensors)")
+    keep_last_n: int | None = Field(3, ge=1, description="checkpoints kept (None keeps all)")
+    resume: Literal["auto", "never"] = "auto"
+
+    journal_detail: Literal["step", "microbatch", "off"] = "step"
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    step_delay: float = Field(
+        0.0, ge=0, description="sleep per step (seconds); only for tests and demos"
+    )
+
+    # -- flat callback API (never sent to the workers) --------------------------------------
+    callbacks: list[Any] = Field(default_factory=list, exclude=True)
+    callback_grace_s: float = Field(
+        120.0, ge=0, description="total time run_training waits for callbacks after train_end"
+    )
+    on_train_begin: CallbackField = Field(None, exclude=True)
+    on_epoch_begin: CallbackField = Field(None, exclude=True)
+    on_step_begin: CallbackField = Field(None, exclude=True)
+    on_before_forward: CallbackField = Field(None, exclude=True)
+    on_after_forward: CallbackField = Field(None, exclude=True)
+    on_before_backward: CallbackField = Field(None, exclude=True)
+    on_after_backward: CallbackField = Field(None, exclude=True)
+    on_before_optimizer_step: CallbackField = Field(None, exclude=True)
+    on_after_optimizer_step: CallbackField = Field(None, exclude=True)
+    on_log: CallbackField = Field(None, exclude=True)
+    on_evaluate: CallbackField = Field(None, exclude=True)
+    on_save: CallbackField = Field(None, exclude=True)
+    on_step_end: CallbackField = Field(None, exclude=True)
+    on_epoch_end: CallbackField = Field(None, exclude=True)
+    on_train_end: CallbackField = Field(None, exclude=True)
+    on_control: CallbackField = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingArgs:
+        if not self.demo and self.data_path is None:
+            raise ValueError("give data_path (a JSONL file) or demo=True")
+        if self.data_path is not None and not self.demo and not Path(self.data_path).is_file():
+            raise ValueError(f"data_path {self.data_path} does not exist")
+        if self.val_data_path is not None and not Path(self.val_data_path).is_file():
+            raise ValueError(f"val_data_path {self.val_data_path} does not exist")
+        return self
+
+    def hooks(self) -> dict[str, list[CallbackSpec]]:
+        """The flat ``on_<event>`` fields as ``{event: [callable or command, ...]}``."""
+        out: dict[str, list[CallbackSpec]] = {}
+        for event in (*LIFECYCLE_EVENTS, "control"):
+            value = getattr(self, f"on_{event}")
+            if value is None:
+                continue
+            out[event] = list(value) if isinstance(value, list) else [value]
+        return out
+
+    def has_callbacks(self) -> bool:
+        return bool(self.callbacks) or bool(self.hooks())
+
+    def worker_json(self) -> str:
+        """The config the workers get: plain data only, callbacks excluded."""
+        return self.model_dump_json(exclude_none=False)
+
+    def describe(self) -> dict[str, Any]:
+        """The config for ``train_begin``: data fields plus callbacks by name."""
+        d = json.loads(self.worker_json())
+        named: dict[str, list[str]] = {
+            f"on_{k}": [_name(cb) for cb in v] for k, v in self.hooks().items()
+        }
+        if self.callbacks:
+            named["callbacks"] = [_name(cb) for cb in self.callbacks]
+        if named:
+            d["callbacks_named"] = named
+        return d
+
+
+def _name(obj: Any) -> str:
+    if isinstance(obj, str):
+        return obj
+    mod = getattr(obj, "__module__", None) or type(obj).__module__
+    qual = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{mod}.{qual}"
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read ``--config file.json|yaml``; raises ValueError with a clear message."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ValueError(f"config {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path} must hold a mapping of option names to values")
+    return data

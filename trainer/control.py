@@ -1,0 +1,156 @@
+"""Rank 0's side of the control channel (design.md section 3).
+
+``poll()`` is called once per step. It costs one ``stat`` of the control directory unless the
+directory changed; then it reads new command files, validates them, and returns a bit mask
+that the step's existing metrics all-reduce carries to every rank. No collective is added.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.events import CONTROL_COMMANDS
+
+log = logging.getLogger(__name__)
+
+STOP, ABORT, SAVE, EVALUATE, LOG = 1, 2, 4, 8, 16
+BITS = {"stop": STOP, "abort": ABORT, "save": SAVE, "evaluate": EVALUATE, "log": LOG}
+assert set(BITS) == set(CONTROL_COMMANDS)
+MAX_FILES_PER_POLL = 64
+
+
+@dataclass
+class Command:
+    command: str
+    id: str
+    source: str | None
+    reason: str | None
+
+
+@dataclass
+class Rejection:
+    id: str | None
+    command: str | None
+    source: str | None
+    reason: str
+
+
+class ControlPoller:
+    """Finds, validates and de-duplicates command files for rank 0."""
+
+    def __init__(self, ckpt_dir: Path, seen_ids: set[str]) -> None:
+        self.dir = ckpt_dir / "control"
+        self.processed = self.dir / "processed"
+        self.seen = seen_ids
+        self._mtime_ns = -1
+        self._warned_unsafe = False
+        self.pending: list[Command] = []  # accepted, waiting for the next all-reduce
+        self.rejected: list[Rejection] = []  # to journal as control records
+
+    def poll(self) -> int:
+        """Bit mask of the commands to apply at this step boundary (0 when none)."""
+        try:
+            st = os.stat(self.dir)
+        except FileNotFoundError:
+            return 0
+        if st.st_mtime_ns == self._mtime_ns:
+            return 0
+        self._mtime_ns = st.st_mtime_ns
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if not self._warned_unsafe:
+                self._warned_unsafe = True
+                msg = (
+                    f"control dir {self.dir} is writable by group or others "
+                    f"(mode {stat.S_IMODE(st.st_mode):o}); commands are ignored until it is "
+                    "not (chmod go-w)"
+                )
+                log.warning(msg)
+                self.rejected.append(Rejection(None, None, None, msg))
+            return 0
+        self._scan()
+        mask = 0
+        for cmd in self.pending:
+            mask |= BITS[cmd.command]
+        return mask
+
+    def take_applied(self) -> list[Command]:
+        """The commands carried by the last reduce; cleared once taken."""
+        out, self.pending = self.pending, []
+        return out
+
+    def take_rejected(self) -> list[Rejection]:
+        out, self.rejected = self.rejected, []
+        return out
+
+    def _scan(self) -> None:
+        try:
+            names = sorted(
+                n for n in os.listdir(self.dir) if n.endswith(".json") and not n.startswith(".")
+            )
+        except OSError as exc:
+            log.warning("cannot list %s: %s", self.dir, exc)
+            return
+        for name in names[:MAX_FILES_PER_POLL]:
+            path = self.dir / name
+            cmd_or_rej = self._parse(path)
+            cid = cmd_or_rej.id
+            if cid is not None and cid in self.seen:
+                self._archive(path)  # applied before (e.g. before a resume): never again
+                continue
+            if cid is not None:
+                self.seen.add(cid)
+            if isinstance(cmd_or_rej, Command):
+                self.pending.append(cmd_or_rej)
+            else:
+                self.rejected.append(cmd_or_rej)
+            self._archive(path)
+        if len(names) > MAX_FILES_PER_POLL:
+            self._mtime_ns = -1  # more to read next step
+
+    def _parse(self, path: Path) -> Command | Rejection:
+        stem = path.name[: -len(".json")]
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            return Rejection(stem, None, None, f"unreadable command file: {exc.strerror}")
+        try:
+            obj: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return Rejection(stem, None, None, f"invalid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return Rejection(stem, None, None, "command file must hold a JSON object")
+        cid = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else stem
+        command, source, reason = obj.get("command"), obj.get("source"), obj.get("reason")
+        source = source if isinstance(source, str) else None
+        reason = reason if isinstance(reason, str) else None
+        if command not in BITS:
+            return Rejection(
+                cid,
+                command if isinstance(command, str) else None,
+                source,
+                f"unknown command {command!r}; expected one of {', '.join(BITS)}",
+            )
+        return Command(command, cid, source, reason)
+
+    def _archive(self, path: Path) -> None:
+        try:
+            self.processed.mkdir(mode=0o750, exist_ok=True)
+            os.replace(path, self.processed / path.name)
+        except OSError as exc:
+            log.warning("cannot move %s to %s: %s", path, self.processed, exc)
+
+
+def seen_ids_from_journal(records: list[dict[str, Any]]) -> set[str]:
+    """Command ids already handled in earlier attempts (at-most-once across resumes)."""
+    return {
+        r["data"]["id"]
+        for r in records
+        if r.get("event") == "control" and isinstance((r.get("data") or {}).get("id"), str)
+    }

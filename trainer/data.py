@@ -1,0 +1,248 @@
+"""Data: JSONL loading with clear errors, the demo task, and the deterministic step plan.
+
+Every rank computes the same plan for a step from (seed, epoch, step): which samples form the
+global batch, how they split across ranks and into token-budget micro-batches. So every rank
+knows the global loss-token count (for exact loss normalisation) and the micro-batch count of
+the busiest rank (so all ranks run the same number of forward/backward passes, as FSDP needs)
+without any extra collective.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import torch
+
+from trainer.model import EOS_ID, IGNORE_INDEX, PAD_ID, encode
+
+
+class DataError(ValueError):
+    """Bad training data; the message names the file and line."""
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def loss_tokens(self) -> int:
+        # Next-token prediction: label at position i is predicted from position i - 1.
+        return sum(1 for x in self.labels[1:] if x != IGNORE_INDEX)
+
+
+def load_jsonl(path: Path, max_seq_len: int, vocab_size: int | None = None) -> list[Sample]:
+    """Read ``{"input_ids": [...], "labels": [...]}`` or ``{"text": ...}`` lines.
+
+    Sequences longer than ``max_seq_len`` are truncated. Raises :class:`DataError` naming
+    ``path:line`` for anything malformed.
+    """
+    samples: list[Sample] = []
+    try:
+        raw_lines = Path(path).read_bytes().splitlines()
+    except OSError as exc:
+        raise DataError(f"{path}: {exc.strerror}") from None
+    for n, raw in enumerate(raw_lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise DataError(f"{path}:{n}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{n}: expected a JSON object")
+        if "input_ids" in obj:
+            ids = obj["input_ids"]
+            labels = obj.get("labels", ids)
+        elif isinstance(obj.get("text"), str):
+            ids = [*encode(obj["text"]), EOS_ID]
+            labels = ids
+        else:
+            raise DataError(f"{path}:{n}: needs 'input_ids' (and optional 'labels') or 'text'")
+        if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)):
+            raise DataError(f"{path}:{n}: 'input_ids' must be a non-empty list of token ids")
+        if vocab_size is not None and max(ids) >= vocab_size:
+            raise DataError(f"{path}:{n}: token id {max(ids)} >= vocabulary size {vocab_size}")
+        if not (isinstance(labels, list) and len(labels) == len(ids)):
+            raise DataError(f"{path}:{n}: 'labels' must be a list as long as 'input_ids'")
+        if not all(type(x) is int and (x == IGNORE_INDEX or x >= 0) for x in labels):
+            raise DataError(f"{path}:{n}: 'labels' must be token ids or -100")
+        samples.append(Sample(ids[:max_seq_len], labels[:max_seq_len]))
+    if not samples:
+        raise DataError(f"{path}: no samples")
+    return samples
+
+
+# -- the demo task -------------------------------------------------------------------------
+
+
+def demo_problem(a: int, b: int) -> tuple[str, str]:
+    return f"{a}+{b}=", f"{a + b}"
+
+
+def _demo_sample(a: int, b: int) -> dict[str, list[int]]:
+    prompt, answer = demo_problem(a, b)
+    p, ans = encode(prompt), [*encode(answer), EOS_ID]
+    return {"input_ids": p + ans, "labels": [IGNORE_INDEX] * len(p) + ans}
+
+
+def make_demo_data(
+    out_dir: Path, n_train: int = 6000, seed: int = 0, max_operand: int = 49
+) -> dict[str, Path]:
+    """Write the arithmetic demo: ``train.jsonl``, ``val.jsonl`` and ``heldout.jsonl``.
+
+    Problems ``a+b=`` with ``0 <= a, b <= max_operand``. A tenth of the pairs is held out:
+    they never appear in training, so eval accuracy measures generalisation.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    rng.shuffle(pairs)
+    n_held = max(len(pairs) // 10, 20)
+    held, train_pairs = pairs[:n_held], pairs[n_held:]
+    val_pairs, eval_pairs = held[: n_held // 2], held[n_held // 2 :]
+    files = {
+        "train": out_dir / "train.jsonl",
+        "val": out_dir / "val.jsonl",
+        "heldout": out_dir / "heldout.jsonl",
+    }
+    with open(files["train"], "wb") as f:
+        for _ in range(n_train):
+            f.write(
+                orjson.dumps(
+                    _demo_sample(*rng.choice(train_pairs)), option=orjson.OPT_APPEND_NEWLINE
+                )
+            )
+    with open(files["val"], "wb") as f:
+        for a, b in val_pairs:
+            f.write(orjson.dumps(_demo_sample(a, b), option=orjson.OPT_APPEND_NEWLINE))
+    with open(files["heldout"], "wb") as f:
+        for a, b in eval_pairs:
+            prompt, answer = demo_problem(a, b)
+            f.write(
+                orjson.dumps({"prompt": prompt, "answer": answer}, option=orjson.OPT_APPEND_NEWLINE)
+            )
+    return files
+
+
+# -- the deterministic step plan -----------------------------------------------------------
+
+
+@dataclass
+class StepPlan:
+    """What one rank does in one optimizer step."""
+
+    micro_batches: list[list[int]]  # sample indices per micro-batch; [] = padding pass
+    global_loss_tokens: int
+    global_samples: int
+    global_length: int
+
+
+class StepPlanner:
+    """Seeded, distributed, token-budget batching with gradient accumulation.
+
+    Each epoch is a fixed permutation of the dataset (seed + epoch). A step takes the next
+    ``batch_size`` samples (the last partial batch is dropped), splits them across ranks
+    balancing tokens, and packs each rank's share into micro-batches of at most
+    ``max_batch_len`` padded tokens. Ranks with fewer micro-batches get padding passes.
+    """
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        batch_size: int,
+        max_batch_len: int,
+        world_size: int,
+        rank: int,
+        seed: int,
+    ) -> None:
+        if batch_size > len(samples) and batch_size != len(samples):
+            raise DataError(
+                f"effective_batch_size {batch_size} exceeds the {len(samples)} training samples"
+            )
+        if batch_size < world_size:
+            raise DataError(
+                f"effective_batch_size {batch_size} is smaller than world size {world_size}"
+            )
+        longest = max(len(s.input_ids) for s in samples)
+        if longest > max_batch_len:
+            raise DataError(
+                f"max_batch_len {max_batch_len} is shorter than the longest sample ({longest} tokens)"
+            )
+        self.samples = samples
+        self.lengths = [len(s.input_ids) for s in samples]
+        self.loss_tokens = [s.loss_tokens for s in samples]
+        self.batch_size, self.max_batch_len = batch_size, max_batch_len
+        self.world_size, self.rank, self.seed = world_size, rank, seed
+        self.steps_per_epoch = len(samples) // batch_size
+        self._perm_epoch: int | None = None
+        self._perm: list[int] = []
+
+    def _epoch_perm(self, epoch: int) -> list[int]:
+        if self._perm_epoch != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1000 + epoch)
+            self._perm = torch.randperm(len(self.samples), generator=g).tolist()
+            self._perm_epoch = epoch
+        return self._perm
+
+    def plan(self, epoch: int, step_in_epoch: int) -> StepPlan:
+        perm = self._epoch_perm(epoch)
+        return self.plan_indices(
+            perm[step_in_epoch * self.batch_size : (step_in_epoch + 1) * self.batch_size]
+        )
+
+    def plan_indices(self, batch: list[int]) -> StepPlan:
+        """Split ``batch`` over ranks and pack this rank's share into micro-batches."""
+        # Longest first onto the least-loaded rank: balanced tokens, deterministic everywhere.
+        shares: list[list[int]] = [[] for _ in range(self.world_size)]
+        load = [0] * self.world_size
+        for idx in sorted(batch, key=lambda i: (-self.lengths[i], i)):
+            r = min(range(self.world_size), key=lambda k: (load[k], len(shares[k]), k))
+            shares[r].append(idx)
+            load[r] += self.lengths[idx]
+        packed = [self._pack(share) for share in shares]
+        n_micro = max(len(p) for p in packed)
+        mine = packed[self.rank] + [[] for _ in range(n_micro - len(packed[self.rank]))]
+        return StepPlan(
+            micro_batches=mine,
+            global_loss_tokens=sum(self.loss_tokens[i] for i in batch),
+            global_samples=len(batch),
+            global_length=sum(self.lengths[i] for i in batch),
+        )
+
+    def _pack(self, share: list[int]) -> list[list[int]]:
+        """Greedy packing of length-sorted samples under the padded-token budget."""
+        out: list[list[int]] = []
+        cur: list[int] = []
+        cur_max = 0
+        for idx in sorted(share, key=lambda i: (self.lengths[i], i)):
+            new_max = max(cur_max, self.lengths[idx])
+            if cur and new_max * (len(cur) + 1) > self.max_batch_len:
+                out.append(cur)
+                cur, new_max = [], self.lengths[idx]
+            cur.append(idx)
+            cur_max = new_max
+        if cur:
+            out.append(cur)
+        return out
+
+    def collate(
+        self, indices: list[int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``input_ids`` and ``labels`` (-100 on padding) for a micro-batch."""
+        if not indices:  # padding pass: one token, no loss
+            return (
+                torch.full((1, 2), PAD_ID, dtype=torch.long, device=device),
+                torch.full((1, 2), IGNORE_INDEX, dtype=torch.long, device=device),
+            )
+        width = max(self.lengths[i] for i in indices)
+        ids = torch.full((len(indices), width), PAD_ID, dtype=torch.long)
+        labels = torch.full((len(indices), width), IGNORE_INDEX, dtype=torch.long)
+        for row, i in enumerate(indices):
+            s = self.samples[i]
+            ids[row, : len(s.input_ids)] = torch.tensor(s.input_ids)
+            labels[row, : len(s.labels)] = torch.tensor(s.labels)
+        return ids.to(device), labels.to(device)

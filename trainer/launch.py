@@ -1,0 +1,210 @@
+"""``run_training``: launch torchrun workers, stream their output, report the outcome.
+
+The launching process never runs training code. It streams worker output to the console and
+``<ckpt_dir>/logs/launch-<time>.log``, and (when callbacks are given) runs the embedded
+watcher that delivers journal events to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from journal.reader import JournalReader
+from journal.writer import JournalWriter
+from trainer.config import TorchrunArgs, TrainingArgs
+
+
+class TrainingFailed(RuntimeError):
+    """The run ended with status ``failed``; the message names the error and the log file."""
+
+    def __init__(self, message: str, result: TrainingResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class TrainingResult:
+    status: str  # completed | stopped | failed | interrupted
+    reason: str | None
+    final_checkpoint: str | None
+    last_metrics: dict[str, Any]
+    last_checkpoint: str | None
+    journal_path: Path
+    log_path: Path
+    returncode: int
+    run_id: str | None = None
+    attempt: int | None = None
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={t.nproc_per_node}"]
+    if t.nnodes == 1 and not (t.rdzv_endpoint or t.master_addr):
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={t.nnodes}", f"--node-rank={t.node_rank}"]
+        if t.rdzv_endpoint:
+            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={t.rdzv_endpoint}"]
+        else:
+            cmd += [f"--master-addr={t.master_addr}", f"--master-port={t.master_port}"]
+        if t.rdzv_id:
+            cmd.append(f"--rdzv-id={t.rdzv_id}")
+    return [*cmd, "-m", "trainer.worker", str(cfg_path)]
+
+
+def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
+    for line in iter(src.readline, b""):
+        log_file.write(line)
+        log_file.flush()
+        if echo is not None:
+            echo.write(line.decode("utf-8", errors="replace"))
+            echo.flush()
+
+
+def run_training(
+    train_args: TrainingArgs,
+    torchrun_args: TorchrunArgs | None = None,
+    *,
+    echo: bool = True,
+    env: dict[str, str] | None = None,
+) -> TrainingResult:
+    """Run training under torchrun and return how it ended.
+
+    Callables in ``train_args`` (``on_save=fn``, ``callbacks=[...]``) run here, in this
+    process, through the embedded watcher: nothing is serialized into the workers. Returns
+    after ``train_end`` and its deliveries (bounded by ``callback_grace_s``).
+
+    Raises :class:`TrainingFailed` when the run fails (the message names the log file).
+    """
+    t = torchrun_args or TorchrunArgs()
+    ckpt_dir = Path(train_args.ckpt_dir).resolve()
+    train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
+    logs = ckpt_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
+    cfg_path.write_text(train_args.worker_json())
+    log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
+    journal = ckpt_dir / "journal.jsonl"
+    start_offset = journal.stat().st_size if journal.exists() else 0
+
+    watcher = None
+    if train_args.has_callbacks():
+        from watcher.embedded import EmbeddedWatcher
+
+        watcher = EmbeddedWatcher(train_args, start_offset=start_offset)
+        watcher.start()
+
+    proc_env = {**os.environ, **(env or {})}
+    proc_env.setdefault("OMP_NUM_THREADS", "1")
+    proc_env["PYTHONUNBUFFERED"] = "1"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            torchrun_command(cfg_path, t),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=proc_env,
+            start_new_session=False,
+        )
+        pump = threading.Thread(
+            target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True
+        )
+        pump.start()
+        rc = _wait(proc)
+        pump.join(timeout=10)
+
+    records = (
+        JournalReader(journal, offset=start_offset).read(final=True).records
+        if journal.exists()
+        else []
+    )
+    end = next((r for r in reversed(records) if r.get("event") == "train_end"), None)
+    if end is None and train_args.journal_detail != "off":
+        # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
+        # writer; now that they have exited, record the ending so watchers and status see it.
+        end = _write_fallback_end(ckpt_dir, rc, log_path)
+        records.append(end)
+    callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
+    data = (end or {}).get("data") or {}
+    last_log = next((r for r in reversed(records) if r.get("event") == "log"), None)
+    last_save = next((r for r in reversed(records) if r.get("event") == "save"), None)
+    result = TrainingResult(
+        status=data.get("status", "completed" if rc == 0 else "failed"),
+        reason=data.get("reason"),
+        final_checkpoint=data.get("final_checkpoint"),
+        last_metrics=(last_log or {}).get("data") or {},
+        last_checkpoint=((last_save or {}).get("data") or {}).get("checkpoint_path"),
+        journal_path=journal,
+        log_path=log_path,
+        returncode=rc,
+        run_id=(end or {}).get("run_id"),
+        attempt=(end or {}).get("attempt"),
+        callbacks=callbacks,
+    )
+    if result.status == "failed":
+        raise TrainingFailed(
+            f"training failed: {result.reason or 'unknown error'} (log: {log_path})", result
+        )
+    return result
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for torchrun. A first Ctrl-C lets the workers save and end (they got SIGINT
+    too); a second one terminates torchrun. SIGTERM to us is passed on to torchrun."""
+    interrupts = 0
+
+    def forward_term(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, forward_term)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts >= 2:
+                    proc.terminate()
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _write_fallback_end(ckpt_dir: Path, rc: int, log_path: Path) -> dict[str, Any]:
+    reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
+    status = (
+        "interrupted" if rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM) else "failed"
+    )
+    with JournalWriter(ckpt_dir, resume=True) as w:
+        w.attempt = max(
+            1, w.attempt - 1
+        )  # the workers' attempt: this closes it, it is no new launch
+        payload = {
+            "status": status,
+            "reason": reason,
+            "final_checkpoint": None,
+            "error_type": "WorkerExit",
+            "error_message": reason,
+            "traceback": None,
+            "written_by": "launcher",
+        }
+        seq = w.append("train_end", payload)
+        return {
+            "seq": seq,
+            "event": "train_end",
+            "run_id": w.run_id,
+            "attempt": w.attempt,
+            "data": payload,
+        }

@@ -1,0 +1,267 @@
+"""Worker entry point, run by torchrun on every rank: ``python -m trainer.worker CONFIG.json``.
+
+Sets up the process group, model (FSDP2 ``fully_shard`` per block, one code path for CPU/gloo
+and GPU/NCCL), data, optimizer and journal, runs the loop, and guarantees a ``train_end``
+record on every exit path Python can see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from journal.reader import read_all
+from journal.writer import JournalWriter
+from trainer import checkpoint as ckpt
+from trainer.config import TrainingArgs
+from trainer.control import ControlPoller, seen_ids_from_journal
+from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
+from trainer.emitter import Emitter
+from trainer.loop import Outcome, Trainer, failure_payload, warmup_cosine
+from trainer.model import VOCAB_SIZE, TinyGPT, build_hf_model
+
+log = logging.getLogger("trainer")
+
+
+def _setup_logging(ckpt_dir: Path, rank: int) -> None:
+    logs = ckpt_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    fh = logging.FileHandler(logs / f"rank-{rank}.log")
+    fh.setFormatter(fmt)
+    sh = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
+    sh.setFormatter(logging.Formatter(f"[rank{rank}] %(message)s"))
+    sh.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.handlers[:] = [fh, sh]
+
+
+def _install_signal_handlers(flag: list[str]) -> None:
+    """SIGTERM/SIGINT: finish the step, save, end as interrupted (decided in the all-reduce)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if not flag:
+            flag.append(name)
+            log.warning("%s received: finishing the step, then saving and ending", name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _device_and_backend(args: TrainingArgs, local_rank: int) -> tuple[torch.device, str]:
+    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("backend 'nccl' needs CUDA, and no GPU is visible")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("ilab-journal", "accelerate"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[pkg] = version(pkg)
+    return out
+
+
+def _build_model(
+    args: TrainingArgs, device: torch.device
+) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    if args.model_path is not None:
+        model = build_hf_model(Path(args.model_path))
+        blocks = list(model.model.layers)  # decoder layers of HF causal LMs
+        hf_config = None  # HF models: consolidated save via save_pretrained is future work
+    else:
+        model = TinyGPT(args.model)
+        blocks = model.shardable_blocks()
+        hf_config = {
+            "model_type": "ilab-tinygpt",
+            "model": args.model.model_dump(),
+            "vocab_size": VOCAB_SIZE,
+        }
+    model.to(device)
+    bf16 = device.type == "cuda" and args.mixed_precision in ("auto", "bf16")
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    for block in blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model, hf_config
+
+
+def run_worker(args: TrainingArgs) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ckpt_dir = Path(args.ckpt_dir)
+    _setup_logging(ckpt_dir, rank)
+    interrupted: list[str] = []
+    _install_signal_handlers(interrupted)
+    device, backend = _device_and_backend(args, local_rank)
+    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+    resume_from = ckpt.latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
+    emitter = Emitter(None, args.journal_detail)
+    seen_ids: set[str] = set()
+    if rank == 0 and args.journal_detail != "off":
+        jpath = ckpt_dir / "journal.jsonl"
+        prior = read_all(jpath).records if jpath.exists() and args.resume == "auto" else []
+        unfinished = bool(prior) and prior[-1].get("event") != "train_end"
+        writer = JournalWriter(ckpt_dir, resume=bool(resume_from) or unfinished)
+        emitter = Emitter(writer, args.journal_detail)
+        seen_ids = seen_ids_from_journal(prior)
+    code = 0
+    ended = False
+    try:
+        torch.manual_seed(args.seed)
+        data_path, val_path = args.data_path, args.val_data_path
+        if args.demo:
+            files = make_demo_data(
+                ckpt_dir / "demo_data", n_train=args.demo_samples, seed=args.seed
+            )
+            data_path, val_path = files["train"], val_path or files["val"]
+        vocab = VOCAB_SIZE if args.model_path is None else None
+        seq = args.model.max_seq_len
+        samples = load_jsonl(Path(data_path), seq, vocab)
+        val = load_jsonl(Path(val_path), seq, vocab) if val_path else None
+        planner = StepPlanner(
+            samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
+        )
+        val_planner = (
+            StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed)
+            if val and len(val) >= world
+            else None
+        )
+
+        model, hf_config = _build_model(args, device)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        epoch_steps = planner.steps_per_epoch * args.num_epochs
+        total = min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, warmup_cosine(args.warmup_steps, total, args.min_lr_ratio)
+        )
+        state = ckpt.TrainerState()
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(resume_from, model, opt, sched)
+            log.info("resumed from %s at step %d", resume_from, state.step)
+        poller = ControlPoller(ckpt_dir, seen_ids) if rank == 0 else None
+        trainer = Trainer(
+            args,
+            model=model,
+            optimizer=opt,
+            scheduler=sched,
+            planner=planner,
+            val_planner=val_planner,
+            emitter=emitter,
+            poller=poller,
+            device=device,
+            state=state,
+            total_steps=total,
+            hf_config=hf_config,
+            interrupted=interrupted,
+        )
+        trainer._sync_envelope()
+        emitter.emit(
+            "train_begin",
+            {
+                "config": args.describe(),
+                "world_size": world,
+                "nnodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+                "device_type": device.type,
+                "backend": backend,
+                "journal_detail": args.journal_detail,
+                "resumed_from": str(resume_from) if resume_from else None,
+                "total_steps": total,
+                "steps_per_epoch": planner.steps_per_epoch,
+                "train_samples": len(samples),
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "versions": _versions(),
+            },
+        )
+        outcome: Outcome = trainer.run()
+        end = {
+            "status": outcome.status,
+            "reason": outcome.reason,
+            "final_checkpoint": outcome.final_checkpoint,
+            **outcome.extra,
+            "journal": _journal_cost(emitter, trainer),
+        }
+        emitter.emit("train_end", end)
+        ended = True
+        log.info("training %s: %s", outcome.status, outcome.reason)
+    except DataError as exc:
+        code = 1
+        log.error("data error: %s", exc)
+        if not ended:
+            emitter.emit("train_end", failure_payload(exc))
+    except BaseException as exc:
+        code = 1
+        log.exception("training failed")
+        if not ended:
+            emitter.emit("train_end", failure_payload(exc))
+    finally:
+        emitter.close()
+    return code
+
+
+def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
+    """Directly measured time inside journal appends (train_end carries it)."""
+    steps = max(trainer.state.step, 1)
+    step_s = trainer.step_time_s or float("nan")
+    hot_ns = emitter.append_ns - emitter.durable_ns
+    return {
+        "records": emitter.appends,
+        "append_ns_total": emitter.append_ns,
+        "append_ns_per_step": emitter.append_ns / steps,
+        "hot_append_ns_per_step": hot_ns / steps,  # records on the step path, no fsync
+        "durable_records": emitter.durable_appends,  # save/control records: fsynced
+        "durable_ns_total": emitter.durable_ns,
+        "step_time_s_total": trainer.step_time_s,
+        "overhead_fraction": emitter.append_ns / 1e9 / step_s,
+        "hot_overhead_fraction": hot_ns / 1e9 / step_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m trainer.worker CONFIG.json (launched by torchrun)", file=sys.stderr)
+        os._exit(2)
+    args = TrainingArgs.model_validate_json(Path(argv[0]).read_text())
+    code = run_worker(args)
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        code = code or 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    # gloo's background thread can abort the interpreter at normal exit: leave directly.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
