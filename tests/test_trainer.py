@@ -1,0 +1,276 @@
+"""The trainer through real torchrun with 2 gloo ranks on CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import read_all
+from journal.schema import BatchMetrics, LogData, parse_record
+from tests.conftest import BIN, cli
+
+pytestmark = pytest.mark.dist
+
+
+def train_argv(ckpt: Path, *extra: str) -> list[str]:
+    return [
+        str(BIN / "ilab-train"),
+        "--demo",
+        "--ckpt-dir",
+        str(ckpt),
+        "--nproc-per-node",
+        "2",
+        "--quiet",
+        *extra,
+    ]
+
+
+def train(ckpt: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        train_argv(ckpt, *extra), capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def records(ckpt: Path) -> list[dict[str, Any]]:
+    path = ckpt / "journal.jsonl"
+    return read_all(path, final=False).records if path.exists() else []
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once, like a scheduler killing a job.
+
+    (torchrun starts each worker in a session of its own, so a process-group kill misses them.)
+    """
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=30)
+
+
+def wait_for(pred: Any, timeout: float = 120, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ckpt = tmp_path_factory.mktemp("short") / "run"
+    proc = train(
+        ckpt,
+        "--max-steps",
+        "12",
+        "--save-every",
+        "6",
+        "--eval-every",
+        "6",
+        "--journal-detail",
+        "microbatch",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return ckpt
+
+
+def test_journal_has_the_documented_event_order(short_run: Path) -> None:
+    recs = records(short_run)
+    events = [r["event"] for r in recs]
+    assert events[0] == "train_begin" and events[1] == "epoch_begin" and events[-1] == "train_end"
+    # Split into steps and check the order inside each.
+    steps: dict[int, list[str]] = {}
+    for r in recs[2:-1]:
+        steps.setdefault(r["step"], []).append(r["event"])
+    assert sorted(steps) == list(range(1, 13))
+    for step, evs in steps.items():
+        assert evs[0] == "step_begin" and evs[-1] == "step_end", (step, evs)
+        micro = evs[1 : evs.index("before_optimizer_step")]
+        assert micro and len(micro) % 4 == 0
+        assert micro == ["before_forward", "after_forward", "before_backward", "after_backward"] * (
+            len(micro) // 4
+        )
+        tail = evs[evs.index("before_optimizer_step") : -1]
+        expected = ["before_optimizer_step", "after_optimizer_step", "log"]
+        if step % 6 == 0:
+            expected += ["evaluate", "save"]
+        assert tail == expected, (step, tail)
+    assert [r["seq"] for r in recs] == list(range(len(recs)))
+    assert cli("ilab-journal", "validate", str(short_run)).returncode == 0
+
+
+def test_payloads_carry_the_documented_fields(short_run: Path) -> None:
+    recs = records(short_run)
+    for r in recs:
+        parse_record(r)  # every payload validates against its model
+    begin = recs[0]["data"]
+    assert begin["world_size"] == 2 and begin["device_type"] == "cpu" and begin["total_steps"] == 12
+    assert begin["journal_detail"] == "microbatch" and begin["resumed_from"] is None
+    assert begin["config"]["max_steps"] == 12 and begin["pid"] > 0 and begin["versions"]["torch"]
+    logs = [r for r in recs if r["event"] == "log"]
+    assert len(logs) == 12
+    for r in logs:
+        assert set(LogData.model_fields) <= set(r["data"])
+        assert set(BatchMetrics.model_fields) <= set(r["data"]["batch_metrics"])
+        assert r["data"]["cuda_mem_allocated"] is None
+        assert r["data"]["batch_metrics"]["total_samples"] == 64
+        assert r["samples_seen"] == r["step"] * 64
+    saves = [r for r in recs if r["event"] == "save"]
+    assert [s["step"] for s in saves] == [6, 12]
+    for s in saves:
+        assert Path(s["data"]["checkpoint_path"]).is_dir()
+        assert s["data"]["kind"] == ["full_state", "hf"]
+    end = recs[-1]["data"]
+    assert (
+        end["status"] == "completed"
+        and end["final_checkpoint"] == saves[-1]["data"]["checkpoint_path"]
+    )
+
+
+def test_loss_decreases_on_the_demo_task(short_run: Path) -> None:
+    losses = [r["data"]["loss"] for r in records(short_run) if r["event"] == "log"]
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+
+
+def test_consolidated_checkpoint_loads_in_a_fresh_process(short_run: Path) -> None:
+    recs = records(short_run)
+    save = [r for r in recs if r["event"] == "save"][-1]
+    val_loss = [r for r in recs if r["event"] == "evaluate"][-1]["data"]["val_loss"]
+    code = f"""
+import torch
+from pathlib import Path
+from trainer.model import load_consolidated, loss_sum
+from trainer.data import load_jsonl, StepPlanner
+model, cfg = load_consolidated({save["data"]["checkpoint_path"]!r})
+val = load_jsonl(Path({str(short_run / "demo_data" / "val.jsonl")!r}), cfg.max_seq_len)
+pl = StepPlanner(val, len(val), 4096, 1, 0, 0)
+ids, labels = pl.collate(list(range(len(val))), torch.device("cpu"))
+with torch.no_grad():
+    loss, n = loss_sum(model(ids), labels)
+print(float(loss / n))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) == pytest.approx(val_loss, rel=1e-4)
+
+
+def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None:
+    ref, victim = tmp_path / "ref", tmp_path / "victim"
+    args = ("--max-steps", "16", "--save-every", "4")
+    ref_proc = train(ref, *args)
+    assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(
+        train_argv(victim, *args, "--step-delay", "0.3"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_begin" and r["step"] == 9 for r in records(victim)),
+            what="step 9 of the victim run",
+        )
+    finally:
+        kill_tree(job.pid)  # the whole job: launcher, torchrun, both ranks
+        job.wait()
+    first = records(victim)
+    assert all(r["event"] != "train_end" for r in first)
+
+    proc = train(victim, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = records(victim)
+    begins = [r for r in recs if r["event"] == "train_begin"]
+    assert [b["attempt"] for b in begins] == [1, 2]
+    assert begins[1]["run_id"] == begins[0]["run_id"]
+    assert begins[1]["data"]["resumed_from"].endswith("checkpoints/step-000008")
+    assert begins[1]["step"] == 8 and begins[1]["samples_seen"] == 8 * 64
+    second = [r for r in recs if r["attempt"] == 2]
+    assert [r["step"] for r in second if r["event"] == "step_begin"] == list(range(9, 17))
+    ref_loss = {r["step"]: r["data"]["loss"] for r in records(ref) if r["event"] == "log"}
+    got_loss = {r["step"]: r["data"]["loss"] for r in second if r["event"] == "log"}
+    for step in range(9, 17):
+        assert got_loss[step] == pytest.approx(ref_loss[step], rel=1e-3, abs=1e-4), step
+    status = json.loads(cli("ilab-journal", "status", str(victim), "--json").stdout)
+    assert status["state"] == "completed" and status["attempt"] == 2
+
+
+def test_sigterm_finishes_the_step_saves_and_ends_interrupted(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "500", "--step-delay", "0.2"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 3 for r in records(ckpt)),
+            what="step 3",
+        )
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 5, err[-3000:]
+    recs = records(ckpt)
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "interrupted"
+    assert "SIGTERM" in end["data"]["reason"]
+    last_save = [r for r in recs if r["event"] == "save"][-1]
+    assert last_save["step"] == end["step"] < 500
+    assert end["data"]["final_checkpoint"] == last_save["data"]["checkpoint_path"]
+    assert Path(end["data"]["final_checkpoint"], "hf", "model.safetensors").is_file()
+    assert cli("ilab-journal", "status", str(ckpt)).returncode == 5
+
+
+def test_malformed_data_line_is_a_clear_error_and_train_end_failed(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    good = json.dumps({"text": "12+30=42"})
+    data.write_text("\n".join([good] * 70 + ['{"input_ids": [1, 2, "x"]}'] + [good] * 5) + "\n")
+    ckpt = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            str(BIN / "ilab-train"),
+            "--data",
+            str(data),
+            "--ckpt-dir",
+            str(ckpt),
+            "--nproc-per-node",
+            "2",
+            "--max-steps",
+            "2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert f"{data}:71" in proc.stderr and "input_ids" in proc.stderr
+    assert "Traceback" not in proc.stderr.splitlines()[-1]
+    end = records(ckpt)[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    assert end["data"]["error_type"] == "DataError"
+    assert cli("ilab-journal", "status", str(ckpt)).returncode == 1
