@@ -169,7 +169,8 @@ class JournalReader:
             carry = b""
             # Past ``limit`` keep reading only until one complete line has been consumed.
             while pos < size and (pos < limit or batch.offset == self.offset):
-                chunk = os.pread(fd, min(self.chunk_size, size - pos), pos)
+                end = limit if pos < limit else size  # never past max_bytes unless stuck
+                chunk = os.pread(fd, min(self.chunk_size, end - pos), pos)
                 if not chunk:
                     break
                 pos += len(chunk)

@@ -66,6 +66,9 @@ class LogData(_Open):
     samples_seen: int
     batch_metrics: BatchMetrics
     cuda_mem_allocated: int | None = Field(description="bytes; null on CPU")
+    loss_finite: bool | None = Field(
+        None, description="false when the loss was NaN/Inf (written as null)"
+    )
 
 
 class EvaluateData(_Open):
@@ -78,6 +81,8 @@ class SaveData(_Open):
     checkpoint_path: str
     kind: list[Literal["full_state", "hf"]]
     duration: float
+    hf_path: str | None = Field(None, description="consolidated model dir, when kind has 'hf'")
+    trigger: str | None = Field(None, description="interval, epoch_end, final, control, interrupt")
 
 
 class TrainEndData(_Open):
@@ -87,6 +92,7 @@ class TrainEndData(_Open):
     error_type: str | None = None
     error_message: str | None = None
     traceback: str | None = None
+    journal: dict[str, Any] | None = Field(None, description="measured journal append cost")
 
 
 class ControlData(_Open):

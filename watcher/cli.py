@@ -1,0 +1,275 @@
+"""``ilab-watch``: run callbacks on journal events, beside (not inside) training."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from journal.events import EVENTS
+from journal.paths import JOURNAL_NAME
+from watcher.callbacks import CallbackSpecError, load_object
+from watcher.engine import Hook, HookOptions, Watcher
+from watcher.hooks import hook_for, hooks_for_object, instantiate
+from watcher.tail import needs_polling
+
+
+def _event_options(fn: Any) -> Any:
+    for event in reversed(EVENTS):
+        fn = click.option(
+            f"--on-{event.replace('_', '-')}",
+            f"on_{event}",
+            multiple=True,
+            metavar="CMD",
+            help=f"Run CMD on each {event} record."
+            if event in ("save", "evaluate", "train_end")
+            else None,
+            hidden=event not in ("save", "evaluate", "train_end", "log"),
+        )(fn)
+    return fn
+
+
+def _parse_queue(values: tuple[str, ...]) -> dict[str | None, str]:
+    out: dict[str | None, str] = {}
+    for v in values:
+        event, _, policy = v.rpartition("=")
+        if policy not in ("all", "latest"):
+            raise click.UsageError(f"--queue {v!r}: policy must be 'all' or 'latest'")
+        if event and event not in EVENTS:
+            raise click.UsageError(f"--queue {v!r}: unknown event {event!r}")
+        out[event or None] = policy
+    return out
+
+
+def default_name(hooks: list[Hook]) -> str:
+    digest = hashlib.sha1("\n".join(sorted(h.id for h in hooks)).encode()).hexdigest()[:8]
+    first = hooks[0]
+    stem = "".join(c if c.isalnum() else "-" for c in Path(first.label.split()[0]).name)[:24].strip(
+        "-"
+    )
+    return f"{first.event}-{stem}-{digest}"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("dir", type=click.Path(path_type=Path))
+@_event_options
+@click.option(
+    "--on",
+    "on_pairs",
+    type=(str, str),
+    multiple=True,
+    metavar="EVENT CMD",
+    help="Run CMD on EVENT records (any event; repeatable).",
+)
+@click.option(
+    "--callback",
+    "callbacks",
+    multiple=True,
+    metavar="MODULE:OBJ",
+    help="A class or object with on_<event> methods (module path or file.py:Name).",
+)
+@click.option("--name", default=None, help="Cursor identity (default: derived from the hooks).")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Cursor, results file and delivery logs (default: DIR/watch).",
+)
+@click.option(
+    "--from",
+    "start",
+    type=click.Choice(["start", "now"]),
+    default="start",
+    show_default=True,
+    help="Where to begin when no cursor exists yet (an existing cursor always wins; "
+    "use a new --name for a fresh pass).",
+)
+@click.option(
+    "--replay", is_flag=True, help="Deliver the journal as it is, then exit (no following)."
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds per delivery before its process group is killed [default: 3600].",
+)
+@click.option(
+    "--retries",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Extra attempts after a failure, with backoff.",
+)
+@click.option(
+    "--backoff",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="First retry delay in seconds (doubles).",
+)
+@click.option(
+    "--concurrency",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Deliveries of one hook that may run at once.",
+)
+@click.option(
+    "--queue",
+    "queue",
+    multiple=True,
+    metavar="[EVENT=]all|latest",
+    help="all: every record is delivered; latest: only the newest pending one "
+    "(default for high-rate events such as log and step_end).",
+)
+@click.option(
+    "--shell", is_flag=True, help="Run CMD through /bin/sh (placeholders are shell-quoted)."
+)
+@click.option(
+    "--poll",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Poll instead of filesystem events (automatic on network filesystems).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Only print failures.")
+@click.option("--verbose", "-v", is_flag=True, help="Also print each delivery's stdout.")
+def main(
+    dir: Path,
+    on_pairs: tuple[tuple[str, str], ...],
+    callbacks: tuple[str, ...],
+    name: str | None,
+    state_dir: Path | None,
+    start: str,
+    replay: bool,
+    timeout: float | None,
+    retries: int,
+    backoff: float,
+    concurrency: int,
+    queue: tuple[str, ...],
+    shell: bool,
+    poll: float | None,
+    quiet: bool,
+    verbose: bool,
+    **on_event: tuple[str, ...],
+) -> None:
+    """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
+
+    \b
+    CMD is a .py script (run with this Python), an executable, or a command line split
+    like a shell would but run without one. {name} placeholders take an envelope or payload
+    field and stay one argument each: --on-save 'python eval.py --ckpt {checkpoint_path}'.
+    Each run also gets the record as JSON on stdin and ILAB_* environment variables
+    (ILAB_EVENT, ILAB_STEP, ILAB_CKPT_DIR, ILAB_CHECKPOINT_PATH, ILAB_DELIVERY_ID, ...).
+    Every event has --on-<event> (e.g. --on-step-end); --on EVENT CMD works for all.
+
+    \b
+    Delivery is at-least-once per (event, hook) and survives restarts: a cursor in
+    --state-dir remembers what completed. Exit codes: 0 all deliveries succeeded (after
+    train_end, or the end of --replay), 1 some delivery finally failed, 2 usage error,
+    130 interrupted.
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="ilab-watch: %(message)s"
+    )
+    journal = dir / JOURNAL_NAME if dir.suffix != ".jsonl" else dir
+    ckpt_dir = journal.parent
+    if replay and not journal.is_file():
+        raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
+    if (
+        retries < 0
+        or concurrency < 1
+        or (timeout is not None and timeout <= 0)
+        or (poll is not None and poll <= 0)
+    ):
+        raise click.UsageError(
+            "--retries must be >= 0, --concurrency >= 1, --timeout and --poll > 0"
+        )
+    policies = _parse_queue(queue)
+
+    def options_for(event: str) -> HookOptions:
+        return HookOptions(
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            concurrency=concurrency,
+            queue=policies.get(event, policies.get(None)),
+        )  # type: ignore[arg-type]
+
+    hooks: list[Hook] = []
+    consumers: list[Any] = []
+    try:
+        pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
+        for event, cmd in pairs:
+            if event not in EVENTS:
+                raise CallbackSpecError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
+            hooks.append(hook_for(event, cmd, options_for(event), shell=shell))
+        for spec in callbacks:
+            obj = instantiate(load_object(spec), spec)
+            hooks.extend(hooks_for_object(obj, options_for))
+            if callable(getattr(obj, "replay", None)):
+                consumers.append(obj)
+    except CallbackSpecError as exc:
+        raise click.UsageError(str(exc)) from None
+    if not hooks:
+        raise click.UsageError(
+            "nothing to run: give --on-save CMD, --on EVENT CMD or --callback MODULE:OBJ"
+        )
+
+    if poll is None and (fstype := needs_polling(journal.parent)):
+        poll = 1.0
+        click.echo(
+            f"ilab-watch: {journal.parent} is on {fstype}; polling every {poll:g}s "
+            "(filesystem events are unreliable there)",
+            err=True,
+        )
+    if not ckpt_dir.exists():
+        click.echo(f"ilab-watch: waiting for {ckpt_dir} to appear", err=True)
+    from watcher.report import ConsoleReporter
+
+    name = name or default_name(hooks)
+    watcher = Watcher(
+        journal,
+        hooks,
+        name=name,
+        state_dir=state_dir or ckpt_dir / "watch",
+        start="cursor",
+        begin=start,  # type: ignore[arg-type]
+        replay=replay,
+        poll=poll,
+        reporter=ConsoleReporter(quiet=quiet, verbose=verbose),
+        history_consumers=consumers,
+    )
+    interrupted: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signum)
+        watcher.request_stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if not quiet:
+        click.echo(
+            f"ilab-watch: {len(hooks)} hook(s) on {journal} (cursor '{name}', "
+            f"{'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
+            err=True,
+        )
+    code = watcher.run()
+    if interrupted:
+        sys.exit(130)
+    n_ok = sum(1 for o in watcher.outcomes if o.status == "ok")
+    if not quiet:
+        click.echo(
+            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed; results in {watcher.results_path}",
+            err=True,
+        )
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Durable delivery cursor: what has completed, so a restart neither loses nor repeats work.
+
+Stored as JSON, written atomically (temp file, fsync, rename, directory fsync). ``offset`` is
+where re-reading must start: the start of the oldest read batch that still has deliveries in
+flight. ``done`` lists, per hook, the seqs completed at or after that point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("watcher")
+
+
+@dataclass
+class CursorState:
+    offset: int = 0
+    line_no: int = 0
+    fingerprint: str | None = None
+    done: dict[str, set[int]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "version": 1,
+                "offset": self.offset,
+                "line_no": self.line_no,
+                "fingerprint": self.fingerprint,
+                "done": {k: sorted(v) for k, v in self.done.items() if v},
+            },
+            option=orjson.OPT_INDENT_2,
+        )
+
+
+class Cursor:
+    """Load/save a :class:`CursorState`; ``path=None`` keeps it in memory only."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.warning: str | None = None
+
+    def load(self) -> CursorState | None:
+        """The saved state, or None when there is none. An unreadable or empty cursor means
+        "replay from the start" (with a warning), never "skip"."""
+        if self.path is None or not self.path.exists():
+            return None
+        try:
+            raw: Any = orjson.loads(self.path.read_bytes())
+            return CursorState(
+                offset=int(raw["offset"]),
+                line_no=int(raw.get("line_no", 0)),
+                fingerprint=raw.get("fingerprint"),
+                done={k: set(map(int, v)) for k, v in (raw.get("done") or {}).items()},
+            )
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            self.warning = f"cursor {self.path} is unreadable ({exc}); replaying from the start"
+            log.warning(self.warning)
+            return CursorState()
+
+    def save(self, state: CursorState) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            os.write(fd, state.to_json())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

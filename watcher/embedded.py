@@ -1,0 +1,109 @@
+"""The watcher ``run_training`` embeds: in-process Python callbacks, no code serialization.
+
+It is the same engine as ``ilab-watch``, running on a thread of the launching process. It
+delivers only the records of this launch (from the journal's size at launch time) and keeps
+its cursor in memory; results still go to ``<ckpt_dir>/watch/embedded.results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from journal.paths import journal_path
+from watcher.engine import Hook, HookOptions, Outcome, Watcher
+from watcher.hooks import hook_for, hooks_for_object
+
+if TYPE_CHECKING:
+    from trainer.config import TrainingArgs
+
+log = logging.getLogger("watcher")
+
+
+def _log_outcome(out: Outcome) -> None:
+    if out.failed:
+        log.error(
+            "callback %s on %s (step %s) %s: %s",
+            out.hook,
+            out.event,
+            out.step,
+            out.status,
+            out.error,
+        )
+    else:
+        log.info(
+            "callback %s on %s (step %s) ok in %.3fs",
+            out.hook,
+            out.event,
+            out.step,
+            out.duration or 0,
+        )
+
+
+class EmbeddedWatcher:
+    def __init__(self, args: TrainingArgs, *, start_offset: int) -> None:
+        hooks: list[Hook] = []
+        for event, specs in args.hooks().items():
+            for spec in specs:
+                hooks.append(hook_for(event, spec, HookOptions()))
+        objs = [*args.callbacks]
+        for obj in objs:
+            hooks.extend(hooks_for_object(obj, lambda ev: HookOptions()))
+        ckpt = Path(args.ckpt_dir)
+        self.watcher = Watcher(
+            journal_path(ckpt),
+            hooks,
+            name="embedded",
+            state_dir=ckpt / "watch",
+            start=start_offset,
+            persist_cursor=False,
+            reporter=_log_outcome,
+            history_consumers=[o for o in objs if callable(getattr(o, "replay", None))],
+            control_source="run_training",
+        )
+        self._thread = threading.Thread(target=self._run, name="ilab-embedded-watcher", daemon=True)
+        self.exit_code: int | None = None
+
+    def _run(self) -> None:
+        try:
+            self.exit_code = self.watcher.run()
+        except Exception:
+            log.exception("embedded watcher failed")
+            self.exit_code = 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self, grace_s: float) -> list[dict[str, Any]]:
+        """The workers are gone: deliver what is left within ``grace_s``, then summarize."""
+        self.watcher.writer_finished()
+        self._thread.join(grace_s)
+        if self._thread.is_alive():
+            log.warning("callbacks still running after %.0fs grace; abandoning them", grace_s)
+            self.watcher.request_stop()
+            self._thread.join(10)
+        return summarize(self.watcher.hooks, self.watcher.outcomes)
+
+
+def summarize(hooks: list[Hook], outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """Per callback: counts by status and the first errors."""
+    rows = []
+    for h in hooks:
+        mine = [o for o in outcomes if o.hook == h.label and o.event == h.event]
+        counts = Counter(o.status for o in mine)
+        rows.append(
+            {
+                "callback": h.label,
+                "event": h.event,
+                "deliveries": len(mine),
+                "ok": counts.get("ok", 0),
+                "failed": counts.get("failed", 0) + counts.get("abandoned", 0),
+                "timeout": counts.get("timeout", 0),
+                "coalesced": counts.get("coalesced", 0),
+                "errors": [o.error for o in mine if o.failed][:3],
+            }
+        )
+    return rows

@@ -1,0 +1,117 @@
+"""Waking up when the journal changes: watchdog on the directory, plus a safety poll.
+
+Filesystem events are only wake-ups; the reader always re-reads from its cursor. On network
+and FUSE filesystems, where inotify misses remote writes, polling is chosen automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger("watcher")
+
+NETWORK_FS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "ceph",
+    "glusterfs",
+    "beegfs",
+    "afs",
+    "9p",
+    "panfs",
+    "wekafs",
+    "virtiofs",
+    "cvmfs",
+}
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The fstype of the mount holding ``path`` (Linux /proc/mounts), or None if unknown."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, fstype = mnt, parts[2]
+    return fstype
+
+
+def needs_polling(path: Path) -> str | None:
+    """The fstype when inotify cannot be trusted there (network or FUSE), else None."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    fstype = filesystem_type(probe)
+    if fstype and (fstype in NETWORK_FS or fstype.startswith("fuse")):
+        return fstype
+    return None
+
+
+class Waker:
+    """``wait(timeout)`` returns early when the journal's directory reports a change."""
+
+    def __init__(self, journal: Path, *, poll: float | None) -> None:
+        self.journal = journal
+        self.poll = poll
+        self._event = threading.Event()
+        self._observer = None
+        self.mode = "poll" if poll is not None else "watchdog"
+
+    def start(self) -> None:
+        if self.poll is None:
+            self._try_schedule()
+
+    def _try_schedule(self) -> None:
+        if self._observer is not None or not self.journal.parent.is_dir():
+            return
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        name = self.journal.name
+        wake = self._event
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                for p in (event.src_path, getattr(event, "dest_path", "")):
+                    if p and os.path.basename(os.fsdecode(p)) == name:
+                        wake.set()
+                        return
+
+        obs = Observer()
+        obs.schedule(Handler(), str(self.journal.parent), recursive=False)
+        obs.daemon = True
+        obs.start()
+        self._observer = obs
+
+    def wake(self) -> None:
+        """Wake the waiter now (shutdown, or a delivery finished)."""
+        self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        if self.poll is not None:
+            timeout = min(timeout, self.poll)
+        elif self._observer is None:
+            self._try_schedule()  # the directory may exist by now
+        self._event.wait(timeout)
+        self._event.clear()
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
