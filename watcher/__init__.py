@@ -1,1 +1,7 @@
-"""watcher package."""
+"""The watcher: deliver journal events to callbacks outside the training processes."""
+
+from journal.control import Control
+from watcher.callbacks import Event, TrainerCallback
+from watcher.engine import Hook, HookOptions, Outcome, Watcher
+
+__all__ = ["Control", "Event", "Hook", "HookOptions", "Outcome", "TrainerCallback", "Watcher"]

@@ -1,0 +1,130 @@
+"""run_training's embedded watcher and ilab-watch beside a real 2-rank run."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import read_all
+from tests.conftest import BIN
+from tests.test_trainer import train
+from trainer.config import TorchrunArgs, TrainingArgs
+from trainer.launch import run_training
+from watcher import TrainerCallback
+
+pytestmark = pytest.mark.dist
+
+
+class Recorder(TrainerCallback):
+    """Constructor arguments and state: nothing here could survive serialization into workers."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.saves: list[str] = []
+        self.end: dict[str, Any] = {}
+
+    def on_save(self, event: Any, checkpoint_path: str, **data: Any) -> None:
+        self.saves.append(self.prefix + checkpoint_path)
+
+    def on_train_end(self, event: Any, **data: Any) -> None:
+        self.end = data
+
+
+def test_flat_api_runs_lambda_closure_and_instance_in_the_launching_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen: dict[str, list[Any]] = collections.defaultdict(list)
+    pid = os.getpid()
+
+    def make_closure(tag: str) -> Any:
+        def on_evaluate(event: Any, val_loss: float, **kw: Any) -> None:
+            seen[tag].append((event.step, val_loss, os.getpid()))
+
+        return on_evaluate
+
+    def broken(event: Any, **kw: Any) -> None:
+        raise RuntimeError("callback bug")
+
+    rec = Recorder("ckpt:")
+    args = TrainingArgs(
+        ckpt_dir=tmp_path / "run",
+        demo=True,
+        max_steps=8,
+        save_every=4,
+        eval_every=4,
+        on_save=[
+            lambda event, checkpoint_path, **kw: seen["lambda"].append(
+                (checkpoint_path, os.getpid())
+            ),
+            broken,
+        ],
+        on_evaluate=make_closure("closure"),
+        callbacks=[rec],
+    )
+    result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
+    assert result.status == "completed"
+    saves = [
+        r["data"]["checkpoint_path"]
+        for r in read_all(result.journal_path).records
+        if r["event"] == "save"
+    ]
+    assert len(saves) == 2
+    assert seen["lambda"] == [(p, pid) for p in saves]
+    assert [(s, p) for s, _, p in seen["closure"]] == [(4, pid), (8, pid)]
+    assert rec.saves == ["ckpt:" + p for p in saves] and rec.end["status"] == "completed"
+    by_name = {(c["callback"].rsplit(".", 1)[-1], c["event"]): c for c in result.callbacks}
+    assert by_name[("broken", "save")]["failed"] == 2
+    assert "callback bug" in by_name[("broken", "save")]["errors"][0]
+    assert by_name[("on_save", "save")]["ok"] == 2
+
+
+def test_ilab_watch_beside_training_survives_a_hanging_callback(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    out = tmp_path / "paths.txt"
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time; time.sleep(600)\n")
+    note = tmp_path / "note.py"
+    note.write_text(
+        textwrap.dedent(f"""
+        import os, sys
+        open({str(out)!r}, "a").write(sys.argv[1] + "\\n")
+    """)
+    )
+    watcher = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(ckpt),
+            "--timeout",
+            "2",
+            "--on-save",
+            str(hang),
+            "--on-save",
+            f"{note} {{checkpoint_path}}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    try:
+        proc = train(ckpt, "--max-steps", "12", "--save-every", "4")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        code = watcher.wait(timeout=120)
+    finally:
+        watcher.kill()
+    saves = [
+        r["data"]["checkpoint_path"]
+        for r in read_all(ckpt / "journal.jsonl").records
+        if r["event"] == "save"
+    ]
+    assert len(saves) == 3
+    assert out.read_text().splitlines() == saves
+    assert code == 1  # the hanging hook timed out on every save
+    assert watcher.stderr.read().count("timeout") == 3
