@@ -108,6 +108,7 @@ class JournalWriter:
         self.dropped = 0
         self._gap: tuple[int, int, str] | None = None  # first seq, last seq, error text
         self._torn = False
+        self._pending: list[tuple[Any, ...]] = []
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
         self._init_from_tail(resume, run_id)
 
@@ -140,19 +141,34 @@ class JournalWriter:
         epoch: int = 0,
         samples_seen: int = 0,
         ts: float | None = None,
+        defer: bool = False,
     ) -> int | None:
-        """Append one record; return its ``seq``, or ``None`` if it was dropped."""
-        if self._gap is not None:
-            self._flush_gap()
+        """Append one record; return its ``seq``, or ``None`` if it was dropped.
+
+        ``defer=True`` keeps the record in memory (seq and ts fixed now) until the next
+        non-deferred append or :meth:`flush`, which writes everything in one ``os.write``.
+        The trainer defers intra-step records so a step costs one cold write path, not
+        five; ``data`` must not be mutated after a deferred append. Durable events are never
+        deferred.
+        """
         seq = self.seq
         self.seq = seq + 1
-        line = orjson.dumps(
+        rec = (seq, time.time() if ts is None else ts, event, step, epoch, samples_seen, data)
+        if defer and event not in self.durable_events:
+            self._pending.append(rec)
+            return seq
+        self._pending.append(rec)
+        return seq if self._write_pending(durable=event in self.durable_events) else None
+
+    def _encode(self, rec: tuple[Any, ...]) -> bytes:
+        seq, ts, event, step, epoch, samples_seen, data = rec
+        return orjson.dumps(
             {
                 "v": SCHEMA_VERSION,
                 "seq": seq,
                 "run_id": self.run_id,
                 "attempt": self.attempt,
-                "ts": time.time() if ts is None else ts,
+                "ts": ts,
                 "event": event,
                 "step": step,
                 "epoch": epoch,
@@ -162,18 +178,48 @@ class JournalWriter:
             default=_default,
             option=_DUMPS_OPTS,
         )
-        if self._gap is not None:  # still failing: do not try the record itself
-            return self._dropped(seq, None)
+
+    def _write_pending(self, *, durable: bool) -> bool:
+        """One write for every pending record (plus a journal_gap record after a failure)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return True
+        gap = self._gap
+        if gap is not None:
+            # Recovering from failed writes: the gap record follows the records it precedes
+            # in time, so seq stays strictly increasing; it names the lost range.
+            first, last, err = gap
+            gap_data = {
+                "dropped": last - first + 1,
+                "first_seq": first,
+                "last_seq": last,
+                "error": err,
+            }
+            pending.append((self.seq, time.time(), "journal_gap", 0, 0, 0, gap_data))
+            durable = True  # its seq is taken only once it is written (below)
+        payload = (
+            b"".join(map(self._encode, pending)) if len(pending) > 1 else self._encode(pending[0])
+        )
         try:
-            self._write_bytes(line)
-            if event in self.durable_events:
+            self._write_bytes(payload)
+            if durable:
                 os.fsync(self._fd)
         except OSError as exc:
-            return self._dropped(seq, exc)
-        return seq
+            for rec in pending:
+                if rec[2] != "journal_gap":
+                    self._dropped(rec[0], exc)
+            return False
+        if gap is not None:
+            self._gap = None
+            self.seq += 1
+            log.warning(
+                "journal %s: writing again after %d dropped records", self.path, gap[1] - gap[0] + 1
+            )
+        return True
 
     def flush(self) -> None:
-        """fsync everything written so far."""
+        """Write deferred records and fsync everything written so far."""
+        self._write_pending(durable=False)
         try:
             os.fsync(self._fd)
         except OSError as exc:
@@ -230,39 +276,3 @@ class JournalWriter:
         else:
             self._gap = (self._gap[0], seq, self._gap[2])
         return None
-
-    def _flush_gap(self) -> None:
-        """Try to write the ``journal_gap`` record; it takes the next ``seq`` on success."""
-        assert self._gap is not None
-        first, last, err = self._gap
-        next_seq = self.seq
-        line = orjson.dumps(
-            {
-                "v": SCHEMA_VERSION,
-                "seq": next_seq,
-                "run_id": self.run_id,
-                "attempt": self.attempt,
-                "ts": time.time(),
-                "event": "journal_gap",
-                "step": 0,
-                "epoch": 0,
-                "samples_seen": 0,
-                "data": {
-                    "dropped": last - first + 1,
-                    "first_seq": first,
-                    "last_seq": last,
-                    "error": err,
-                },
-            },
-            option=_DUMPS_OPTS,
-        )
-        try:
-            self._write_bytes(line)
-            os.fsync(self._fd)
-        except OSError:
-            return
-        self._gap = None
-        self.seq = next_seq + 1
-        log.warning(
-            "journal %s: writing again after %d dropped records", self.path, last - first + 1
-        )

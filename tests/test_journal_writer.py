@@ -121,6 +121,23 @@ def test_torn_final_fragment_is_terminated_on_reopen(ckpt: Path) -> None:
     assert path.read_bytes().startswith(b"".join(orjson.dumps(r) + b"\n" for r in good))
 
 
+def test_deferred_records_are_written_in_order_with_the_next_immediate_one(ckpt: Path) -> None:
+    w = JournalWriter(ckpt)
+    w.append("step_begin", step=1, defer=True)
+    w.append("log", log_payload(1), step=1, defer=True)
+    path = ckpt / "journal.jsonl"
+    assert path.read_bytes() == b""  # nothing written yet
+    w.append("step_end", step=1)  # one write carries all three
+    assert [r["event"] for r in read_all(path).records] == ["step_begin", "log", "step_end"]
+    w.append("step_begin", step=2, defer=True)
+    w.append("save", SAMPLE_PAYLOADS["save"], step=2, defer=True)  # durable: never deferred
+    assert [r["event"] for r in read_all(path).records][-2:] == ["step_begin", "save"]
+    w.append("step_begin", step=3, defer=True)
+    w.close()  # close flushes
+    recs = read_all(path).records
+    assert [r["seq"] for r in recs] == list(range(6)) and recs[-1]["step"] == 3
+
+
 def test_nan_loss_is_written_as_valid_json(ckpt: Path) -> None:
     with JournalWriter(ckpt) as w:
         w.append("log", {**log_payload(1), "loss": float("nan"), "loss_finite": False})
@@ -168,14 +185,17 @@ def test_disk_full_then_recovery_records_the_gap(tmp_path: Path) -> None:
     assert "cannot write" in proc.stderr  # warned once
     assert proc.stderr.count("cannot write") == 1
     batch = read_all(tmp_path / "journal.jsonl")
-    events = [(r["seq"], r["event"]) for r in batch.records]
-    assert events[:3] == [(0, "step_end"), (1, "step_end"), (2, "step_end")]
-    gap = batch.records[3]
-    assert gap["event"] == "journal_gap"
-    assert gap["data"]["dropped"] == 4 and gap["data"]["first_seq"] == 3
-    assert gap["data"]["last_seq"] == 6 and gap["seq"] == 7
-    assert batch.records[4]["event"] == "step_end" and batch.records[4]["seq"] == 8
-    assert batch.records[4]["step"] == 7
+    events = [(r["seq"], r["event"], r["step"]) for r in batch.records]
+    assert events[:3] == [(0, "step_end", 0), (1, "step_end", 1), (2, "step_end", 2)]
+    # After recovery: the record that went through, then the gap record naming the loss.
+    assert events[3] == (7, "step_end", 7)
+    gap = batch.records[4]
+    assert gap["event"] == "journal_gap" and gap["seq"] == 8
+    assert (
+        gap["data"]["dropped"] == 4
+        and gap["data"]["first_seq"] == 3
+        and gap["data"]["last_seq"] == 6
+    )
     # The partial record that fit under the limit became exactly one skipped line...
     assert len(batch.invalid) == 1
     # ...which `validate` reports, while the seq hole is explained by the gap record.

@@ -90,7 +90,7 @@ class Trainer:
         st, a = self.state, self.args
         steps_per_epoch = self.planner.steps_per_epoch
         while st.step < self.total_steps and st.epoch < a.num_epochs:
-            self._sync_envelope()
+            self.sync_envelope()
             self.j.emit(
                 "epoch_begin",
                 {"steps_in_epoch": steps_per_epoch, "start_step_in_epoch": st.step_in_epoch},
@@ -104,7 +104,7 @@ class Trainer:
                 st.epoch, st.step_in_epoch = st.epoch + 1, 0
                 if a.save_at_epoch_end and self.last_saved_step != st.step:
                     self.save("epoch_end")
-                self._sync_envelope()
+                self.sync_envelope()
         out = Outcome("completed", f"reached step {st.step}")
         if a.save_final and self.last_saved_step != st.step:
             self.save("final")
@@ -116,7 +116,7 @@ class Trainer:
         st, a, j = self.state, self.args, self.j
         t0 = time.perf_counter()
         st.step += 1
-        self._sync_envelope()
+        self.sync_envelope()
         j.emit("step_begin")
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         scale = self.world / max(plan.global_loss_tokens, 1)  # FSDP averages grads over ranks
@@ -166,7 +166,7 @@ class Trainer:
             time.sleep(a.step_delay)
         elapsed = time.perf_counter() - t0
         self.step_time_s += elapsed
-        self._sync_envelope()
+        self.sync_envelope()
         loss_avg = loss_sum_all / tokens_all if tokens_all else float("nan")
         self.last_loss = loss_avg
         commands = self._journal_control(mask)
@@ -237,7 +237,7 @@ class Trainer:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _sync_envelope(self) -> None:
+    def sync_envelope(self) -> None:
         self.j.step, self.j.epoch, self.j.samples_seen = (
             self.state.step,
             self.state.epoch,

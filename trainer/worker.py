@@ -181,7 +181,8 @@ def run_worker(args: TrainingArgs) -> int:
             hf_config=hf_config,
             interrupted=interrupted,
         )
-        trainer._sync_envelope()
+        trainer.sync_envelope()
+        begin_step = state.step
         emitter.emit(
             "train_begin",
             {
@@ -210,7 +211,13 @@ def run_worker(args: TrainingArgs) -> int:
         }
         emitter.emit("train_end", end)
         ended = True
-        log.info("training %s: %s", outcome.status, outcome.reason)
+        log.info(
+            "training %s: %s; %d steps in %.4fs of step time",
+            outcome.status,
+            outcome.reason,
+            trainer.state.step - begin_step,
+            trainer.step_time_s,
+        )
     except DataError as exc:
         code = 1
         log.error("data error: %s", exc)
