@@ -32,6 +32,7 @@ TRAIN_FIELDS = {
     "journal_detail": "journal_detail",
     "model_path": "model_path",
     "step_delay": "step_delay",
+    "demo_samples": "demo_samples",
     "backend": "backend",
 }
 MODEL_FIELDS = {
@@ -82,6 +83,7 @@ def _errors(exc: ValidationError) -> str:
 @click.option(
     "--demo", is_flag=True, default=None, help="Built-in model and generated arithmetic demo data."
 )
+@click.option("--demo-samples", type=int, help="Generated demo training samples (default 6000).")
 @click.option("--max-steps", type=int, help="Stop after this many optimizer steps.")
 @click.option("--num-epochs", type=int, help="Epochs over the data (default 1).")
 @click.option(

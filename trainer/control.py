@@ -45,8 +45,11 @@ class Rejection:
 class ControlPoller:
     """Finds, validates and de-duplicates command files for rank 0."""
 
-    def __init__(self, ckpt_dir: Path, seen_ids: set[str]) -> None:
+    def __init__(self, ckpt_dir: Path, seen_ids: set[str], not_before: float | None = None) -> None:
         self.dir = ckpt_dir / "control"
+        # Commands written before this attempt started (e.g. by a callback reacting to the
+        # previous attempt's last checkpoint) are stale: rejected, never applied on resume.
+        self.not_before = not_before
         self.processed = self.dir / "processed"
         self.seen = seen_ids
         self._mtime_ns = -1
@@ -136,6 +139,11 @@ class ControlPoller:
                 command if isinstance(command, str) else None,
                 source,
                 f"unknown command {command!r}; expected one of {', '.join(BITS)}",
+            )
+        ts = obj.get("ts")
+        if self.not_before is not None and isinstance(ts, (int, float)) and ts < self.not_before:
+            return Rejection(
+                cid, command, source, "stale: written before this training attempt started"
             )
         return Command(command, cid, source, reason)
 

@@ -9,6 +9,7 @@ without any extra collective.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,22 +110,19 @@ def make_demo_data(
         "val": out_dir / "val.jsonl",
         "heldout": out_dir / "heldout.jsonl",
     }
-    with open(files["train"], "wb") as f:
-        for _ in range(n_train):
-            f.write(
-                orjson.dumps(
-                    _demo_sample(*rng.choice(train_pairs)), option=orjson.OPT_APPEND_NEWLINE
-                )
-            )
-    with open(files["val"], "wb") as f:
-        for a, b in val_pairs:
-            f.write(orjson.dumps(_demo_sample(a, b), option=orjson.OPT_APPEND_NEWLINE))
-    with open(files["heldout"], "wb") as f:
-        for a, b in eval_pairs:
-            prompt, answer = demo_problem(a, b)
-            f.write(
-                orjson.dumps({"prompt": prompt, "answer": answer}, option=orjson.OPT_APPEND_NEWLINE)
-            )
+    dumps = lambda obj: orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)  # noqa: E731
+    contents = {
+        "train": b"".join(dumps(_demo_sample(*rng.choice(train_pairs))) for _ in range(n_train)),
+        "val": b"".join(dumps(_demo_sample(a, b)) for a, b in val_pairs),
+        "heldout": b"".join(
+            dumps({"prompt": demo_problem(a, b)[0], "answer": demo_problem(a, b)[1]})
+            for a, b in eval_pairs
+        ),
+    }
+    for key, path in files.items():  # temp file + rename: readers never see a partial file
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(contents[key])
+        os.replace(tmp, path)
     return files
 
 

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from trainer import checkpoint as ckpt
 from trainer.config import TrainingArgs
 from trainer.control import ABORT, EVALUATE, LOG, SAVE, STOP, ControlPoller
+from trainer.control import BITS as CONTROL_BITS
 from trainer.data import StepPlanner
 from trainer.emitter import Emitter
 from trainer.model import loss_sum
@@ -83,6 +84,7 @@ class Trainer:
         self.last_saved_step = state.step if state.step else -1
         self.last_loss: float | None = None
         self.step_time_s = 0.0
+        self.poll_ns = 0  # time spent checking the control dir (rank 0)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -146,7 +148,11 @@ class Trainer:
         j.emit("after_optimizer_step")
 
         # The step's single reduction: metrics, plus control bits and signals for free.
-        mask = self.poller.poll() if self.poller is not None else 0
+        mask = 0
+        if self.poller is not None:
+            t_poll = time.perf_counter_ns()
+            mask = self.poller.poll()
+            self.poll_ns += time.perf_counter_ns() - t_poll
         is0 = 1.0 if self.rank == 0 else 0.0
         vec = torch.stack(
             [
@@ -160,6 +166,12 @@ class Trainer:
         dist.all_reduce(vec)
         loss_sum_all, tokens_all, n_interrupted, mask_f, gnorm = vec.tolist()
         mask = int(mask_f)
+        if mask:  # every rank logs it: the per-rank logs show they act at the same step
+            log.info(
+                "control %s applied at step %d",
+                "+".join(n for n, b in CONTROL_BITS.items() if mask & b),
+                st.step,
+            )
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
         if a.step_delay:

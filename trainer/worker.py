@@ -14,6 +14,7 @@ import platform
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -114,6 +115,7 @@ def run_worker(args: TrainingArgs) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ckpt_dir = Path(args.ckpt_dir)
+    attempt_start = time.time()
     _setup_logging(ckpt_dir, rank)
     interrupted: list[str] = []
     _install_signal_handlers(interrupted)
@@ -136,10 +138,11 @@ def run_worker(args: TrainingArgs) -> int:
         torch.manual_seed(args.seed)
         data_path, val_path = args.data_path, args.val_data_path
         if args.demo:
-            files = make_demo_data(
-                ckpt_dir / "demo_data", n_train=args.demo_samples, seed=args.seed
-            )
-            data_path, val_path = files["train"], val_path or files["val"]
+            demo_dir = ckpt_dir / "demo_data"
+            if local_rank == 0:  # one writer per node (same seed: same bytes everywhere)
+                make_demo_data(demo_dir, n_train=args.demo_samples, seed=args.seed)
+            dist.barrier()
+            data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
         vocab = VOCAB_SIZE if args.model_path is None else None
         seq = args.model.max_seq_len
         samples = load_jsonl(Path(data_path), seq, vocab)
@@ -158,6 +161,15 @@ def run_worker(args: TrainingArgs) -> int:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         epoch_steps = planner.steps_per_epoch * args.num_epochs
         total = min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps
+        if args.max_steps and args.max_steps > epoch_steps and rank == 0:
+            log.warning(
+                "max_steps %d is more than %d epoch(s) of %d steps: training ends at step %d "
+                "(raise num_epochs to train longer)",
+                args.max_steps,
+                args.num_epochs,
+                planner.steps_per_epoch,
+                epoch_steps,
+            )
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, warmup_cosine(args.warmup_steps, total, args.min_lr_ratio)
         )
@@ -165,7 +177,7 @@ def run_worker(args: TrainingArgs) -> int:
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, model, opt, sched)
             log.info("resumed from %s at step %d", resume_from, state.step)
-        poller = ControlPoller(ckpt_dir, seen_ids) if rank == 0 else None
+        poller = ControlPoller(ckpt_dir, seen_ids, not_before=attempt_start) if rank == 0 else None
         trainer = Trainer(
             args,
             model=model,
@@ -248,6 +260,7 @@ def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
         "step_time_s_total": trainer.step_time_s,
         "overhead_fraction": emitter.append_ns / 1e9 / step_s,
         "hot_overhead_fraction": hot_ns / 1e9 / step_s,
+        "control_poll_ns_per_step": trainer.poll_ns / steps,
     }
 
 

@@ -13,6 +13,7 @@ import click
 
 from journal.events import EVENTS
 from journal.paths import JOURNAL_NAME
+from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Hook, HookOptions, Watcher
 from watcher.hooks import hook_for, hooks_for_object, instantiate
@@ -72,6 +73,20 @@ def default_name(hooks: list[Hook]) -> str:
     multiple=True,
     metavar="MODULE:OBJ",
     help="A class or object with on_<event> methods (module path or file.py:Name).",
+)
+@click.option(
+    "--early-stopping",
+    "early_stopping",
+    default=None,
+    metavar="K=V,...",
+    help="Built-in EarlyStopping, e.g. metric=val_loss,patience=3,min_delta=0.01,mode=min.",
+)
+@click.option(
+    "--divergence",
+    default=None,
+    metavar="K=V,...",
+    help="Built-in DivergenceDetector, e.g. threshold=1.0,patience=3,warmup=10,action=abort "
+    "(NaN/Inf loss triggers at once).",
 )
 @click.option("--name", default=None, help="Cursor identity (default: derived from the hooks).")
 @click.option(
@@ -143,6 +158,8 @@ def main(
     dir: Path,
     on_pairs: tuple[tuple[str, str], ...],
     callbacks: tuple[str, ...],
+    early_stopping: str | None,
+    divergence: str | None,
     name: str | None,
     state_dir: Path | None,
     start: str,
@@ -177,6 +194,7 @@ def main(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="ilab-watch: %(message)s"
     )
+    logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
     journal = dir / JOURNAL_NAME if dir.suffix != ".jsonl" else dir
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
@@ -209,8 +227,12 @@ def main(
             if event not in EVENTS:
                 raise CallbackSpecError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
             hooks.append(hook_for(event, cmd, options_for(event), shell=shell))
-        for spec in callbacks:
-            obj = instantiate(load_object(spec), spec)
+        objects = [instantiate(load_object(spec), spec) for spec in callbacks]
+        if early_stopping is not None:
+            objects.append(parse_builtin("early-stopping", early_stopping))
+        if divergence is not None:
+            objects.append(parse_builtin("divergence", divergence))
+        for obj in objects:
             hooks.extend(hooks_for_object(obj, options_for))
             if callable(getattr(obj, "replay", None)):
                 consumers.append(obj)

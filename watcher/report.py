@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from watcher.engine import Outcome
+from watcher.engine import HIGH_RATE_EVENTS, Outcome
 
 
 class ConsoleReporter:
@@ -17,7 +17,16 @@ class ConsoleReporter:
         self._lock = threading.Lock()
 
     def __call__(self, out: Outcome) -> None:
+        """quiet: failures only; default: also successes of low-rate events (save, evaluate,
+        ...) with a command's last output line; verbose: everything, with output tails."""
         if self.quiet and not out.failed:
+            return
+        if (
+            not self.verbose
+            and not out.failed
+            and out.event in HIGH_RATE_EVENTS
+            and not out.control
+        ):
             return
         dur = f"{out.duration:.2f}s" if out.duration is not None else "-"
         tries = f", {out.attempts} attempts" if out.attempts > 1 else ""
@@ -33,6 +42,11 @@ class ConsoleReporter:
             else:
                 ctl = f" -> control {', '.join(out.control)}" if out.control else ""
                 self.console.print(f"[green]✓[/green] {head} ok ({dur}{tries}){ctl}")
-            if self.verbose and out.stdout_tail:
-                self.console.print(out.stdout_tail.rstrip(), markup=False)
+            if out.stdout_tail and out.stdout_tail.strip():
+                text = (
+                    out.stdout_tail.rstrip()
+                    if self.verbose
+                    else out.stdout_tail.strip().splitlines()[-1]
+                )
+                self.console.print(f"  {text}", markup=False)
         sys.stderr.flush()

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The project's main job (``make demo``): train, react, steer, summarize.
+
+1. ``ilab-watch`` starts beside training: on every checkpoint it runs
+   ``examples/eval_accuracy.py`` (held-out exact-match accuracy, asks for ``stop`` at the
+   target accuracy), plus built-in early stopping on val_loss and divergence detection.
+2. ``ilab-train --demo`` trains the built-in model on generated arithmetic with FSDP on
+   2 CPU ranks (gloo), journaling every lifecycle event.
+3. A summary: accuracy per checkpoint, why training ended, where everything is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/demo-<time>")
+    ap.add_argument("--max-steps", type=int, default=400)
+    ap.add_argument("--save-every", type=int, default=40)
+    ap.add_argument("--target-accuracy", type=float, default=0.8)
+    ap.add_argument("--nproc-per-node", type=int, default=2)
+    args = ap.parse_args()
+    run = (args.run_dir or ROOT / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    eval_cmd = f"{ROOT / 'examples' / 'eval_accuracy.py'} --target-accuracy {args.target_accuracy}"
+    t0 = time.monotonic()
+    print(f"== ilab-journal demo: run dir {run}\n", flush=True)
+    watcher = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(run),
+            "--on-save",
+            eval_cmd,
+            "--early-stopping",
+            "metric=val_loss,patience=5,min_delta=0.001",
+            "--divergence",
+            "threshold=1.0,patience=3,warmup=20",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    train = subprocess.run(
+        [
+            str(BIN / "ilab-train"),
+            "--demo",
+            "--ckpt-dir",
+            str(run),
+            "--nproc-per-node",
+            str(args.nproc_per_node),
+            "--max-steps",
+            str(args.max_steps),
+            "--demo-samples",
+            "30000",
+            "--save-every",
+            str(args.save_every),
+            "--eval-every",
+            "20",
+            "--log-every",
+            "20",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        watcher_code = watcher.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        watcher.terminate()
+        watcher_code = watcher.wait()
+    summarize(run, time.monotonic() - t0, train.returncode, watcher_code)
+    return 0 if train.returncode == 0 and watcher_code == 0 else 1
+
+
+def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> None:
+    from journal.reader import read_all
+
+    recs = read_all(run / "journal.jsonl").records
+    end = next((r for r in reversed(recs) if r["event"] == "train_end"), None)
+    controls = [r["data"] for r in recs if r["event"] == "control" and r["data"].get("accepted")]
+    evals = {r["step"]: r["data"]["val_loss"] for r in recs if r["event"] == "evaluate"}
+    acc_file = run / "eval" / "accuracy.jsonl"
+    accs = [json.loads(x) for x in acc_file.read_text().splitlines()] if acc_file.exists() else []
+    print("\n== summary")
+    print(f"{'step':>6}  {'val_loss':>8}  {'accuracy':>8}  checkpoint")
+    for a in sorted(accs, key=lambda a: a["step"]):
+        vl = evals.get(a["step"])
+        vl_text = "-" if vl is None else f"{vl:.4f}"
+        print(f"{a['step']:>6}  {vl_text:>8}  {a['accuracy']:>8.3f}  {a['checkpoint']}")
+    if end:
+        d = end["data"]
+        print(f"\ntraining ended: {d['status']} at step {end['step']}: {d.get('reason')}")
+        for c in controls:
+            print(
+                f"  control '{c['command']}' from {c.get('source')} applied at step {c['applied_at_step']}"
+                + (f": {c['reason']}" if c.get("reason") else "")
+            )
+        print(f"final checkpoint: {d.get('final_checkpoint')}")
+    print(f"journal: {run / 'journal.jsonl'} ({len(recs)} records)")
+    print(
+        f"checkpoints: {run / 'checkpoints'}   logs: {run / 'logs'}   watcher results: {run / 'watch'}"
+    )
+    print(f"exit codes: ilab-train {train_code}, ilab-watch {watcher_code}; wall time {wall:.0f}s")
+    print(
+        f"\nnext: ilab-journal status {run}  |  ilab-journal show {run} -e save -e control  |  "
+        f"ilab-journal plot {run}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Evaluate a demo checkpoint: exact-match accuracy on held-out arithmetic problems.
+
+Run by ``ilab-watch --on-save examples/eval_accuracy.py`` on every checkpoint. It reads the
+checkpoint from ``ILAB_CHECKPOINT_PATH`` (or ``--checkpoint``), loads the consolidated model
+without torchrun, greedy-decodes each held-out problem, prints the accuracy, appends it to
+``<ckpt_dir>/eval/accuracy.jsonl``, and with ``--target-accuracy`` asks training to stop
+(through ``ilab-journal control stop``) once the target is reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.model import greedy_generate, load_consolidated
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--checkpoint",
+        default=os.environ.get("ILAB_CHECKPOINT_PATH"),
+        help="checkpoint dir (default: $ILAB_CHECKPOINT_PATH)",
+    )
+    ap.add_argument(
+        "--ckpt-dir",
+        default=os.environ.get("ILAB_CKPT_DIR"),
+        help="run dir with demo_data/heldout.jsonl (default: $ILAB_CKPT_DIR)",
+    )
+    ap.add_argument("--limit", type=int, default=200, help="problems to evaluate")
+    ap.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="request 'stop' once accuracy reaches this (0..1)",
+    )
+    args = ap.parse_args()
+    if not args.checkpoint:
+        ap.error("no checkpoint: pass --checkpoint or run me from ilab-watch --on-save")
+    ckpt = Path(args.checkpoint)
+    run_dir = Path(args.ckpt_dir) if args.ckpt_dir else ckpt.parent.parent
+    heldout = run_dir / "demo_data" / "heldout.jsonl"
+    if not heldout.is_file():
+        print(f"eval: no held-out problems at {heldout}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    model, _ = load_consolidated(ckpt)
+    problems = [json.loads(line) for line in heldout.read_text().splitlines()][: args.limit]
+    correct = sum(
+        greedy_generate(model, p["prompt"], max_new_tokens=4) == p["answer"] for p in problems
+    )
+    acc = correct / len(problems)
+    step = int(os.environ.get("ILAB_STEP", "0") or 0)
+    print(
+        f"eval: step {step} {ckpt.name}: accuracy {acc:.3f} ({correct}/{len(problems)}) "
+        f"in {time.perf_counter() - t0:.1f}s"
+    )
+    out = run_dir / "eval"
+    out.mkdir(exist_ok=True)
+    with open(out / "accuracy.jsonl", "a") as f:
+        f.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "checkpoint": str(ckpt),
+                    "accuracy": acc,
+                    "n": len(problems),
+                    "delivery_id": os.environ.get("ILAB_DELIVERY_ID"),
+                }
+            )
+            + "\n"
+        )
+    if args.target_accuracy is not None and acc >= args.target_accuracy:
+        ilab_journal = Path(sys.executable).parent / "ilab-journal"
+        reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"
+        subprocess.run(
+            [
+                str(ilab_journal),
+                "control",
+                "stop",
+                str(run_dir),
+                "--reason",
+                reason,
+                "--source",
+                "eval_accuracy.py",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        print(f"eval: {reason}: asked training to stop")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
