@@ -76,6 +76,8 @@ class ControlPoller:
                 )
                 log.warning(msg)
                 self.rejected.append(Rejection(None, None, None, msg))
+            # chmod changes ctime, not mtime: keep re-checking the mode until it is safe.
+            self._mtime_ns = -1
             return 0
         self._scan()
         mask = 0

@@ -1,0 +1,163 @@
+"""EarlyStopping and DivergenceDetector on synthetic journals."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import Control, JournalWriter
+from tests.conftest import cli
+from watcher.builtins import DivergenceDetector, EarlyStopping, parse_builtin
+from watcher.callbacks import CallbackSpecError, Event
+
+
+def ev(name: str, step: int, run_id: str = "r1", **data: Any) -> Event:
+    rec = {"event": name, "seq": step, "step": step, "run_id": run_id, "data": data}
+    return Event.from_record(rec, "/ck", f"d{step}")
+
+
+def feed_eval(cb: EarlyStopping, values: list[float], run_id: str = "r1") -> list[Control | None]:
+    return [
+        cb.on_evaluate(ev("evaluate", i, run_id, val_loss=v), val_loss=v)
+        for i, v in enumerate(values)
+    ]
+
+
+def test_early_stopping_patience_min_delta_and_fires_once() -> None:
+    cb = EarlyStopping(metric="val_loss", patience=3, min_delta=0.01)
+    out = feed_eval(cb, [1.0, 0.9, 0.895, 0.92, 0.91, 0.95, 0.96])
+    # 0.895 is not an improvement beyond min_delta; the third non-improvement triggers.
+    assert [o is not None for o in out] == [False, False, False, False, True, False, False]
+    assert out[4].command == "stop" and "did not improve on 0.9" in out[4].reason
+
+
+def test_early_stopping_max_mode_and_abort() -> None:
+    cb = EarlyStopping(metric="val_accuracy", mode="max", patience=2, action="abort")
+    vals = [0.5, 0.6, 0.59, 0.58]
+    out = [
+        cb.on_evaluate(ev("evaluate", i, val_accuracy=v), val_accuracy=v)
+        for i, v in enumerate(vals)
+    ]
+    assert out[:3] == [None, None, None] and out[3].command == "abort"
+
+
+def test_early_stopping_uses_log_records_for_train_metrics() -> None:
+    cb = EarlyStopping(metric="loss", patience=1)
+    assert cb.on_evaluate(ev("evaluate", 1, loss=5.0), loss=5.0) is None  # not its event
+    assert cb.on_log(ev("log", 1, loss=1.0), loss=1.0) is None
+    assert cb.on_log(ev("log", 2, loss=1.5), loss=1.5).command == "stop"
+
+
+def test_a_new_run_in_the_same_dir_starts_fresh() -> None:
+    cb = EarlyStopping(patience=2)
+    assert feed_eval(cb, [1.0, 1.1], run_id="old")[-1] is None
+    assert feed_eval(cb, [2.0, 2.1], run_id="new") == [None, None]  # no carry-over of best=1.0
+
+
+def test_replay_rebuilds_patience_like_an_uninterrupted_watcher() -> None:
+    values = [1.0, 0.8, 0.85, 0.86, 0.9]
+    continuous = feed_eval(EarlyStopping(patience=3), values)
+    restarted = EarlyStopping(patience=3)
+    restarted.replay(
+        [{"event": "evaluate", "run_id": "r1", "data": {"val_loss": v}} for v in values[:3]]
+    )
+    live = [
+        restarted.on_evaluate(ev("evaluate", i, val_loss=v), val_loss=v)
+        for i, v in enumerate(values[3:], 3)
+    ]
+    assert [o is not None for o in continuous[3:]] == [o is not None for o in live] == [False, True]
+
+
+def test_replay_of_an_already_triggered_condition_sends_nothing_more() -> None:
+    cb = EarlyStopping(patience=1)
+    cb.replay([{"event": "evaluate", "run_id": "r1", "data": {"val_loss": v}} for v in (1.0, 1.2)])
+    assert cb.on_evaluate(ev("evaluate", 3, val_loss=1.3), val_loss=1.3) is None
+
+
+def log_feed(det: DivergenceDetector, losses: list[float]) -> list[Control | None]:
+    out = []
+    for i, loss in enumerate(losses):
+        finite = math.isfinite(loss)
+        data = {"loss": loss if finite else None, "loss_finite": finite}
+        out.append(det.on_log(ev("log", i, **data), **data))
+    return out
+
+
+def test_divergence_nan_triggers_at_once_even_in_warmup() -> None:
+    out = log_feed(DivergenceDetector(warmup=100), [3.0, float("nan")])
+    assert out[0] is None and "NaN" in out[1].reason
+
+
+def test_divergence_healthy_run_never_triggers() -> None:
+    losses = [10 * 0.97**i + 0.05 * ((-1) ** i) for i in range(300)]
+    assert all(o is None for o in log_feed(DivergenceDetector(), losses))
+
+
+def test_divergence_sustained_spike_triggers_after_patience() -> None:
+    losses = [4.0 - 0.1 * i for i in range(20)] + [9.0] * 10
+    out = log_feed(
+        DivergenceDetector(smoothing=0.5, threshold=1.0, patience=3, warmup=5, action="abort"),
+        losses,
+    )
+    first = next(i for i, o in enumerate(out) if o is not None)
+    assert 20 <= first <= 24 and out[first].command == "abort"
+    assert sum(o is not None for o in out) == 1
+
+
+def test_divergence_relative_threshold_only() -> None:
+    det = DivergenceDetector(
+        threshold=None, relative_threshold=1.5, patience=2, warmup=2, smoothing=1.0
+    )
+    out = log_feed(det, [2.0, 1.0, 1.0, 1.4, 1.6, 1.7])
+    assert [o is not None for o in out] == [False, False, False, False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "message"),
+    [
+        ("early-stopping", "patience=0", "patience"),
+        ("early-stopping", "mode=sideways", "mode"),
+        ("early-stopping", "bogus=1", "unknown setting"),
+        ("divergence", "threshold=none", "threshold"),
+        ("divergence", "smoothing=2", "smoothing"),
+        ("divergence", "action=explode", "action"),
+        ("divergence", "patience", "key=value"),
+    ],
+)
+def test_bad_settings_are_clear_errors(kind: str, spec: str, message: str) -> None:
+    with pytest.raises(CallbackSpecError, match=message):
+        if kind == "divergence" and spec == "threshold=none":
+            parse_builtin(kind, "threshold=none,relative_threshold=none")
+        else:
+            parse_builtin(kind, spec)
+
+
+def test_ilab_watch_early_stopping_keeps_patience_across_restarts(ckpt: Path) -> None:
+    w = JournalWriter(ckpt)
+    for i, v in enumerate([1.0, 0.8, 0.85]):
+        w.append(
+            "evaluate", {"val_loss": v, "val_num_tokens": 10, "duration": 0.1}, step=(i + 1) * 10
+        )
+    args = ("--early-stopping", "metric=val_loss,patience=2", "--name", "es", "--poll", "0.05")
+    first = cli("ilab-watch", str(ckpt), "--replay", *args)
+    assert first.returncode == 0 and not (ckpt / "control").exists()  # one bad eval: no action yet
+    w.append("evaluate", {"val_loss": 0.9, "val_num_tokens": 10, "duration": 0.1}, step=40)
+    w.append("train_end", {"status": "completed"}, step=40)
+    w.close()
+    second = cli("ilab-watch", str(ckpt), *args)  # a new process, same cursor name
+    assert second.returncode == 0, second.stderr
+    cmds = [json.loads(p.read_text()) for p in (ckpt / "control").glob("*.json")]
+    assert (
+        len(cmds) == 1
+        and cmds[0]["command"] == "stop"
+        and "did not improve on 0.8" in cmds[0]["reason"]
+    )
+
+
+def test_ilab_watch_rejects_bad_builtin_settings(ckpt: Path) -> None:
+    proc = cli("ilab-watch", str(ckpt), "--divergence", "smoothing=7")
+    assert proc.returncode == 2 and "smoothing" in proc.stderr and "Traceback" not in proc.stderr

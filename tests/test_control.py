@@ -1,0 +1,281 @@
+"""The control channel over real 2-rank runs: same-step application, rejections, resume,
+abort, no added collectives, and the built-in callbacks stopping a real diverging run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import send_command
+from tests.conftest import BIN, cli
+from tests.test_trainer import records, train, train_argv, wait_for
+from trainer.config import TorchrunArgs, TrainingArgs
+from trainer.launch import run_training
+from watcher import DivergenceDetector
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def control_record(ckpt: Path, cid: str) -> dict[str, Any] | None:
+    return next(
+        (r for r in records(ckpt) if r["event"] == "control" and r["data"].get("id") == cid), None
+    )
+
+
+def send(ckpt: Path, command: str) -> tuple[str, float]:
+    t0 = time.time()
+    proc = cli("ilab-journal", "control", command, str(ckpt), "--reason", f"test {command}")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), t0  # id, and a time before the file existed
+
+
+def rank_log_steps(ckpt: Path, rank: int, command: str) -> list[int]:
+    text = (ckpt / "logs" / f"rank-{rank}.log").read_text()
+    return [
+        int(m) for m in re.findall(rf"control [a-z+]*{command}[a-z+]* applied at step (\d+)", text)
+    ]
+
+
+def step_in_progress(ckpt: Path, t: float) -> int:
+    """The step whose step_begin is the last one at or before time t."""
+    return max(
+        (r["step"] for r in records(ckpt) if r["event"] == "step_begin" and r["ts"] <= t), default=0
+    )
+
+
+def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "500", "--step-delay", "0.15", "--log-every", "1000"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(ckpt)),
+            what="step 2",
+        )
+        applied: dict[str, int] = {}
+        for command in ("save", "evaluate", "log"):
+            cid, t0 = send(ckpt, command)
+            rec = wait_for(lambda cid=cid: control_record(ckpt, cid), what=f"{command} record")
+            assert rec["data"]["accepted"] is True and rec["data"]["reason"] == f"test {command}"
+            step = rec["data"]["applied_at_step"]
+            k = step_in_progress(ckpt, t0)
+            assert k <= step <= k + 1, (command, k, step)  # the next step boundary
+            applied[command] = step
+        # Rejected: invalid JSON and an unknown command, written atomically by hand.
+        cdir = ckpt / "control"
+        for name, body in (
+            ("bad-json", "{not json"),
+            ("bad-cmd", json.dumps({"command": "explode"})),
+        ):
+            (cdir / f".{name}.tmp").write_text(body)
+            os.rename(cdir / f".{name}.tmp", cdir / f"{name}.json")
+        for name, why in (("bad-json", "invalid JSON"), ("bad-cmd", "unknown command")):
+            rec = wait_for(lambda name=name: control_record(ckpt, name), what=f"{name} rejection")
+            assert rec["data"]["accepted"] is False and why in rec["data"]["reason"]
+        # A control dir others can write is refused (once), then works again after chmod.
+        cdir.chmod(0o777)
+        cid, _ = send(ckpt, "save")
+        wait_for(
+            lambda: any(
+                r["event"] == "control"
+                and "writable by group or others" in (r["data"].get("reason") or "")
+                for r in records(ckpt)
+            ),
+            what="unsafe-dir rejection",
+        )
+        assert control_record(ckpt, cid) is None  # not applied while unsafe
+        cdir.chmod(0o750)
+        assert wait_for(lambda: control_record(ckpt, cid), what="save after chmod")["data"][
+            "accepted"
+        ]
+        cid, t0 = send(ckpt, "stop")
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-2000:]
+    recs = records(ckpt)
+    by_step = {(r["event"], r["step"]) for r in recs}
+    assert ("save", applied["save"]) in by_step and ("evaluate", applied["evaluate"]) in by_step
+    assert ("log", applied["log"]) in by_step  # log_every=1000: only the command made it
+    stop = control_record(ckpt, cid)["data"]["applied_at_step"]
+    k = step_in_progress(ckpt, t0)
+    assert k <= stop <= k + 1
+    end = recs[-1]
+    assert (
+        end["event"] == "train_end" and end["data"]["status"] == "stopped" and end["step"] == stop
+    )
+    assert end["data"]["final_checkpoint"].endswith(f"step-{stop:06d}")
+    assert [r["step"] for r in recs if r["event"] == "save"][-1] == stop
+    for command in ("save", "evaluate", "log", "stop"):
+        assert rank_log_steps(ckpt, 0, command) == rank_log_steps(ckpt, 1, command), command
+    assert rank_log_steps(ckpt, 0, "stop") == [stop]
+    unsafe = [
+        r for r in recs if r["event"] == "control" and "writable" in (r["data"].get("reason") or "")
+    ]
+    assert len(unsafe) == 1  # said once
+
+
+def test_abort_ends_without_saving_and_commands_are_not_reapplied_after_resume(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "20", "--save-every", "3", "--step-delay", "0.15"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: any(r["event"] == "save" for r in records(ckpt)), what="first save")
+        cid, _ = send(ckpt, "abort")
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-2000:]
+    end = records(ckpt)[-1]["data"]
+    stop_step = records(ckpt)[-1]["step"]
+    assert (
+        end["status"] == "stopped" and end["final_checkpoint"] is None and "abort" in end["reason"]
+    )
+    assert ("save", stop_step) not in {(r["event"], r["step"]) for r in records(ckpt)}
+    # Simulate a crash between applying the command and archiving its file: put it back.
+    shutil.copy(ckpt / "control" / "processed" / f"{cid}.json", ckpt / "control" / f"{cid}.json")
+    proc = train(ckpt, "--max-steps", "20", "--save-every", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = records(ckpt)
+    assert recs[-1]["data"]["status"] == "completed" and recs[-1]["step"] == 20
+    applied = [r for r in recs if r["event"] == "control" and r["data"]["id"] == cid]
+    assert len(applied) == 1 and applied[0]["attempt"] == 1  # at most once, across the resume
+    assert not (ckpt / "control" / f"{cid}.json").exists()  # archived, not left pending
+
+
+def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
+    cfg = ckpt.parent / f"{ckpt.name}.json"
+    args = TrainingArgs(
+        ckpt_dir=ckpt,
+        demo=True,
+        max_steps=10,
+        step_delay=0.2,
+        save_final=False,
+        save_at_epoch_end=False,
+        log_every=1000,
+    )
+    cfg.write_text(args.worker_json())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.collective_counter",
+            str(cfg),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if with_commands:
+            wait_for(
+                lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(ckpt)),
+                what="step 2",
+            )
+            send_command(ckpt, "log", reason="exercise the channel")
+            (ckpt / "control" / "junk.json").write_text("{")
+            wait_for(
+                lambda: sum(r["event"] == "control" for r in records(ckpt)) >= 2,
+                what="two control records",
+            )
+        _, err = job.communicate(timeout=180)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-2000:]
+    counts = [json.loads((ckpt / "logs" / f"collectives-rank{r}.json").read_text()) for r in (0, 1)]
+    assert counts[0] == counts[1]
+    return counts[0]
+
+
+def test_control_adds_no_collective(tmp_path: Path) -> None:
+    quiet = _counted_run(tmp_path / "quiet", with_commands=False)
+    busy = _counted_run(tmp_path / "busy", with_commands=True)
+    accepted = [
+        r for r in records(tmp_path / "busy") if r["event"] == "control" and r["data"]["accepted"]
+    ]
+    assert [r["data"]["command"] for r in accepted] == ["log"]  # the channel was really used
+    assert busy == quiet
+    # The step's single metrics all-reduce is the only one per step (10 steps).
+    assert quiet["all_reduce"] == 10, quiet
+
+
+def test_divergence_detector_stops_a_real_run_with_a_too_high_lr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    det = DivergenceDetector(smoothing=0.5, threshold=0.5, patience=2, warmup=3)
+    args = TrainingArgs(
+        ckpt_dir=tmp_path / "run",
+        demo=True,
+        max_steps=200,
+        lr=0.5,
+        warmup_steps=0,
+        max_grad_norm=1e6,
+        step_delay=0.05,
+        callbacks=[det],
+    )
+    result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
+    assert result.status == "stopped", result
+    assert "divergence" in result.reason
+    recs = records(tmp_path / "run")
+    stop = next(r for r in recs if r["event"] == "control" and r["data"]["accepted"])
+    assert "DivergenceDetector" in stop["data"]["source"] and stop["data"]["command"] == "stop"
+    assert recs[-1]["step"] < 200
+
+
+def test_eval_script_beside_training_runs_once_per_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    watcher = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(ckpt),
+            "--on-save",
+            str(ROOT / "examples" / "eval_accuracy.py"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc = train(ckpt, "--max-steps", "12", "--save-every", "4")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        code = watcher.wait(timeout=180)
+    finally:
+        watcher.kill()
+    assert code == 0, watcher.stderr.read()
+    saves = [r["data"]["checkpoint_path"] for r in records(ckpt) if r["event"] == "save"]
+    evals = [json.loads(x) for x in (ckpt / "eval" / "accuracy.jsonl").read_text().splitlines()]
+    assert sorted(e["checkpoint"] for e in evals) == sorted(saves) and len(saves) == 3
+    assert all(0.0 <= e["accuracy"] <= 1.0 and e["n"] > 0 for e in evals)
