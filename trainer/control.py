@@ -1,7 +1,9 @@
 """Rank 0's side of the control channel (design.md section 3).
 
-``poll()`` is called once per step. It costs one ``stat`` of the control directory unless the
-directory changed; then it reads new command files, validates them, and returns a bit mask
+``poll()`` is called once per step. A helper thread ``stat``s the control directory every
+20 ms and raises a flag when it changed, so a step with nothing new costs one attribute read
+(and it works the same on network filesystems, where inotify misses remote writes). When the
+directory changed, rank 0 reads new command files, validates them, and returns a bit mask
 that the step's existing metrics all-reduce carries to every rank. No collective is added.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,27 +48,72 @@ class Rejection:
 class ControlPoller:
     """Finds, validates and de-duplicates command files for rank 0."""
 
-    def __init__(self, ckpt_dir: Path, seen_ids: set[str], not_before: float | None = None) -> None:
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        seen_ids: set[str],
+        not_before: float | None = None,
+        *,
+        interval: float = 0.02,
+    ) -> None:
         self.dir = ckpt_dir / "control"
+        self.processed = self.dir / "processed"
+        self.seen = seen_ids
         # Commands written before this attempt started (e.g. by a callback reacting to the
         # previous attempt's last checkpoint) are stale: rejected, never applied on resume.
         self.not_before = not_before
-        self.processed = self.dir / "processed"
-        self.seen = seen_ids
-        self._mtime_ns = -1
+        self.interval = interval
+        self._changed = True  # raised by the helper thread; the first poll always looks
+        self._after_scan: tuple[int, int] | None = None  # dir state right after our own scan
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._warned_unsafe = False
         self.pending: list[Command] = []  # accepted, waiting for the next all-reduce
         self.rejected: list[Rejection] = []  # to journal as control records
 
+    def start(self) -> None:
+        """Create the control dir (0o750) and start the helper thread that watches it."""
+        try:
+            self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create %s: %s", self.dir, exc)
+        self._thread = threading.Thread(target=self._watch, name="ilab-control-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        """stat the dir every ``interval``: mtime moves when files arrive, ctime on chmod.
+        Off the training thread, so a step never pays for a (cold) syscall."""
+        last: tuple[int, int] | None = None
+        while not self._stop.wait(self.interval):
+            try:
+                st = os.stat(self.dir)
+                now: tuple[int, int] | None = (st.st_mtime_ns, st.st_ctime_ns)
+            except OSError:
+                now = None
+            if now != last:
+                last = now
+                if now != self._after_scan:  # not just our own archiving
+                    self._changed = True
+
+    @property
+    def changed(self) -> bool:
+        """Whether the next poll will look at the directory."""
+        return self._changed
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+
     def poll(self) -> int:
         """Bit mask of the commands to apply at this step boundary (0 when none)."""
+        if not self._changed:
+            return 0  # the common case: one attribute read
+        self._changed = False
         try:
             st = os.stat(self.dir)
         except FileNotFoundError:
             return 0
-        if st.st_mtime_ns == self._mtime_ns:
-            return 0
-        self._mtime_ns = st.st_mtime_ns
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             if not self._warned_unsafe:
                 self._warned_unsafe = True
@@ -76,10 +124,13 @@ class ControlPoller:
                 )
                 log.warning(msg)
                 self.rejected.append(Rejection(None, None, None, msg))
-            # chmod changes ctime, not mtime: keep re-checking the mode until it is safe.
-            self._mtime_ns = -1
-            return 0
+            return 0  # a chmod changes ctime: the helper thread raises the flag again
         self._scan()
+        try:
+            after = os.stat(self.dir)
+            self._after_scan = (after.st_mtime_ns, after.st_ctime_ns)
+        except OSError:
+            self._after_scan = None
         mask = 0
         for cmd in self.pending:
             mask |= BITS[cmd.command]
@@ -117,7 +168,7 @@ class ControlPoller:
                 self.rejected.append(cmd_or_rej)
             self._archive(path)
         if len(names) > MAX_FILES_PER_POLL:
-            self._mtime_ns = -1  # more to read next step
+            self._changed = True  # more to read next step
 
     def _parse(self, path: Path) -> Command | Rejection:
         stem = path.name[: -len(".json")]

@@ -84,7 +84,9 @@ class Trainer:
         self.last_saved_step = state.step if state.step else -1
         self.last_loss: float | None = None
         self.step_time_s = 0.0
-        self.poll_ns = 0  # time spent checking the control dir (rank 0)
+        # Time in control checks (rank 0): steps with nothing new vs steps handling files.
+        self.poll_idle_ns = self.poll_idle_steps = 0
+        self.poll_busy_ns = self.poll_busy_steps = 0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -150,9 +152,16 @@ class Trainer:
         # The step's single reduction: metrics, plus control bits and signals for free.
         mask = 0
         if self.poller is not None:
+            looked = self.poller.changed
             t_poll = time.perf_counter_ns()
             mask = self.poller.poll()
-            self.poll_ns += time.perf_counter_ns() - t_poll
+            dt = time.perf_counter_ns() - t_poll
+            if looked:
+                self.poll_busy_ns += dt
+                self.poll_busy_steps += 1
+            else:
+                self.poll_idle_ns += dt
+                self.poll_idle_steps += 1
         is0 = 1.0 if self.rank == 0 else 0.0
         vec = torch.stack(
             [

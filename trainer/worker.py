@@ -134,6 +134,7 @@ def run_worker(args: TrainingArgs) -> int:
         seen_ids = seen_ids_from_journal(prior)
     code = 0
     ended = False
+    poller: ControlPoller | None = None
     try:
         torch.manual_seed(args.seed)
         data_path, val_path = args.data_path, args.val_data_path
@@ -177,7 +178,9 @@ def run_worker(args: TrainingArgs) -> int:
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, model, opt, sched)
             log.info("resumed from %s at step %d", resume_from, state.step)
-        poller = ControlPoller(ckpt_dir, seen_ids, not_before=attempt_start) if rank == 0 else None
+        if rank == 0:
+            poller = ControlPoller(ckpt_dir, seen_ids, not_before=attempt_start)
+            poller.start()
         trainer = Trainer(
             args,
             model=model,
@@ -241,6 +244,8 @@ def run_worker(args: TrainingArgs) -> int:
         if not ended:
             emitter.emit("train_end", failure_payload(exc))
     finally:
+        if poller is not None:
+            poller.close()
         emitter.close()
     return code
 
@@ -260,7 +265,10 @@ def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
         "step_time_s_total": trainer.step_time_s,
         "overhead_fraction": emitter.append_ns / 1e9 / step_s,
         "hot_overhead_fraction": hot_ns / 1e9 / step_s,
-        "control_poll_ns_per_step": trainer.poll_ns / steps,
+        "control_idle_ns_per_step": trainer.poll_idle_ns / max(trainer.poll_idle_steps, 1),
+        "control_busy_steps": trainer.poll_busy_steps,  # steps that read new command files
+        "control_busy_ns_per_step": trainer.poll_busy_ns / max(trainer.poll_busy_steps, 1),
+        "control_ns_per_step": (trainer.poll_idle_ns + trainer.poll_busy_ns) / steps,
     }
 
 

@@ -12,12 +12,12 @@ from typing import Any
 import click
 
 from journal.events import EVENTS
+from journal.fsinfo import needs_polling
 from journal.paths import JOURNAL_NAME
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Hook, HookOptions, Watcher
 from watcher.hooks import hook_for, hooks_for_object, instantiate
-from watcher.tail import needs_polling
 
 
 def _event_options(fn: Any) -> Any:
