@@ -153,12 +153,41 @@ class JournalWriter:
         """
         seq = self.seq
         self.seq = seq + 1
-        rec = (seq, time.time() if ts is None else ts, event, step, epoch, samples_seen, data)
-        if defer and event not in self.durable_events:
-            self._pending.append(rec)
+        if ts is None:
+            ts = time.time()
+        durable = event in self.durable_events
+        if not self._pending and not defer and self._gap is None and not self._torn:
+            # Fast path (nothing pending, no earlier failure): one dumps, one write.
+            line = orjson.dumps(
+                {
+                    "v": SCHEMA_VERSION,
+                    "seq": seq,
+                    "run_id": self.run_id,
+                    "attempt": self.attempt,
+                    "ts": ts,
+                    "event": event,
+                    "step": step,
+                    "epoch": epoch,
+                    "samples_seen": samples_seen,
+                    "data": data if data is not None else {},
+                },
+                default=_default,
+                option=_DUMPS_OPTS,
+            )
+            try:
+                if os.write(self._fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, "short write")
+                if durable:
+                    os.fsync(self._fd)
+            except OSError as exc:
+                self._torn = True  # part of the line may be on disk
+                return self._dropped(seq, exc)
             return seq
+        rec = (seq, ts, event, step, epoch, samples_seen, data)
         self._pending.append(rec)
-        return seq if self._write_pending(durable=event in self.durable_events) else None
+        if defer and not durable:
+            return seq
+        return seq if self._write_pending(durable=durable) else None
 
     def _encode(self, rec: tuple[Any, ...]) -> bytes:
         seq, ts, event, step, epoch, samples_seen, data = rec
