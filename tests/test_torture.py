@@ -32,7 +32,8 @@ def test_torture_random_corruption_never_yields_a_bad_record(tmp_path_factory, r
     written = read_all(path).records
     raw = bytearray(path.read_bytes())
     rng = random.Random(seed)
-    for _ in range(rng.randint(1, 8)):  # flip, delete or insert random bytes
+    ops = rng.randint(1, 8)
+    for _ in range(ops):  # flip, delete or insert random bytes
         if not raw:
             break
         i = rng.randrange(len(raw))
@@ -51,7 +52,8 @@ def test_torture_random_corruption_never_yields_a_bad_record(tmp_path_factory, r
             isinstance(rec, dict) and isinstance(rec["seq"], int) and isinstance(rec["event"], str)
         )
     assert batch.offset == len(raw)
-    assert len([r for r in batch.records if (r["seq"], r["event"]) in allowed]) >= len(written) - 9
+    # One corrupted byte spoils at most two records (a lost newline merges two lines).
+    assert len([r for r in batch.records if (r["seq"], r["event"]) in allowed]) >= len(written) - 2 * ops
 
 
 def test_soak_watcher_under_a_fast_concurrent_writer(tmp_path: Path) -> None:
