@@ -158,22 +158,7 @@ class JournalWriter:
         durable = event in self.durable_events
         if not self._pending and not defer and self._gap is None and not self._torn:
             # Fast path (nothing pending, no earlier failure): one dumps, one write.
-            line = orjson.dumps(
-                {
-                    "v": SCHEMA_VERSION,
-                    "seq": seq,
-                    "run_id": self.run_id,
-                    "attempt": self.attempt,
-                    "ts": ts,
-                    "event": event,
-                    "step": step,
-                    "epoch": epoch,
-                    "samples_seen": samples_seen,
-                    "data": data if data is not None else {},
-                },
-                default=_default,
-                option=_DUMPS_OPTS,
-            )
+            line = self._encode(seq, ts, event, step, epoch, samples_seen, data)
             try:
                 if os.write(self._fd, line) != len(line):
                     raise OSError(errno.ENOSPC, "short write")
@@ -189,8 +174,17 @@ class JournalWriter:
             return seq
         return seq if self._write_pending(durable=durable) else None
 
-    def _encode(self, rec: tuple[Any, ...]) -> bytes:
-        seq, ts, event, step, epoch, samples_seen, data = rec
+    def _encode(
+        self,
+        seq: int,
+        ts: float,
+        event: str,
+        step: int,
+        epoch: int,
+        samples_seen: int,
+        data: Mapping[str, Any] | None,
+    ) -> bytes:
+        """One record as a JSON line (the only place the envelope is built)."""
         return orjson.dumps(
             {
                 "v": SCHEMA_VERSION,
@@ -226,9 +220,7 @@ class JournalWriter:
             }
             pending.append((self.seq, time.time(), "journal_gap", 0, 0, 0, gap_data))
             durable = True  # its seq is taken only once it is written (below)
-        payload = (
-            b"".join(map(self._encode, pending)) if len(pending) > 1 else self._encode(pending[0])
-        )
+        payload = b"".join(self._encode(*rec) for rec in pending)
         try:
             self._write_bytes(payload)
             if durable:

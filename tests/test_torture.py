@@ -53,7 +53,10 @@ def test_torture_random_corruption_never_yields_a_bad_record(tmp_path_factory, r
         )
     assert batch.offset == len(raw)
     # One corrupted byte spoils at most two records (a lost newline merges two lines).
-    assert len([r for r in batch.records if (r["seq"], r["event"]) in allowed]) >= len(written) - 2 * ops
+    assert (
+        len([r for r in batch.records if (r["seq"], r["event"]) in allowed])
+        >= len(written) - 2 * ops
+    )
 
 
 def test_soak_watcher_under_a_fast_concurrent_writer(tmp_path: Path) -> None:

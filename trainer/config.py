@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from journal.events import LIFECYCLE_EVENTS
+from watcher.callbacks import callable_name
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
@@ -164,21 +165,13 @@ class TrainingArgs(BaseModel):
         """The config for ``train_begin``: data fields plus callbacks by name."""
         d = json.loads(self.worker_json())
         named: dict[str, list[str]] = {
-            f"on_{k}": [_name(cb) for cb in v] for k, v in self.hooks().items()
+            f"on_{k}": [callable_name(cb) for cb in v] for k, v in self.hooks().items()
         }
         if self.callbacks:
-            named["callbacks"] = [_name(cb) for cb in self.callbacks]
+            named["callbacks"] = [callable_name(cb) for cb in self.callbacks]
         if named:
             d["callbacks_named"] = named
         return d
-
-
-def _name(obj: Any) -> str:
-    if isinstance(obj, str):
-        return obj
-    mod = getattr(obj, "__module__", None) or type(obj).__module__
-    qual = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{mod}.{qual}"
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
