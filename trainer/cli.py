@@ -50,14 +50,22 @@ TORCHRUN_FIELDS = {
     "master_addr": "master_addr",
     "master_port": "master_port",
 }
+#: TrainingArgs/TorchrunArgs field -> the ilab-train flag that sets it (for error messages).
+FLAG_FOR = {fld: opt for opt, fld in TRAIN_FIELDS.items()} | {
+    f"model.{f}": o for o, f in MODEL_FIELDS.items()
+}
 EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}
 
 
 def _errors(exc: ValidationError) -> str:
     lines = []
     for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "config"
-        lines.append(f"{loc.replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}")
+        msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(x) for x in e["loc"])
+        if e["type"] == "extra_forbidden":  # only a config file can carry unknown keys
+            lines.append(f"unknown setting {loc!r} in --config")
+            continue
+        lines.append(f"--{FLAG_FOR.get(loc, loc).replace('_', '-')}: {msg}" if loc else msg)
     return "; ".join(lines)
 
 

@@ -137,11 +137,13 @@ class TrainingArgs(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainingArgs:
         if not self.demo and self.data_path is None:
-            raise ValueError("give data_path (a JSONL file) or demo=True")
+            raise ValueError(
+                "no training data: give data_path (ilab-train --data FILE.jsonl) or demo=True (--demo)"
+            )
         if self.data_path is not None and not self.demo and not Path(self.data_path).is_file():
-            raise ValueError(f"data_path {self.data_path} does not exist")
+            raise ValueError(f"training data file {self.data_path} does not exist")
         if self.val_data_path is not None and not Path(self.val_data_path).is_file():
-            raise ValueError(f"val_data_path {self.val_data_path} does not exist")
+            raise ValueError(f"validation data file {self.val_data_path} does not exist")
         return self
 
     def hooks(self) -> dict[str, list[CallbackSpec]]:
