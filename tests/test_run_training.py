@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,28 @@ def test_ilab_watch_beside_training_survives_a_hanging_callback(tmp_path: Path) 
     assert out.read_text().splitlines() == saves
     assert code == 1  # the hanging hook timed out on every save
     assert watcher.stderr.read().count("timeout") == 3
+
+
+def test_python_api_example_runs(tmp_path: Path) -> None:
+    """The README's Python example, as a file: it must keep working."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "python_api.py"),
+            "--ckpt-dir",
+            str(tmp_path / "api"),
+            "--max-steps",
+            "10",
+            "--target-val-loss",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "status: completed" in proc.stdout
+    assert proc.stdout.count("[checkpoint] step") == 5  # save_every=2 over 10 steps
+    assert "checkpoints seen by the callback object: 5" in proc.stdout
