@@ -25,22 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, pct
 from journal import read_all, send_command
+from tests.conftest import wait_for
 from trainer.control import ControlPoller
 
 
 def _records(ckpt: Path) -> list[dict[str, Any]]:
     p = ckpt / "journal.jsonl"
     return read_all(p, final=False).records if p.exists() else []
-
-
-def _wait(pred: Any, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise TimeoutError
 
 
 def real_run(tmp: Path, n_commands: int) -> dict[str, Any]:
@@ -69,12 +60,12 @@ def real_run(tmp: Path, n_commands: int) -> dict[str, Any]:
     steps: list[int] = []
     ms: list[float] = []
     try:
-        _wait(lambda: any(r["event"] == "step_end" and r["step"] >= 3 for r in _records(ckpt)))
+        wait_for(lambda: any(r["event"] == "step_end" and r["step"] >= 3 for r in _records(ckpt)))
         for i in range(n_commands + 1):
             time.sleep(random.uniform(0.2, 1.0))  # a random moment within some step
             t = time.time()
             cid = send_command(ckpt, "stop" if i == n_commands else "log", source="bench")
-            rec = _wait(
+            rec = wait_for(
                 lambda cid=cid: next(
                     (
                         r

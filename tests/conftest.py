@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,18 @@ def cli(name: str, *args: str, timeout: float = 60, **kw: Any) -> subprocess.Com
     return subprocess.run(
         [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env, **kw
     )
+
+
+def wait_for(pred: Any, timeout: float = 120, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy (and return that), or fail after
+    ``timeout`` seconds. The tests' only way to wait: a deadline, never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def log_payload(step: int, loss: float = 1.0) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from journal import send_command
-from tests.conftest import BIN, cli
-from tests.test_trainer import records, train, train_argv, wait_for
+from tests.conftest import BIN, cli, wait_for
+from tests.test_trainer import records, train, train_argv
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
 from watcher import DivergenceDetector

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from journal import read_all
 from journal.schema import BatchMetrics, LogData, parse_record
-from tests.conftest import BIN, cli
+from tests.conftest import BIN, cli, wait_for
 
 pytestmark = pytest.mark.dist
 
@@ -58,17 +57,6 @@ def kill_tree(pid: int) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(procs, timeout=30)
-
-
-def wait_for(pred: Any, timeout: float = 120, what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

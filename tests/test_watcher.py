@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from journal import JournalWriter, read_all
-from tests.conftest import BIN, cli, write_run
+from tests.conftest import BIN, cli, wait_for, write_run
 
 RECORDER = textwrap.dedent(
     """
@@ -58,16 +58,6 @@ def spawn_watch(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     first = proc.stderr.readline()  # the start-up line: hooks are validated, tailing begins
     assert "hook(s) on" in first, first
     return proc
-
-
-def wait_for(pred: Any, timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def save_payload(path: str) -> dict[str, Any]:
