@@ -410,3 +410,25 @@ def test_help_explains() -> None:
     assert proc.returncode == 0
     for word in ("--on-save", "--replay", "--poll", "placeholders", "at-least-once", "Exit codes"):
         assert word in proc.stdout
+
+
+def test_follow_keeps_going_through_an_earlier_attempts_train_end(
+    ckpt: Path, recorder: tuple[Path, Path]
+) -> None:
+    """A resumed run: attempt 1 ended (interrupted); the watcher must follow attempt 2."""
+    script, out = recorder
+    write_run(ckpt, steps=4, save_every=2, end="interrupted")
+    w = JournalWriter(ckpt, resume=True)
+    w.append("train_begin", {"resumed_from": "x"}, step=4)
+    w.append("save", save_payload("/attempt2/step-6"), step=6)
+    proc = spawn_watch(str(ckpt), "--on-save", str(script), env={"RECORD_TO": str(out)})
+    try:
+        wait_for(lambda: len(calls(out)) == 3, what="the three existing saves")
+        with pytest.raises(subprocess.TimeoutExpired):  # still following: attempt 2 has not ended
+            proc.wait(timeout=2)
+        w.append("train_end", {"status": "completed"}, step=6)
+        w.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert calls(out)[-1]["env"]["ILAB_CHECKPOINT_PATH"] == "/attempt2/step-6"

@@ -371,8 +371,11 @@ class Watcher:
     def _dispatch(self, records: list[dict[str, Any]], offset: int, line_no: int) -> None:
         deliveries: list[tuple[_HookRunner, Hook, dict[str, Any], str]] = []
         for rec in records:
-            if rec.get("event") == "train_end":
+            ev = rec.get("event")
+            if ev == "train_end":
                 self.saw_end = True
+            elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
+                self.saw_end = False
             for hook in self.hooks:
                 if hook.event != rec.get("event"):
                     continue
