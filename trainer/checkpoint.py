@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+#: Writes a consolidated, torchrun-free model from a full state dict (rank 0 only).
+ConsolidatedWriter = Callable[[Path, dict[str, torch.Tensor]], None]
 
 
 @dataclass
@@ -76,7 +79,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     *,
-    hf_config: dict[str, Any] | None,
+    write_consolidated: ConsolidatedWriter | None,
     keep_last_n: int | None,
 ) -> tuple[Path, list[str]]:
     """Collective: every rank calls it. Returns (final path, kinds written)."""
@@ -93,14 +96,12 @@ def save_checkpoint(
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "full_state"))
     torch.save(_rng_state(), tmp / "full_state" / f"rng_rank{rank}.pt")
     kinds = ["full_state"]
-    if hf_config is not None:
+    if write_consolidated is not None:
         full = get_model_state_dict(
             model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         if rank == 0:
-            from trainer.model import save_consolidated
-
-            save_consolidated(tmp / "hf", full, hf_config)
+            write_consolidated(tmp / "hf", full)
         kinds.append("hf")
     if rank == 0:
         torch.save(scheduler.state_dict(), tmp / "full_state" / "scheduler.pt")

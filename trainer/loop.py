@@ -72,13 +72,17 @@ class Trainer:
         device: torch.device,
         state: ckpt.TrainerState,
         total_steps: int,
-        hf_config: dict[str, Any] | None,
+        write_consolidated: ckpt.ConsolidatedWriter | None,
         interrupted: list[str],
     ) -> None:
         self.args, self.model, self.opt, self.sched = args, model, optimizer, scheduler
         self.planner, self.val_planner = planner, val_planner
         self.j, self.poller, self.device = emitter, poller, device
-        self.state, self.total_steps, self.hf_config = state, total_steps, hf_config
+        self.state, self.total_steps, self.write_consolidated = (
+            state,
+            total_steps,
+            write_consolidated,
+        )
         self.interrupted = interrupted  # filled by the signal handler with the signal's name
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_saved_step = state.step if state.step else -1
@@ -331,7 +335,7 @@ class Trainer:
             self.model,
             self.opt,
             self.sched,
-            hf_config=self.hf_config if self.args.save_hf else None,
+            write_consolidated=self.write_consolidated if self.args.save_hf else None,
             keep_last_n=self.args.keep_last_n,
         )
         self.last_saved_step = self.state.step

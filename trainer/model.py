@@ -154,6 +154,37 @@ def greedy_generate(model: TinyGPT, prompt: str, max_new_tokens: int = 8) -> str
     return decode(out)
 
 
+def hf_decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of an HF causal LM (what FSDP shards one by one): the
+    ModuleList holding ``num_hidden_layers`` modules, wherever the architecture keeps it."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    for _, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == n:
+            return list(mod)
+    raise RuntimeError(f"cannot find the {n} decoder layers of {type(model).__name__}")
+
+
+def save_hf_consolidated(config: Any, out_dir: Path, state_dict: dict[str, torch.Tensor]) -> None:
+    """``config.json`` + ``model.safetensors`` loadable with ``AutoModelForCausalLM.from_pretrained``.
+
+    Tied weights (e.g. embeddings and lm_head) share storage, which safetensors refuses to
+    save twice: keep the first name, as ``save_pretrained`` does; loading re-ties them.
+    """
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out_dir)
+    seen: set[int] = set()
+    tensors = {}
+    for name, t in state_dict.items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        tensors[name] = t.detach().to("cpu").contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
 def build_hf_model(model_path: Path) -> nn.Module:
     """An HF causal LM from a local directory (weights, or config only for random init)."""
     try:

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,12 +26,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from journal.reader import read_all
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
+from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
 from trainer.control import ControlPoller, seen_ids_from_journal
 from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
 from trainer.emitter import Emitter
 from trainer.loop import Outcome, Trainer, failure_payload, warmup_cosine
-from trainer.model import VOCAB_SIZE, TinyGPT, build_hf_model
+from trainer.model import (
+    VOCAB_SIZE,
+    TinyGPT,
+    build_hf_model,
+    hf_decoder_layers,
+    save_consolidated,
+    save_hf_consolidated,
+)
 
 log = logging.getLogger("trainer")
 
@@ -84,19 +93,22 @@ def _versions() -> dict[str, str]:
 
 def _build_model(
     args: TrainingArgs, device: torch.device
-) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+) -> tuple[torch.nn.Module, ConsolidatedWriter]:
+    """The model, FSDP2-sharded per block, and how to write its consolidated checkpoint."""
+    write: ConsolidatedWriter
     if args.model_path is not None:
         model = build_hf_model(Path(args.model_path))
-        blocks = list(model.model.layers)  # decoder layers of HF causal LMs
-        hf_config = None  # HF models: consolidated save via save_pretrained is future work
+        blocks = hf_decoder_layers(model)
+        write = partial(save_hf_consolidated, model.config)
     else:
         model = TinyGPT(args.model)
         blocks = model.shardable_blocks()
-        hf_config = {
+        cfg = {
             "model_type": "ilab-tinygpt",
             "model": args.model.model_dump(),
             "vocab_size": VOCAB_SIZE,
         }
+        write = partial(_save_builtin, cfg=cfg)
     model.to(device)
     bf16 = device.type == "cuda" and args.mixed_precision in ("auto", "bf16")
     mp = (
@@ -107,7 +119,13 @@ def _build_model(
     for block in blocks:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    return model, hf_config
+    return model, write
+
+
+def _save_builtin(
+    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any]
+) -> None:
+    save_consolidated(out_dir, state_dict, cfg)
 
 
 def run_worker(args: TrainingArgs) -> int:
@@ -157,7 +175,7 @@ def run_worker(args: TrainingArgs) -> int:
             else None
         )
 
-        model, hf_config = _build_model(args, device)
+        model, write_consolidated = _build_model(args, device)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         epoch_steps = planner.steps_per_epoch * args.num_epochs
@@ -193,7 +211,7 @@ def run_worker(args: TrainingArgs) -> int:
             device=device,
             state=state,
             total_steps=total,
-            hf_config=hf_config,
+            write_consolidated=write_consolidated,
             interrupted=interrupted,
         )
         trainer.sync_envelope()
