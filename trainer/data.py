@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import torch
@@ -84,6 +86,10 @@ def demo_problem(a: int, b: int) -> tuple[str, str]:
     return f"{a}+{b}=", f"{a + b}"
 
 
+def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
+
+
 def _demo_sample(a: int, b: int) -> dict[str, list[int]]:
     prompt, answer = demo_problem(a, b)
     p, ans = encode(prompt), [*encode(answer), EOS_ID]
@@ -110,12 +116,11 @@ def make_demo_data(
         "val": out_dir / "val.jsonl",
         "heldout": out_dir / "heldout.jsonl",
     }
-    dumps = lambda obj: orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)  # noqa: E731
     contents = {
-        "train": b"".join(dumps(_demo_sample(*rng.choice(train_pairs))) for _ in range(n_train)),
-        "val": b"".join(dumps(_demo_sample(a, b)) for a, b in val_pairs),
-        "heldout": b"".join(
-            dumps({"prompt": demo_problem(a, b)[0], "answer": demo_problem(a, b)[1]})
+        "train": _jsonl(_demo_sample(*rng.choice(train_pairs)) for _ in range(n_train)),
+        "val": _jsonl(_demo_sample(a, b) for a, b in val_pairs),
+        "heldout": _jsonl(
+            {"prompt": demo_problem(a, b)[0], "answer": demo_problem(a, b)[1]}
             for a, b in eval_pairs
         ),
     }
