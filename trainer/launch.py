@@ -113,7 +113,6 @@ def run_training(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=proc_env,
-            start_new_session=False,
         )
         pump = threading.Thread(
             target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True

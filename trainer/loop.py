@@ -18,6 +18,7 @@ import logging
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float):
+def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
+
     def fn(step: int) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
