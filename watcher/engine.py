@@ -289,8 +289,9 @@ class Watcher:
     def _finished(self, final: bool, progressed: bool) -> bool:
         if progressed:
             return False
-        done_reading = self.saw_end or (final and not progressed)
-        return done_reading and all(r.idle() for r in self._runners.values())
+        # Nothing new: done once train_end was seen, or the file is final (replay, or the
+        # writer is gone), and every delivery has completed.
+        return (self.saw_end or final) and all(r.idle() for r in self._runners.values())
 
     def _init_position(self) -> None:
         saved = self.cursor.load()
@@ -310,7 +311,7 @@ class Watcher:
                 self.state.fingerprint = saved.fingerprint or fp
                 if saved.offset:
                     log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
-        elif self._begin == "now":
+        elif self._start == "cursor" and self._begin == "now":
             self.state = CursorState(offset=self._end_offset(), fingerprint=fp)
         else:
             self.state = CursorState(fingerprint=fp)
