@@ -432,3 +432,22 @@ def test_follow_keeps_going_through_an_earlier_attempts_train_end(
     finally:
         proc.kill()
     assert calls(out)[-1]["env"]["ILAB_CHECKPOINT_PATH"] == "/attempt2/step-6"
+
+
+def test_from_now_skips_what_is_already_there(ckpt: Path, recorder: tuple[Path, Path]) -> None:
+    script, out = recorder
+    write_run(ckpt, steps=4, save_every=2, end=None)  # two saves already on disk
+    proc = spawn_watch(
+        str(ckpt), "--from", "now", "--on-save", str(script), env={"RECORD_TO": str(out)}
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # the old saves are not delivered
+            proc.wait(timeout=1.5)
+        assert calls(out) == []
+        with JournalWriter(ckpt, resume=True) as w:
+            w.append("save", save_payload("/new/step-6"), step=6)
+            w.append("train_end", {"status": "completed"}, step=6)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert [c["env"]["ILAB_CHECKPOINT_PATH"] for c in calls(out)] == ["/new/step-6"]
