@@ -126,6 +126,26 @@ def _parse_slow(
     batch.line_no = line_no
 
 
+def end_of_complete_lines(path: str | os.PathLike[str], block: int = 64 * 1024) -> int:
+    """Byte offset just past the last ``\\n`` (0 if none or no file): where a reader that
+    wants only new records starts. Reads backwards from the end, not the whole file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        end = os.fstat(fd).st_size
+        while end > 0:
+            start = max(0, end - block)
+            cut = os.pread(fd, end - start, start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+        return 0
+    finally:
+        os.close(fd)
+
+
 class JournalReader:
     """Incremental reader: call :meth:`read` repeatedly to follow a growing journal.
 

@@ -54,12 +54,8 @@ def follow_journal(
     return _follow_live(reader, summ, interval)
 
 
-def _ended(summ: Summarizer) -> bool:
-    return summ.ended
-
-
 def _follow_plain(reader: JournalReader, summ: Summarizer, emit: Any, interval: float) -> int:
-    while not _ended(summ):
+    while not summ.ended:
         batch = reader.read()
         for rec in batch.records:
             summ.add(rec)
@@ -102,7 +98,7 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
         return Text("  ".join(parts))
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
-        while not _ended(summ):
+        while not summ.ended:
             batch = reader.read()
             for rec in batch.records:
                 summ.add(rec)

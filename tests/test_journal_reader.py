@@ -172,3 +172,17 @@ def test_newer_format_version_warns_but_reads(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="format version 99"):
         batch = read_all(path)
     assert batch.records[0]["event"] == "future"
+
+
+def test_end_of_complete_lines_ignores_a_torn_tail_and_spans_blocks(tmp_path: Path) -> None:
+    from journal.reader import end_of_complete_lines
+
+    path = tmp_path / "journal.jsonl"
+    assert end_of_complete_lines(path) == 0  # no file yet
+    path.write_bytes(b"")
+    assert end_of_complete_lines(path) == 0
+    body = b"".join(orjson.dumps({"seq": i, "event": "x"}) + b"\n" for i in range(2000))
+    path.write_bytes(body + b'{"seq": 2000, "ev')  # torn tail
+    assert end_of_complete_lines(path) == len(body)
+    path.write_bytes(b"\n" + b"x" * 200_000)  # the only newline is far behind the end
+    assert end_of_complete_lines(path, block=4096) == 1

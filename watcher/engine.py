@@ -27,7 +27,7 @@ import orjson
 
 from journal.control import Control, send_command
 from journal.events import MICROBATCH_EVENTS
-from journal.reader import JournalReader
+from journal.reader import JournalReader, end_of_complete_lines
 from watcher.callbacks import CommandTarget, Event, callable_name
 from watcher.cursor import Cursor, CursorState
 from watcher.tail import Waker
@@ -312,7 +312,7 @@ class Watcher:
                 if saved.offset:
                     log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
         elif self._start == "cursor" and self._begin == "now":
-            self.state = CursorState(offset=self._end_offset(), fingerprint=fp)
+            self.state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
         else:
             self.state = CursorState(fingerprint=fp)
         self.reader = JournalReader(self.journal, self.state.offset, self.state.line_no)
@@ -328,15 +328,6 @@ class Watcher:
                     obj.replay(history)
                 except Exception:
                     log.exception("replay() of %s failed", callable_name(obj))
-
-    def _end_offset(self) -> int:
-        try:
-            data_end = self.journal.stat().st_size
-        except FileNotFoundError:
-            return 0
-        probe = JournalReader(self.journal)
-        probe.read()  # complete lines only
-        return min(probe.offset, data_end)
 
     def _fingerprint(self) -> str | None:
         try:
