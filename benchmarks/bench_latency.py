@@ -33,6 +33,14 @@ def _start(watcher: Watcher) -> threading.Thread:
     return t
 
 
+def _warm_up(writer: JournalWriter, delivered: threading.Event) -> None:
+    """One unmeasured record, delivered end to end: the watcher (and its observer) is up."""
+    delivered.clear()
+    writer.append("log", {"warm_up": True})
+    if not delivered.wait(10):
+        raise RuntimeError("the watcher did not deliver the warm-up record")
+
+
 def callable_latency(tmp: Path, n: int, poll: float | None) -> list[float]:
     ckpt = tmp / f"callable-{poll}"
     writer = JournalWriter(ckpt)
@@ -51,7 +59,7 @@ def callable_latency(tmp: Path, n: int, poll: float | None) -> list[float]:
         persist_cursor=False,
     )
     th = _start(w)
-    time.sleep(0.5)  # let the observer start; not a measurement
+    _warm_up(writer, done)
     for i in range(n):
         done.clear()
         t = time.perf_counter_ns()
@@ -85,7 +93,7 @@ def command_latency(tmp: Path, n: int) -> tuple[list[float], list[float]]:
         reporter=report,
     )
     th = _start(w)
-    time.sleep(0.5)
+    _warm_up(writer, done)
     bare: list[float] = []
     for i in range(n):
         done.clear()

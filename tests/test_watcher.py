@@ -136,31 +136,14 @@ def test_replay_over_a_finished_journal(ckpt: Path, recorder: tuple[Path, Path])
     script, out = recorder
     write_run(ckpt, steps=6, save_every=2)
     before = (ckpt / "journal.jsonl").read_bytes()
-    proc = watch(
-        str(ckpt),
-        "--replay",
-        "--on-save",
-        str(script),
-        "--on",
-        "train_end",
-        str(script),
-        env={"RECORD_TO": str(out)},
-    )
+    args = (str(ckpt), "--replay", "--on-save", str(script), "--on", "train_end", str(script))
+    proc = watch(*args, env={"RECORD_TO": str(out)})
     assert proc.returncode == 0, proc.stderr
     assert [c["env"]["ILAB_EVENT"] for c in calls(out)].count("save") == 3
     assert [c["env"]["ILAB_EVENT"] for c in calls(out)].count("train_end") == 1
     assert (ckpt / "journal.jsonl").read_bytes() == before
     # The cursor remembers: replaying again delivers nothing new.
-    proc = watch(
-        str(ckpt),
-        "--replay",
-        "--on-save",
-        str(script),
-        "--on",
-        "train_end",
-        str(script),
-        env={"RECORD_TO": str(out)},
-    )
+    proc = watch(*args, env={"RECORD_TO": str(out)})
     assert proc.returncode == 0 and len(calls(out)) == 4
 
 
