@@ -30,9 +30,11 @@ bench: venv
 	@mkdir -p benchmarks/results
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
+# Lint, format check and type check: what CI runs before the tests.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 fmt: venv
 	$(VENV)/bin/ruff check --fix .

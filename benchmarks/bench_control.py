@@ -25,12 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, pct
 from journal import read_all, send_command
+from journal.paths import control_dir, journal_path
 from tests.conftest import wait_for
-from trainer.control import ControlPoller
+from trainer.control_poller import ControlPoller
 
 
 def _records(ckpt: Path) -> list[dict[str, Any]]:
-    p = ckpt / "journal.jsonl"
+    p = journal_path(ckpt)
     return read_all(p, final=False).records if p.exists() else []
 
 
@@ -104,7 +105,7 @@ def real_run(tmp: Path, n_commands: int) -> dict[str, Any]:
 
 def warm_poll(tmp: Path, n: int) -> float:
     d = tmp / "warm"
-    (d / "control").mkdir(parents=True, mode=0o750)
+    control_dir(d).mkdir(parents=True, mode=0o750)
     poller = ControlPoller(d, set())
     poller.poll()
     t0 = time.perf_counter_ns()

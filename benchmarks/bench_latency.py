@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, pct
 from journal import JournalWriter
+from watcher import DeliveryResult, Hook, HookOptions, Watcher
 from watcher.callbacks import CommandTarget
-from watcher.engine import Hook, HookOptions, Outcome, Watcher
 
 
 def _start(watcher: Watcher) -> threading.Thread:
@@ -78,10 +78,10 @@ def command_latency(tmp: Path, n: int) -> tuple[list[float], list[float]]:
     ckpt = tmp / "command"
     writer = JournalWriter(ckpt)
     appended: dict[int, int] = {}
-    outs: dict[int, Outcome] = {}
+    outs: dict[int, DeliveryResult] = {}
     done = threading.Event()
 
-    def report(out: Outcome) -> None:
+    def report(out: DeliveryResult) -> None:
         outs[out.seq] = out
         done.set()
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, pct
 from journal import JournalWriter, read_all
+from journal.paths import journal_path
 
 MODES = ("off", "step", "microbatch")
 _STEPS_RE = re.compile(r"(\d+) steps in ([0-9.]+)s of step time")
@@ -66,7 +67,7 @@ def run_once(tmp: Path, mode: str, steps: int, tag: str) -> dict[str, Any]:
     n, secs = int(m.group(1)), float(m.group(2))
     out: dict[str, Any] = {"steps_per_s": n / secs, "step_time_s": secs / n}
     if mode != "off":
-        recs = read_all(ckpt / "journal.jsonl").records
+        recs = read_all(journal_path(ckpt)).records
         out["journal"] = recs[-1]["data"]["journal"]
         out["records"] = recs
     return out

@@ -85,9 +85,10 @@ def main() -> int:
 
 
 def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> None:
+    from journal.paths import checkpoints_dir, journal_path, logs_dir, watch_dir
     from journal.reader import read_all
 
-    recs = read_all(run / "journal.jsonl").records
+    recs = read_all(journal_path(run)).records
     end = next((r for r in reversed(recs) if r["event"] == "train_end"), None)
     controls = [r["data"] for r in recs if r["event"] == "control" and r["data"].get("accepted")]
     evals = {r["step"]: r["data"]["val_loss"] for r in recs if r["event"] == "evaluate"}
@@ -108,9 +109,10 @@ def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> Non
                 + (f": {c['reason']}" if c.get("reason") else "")
             )
         print(f"final checkpoint: {d.get('final_checkpoint')}")
-    print(f"journal: {run / 'journal.jsonl'} ({len(recs)} records)")
+    print(f"journal: {journal_path(run)} ({len(recs)} records)")
     print(
-        f"checkpoints: {run / 'checkpoints'}   logs: {run / 'logs'}   watcher results: {run / 'watch'}"
+        f"checkpoints: {checkpoints_dir(run)}   logs: {logs_dir(run)}   "
+        f"watcher results: {watch_dir(run)}"
     )
     print(f"exit codes: ilab-train {train_code}, ilab-watch {watcher_code}; wall time {wall:.0f}s")
     print(

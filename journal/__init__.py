@@ -1,4 +1,4 @@
-"""The journal: the contract between trainer, watcher and people (design.md section 2).
+"""The journal: the contract between trainer, watcher and people (docs/journal-format.md).
 
 Pure Python (never imports torch): writer, crash-tolerant reader, schema and control writer.
 """

@@ -7,9 +7,7 @@ script-facing commands such as ``query`` start fast.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,9 +15,10 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from journal.events import CONTROL_COMMANDS, EVENTS, SCHEMA_VERSION
-from journal.paths import JournalNotFound, resolve_journal
-from journal.reader import InvalidLine, JournalReader, iter_batches
+from journal.events import CONTROL_COMMANDS
+from journal.format import print_records_table, stats_text, status_text
+from journal.paths import JournalNotFound, ckpt_dir_of, resolve_journal
+from journal.reader import InvalidLine, iter_batches
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,32 +59,6 @@ def _require_journal(path: Path, valid: int, invalid: int) -> None:
         raise UserError(f"{path}: not a journal ({invalid} lines, none a valid record)")
 
 
-def _fmt_ts(ts: Any) -> str:
-    if not isinstance(ts, (int, float)):
-        return "-"
-    return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
-
-
-def _fmt_num(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
-    """A one-line, human-readable digest of a payload."""
-    keys: tuple[str, ...]
-    if event == "log":
-        keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
-    elif event == "train_begin":
-        keys = ("world_size", "device_type", "total_steps", "resumed_from")
-    else:
-        keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
-    parts = [f"{k}={_fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
-    text = " ".join(parts)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="ilab-journal")
 def main() -> None:
@@ -106,7 +79,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--stale-after",
-    type=float,
+    type=click.FloatRange(min=0),
     default=600.0,
     show_default=True,
     help="Seconds without a record (and no train_end) after which a run counts as stale.",
@@ -138,25 +111,7 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
     if as_json:
         click.echo(_dumps({**s.to_dict(), "journal": str(path)}))
     else:
-        progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
-        rows = [
-            ("state", s.state + (f" ({s.reason})" if s.reason else "")),
-            ("run", f"{s.run_id} attempt {s.attempt}"),
-            ("step", f"{progress}  epoch {s.epoch}  samples {s.samples_seen}"),
-            ("loss", _fmt_num(s.last_loss) if s.last_loss is not None else "-"),
-            ("val_loss", _fmt_num(s.last_val_loss) if s.last_val_loss is not None else "-"),
-            ("checkpoint", s.last_checkpoint or "-"),
-            (
-                "last record",
-                _fmt_ts(s.last_ts)
-                + (f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""),
-            ),
-            ("journal", f"{path} ({s.records} records, {invalid} invalid lines)"),
-        ]
-        if s.error:
-            rows.insert(1, ("error", s.error))
-        for k, v in rows:
-            click.echo(f"{k:>12}  {v}")
+        click.echo(status_text(s, path))
     sys.exit(STATE_EXIT_CODES.get(s.state, 1))
 
 
@@ -166,8 +121,19 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
 @main.command()
 @click.argument("dir", type=click.Path())
 @click.option("--event", "-e", "events", multiple=True, help="Only these events (repeatable).")
-@click.option("--since-step", type=int, default=None, help="Only records at or after this step.")
-@click.option("--last", "last_n", type=int, default=None, help="Only the last N matching records.")
+@click.option(
+    "--since-step",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only records at or after this step.",
+)
+@click.option(
+    "--last",
+    "last_n",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only the last N matching records.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSONL (one record per line).")
 @_user_errors
 def show(
@@ -178,7 +144,7 @@ def show(
 
     path = resolve_journal(dir)
     wanted = set(events)
-    out: deque[dict[str, Any]] = deque(maxlen=last_n if last_n and last_n > 0 else None)
+    out: deque[dict[str, Any]] = deque(maxlen=last_n)
     valid = 0
     skipped: list[InvalidLine] = []
     for records, bad in _scan(path):
@@ -199,41 +165,7 @@ def show(
             w.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
         w.flush()
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col, just in (
-        ("seq", "right"),
-        ("time", "left"),
-        ("att", "right"),
-        ("step", "right"),
-        ("ep", "right"),
-        ("event", "left"),
-        ("data", "left"),
-    ):
-        table.add_column(col, justify=just, no_wrap=col != "data")  # type: ignore[arg-type]
-    for rec in out:
-        event = str(rec.get("event"))
-        style = (
-            "red"
-            if event == "train_end" and rec.get("data", {}).get("status") == "failed"
-            else None
-        )
-        table.add_row(
-            str(rec.get("seq")),
-            _fmt_ts(rec.get("ts")),
-            str(rec.get("attempt", "")),
-            str(rec.get("step", "")),
-            str(rec.get("epoch", "")),
-            event,
-            summarize_data(event, rec.get("data") or {}),
-            style=style,
-        )
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # pipes and files: do not wrap rows at 80 columns
-    console.print(table)
+    print_records_table(out)
 
 
 # -- tail -----------------------------------------------------------------------------------
@@ -243,11 +175,17 @@ def show(
 @click.argument("dir", type=click.Path())
 @click.option("-f", "--follow", is_flag=True, help="Keep following until train_end.")
 @click.option(
-    "-n", "--lines", "n", type=int, default=10, show_default=True, help="Records to show first."
+    "-n",
+    "--lines",
+    "n",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Records to show first.",
 )
 @click.option(
     "--interval",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=0.25,
     show_default=True,
     help="Seconds between checks while following.",
@@ -260,7 +198,7 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
     The live view shows a progress bar (step / planned steps), loss, lr, throughput and the
     last checkpoint, and ends after train_end. Interrupt with Ctrl-C at any time.
     """
-    from journal.tail import follow_journal
+    from journal.live import follow_journal
 
     path = resolve_journal(dir, must_exist=not follow)
     try:
@@ -333,18 +271,7 @@ def stats(dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(_dumps(d))
         return
-    click.echo("events:")
-    order = {e: i for i, e in enumerate(EVENTS)}
-    for ev, c in sorted(d["counts"].items(), key=lambda kv: order.get(kv[0], 99)):
-        click.echo(f"  {ev:<24}{c:>10}")
-    click.echo("phases:            count     total s      mean s")
-    for ph, v in d["phases"].items():
-        click.echo(f"  {ph:<14}{v['count']:>9}{v['total_s']:>12.3f}{v['mean_s']:>12.4f}")
-    click.echo(f"wall time: {d['wall_s']:.1f}s  invalid lines: {invalid}")
-    if d["tokens_per_s"]:
-        click.echo(
-            f"throughput: {d['tokens_per_s']:.0f} tokens/s, {d['samples_per_s']:.1f} samples/s"
-        )
+    click.echo(stats_text(d))
 
 
 # -- validate -------------------------------------------------------------------------------
@@ -361,48 +288,12 @@ def validate(dir: str, as_json: bool) -> None:
     violations, seq not strictly increasing, unexplained seq gaps), 2 on usage errors.
     A torn final line (a writer may still be appending) is a warning only.
     """
-    from pydantic import ValidationError
-
-    from journal.schema import parse_record
+    from journal.validate import validate_journal
 
     path = resolve_journal(dir)
-    problems: list[str] = []
-    warnings_: list[str] = []
-    prev_seq: int | None = None
-    explained: set[int] = set()
-    gaps: list[tuple[int, int]] = []
-    valid = 0
-    reader = JournalReader(path)
-    batch = reader.read(final=False)
-    for line in batch.invalid:
-        problems.append(f"line {line.line_no}: {line.reason}")
-    if batch.torn_tail:
-        warnings_.append(f"line {batch.line_no + 1}: torn final line (writer still appending?)")
-    for i, rec in enumerate(batch.records):
-        valid += 1
-        try:
-            parse_record(rec)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(x) for x in first["loc"])
-            problems.append(f"seq {rec.get('seq')}: {rec.get('event')}: {loc}: {first['msg']}")
-        seq = rec["seq"]
-        if prev_seq is not None:
-            if seq <= prev_seq:
-                problems.append(f"seq {seq} after {prev_seq}: not strictly increasing")
-            elif seq > prev_seq + 1:
-                gaps.append((prev_seq + 1, seq - 1))
-        if rec.get("event") == "journal_gap":
-            d = rec.get("data") or {}
-            if isinstance(d.get("first_seq"), int) and isinstance(d.get("last_seq"), int):
-                explained.update(range(d["first_seq"], d["last_seq"] + 1))
-        if isinstance(rec.get("v"), int) and rec["v"] > SCHEMA_VERSION and i == 0:
-            warnings_.append(f"format version {rec['v']} is newer than {SCHEMA_VERSION}")
-        prev_seq = seq if prev_seq is None else max(prev_seq, seq)
-    for a, b in gaps:
-        if not all(s in explained for s in range(a, b + 1)):
-            problems.append(f"seq {a}..{b} missing with no journal_gap record")
-    _require_journal(path, valid, len(batch.invalid))
+    report = validate_journal(path)
+    _require_journal(path, report.records, report.invalid_lines)
+    problems, warnings_, valid = report.problems, report.warnings, report.records
     ok = not problems
     if as_json:
         click.echo(
@@ -459,9 +350,7 @@ def control(
     """
     from journal.control import InvalidCommand, send_command
 
-    p = Path(dir)
-    if p.name == "journal.jsonl" and p.is_file():
-        p = p.parent
+    p = ckpt_dir_of(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
     try:
@@ -488,43 +377,14 @@ def control(
 @_user_errors
 def plot(dir: str, output: str | None) -> None:
     """Plot loss, val_loss and learning rate per step to a PNG (needs the 'plot' extra)."""
-    try:
-        import matplotlib
+    from journal.plot import MissingPlotExtra, NothingToPlot, plot_journal
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plot needs matplotlib: pip install 'ilab-journal[plot]'") from None
     path = resolve_journal(dir)
-    steps, losses, lrs, vsteps, vloss, saves = [], [], [], [], [], []
-    for records, _ in _scan(path):
-        for rec in records:
-            d = rec.get("data") or {}
-            if rec.get("event") == "log" and d.get("loss") is not None:
-                steps.append(rec["step"])
-                losses.append(d["loss"])
-                lrs.append(d.get("lr"))
-            elif rec.get("event") == "evaluate" and d.get("val_loss") is not None:
-                vsteps.append(rec["step"])
-                vloss.append(d["val_loss"])
-            elif rec.get("event") == "save":
-                saves.append(rec["step"])
-    if not steps and not vsteps:
-        raise UserError(f"{path}: no log or evaluate records to plot")
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax1.plot(steps, losses, label="loss")
-    if vsteps:
-        ax1.plot(vsteps, vloss, "o-", label="val_loss")
-    for s in saves:
-        ax1.axvline(s, color="grey", alpha=0.3, lw=0.8)
-    ax1.set_ylabel("loss")
-    ax1.legend()
-    ax2.plot(steps, lrs, color="tab:green")
-    ax2.set_ylabel("lr")
-    ax2.set_xlabel("step")
-    fig.tight_layout()
     out = Path(output) if output else path.parent / "journal.png"
-    fig.savefig(out, dpi=100)
+    try:
+        plot_journal(path, out)
+    except (MissingPlotExtra, NothingToPlot) as exc:
+        raise UserError(str(exc)) from None
     click.echo(str(out))
 
 

@@ -1,4 +1,4 @@
-"""Writing control commands (design.md section 3). Pure Python: no torch.
+"""Writing control commands (docs/python-api.md, "Control commands"). Pure Python: no torch.
 
 A command is one JSON file ``<ckpt_dir>/control/<id>.json``, written to a temp file in the
 same directory and renamed, so the trainer never sees half a command and many writers
@@ -12,12 +12,12 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from journal.events import CONTROL_COMMANDS
+from journal.files import atomic_write
 from journal.paths import control_dir
 
 COMMAND_FILE_SUFFIX = ".json"
@@ -99,27 +99,7 @@ def send_command(
         "reason": reason,
         "ts": time.time(),
     }
-    final = cdir / f"{cid}{COMMAND_FILE_SUFFIX}"
-    tmp = cdir / f".{cid}.{uuid.uuid4().hex[:6]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-    try:
-        os.write(fd, orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, final)
-    _fsync_dir(cdir)
+    atomic_write(
+        cdir / f"{cid}{COMMAND_FILE_SUFFIX}", orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    )
     return cid
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

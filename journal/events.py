@@ -26,13 +26,16 @@ LIFECYCLE_EVENTS: tuple[str, ...] = (
 MICROBATCH_EVENTS: frozenset[str] = frozenset(
     {"before_forward", "after_forward", "before_backward", "after_backward"}
 )
+#: Events a callback can hook, as ``on_<event>`` (TrainingArgs fields, TrainerCallback
+#: methods, ``ilab-watch --on-<event>``): the lifecycle plus control records.
+CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, "control")
 #: Every event name a writer of this version produces.
 EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, "control", "journal_gap")
 #: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
 DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "control", "journal_gap"})
 #: Final states of a run, as written in ``train_end.data.status``.
 END_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "interrupted")
-#: Commands accepted on the control channel (design.md section 3).
+#: Commands accepted on the control channel (docs/python-api.md).
 CONTROL_COMMANDS: tuple[str, ...] = ("stop", "abort", "save", "evaluate", "log")
 
 ENVELOPE_FIELDS: tuple[str, ...] = (

@@ -1,4 +1,7 @@
-"""Where things live inside a checkpoint directory, and resolving user-given paths."""
+"""Where things live inside a checkpoint directory, and resolving user-given paths.
+
+The one place for file and directory names: every other module asks here.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,10 @@ from pathlib import Path
 
 JOURNAL_NAME = "journal.jsonl"
 CONTROL_DIR_NAME = "control"
+PROCESSED_DIR_NAME = "processed"  # inside control/: commands already handled
+CHECKPOINTS_DIR_NAME = "checkpoints"
+LOGS_DIR_NAME = "logs"
+WATCH_DIR_NAME = "watch"  # watcher cursors, results and delivery logs
 
 
 class JournalNotFound(Exception):
@@ -21,6 +28,27 @@ def journal_path(ckpt_dir: str | os.PathLike[str]) -> Path:
 def control_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     """The control directory of a checkpoint directory."""
     return Path(ckpt_dir) / CONTROL_DIR_NAME
+
+
+def checkpoints_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Where ``step-NNNNNN`` checkpoints live."""
+    return Path(ckpt_dir) / CHECKPOINTS_DIR_NAME
+
+
+def logs_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Launcher and per-rank logs."""
+    return Path(ckpt_dir) / LOGS_DIR_NAME
+
+
+def watch_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Default state directory of watchers (cursors, results, delivery logs)."""
+    return Path(ckpt_dir) / WATCH_DIR_NAME
+
+
+def ckpt_dir_of(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint dir given as itself or as its journal file."""
+    p = Path(path)
+    return p.parent if p.name == JOURNAL_NAME and not p.is_dir() else p
 
 
 def resolve_journal(path: str | os.PathLike[str], *, must_exist: bool = True) -> Path:

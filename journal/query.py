@@ -7,13 +7,11 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from journal.reader import JournalReader
+from journal.reader import JournalReader, lines_backwards
 
 _BLOCK = 1 << 20
 _MISSING = object()
@@ -31,32 +29,10 @@ def _match(line: bytes, needle: bytes, event: str) -> dict[str, Any] | None:
     return None
 
 
-def _lines_backwards(path: Path) -> Iterator[bytes]:
-    """Complete lines from the end of the file to its start (a torn tail is skipped)."""
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        partial = b""
-        first_block = True
-        while end > 0:
-            start = max(0, end - _BLOCK)
-            f.seek(start)
-            buf = f.read(end - start) + partial
-            lines = buf.split(b"\n")
-            partial = lines[0] if start > 0 else b""
-            body = lines[1:] if start > 0 else lines
-            if first_block:
-                body = body[:-1]  # text after the last newline: torn or empty
-                first_block = False
-            yield from reversed(body)
-            end = start
-        if partial:
-            yield partial
-
-
 def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
     """The newest complete record of ``event``, or None."""
     needle = f'"{event}"'.encode()
-    for line in _lines_backwards(Path(path)):
+    for _, line in lines_backwards(path, block=_BLOCK):
         rec = _match(line, needle, event)
         if rec is not None:
             return rec

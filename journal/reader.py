@@ -126,24 +126,48 @@ def _parse_slow(
     batch.line_no = line_no
 
 
-def end_of_complete_lines(path: str | os.PathLike[str], block: int = 64 * 1024) -> int:
-    """Byte offset just past the last ``\\n`` (0 if none or no file): where a reader that
-    wants only new records starts. Reads backwards from the end, not the whole file."""
+def lines_backwards(
+    path: str | os.PathLike[str], *, block: int = 1 << 20, include_tail: bool = False
+) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for each line from the end of the file towards its start, without
+    the newline. Text after the last newline (a torn tail) is yielded only with
+    ``include_tail``. Reads ``block`` bytes at a time, so stopping early costs O(what was
+    read), not O(file). A missing file yields nothing."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        f = open(path, "rb")  # noqa: SIM115 (a generator: closed by the with below)
     except FileNotFoundError:
-        return 0
-    try:
-        end = os.fstat(fd).st_size
+        return
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        carry = b""  # the start of a line whose beginning lies in an earlier block
+        tail_pending = True  # the piece that ends at the end of the file is still ahead
         while end > 0:
             start = max(0, end - block)
-            cut = os.pread(fd, end - start, start).rfind(b"\n")
-            if cut >= 0:
-                return start + cut + 1
+            f.seek(start)
+            buf = f.read(end - start) + carry
+            pieces = buf.split(b"\n")
+            carry = pieces.pop(0) if start > 0 else b""
+            pos = start + len(carry) + 1 if start > 0 else 0
+            offsets = []
+            for piece in pieces:
+                offsets.append(pos)
+                pos += len(piece) + 1
+            for i in range(len(pieces) - 1, -1, -1):
+                if tail_pending:
+                    tail_pending = False
+                    if include_tail and pieces[i]:
+                        yield offsets[i], pieces[i]
+                    continue
+                yield offsets[i], pieces[i]
             end = start
-        return 0
-    finally:
-        os.close(fd)
+
+
+def end_of_complete_lines(path: str | os.PathLike[str]) -> int:
+    """Byte offset just past the last ``\\n`` (0 if none or no file): where a reader that
+    wants only new records starts. Reads backwards from the end, not the whole file."""
+    for offset, line in lines_backwards(path, block=64 * 1024):
+        return offset + len(line) + 1
+    return 0
 
 
 class JournalReader:

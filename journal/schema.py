@@ -1,4 +1,4 @@
-"""The record format: envelope, event names and payload models (design.md section 2).
+"""The record format: envelope, event names and payload models (docs/journal-format.md).
 
 The models document and validate the contract. The hot paths (writer, reader) work on plain
 dicts for speed; use :func:`parse_record` when you want typed access. Every model allows

@@ -173,7 +173,11 @@ class JournalStats:
                 self.phases[ev].total_s += d
 
     def to_dict(self) -> dict[str, Any]:
-        wall = (self.last_ts - self.first_ts) if self.first_ts is not None else 0.0
+        wall = (
+            self.last_ts - self.first_ts
+            if self.first_ts is not None and self.last_ts is not None
+            else 0.0
+        )
         return {
             "counts": dict(self.counts),
             "phases": {

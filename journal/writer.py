@@ -1,4 +1,4 @@
-"""Single-writer, append-only journal (design.md section 2).
+"""Single-writer, append-only journal (the format: docs/journal-format.md).
 
 One ``os.write`` of one orjson-encoded line per record on an ``O_APPEND`` descriptor: a record
 is either wholly in the file or (after a crash mid-write) a torn final fragment that readers
@@ -20,6 +20,7 @@ import orjson
 
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.paths import JOURNAL_NAME
+from journal.reader import lines_backwards
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +44,26 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
-def _last_record(fd: int, size: int) -> tuple[dict[str, Any] | None, bool]:
-    """Return (last parseable record, file ends with a newline) reading backwards."""
-    if size == 0:
-        return None, True
-    ends_clean = os.pread(fd, 1, size - 1) == b"\n"
-    end = size
-    probe = _TAIL_PROBE
-    while end > 0:
-        start = max(0, end - probe)
-        chunk = os.pread(fd, end - start, start)
-        lines = chunk.split(b"\n")
-        # The first piece may be a partial line unless we are at the file start.
-        candidates = lines if start == 0 else lines[1:]
-        for line in reversed(candidates):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
-                return obj, ends_clean
-        if start == 0:
-            break
-        end = start + len(lines[0])  # re-read the partial first line in the next window
-        probe *= 2
-    return None, ends_clean
+def _last_record(path: Path) -> dict[str, Any] | None:
+    """The last parseable record, read backwards (a torn tail counts if it parses: it is
+    about to be terminated and would otherwise repeat its seq)."""
+    for _, line in lines_backwards(path, block=_TAIL_PROBE, include_tail=True):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
+            return obj
+    return None
+
+
+def _ends_clean(path: Path) -> bool:
+    """Whether the file is empty or ends with a newline (no torn fragment)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        return size == 0 or os.pread(f.fileno(), 1, size - 1) == b"\n"
 
 
 class JournalWriter:
@@ -113,13 +107,8 @@ class JournalWriter:
         self._init_from_tail(resume, run_id)
 
     def _init_from_tail(self, resume: bool, run_id: str | None) -> None:
-        rfd = os.open(self.path, os.O_RDONLY)
-        try:
-            size = os.fstat(rfd).st_size
-            last, ends_clean = _last_record(rfd, size)
-        finally:
-            os.close(rfd)
-        if not ends_clean:
+        last = _last_record(self.path)
+        if not _ends_clean(self.path):
             # A crash left a torn fragment: terminate it so readers skip it as one bad line.
             self._write_bytes(b"\n")
         self.seq = last["seq"] + 1 if last else 0
@@ -166,7 +155,8 @@ class JournalWriter:
                     os.fsync(self._fd)
             except OSError as exc:
                 self._torn = True  # part of the line may be on disk
-                return self._dropped(seq, exc)
+                self._dropped(seq, exc)
+                return None
             return seq
         rec = (seq, ts, event, step, epoch, samples_seen, data)
         self._pending.append(rec)

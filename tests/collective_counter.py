@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from pathlib import Path
 
 import torch.distributed as dist
 
 import trainer.worker as worker
+from journal.paths import logs_dir
 
 OPS = (
     "all_reduce",
@@ -53,9 +53,9 @@ for _op in OPS:
 _run = worker.run_worker
 
 
-def run_and_count(args: worker.TrainingArgs) -> int:
-    code = _run(args)
-    out = Path(args.ckpt_dir) / "logs" / f"collectives-rank{os.environ.get('RANK', '0')}.json"
+def run_and_count(cfg: worker.WorkerConfig) -> int:
+    code = _run(cfg)
+    out = logs_dir(cfg.args.ckpt_dir) / f"collectives-rank{os.environ.get('RANK', '0')}.json"
     out.write_text(json.dumps(dict(COUNTS)))
     return code
 

@@ -62,7 +62,7 @@ def test_replay_rebuilds_patience_like_an_uninterrupted_watcher() -> None:
     values = [1.0, 0.8, 0.85, 0.86, 0.9]
     continuous = feed_eval(EarlyStopping(patience=3), values)
     restarted = EarlyStopping(patience=3)
-    restarted.replay(
+    restarted.restore_state(
         [{"event": "evaluate", "run_id": "r1", "data": {"val_loss": v}} for v in values[:3]]
     )
     live = [
@@ -74,7 +74,9 @@ def test_replay_rebuilds_patience_like_an_uninterrupted_watcher() -> None:
 
 def test_replay_of_an_already_triggered_condition_sends_nothing_more() -> None:
     cb = EarlyStopping(patience=1)
-    cb.replay([{"event": "evaluate", "run_id": "r1", "data": {"val_loss": v}} for v in (1.0, 1.2)])
+    cb.restore_state(
+        [{"event": "evaluate", "run_id": "r1", "data": {"val_loss": v}} for v in (1.0, 1.2)]
+    )
     assert cb.on_evaluate(ev("evaluate", 3, val_loss=1.3), val_loss=1.3) is None
 
 
@@ -161,3 +163,13 @@ def test_ilab_watch_early_stopping_keeps_patience_across_restarts(ckpt: Path) ->
 def test_ilab_watch_rejects_bad_builtin_settings(ckpt: Path) -> None:
     proc = cli("ilab-watch", str(ckpt), "--divergence", "smoothing=7")
     assert proc.returncode == 2 and "smoothing" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_early_stopping_on_a_metric_that_never_appears_warns_once(ckpt: Path) -> None:
+    with JournalWriter(ckpt) as w:
+        for i, v in enumerate([1.0, 0.8, 0.85]):
+            w.append("evaluate", {"val_loss": v, "val_num_tokens": 10, "duration": 0.1}, step=i)
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--early-stopping", "metric=val_acc")
+    assert proc.returncode == 0, proc.stderr
+    warning = "'val_acc' is not in evaluate records (they have: duration, val_loss, val_num_tokens)"
+    assert proc.stderr.count(warning) == 1, proc.stderr

@@ -9,21 +9,28 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from journal import send_command
-from tests.conftest import BIN, cli, wait_for
-from tests.test_trainer import records, train, train_argv
-from trainer.config import TorchrunArgs, TrainingArgs
+from tests.conftest import (
+    BIN,
+    ROOT,
+    STEP_DELAY_ENV,
+    cli,
+    records,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+)
+from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch import run_training
 from watcher import DivergenceDetector
 
 pytestmark = pytest.mark.dist
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def control_record(ckpt: Path, cid: str) -> dict[str, Any] | None:
@@ -32,11 +39,16 @@ def control_record(ckpt: Path, cid: str) -> dict[str, Any] | None:
     )
 
 
-def send(ckpt: Path, command: str) -> tuple[str, float]:
-    t0 = time.time()
+def send(ckpt: Path, command: str) -> str:
     proc = cli("ilab-journal", "control", command, str(ckpt), "--reason", f"test {command}")
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip(), t0  # id, and a time before the file existed
+    return proc.stdout.strip()
+
+
+def written_at(ckpt: Path, cid: str) -> float:
+    """When a command file appeared: its mtime, kept when the trainer archived it (the time
+    the CLI was started can be a few hundred ms earlier on a busy machine)."""
+    return (ckpt / "control" / "processed" / f"{cid}.json").stat().st_mtime
 
 
 def rank_log_steps(ckpt: Path, rank: int, command: str) -> list[int]:
@@ -55,10 +67,9 @@ def step_in_progress(ckpt: Path, t: float) -> int:
 
 def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
-        train_argv(ckpt, "--max-steps", "500", "--step-delay", "0.15", "--log-every", "1000"),
-        env=env,
+        train_argv(ckpt, "--max-steps", "500", "--log-every", "1000"),
+        env=train_env(step_delay=0.15),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -69,16 +80,16 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
             what="step 2",
         )
         applied: dict[str, int] = {}
+        cdir = ckpt / "control"
         for command in ("save", "evaluate", "log"):
-            cid, t0 = send(ckpt, command)
+            cid = send(ckpt, command)
             rec = wait_for(lambda cid=cid: control_record(ckpt, cid), what=f"{command} record")
             assert rec["data"]["accepted"] is True and rec["data"]["reason"] == f"test {command}"
             step = rec["data"]["applied_at_step"]
-            k = step_in_progress(ckpt, t0)
+            k = step_in_progress(ckpt, written_at(ckpt, cid))
             assert k <= step <= k + 1, (command, k, step)  # the next step boundary
             applied[command] = step
         # Rejected: invalid JSON and an unknown command, written atomically by hand.
-        cdir = ckpt / "control"
         for name, body in (
             ("bad-json", "{not json"),
             ("bad-cmd", json.dumps({"command": "explode"})),
@@ -90,7 +101,7 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
             assert rec["data"]["accepted"] is False and why in rec["data"]["reason"]
         # A control dir others can write is refused (once), then works again after chmod.
         cdir.chmod(0o777)
-        cid, _ = send(ckpt, "save")
+        cid = send(ckpt, "save")
         wait_for(
             lambda: any(
                 r["event"] == "control"
@@ -104,7 +115,7 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
         assert wait_for(lambda: control_record(ckpt, cid), what="save after chmod")["data"][
             "accepted"
         ]
-        cid, t0 = send(ckpt, "stop")
+        cid = send(ckpt, "stop")
         _, err = job.communicate(timeout=120)
     finally:
         job.kill()
@@ -114,7 +125,7 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
     assert ("save", applied["save"]) in by_step and ("evaluate", applied["evaluate"]) in by_step
     assert ("log", applied["log"]) in by_step  # log_every=1000: only the command made it
     stop = control_record(ckpt, cid)["data"]["applied_at_step"]
-    k = step_in_progress(ckpt, t0)
+    k = step_in_progress(ckpt, written_at(ckpt, cid))
     assert k <= stop <= k + 1
     end = recs[-1]
     assert (
@@ -135,17 +146,16 @@ def test_abort_ends_without_saving_and_commands_are_not_reapplied_after_resume(
     tmp_path: Path,
 ) -> None:
     ckpt = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
-        train_argv(ckpt, "--max-steps", "20", "--save-every", "3", "--step-delay", "0.15"),
-        env=env,
+        train_argv(ckpt, "--max-steps", "20", "--save-every", "3"),
+        env=train_env(step_delay=0.15),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         wait_for(lambda: any(r["event"] == "save" for r in records(ckpt)), what="first save")
-        cid, _ = send(ckpt, "abort")
+        cid = send(ckpt, "abort")
         _, err = job.communicate(timeout=120)
     finally:
         job.kill()
@@ -173,13 +183,12 @@ def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
         ckpt_dir=ckpt,
         demo=True,
         max_steps=10,
-        step_delay=0.2,
         save_final=False,
         save_at_epoch_end=False,
         log_every=1000,
     )
-    cfg.write_text(args.worker_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cfg.write_text(WorkerConfig(args=args).model_dump_json())
+    env = {**train_env(step_delay=0.2), "PYTHONPATH": str(ROOT)}
     job = subprocess.Popen(
         [
             sys.executable,
@@ -242,10 +251,10 @@ def test_divergence_detector_stops_a_real_run_with_a_too_high_lr(
         lr=0.5,
         warmup_steps=0,
         max_grad_norm=1e6,
-        step_delay=0.05,
         callbacks=[det],
     )
-    result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
+    env = {STEP_DELAY_ENV: "0.05"}
+    result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False, env=env)
     assert result.status == "stopped", result
     assert "divergence" in result.reason
     recs = records(tmp_path / "run")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import orjson
@@ -293,11 +292,3 @@ def test_help_on_every_command() -> None:
     ]:
         proc = cli("ilab-journal", *([cmd] if cmd else []), "--help")
         assert proc.returncode == 0 and "Usage" in proc.stdout
-
-
-def test_status_wall_clock_is_quick(ckpt: Path) -> None:
-    """Not a benchmark: guards against accidentally importing torch in the CLI."""
-    write_run(ckpt)
-    t = time.monotonic()
-    cli("ilab-journal", "query", str(ckpt), "--event", "save")
-    assert time.monotonic() - t < 5

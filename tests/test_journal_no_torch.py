@@ -6,7 +6,7 @@ import sys
 
 def test_journal_package_and_cli_do_not_import_torch() -> None:
     code = (
-        "import sys, journal, journal.cli, journal.schema, journal.summary, journal.tail, "
+        "import sys, journal, journal.cli, journal.schema, journal.summary, journal.live, "
         "journal.query, journal.control\n"
         "bad = [m for m in ('torch', 'accelerate') if m in sys.modules]\n"
         "assert not bad, bad\n"

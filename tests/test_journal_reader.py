@@ -10,32 +10,8 @@ from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
 from journal.reader import iter_records
+from tests.conftest import records_st
 
-json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**53), 2**53),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
-payloads = st.dictionaries(
-    st.text(min_size=1, max_size=10),
-    st.recursive(
-        json_scalars,
-        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
-        max_leaves=8,
-    ),
-    max_size=5,
-)
-records_st = st.lists(
-    st.tuples(
-        st.sampled_from(["log", "save", "step_end", "evaluate", "weird\n\u2028event"]),
-        payloads,
-        st.integers(0, 10**6),
-    ),
-    min_size=0,
-    max_size=12,
-)
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -185,4 +161,33 @@ def test_end_of_complete_lines_ignores_a_torn_tail_and_spans_blocks(tmp_path: Pa
     path.write_bytes(body + b'{"seq": 2000, "ev')  # torn tail
     assert end_of_complete_lines(path) == len(body)
     path.write_bytes(b"\n" + b"x" * 200_000)  # the only newline is far behind the end
-    assert end_of_complete_lines(path, block=4096) == 1
+    assert end_of_complete_lines(path) == 1  # spans several 64 KiB blocks
+
+
+@SETTINGS
+@given(
+    st.lists(st.sampled_from([b"", b"a", b"bb", b"\n", b"ccc\n", b"\n\n"]), max_size=14),
+    st.integers(1, 7),
+    st.booleans(),
+)
+def test_lines_backwards_matches_a_forward_split(
+    tmp_path: Path, parts: list[bytes], block: int, include_tail: bool
+) -> None:
+    """Every line with its offset, newest first, whatever the block size; the torn tail only
+    when asked for. Writer start-up, query --last and --from now all rely on it."""
+    from journal.reader import end_of_complete_lines, lines_backwards
+
+    data = b"".join(parts)
+    path = tmp_path / "lines.bin"
+    path.write_bytes(data)
+    pieces, offsets, pos = data.split(b"\n"), [], 0
+    for piece in pieces:
+        offsets.append(pos)
+        pos += len(piece) + 1
+    expected = list(zip(offsets, pieces, strict=True))
+    tail = expected.pop()
+    if include_tail and tail[1]:
+        expected.append(tail)
+    got = list(lines_backwards(path, block=block, include_tail=include_tail))
+    assert got == expected[::-1]
+    assert end_of_complete_lines(path) == data.rfind(b"\n") + 1

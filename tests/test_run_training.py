@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from journal import read_all
-from tests.conftest import BIN
-from tests.test_trainer import train
+from journal.paths import journal_path
+from tests.conftest import BIN, train
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
 from watcher import TrainerCallback
@@ -122,7 +122,7 @@ def test_ilab_watch_beside_training_survives_a_hanging_callback(tmp_path: Path) 
         watcher.kill()
     saves = [
         r["data"]["checkpoint_path"]
-        for r in read_all(ckpt / "journal.jsonl").records
+        for r in read_all(journal_path(ckpt)).records
         if r["event"] == "save"
     ]
     assert len(saves) == 3

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
-from tests.test_journal_reader import records_st
-from watcher.engine import Hook, HookOptions, Watcher
+from tests.conftest import records_st
+from watcher import Hook, HookOptions, Watcher
 
 pytestmark = pytest.mark.slow
 

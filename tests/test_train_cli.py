@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.conftest import cli
+from tests.conftest import cli, records, train_env
+from trainer.config import TrainingArgs, WorkerConfig
 
 
 @pytest.mark.parametrize(
@@ -40,3 +44,35 @@ def test_bad_config_files(tmp_path: Path) -> None:
     )
     missing = cli("ilab-train", "--demo")
     assert missing.returncode == 2 and "--ckpt-dir is required" in missing.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: NCCL can work here")
+def test_nccl_without_a_gpu_is_refused_before_launch(tmp_path: Path) -> None:
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", str(tmp_path / "run"), "--backend", "nccl")
+    assert proc.returncode == 2, proc.stderr
+    assert "--backend nccl needs CUDA GPUs" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was launched or written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: NCCL can work here")
+def test_a_failure_while_setting_up_the_worker_is_journaled(tmp_path: Path) -> None:
+    """Past the launcher's checks (here: a worker config written by hand), a failure while
+    setting up device or process group still ends in train_end failed, not a bare traceback."""
+    ckpt = tmp_path / "run"
+    cfg = tmp_path / "worker.json"
+    args = TrainingArgs(ckpt_dir=ckpt, demo=True, backend="nccl", max_steps=1)
+    cfg.write_text(WorkerConfig(args=args).model_dump_json())
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"),
+            *("-m", "trainer.worker", str(cfg)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=train_env(),
+    )
+    assert proc.returncode != 0
+    end = records(ckpt)[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    assert "needs CUDA" in end["data"]["reason"]

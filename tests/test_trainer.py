@@ -2,61 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from journal import read_all
 from journal.schema import BatchMetrics, LogData, parse_record
-from tests.conftest import BIN, cli, wait_for
+from tests.conftest import BIN, cli, kill_tree, records, train, train_argv, train_env, wait_for
 
 pytestmark = pytest.mark.dist
-
-
-def train_argv(ckpt: Path, *extra: str) -> list[str]:
-    return [
-        str(BIN / "ilab-train"),
-        "--demo",
-        "--ckpt-dir",
-        str(ckpt),
-        "--nproc-per-node",
-        "2",
-        "--quiet",
-        *extra,
-    ]
-
-
-def train(ckpt: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        train_argv(ckpt, *extra), capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
-def records(ckpt: Path) -> list[dict[str, Any]]:
-    path = ckpt / "journal.jsonl"
-    return read_all(path, final=False).records if path.exists() else []
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once, like a scheduler killing a job.
-
-    (torchrun starts each worker in a session of its own, so a process-group kill misses them.)
-    """
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +121,9 @@ def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None
     ref_proc = train(ref, *args)
     assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
-        train_argv(victim, *args, "--step-delay", "0.3"),
-        env=env,
+        train_argv(victim, *args),
+        env=train_env(step_delay=0.3),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -202,10 +159,9 @@ def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None
 
 def test_sigterm_finishes_the_step_saves_and_ends_interrupted(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
-        train_argv(ckpt, "--max-steps", "500", "--step-delay", "0.2"),
-        env=env,
+        train_argv(ckpt, "--max-steps", "500"),
+        env=train_env(step_delay=0.2),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import textwrap
@@ -55,9 +56,28 @@ def spawn_watch(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, **env},
     )
+    assert proc.stderr is not None
     first = proc.stderr.readline()  # the start-up line: hooks are validated, tailing begins
     assert "hook(s) on" in first, first
     return proc
+
+
+def wait_for_stderr(proc: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
+    """Read the watcher's stderr (started with -vv) until a line contains ``needle``."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stderr.readline()
+        if not line:
+            break  # the watcher exited
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no stderr line with {needle!r} within {timeout}s; got: {seen}")
 
 
 def save_payload(path: str) -> dict[str, Any]:
@@ -404,11 +424,13 @@ def test_follow_keeps_going_through_an_earlier_attempts_train_end(
     w = JournalWriter(ckpt, resume=True)
     w.append("train_begin", {"resumed_from": "x"}, step=4)
     w.append("save", save_payload("/attempt2/step-6"), step=6)
-    proc = spawn_watch(str(ckpt), "--on-save", str(script), env={"RECORD_TO": str(out)})
+    proc = spawn_watch(str(ckpt), "-vv", "--on-save", str(script), env={"RECORD_TO": str(out)})
     try:
-        wait_for(lambda: len(calls(out)) == 3, what="the three existing saves")
-        with pytest.raises(subprocess.TimeoutExpired):  # still following: attempt 2 has not ended
-            proc.wait(timeout=2)
+        # Every delivery done, the whole file read, and still waiting for more: attempt 1's
+        # train_end did not end it (a watcher that stopped there exits instead of saying so).
+        size = (ckpt / "journal.jsonl").stat().st_size
+        wait_for_stderr(proc, f"idle at byte {size}; waiting")
+        assert len(calls(out)) == 3 and proc.poll() is None
         w.append("train_end", {"status": "completed"}, step=6)
         w.close()
         assert proc.wait(timeout=30) == 0
@@ -420,12 +442,13 @@ def test_follow_keeps_going_through_an_earlier_attempts_train_end(
 def test_from_now_skips_what_is_already_there(ckpt: Path, recorder: tuple[Path, Path]) -> None:
     script, out = recorder
     write_run(ckpt, steps=4, save_every=2, end=None)  # two saves already on disk
+    size = (ckpt / "journal.jsonl").stat().st_size
     proc = spawn_watch(
-        str(ckpt), "--from", "now", "--on-save", str(script), env={"RECORD_TO": str(out)}
+        str(ckpt), "-vv", "--from", "now", "--on-save", str(script), env={"RECORD_TO": str(out)}
     )
     try:
-        with pytest.raises(subprocess.TimeoutExpired):  # the old saves are not delivered
-            proc.wait(timeout=1.5)
+        wait_for_stderr(proc, f"positioned at byte {size} ")  # the old saves are behind it
+        wait_for_stderr(proc, f"idle at byte {size}; waiting")
         assert calls(out) == []
         with JournalWriter(ckpt, resume=True) as w:
             w.append("save", save_payload("/new/step-6"), step=6)

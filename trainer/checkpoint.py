@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,11 +31,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from journal.files import fsync_dir
+from journal.paths import checkpoints_dir
+
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 #: Writes a consolidated, torchrun-free model from a full state dict (rank 0 only).
-ConsolidatedWriter = Callable[[Path, dict[str, torch.Tensor]], None]
+ConsolidatedWriter = Callable[[Path, dict[str, Any]], None]
 
 
 @dataclass
@@ -50,13 +52,14 @@ class TrainerState:
     run_id: str | None = None
 
 
-def checkpoints_root(ckpt_dir: Path) -> Path:
-    return ckpt_dir / "checkpoints"
+def step_dir_name(step: int) -> str:
+    """``step-000040``: zero-padded so names sort in step order."""
+    return f"step-{step:06d}"
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
-    root = checkpoints_root(ckpt_dir)
+    root = checkpoints_dir(ckpt_dir)
     if not root.is_dir():
         return []
     found = [
@@ -68,6 +71,7 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
     cps = list_checkpoints(ckpt_dir)
     return cps[-1] if cps else None
 
@@ -84,8 +88,8 @@ def save_checkpoint(
 ) -> tuple[Path, list[str]]:
     """Collective: every rank calls it. Returns (final path, kinds written)."""
     rank = dist.get_rank()
-    root = checkpoints_root(ckpt_dir)
-    name = f"step-{state.step:06d}"
+    root = checkpoints_dir(ckpt_dir)
+    name = step_dir_name(state.step)
     tmp, final = root / f".tmp-{name}", root / name
     if rank == 0:
         if tmp.exists():
@@ -111,7 +115,7 @@ def save_checkpoint(
         if final.exists():  # a re-save of the same step (e.g. after resume): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         _prune(ckpt_dir, keep_last_n)
     return final, kinds
 
@@ -122,7 +126,7 @@ def load_checkpoint(
     """Collective: restore model, optimizer, scheduler and this rank's RNG from ``path``."""
     full = path / "full_state"
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(full))
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -153,17 +157,3 @@ def _prune(ckpt_dir: Path, keep_last_n: int | None) -> None:
     for old in list_checkpoints(ckpt_dir)[:-keep_last_n]:
         shutil.rmtree(old, ignore_errors=True)
         log.info("removed old checkpoint %s (keep_last_n=%d)", old, keep_last_n)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

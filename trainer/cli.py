@@ -9,7 +9,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from trainer.config import TorchrunArgs, TrainingArgs, load_config_file
+from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, load_config_file
 
 # CLI option -> TrainingArgs field (options left at None are not passed).
 TRAIN_FIELDS = {
@@ -31,7 +31,6 @@ TRAIN_FIELDS = {
     "resume": "resume",
     "journal_detail": "journal_detail",
     "model_path": "model_path",
-    "step_delay": "step_delay",
     "demo_samples": "demo_samples",
     "backend": "backend",
 }
@@ -139,7 +138,6 @@ def _errors(exc: ValidationError) -> str:
     type=click.Choice(["auto", "gloo", "nccl"]),
     help="auto: NCCL with GPUs, else gloo.",
 )
-@click.option("--step-delay", type=float, hidden=True)
 @click.option("--nproc-per-node", type=int, help="Worker processes on this node (default 1).")
 @click.option("--nnodes", type=int, help="Number of nodes (default 1).")
 @click.option("--node-rank", type=int, help="This node's rank.")
@@ -182,7 +180,7 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
     if "ckpt_dir" not in base:
         raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
     try:
-        targs = TrainingArgs(**base, model=model_base)
+        targs = TrainingArgs.model_validate({**base, "model": model_base})
         trun = TorchrunArgs(**torchrun_base)
     except ValidationError as exc:
         raise click.UsageError(_errors(exc)) from None
@@ -190,6 +188,8 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
         raise click.UsageError(str(exc)) from None
     try:
         result = run_training(targs, trun, echo=not quiet)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     except TrainingFailed as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(1)

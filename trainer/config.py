@@ -1,8 +1,8 @@
 """Training and launch configuration (pydantic), shared by ``ilab-train`` and ``run_training``.
 
 Callback fields (``on_<event>``, ``callbacks``) live here for the flat Python API, but they
-never travel to the torchrun workers: :meth:`TrainingArgs.worker_json` drops them and the
-launching process runs them through the embedded watcher.
+never travel to the torchrun workers: :class:`WorkerConfig` carries plain data only (and
+the callbacks' names), and the launching process runs them through the embedded watcher.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from journal.events import LIFECYCLE_EVENTS
-from watcher.callbacks import callable_name
+from journal.events import CALLBACK_EVENTS
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
@@ -108,9 +107,6 @@ class TrainingArgs(BaseModel):
     journal_detail: Literal["step", "microbatch", "off"] = "step"
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    step_delay: float = Field(
-        0.0, ge=0, description="sleep per step (seconds); only for tests and demos"
-    )
 
     # -- flat callback API (never sent to the workers) --------------------------------------
     callbacks: list[Any] = Field(default_factory=list, exclude=True)
@@ -149,7 +145,7 @@ class TrainingArgs(BaseModel):
     def hooks(self) -> dict[str, list[CallbackSpec]]:
         """The flat ``on_<event>`` fields as ``{event: [callable or command, ...]}``."""
         out: dict[str, list[CallbackSpec]] = {}
-        for event in (*LIFECYCLE_EVENTS, "control"):
+        for event in CALLBACK_EVENTS:
             value = getattr(self, f"on_{event}")
             if value is None:
                 continue
@@ -159,21 +155,40 @@ class TrainingArgs(BaseModel):
     def has_callbacks(self) -> bool:
         return bool(self.callbacks) or bool(self.hooks())
 
-    def worker_json(self) -> str:
-        """The config the workers get: plain data only, callbacks excluded."""
-        return self.model_dump_json(exclude_none=False)
+    def data_dict(self) -> dict[str, Any]:
+        """The plain-data fields (callbacks excluded) as JSON types."""
+        return dict(json.loads(self.model_dump_json()))
 
-    def describe(self) -> dict[str, Any]:
-        """The config for ``train_begin``: data fields plus callbacks by name."""
-        d = json.loads(self.worker_json())
-        named: dict[str, list[str]] = {
-            f"on_{k}": [callable_name(cb) for cb in v] for k, v in self.hooks().items()
-        }
-        if self.callbacks:
-            named["callbacks"] = [callable_name(cb) for cb in self.callbacks]
-        if named:
-            d["callbacks_named"] = named
-        return d
+
+class WorkerConfig(BaseModel):
+    """What the launcher hands every torchrun worker, as a JSON file: plain data only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: TrainingArgs
+    callbacks_named: dict[str, list[str]] = Field(
+        default_factory=dict, description="the launcher's callbacks by name, for train_begin"
+    )
+
+
+class ConfigError(ValueError):
+    """The configuration cannot work on this machine (one clear line, before launching)."""
+
+
+def check_runtime(args: TrainingArgs) -> None:
+    """Fail before any worker starts when the settings cannot work here.
+
+    Called by the launcher on each node: ``--backend nccl`` without a visible GPU would
+    otherwise end every worker in a traceback before the journal is written.
+    """
+    if args.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "--backend nccl needs CUDA GPUs and none is visible on this machine "
+                "(use --backend gloo, or auto to pick NCCL only when GPUs are there)"
+            )
 
 
 def load_config_file(path: Path) -> dict[str, Any]:

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from journal.paths import journal_path, logs_dir
+from journal.query import find_last
 from journal.reader import JournalReader
 from journal.writer import JournalWriter
-from trainer.config import TorchrunArgs, TrainingArgs
+from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig, check_runtime
+from watcher.callbacks import callable_name
 
 
 class TrainingFailed(RuntimeError):
@@ -61,6 +64,15 @@ def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
     return [*cmd, "-m", "trainer.worker", str(cfg_path)]
 
 
+def worker_config(args: TrainingArgs) -> WorkerConfig:
+    """The workers' config: the plain-data args plus the callbacks' names (the callbacks
+    themselves stay in this process)."""
+    named = {f"on_{k}": [callable_name(cb) for cb in v] for k, v in args.hooks().items()}
+    if args.callbacks:
+        named["callbacks"] = [callable_name(cb) for cb in args.callbacks]
+    return WorkerConfig(args=args, callbacks_named=named)
+
+
 def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
     for line in iter(src.readline, b""):
         log_file.write(line)
@@ -83,25 +95,32 @@ def run_training(
     process, through the embedded watcher: nothing is serialized into the workers. Returns
     after ``train_end`` and its deliveries (bounded by ``callback_grace_s``).
 
-    Raises :class:`TrainingFailed` when the run fails (the message names the log file).
+    Raises :class:`TrainingFailed` when the run fails (the message names the log file), and
+    :class:`trainer.config.ConfigError` before launching when the settings cannot work here.
     """
+    check_runtime(train_args)
     t = torchrun_args or TorchrunArgs()
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
     train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
-    logs = ckpt_dir / "logs"
+    logs = logs_dir(ckpt_dir)
     logs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
-    cfg_path.write_text(train_args.worker_json())
+    cfg_path.write_text(worker_config(train_args).model_dump_json())
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
-    journal = ckpt_dir / "journal.jsonl"
+    journal = journal_path(ckpt_dir)
     start_offset = journal.stat().st_size if journal.exists() else 0
 
     watcher = None
     if train_args.has_callbacks():
         from watcher.embedded import EmbeddedWatcher
 
-        watcher = EmbeddedWatcher(train_args, start_offset=start_offset)
+        watcher = EmbeddedWatcher(
+            ckpt_dir,
+            hooks=train_args.hooks(),
+            callbacks=train_args.callbacks,
+            start_offset=start_offset,
+        )
         watcher.start()
 
     proc_env = {**os.environ, **(env or {})}
@@ -182,28 +201,25 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
 
 
 def _write_fallback_end(ckpt_dir: Path, rc: int, log_path: Path) -> dict[str, Any]:
+    """Close the workers' attempt with a ``train_end`` (they exited without one) and return
+    the record as written."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
     status = (
         "interrupted" if rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM) else "failed"
     )
+    payload = {
+        "status": status,
+        "reason": reason,
+        "final_checkpoint": None,
+        "error_type": "WorkerExit",
+        "error_message": reason,
+        "traceback": None,
+        "written_by": "launcher",
+    }
     with JournalWriter(ckpt_dir, resume=True) as w:
-        w.attempt = max(
-            1, w.attempt - 1
-        )  # the workers' attempt: this closes it, it is no new launch
-        payload = {
-            "status": status,
-            "reason": reason,
-            "final_checkpoint": None,
-            "error_type": "WorkerExit",
-            "error_message": reason,
-            "traceback": None,
-            "written_by": "launcher",
-        }
+        w.attempt = max(1, w.attempt - 1)  # the workers' attempt: this closes it, no new launch
         seq = w.append("train_end", payload)
-        return {
-            "seq": seq,
-            "event": "train_end",
-            "run_id": w.run_id,
-            "attempt": w.attempt,
-            "data": payload,
-        }
+    end = find_last(journal_path(ckpt_dir), "train_end")
+    if seq is None or end is None or end["seq"] != seq:  # not written (disk full?)
+        return {"event": "train_end", "seq": seq, "data": payload}
+    return end

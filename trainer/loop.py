@@ -5,8 +5,9 @@ One optimizer step, in order (``Trainer.train_step``)::
     step_begin
     per micro-batch: before_forward, forward, after_forward, before_backward, backward, after_backward
     before_optimizer_step, clip + step + scheduler + zero_grad, after_optimizer_step
-    ONE all-reduce of [loss, tokens, interrupt, control bits, grad norm]  -> the only host sync
-    control records, log, evaluate, save (as due or as commanded), step_end
+    ONE all-reduce of [loss, tokens, interrupt, control bits, grad norm]: the step's one
+        agreed host read
+    control records, then what ``decide`` says: log, evaluate, save; step_end
 
 Control commands and signals ride in that all-reduce, so every rank acts at the same step
 boundary and no collective is added for them.
@@ -16,46 +17,56 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from journal.paths import checkpoints_dir
 from trainer import checkpoint as ckpt
 from trainer.config import TrainingArgs
-from trainer.control import ABORT, EVALUATE, LOG, SAVE, STOP, ControlPoller
-from trainer.control import BITS as CONTROL_BITS
-from trainer.data import StepPlanner
+from trainer.control_poller import BITS as CONTROL_BITS
+from trainer.control_poller import ControlPoller
+from trainer.data import StepPlan, StepPlanner
+from trainer.decisions import EndReason, decide
 from trainer.emitter import Emitter
 from trainer.model import loss_sum
 
 log = logging.getLogger("trainer")
 
+#: Test-only: seconds to sleep in every step, so tests can act while training runs.
+STEP_DELAY_ENV = "ILAB_TEST_STEP_DELAY"
+
 
 @dataclass
-class Outcome:
+class RunOutcome:
+    """How an attempt ended (becomes the ``train_end`` payload)."""
+
     status: str = "completed"
     reason: str | None = None
     final_checkpoint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
+@dataclass(frozen=True)
+class StepMetrics:
+    """What the step's all-reduce agreed on, identical on every rank."""
 
-    def fn(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    loss_sum: float  # summed over every rank's loss-counted tokens
+    tokens: float  # loss-counted tokens, all ranks
+    interrupted: bool  # a signal arrived on some rank
+    commands: int  # control bits rank 0 contributed
+    grad_norm: float
 
-    return fn
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.tokens if self.tokens else float("nan")
 
 
 class Trainer:
@@ -81,23 +92,20 @@ class Trainer:
         self.args, self.model, self.opt, self.sched = args, model, optimizer, scheduler
         self.planner, self.val_planner = planner, val_planner
         self.j, self.poller, self.device = emitter, poller, device
-        self.state, self.total_steps, self.write_consolidated = (
-            state,
-            total_steps,
-            write_consolidated,
-        )
+        self.state, self.total_steps = state, total_steps
+        self.write_consolidated = write_consolidated
         self.interrupted = interrupted  # filled by the signal handler with the signal's name
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_saved_step = state.step if state.step else -1
-        self.last_loss: float | None = None
         self.step_time_s = 0.0
+        self.step_delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
         # Time in control checks (rank 0): steps with nothing new vs steps handling files.
         self.poll_idle_ns = self.poll_idle_steps = 0
         self.poll_busy_ns = self.poll_busy_steps = 0
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> RunOutcome:
         st, a = self.state, self.args
         steps_per_epoch = self.planner.steps_per_epoch
         while st.step < self.total_steps and st.epoch < a.num_epochs:
@@ -116,20 +124,46 @@ class Trainer:
                 if a.save_at_epoch_end and self.last_saved_step != st.step:
                     self.save("epoch_end")
                 self.sync_envelope()
-        out = Outcome("completed", f"reached step {st.step}")
+        out = RunOutcome("completed", f"reached step {st.step}")
         if a.save_final and self.last_saved_step != st.step:
             self.save("final")
         out.final_checkpoint = self._final_path()
         return out
 
-    def train_step(self) -> Outcome | None:
-        """One optimizer step; returns an Outcome when the run must end here."""
-        st, a, j = self.state, self.args, self.j
+    def train_step(self) -> RunOutcome | None:
+        """One optimizer step; returns a RunOutcome when the run must end here."""
+        st = self.state
         t0 = time.perf_counter()
         st.step += 1
         self.sync_envelope()
-        j.emit("step_begin")
+        self.j.emit("step_begin")
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
+        loss_local, tokens_local = self._forward_backward(plan)
+        grad_norm = self._optimizer_step()
+        m = self._all_reduce(loss_local, tokens_local, grad_norm, self._poll_control())
+        st.step_in_epoch += 1
+        st.samples_seen += plan.global_samples
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        elapsed = time.perf_counter() - t0
+        self.step_time_s += elapsed
+        self.sync_envelope()
+        applied = self._journal_control()
+        act = decide(st.step, m.commands, m.interrupted, self.args)
+        if act.log:
+            self._log(plan, m, elapsed)
+        if act.evaluate:
+            self.evaluate()
+        if act.save:
+            self.save(act.save)
+        self.j.emit("step_end", {"loss": m.loss})
+        return self._ending(act.end, applied) if act.end else None
+
+    # -- the parts of a step ---------------------------------------------------------------
+
+    def _forward_backward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every micro-batch of this rank; returns its (loss sum, loss-token count)."""
+        j = self.j
         scale = self.world / max(plan.global_loss_tokens, 1)  # FSDP averages grads over ranks
         loss_acc = torch.zeros((), device=self.device)
         tokens_acc = torch.zeros((), device=self.device)
@@ -140,127 +174,116 @@ class Trainer:
             j.emit_micro("before_forward", info)
             loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
             j.emit_micro("after_forward", info)
-            if hasattr(self.model, "set_requires_gradient_sync"):  # reduce grads once, at the end
+            if isinstance(self.model, FSDPModule):  # reduce grads once, at the end
                 self.model.set_requires_gradient_sync(i == n_micro - 1)
             j.emit_micro("before_backward", info)
             (loss * scale).backward()
             j.emit_micro("after_backward", info)
             loss_acc += loss.detach()
             tokens_acc += n_tok
-        j.emit("before_optimizer_step")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+        return loss_acc, tokens_acc
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """Clip, step, schedule, zero_grad; returns the (pre-clip) total grad norm."""
+        self.j.emit("before_optimizer_step")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        j.emit("after_optimizer_step")
+        self.j.emit("after_optimizer_step")
+        return grad_norm
 
-        # The step's single reduction: metrics, plus control bits and signals for free.
-        mask = 0
-        if self.poller is not None:
-            looked = self.poller.changed
-            t_poll = time.perf_counter_ns()
-            mask = self.poller.poll()
-            dt = time.perf_counter_ns() - t_poll
-            if looked:
-                self.poll_busy_ns += dt
-                self.poll_busy_steps += 1
-            else:
-                self.poll_idle_ns += dt
-                self.poll_idle_steps += 1
+    def _poll_control(self) -> int:
+        """Rank 0: bit mask of new control commands (0 elsewhere); timed for the report."""
+        if self.poller is None:
+            return 0
+        looked = self.poller.changed
+        t = time.perf_counter_ns()
+        mask = self.poller.poll()
+        dt = time.perf_counter_ns() - t
+        if looked:
+            self.poll_busy_ns += dt
+            self.poll_busy_steps += 1
+        else:
+            self.poll_idle_ns += dt
+            self.poll_idle_steps += 1
+        return mask
+
+    def _all_reduce(
+        self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
+    ) -> StepMetrics:
+        """The step's single reduction: metrics, plus control bits and signals for free.
+        Rank 0 alone contributes the bits and the (already global) grad norm."""
         is0 = 1.0 if self.rank == 0 else 0.0
         vec = torch.stack(
             [
-                loss_acc.float(),
-                tokens_acc.float(),
+                loss.float(),
+                tokens.float(),
                 torch.tensor(1.0 if self.interrupted else 0.0, device=self.device),
-                torch.tensor(float(mask) * is0, device=self.device),
+                torch.tensor(float(commands) * is0, device=self.device),
                 grad_norm.detach().float().to(self.device) * is0,
             ]
         )
         dist.all_reduce(vec)
-        loss_sum_all, tokens_all, n_interrupted, mask_f, gnorm = vec.tolist()
-        mask = int(mask_f)
-        if mask:  # every rank logs it: the per-rank logs show they act at the same step
-            log.info(
-                "control %s applied at step %d",
-                "+".join(n for n, b in CONTROL_BITS.items() if mask & b),
-                st.step,
-            )
-        st.step_in_epoch += 1
-        st.samples_seen += plan.global_samples
-        if a.step_delay:
-            time.sleep(a.step_delay)
-        elapsed = time.perf_counter() - t0
-        self.step_time_s += elapsed
-        self.sync_envelope()
-        loss_avg = loss_sum_all / tokens_all if tokens_all else float("nan")
-        self.last_loss = loss_avg
-        commands = self._journal_control(mask)
+        loss_sum_all, tokens_all, n_interrupted, bits, gnorm = vec.tolist()
+        m = StepMetrics(loss_sum_all, tokens_all, n_interrupted > 0, int(bits), gnorm)
+        if m.commands:  # every rank logs it: the per-rank logs show they act at the same step
+            names = "+".join(n for n, b in CONTROL_BITS.items() if m.commands & b)
+            log.info("control %s applied at step %d", names, self.state.step)
+        return m
 
-        if st.step % a.log_every == 0 or mask & LOG:
-            j.emit(
-                "log",
-                {
-                    "loss": loss_avg,
-                    "loss_finite": math.isfinite(loss_avg),
-                    "lr": self.sched.get_last_lr()[0],
-                    "grad_norm": gnorm,
-                    "elapsed_time": elapsed,
-                    "tokens_per_s": plan.global_length / elapsed,
-                    "samples_per_s": plan.global_samples / elapsed,
-                    "samples_seen": st.samples_seen,
-                    "batch_metrics": {
-                        "total_samples": plan.global_samples,
-                        "total_length": plan.global_length,
-                        "num_loss_counted_tokens": int(tokens_all),
-                        "accumulated_loss": loss_sum_all,
-                        "grad_accum_steps": n_micro,
-                        "num_minibatches": n_micro,
-                    },
-                    "cuda_mem_allocated": torch.cuda.memory_allocated()
-                    if self.device.type == "cuda"
-                    else None,
+    def _log(self, plan: StepPlan, m: StepMetrics, elapsed: float) -> None:
+        st = self.state
+        lr = self.sched.get_last_lr()[0]
+        self.j.emit(
+            "log",
+            {
+                "loss": m.loss,
+                "loss_finite": math.isfinite(m.loss),
+                "lr": lr,
+                "grad_norm": m.grad_norm,
+                "elapsed_time": elapsed,
+                "tokens_per_s": plan.global_length / elapsed,
+                "samples_per_s": plan.global_samples / elapsed,
+                "samples_seen": st.samples_seen,
+                "batch_metrics": {
+                    "total_samples": plan.global_samples,
+                    "total_length": plan.global_length,
+                    "num_loss_counted_tokens": int(m.tokens),
+                    "accumulated_loss": m.loss_sum,
+                    "grad_accum_steps": len(plan.micro_batches),
+                    "num_minibatches": len(plan.micro_batches),
                 },
+                "cuda_mem_allocated": torch.cuda.memory_allocated()
+                if self.device.type == "cuda"
+                else None,
+            },
+        )
+        if self.rank == 0:
+            log.info(
+                "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
+                st.step,
+                self.total_steps,
+                m.loss,
+                lr,
+                m.grad_norm,
+                plan.global_length / elapsed,
             )
-            if self.rank == 0:
-                log.info(
-                    "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
-                    st.step,
-                    self.total_steps,
-                    loss_avg,
-                    self.sched.get_last_lr()[0],
-                    gnorm,
-                    plan.global_length / elapsed,
-                )
-        if (a.eval_every and st.step % a.eval_every == 0) or mask & EVALUATE:
-            self.evaluate()
-        stop_reason = None
-        if mask & ABORT:
-            stop_reason = "abort"
-        elif mask & STOP:
-            stop_reason = "stop"
-        elif n_interrupted:
-            stop_reason = "interrupt"
-        due = bool(a.save_every and st.step % a.save_every == 0)
-        if stop_reason != "abort" and (due or mask & SAVE or stop_reason):
-            self.save(
-                "control" if mask & (SAVE | STOP) else "interrupt" if n_interrupted else "interval"
-            )
-        j.emit("step_end", {"loss": loss_avg})
-        if stop_reason is None:
-            return None
-        if stop_reason == "interrupt":
+
+    def _ending(self, end: EndReason, applied: list[dict[str, Any]]) -> RunOutcome:
+        st = self.state
+        if end == "interrupt":
             sig = self.interrupted[0] if self.interrupted else "signal on another rank"
-            return Outcome("interrupted", f"{sig} at step {st.step}", self._final_path())
-        cmd = next((c for c in commands if c["command"] == stop_reason), {})
-        why = f"{stop_reason} command" + (f": {cmd['reason']}" if cmd.get("reason") else "")
-        return Outcome(
+            return RunOutcome("interrupted", f"{sig} at step {st.step}", self._final_path())
+        cmd = next((c for c in applied if c["command"] == end), {})
+        why = f"{end} command" + (f": {cmd['reason']}" if cmd.get("reason") else "")
+        return RunOutcome(
             "stopped",
             why,
-            None if stop_reason == "abort" else self._final_path(),
-            {"command": stop_reason, "command_id": cmd.get("id")},
+            None if end == "abort" else self._final_path(),
+            {"command": end, "command_id": cmd.get("id")},
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -272,8 +295,9 @@ class Trainer:
             self.state.samples_seen,
         )
 
-    def _journal_control(self, mask: int) -> list[dict[str, Any]]:
-        """Journal the commands carried by this step's reduce, and any rejections."""
+    def _journal_control(self) -> list[dict[str, Any]]:
+        """Journal the commands carried by this step's reduce, and any rejections; returns
+        the applied ones (rank 0; empty elsewhere)."""
         if self.poller is None:
             return []
         out = []
@@ -358,20 +382,8 @@ class Trainer:
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:
             return None
-        return str(ckpt.checkpoints_root(Path(self.args.ckpt_dir)) / f"step-{self.state.step:06d}")
+        return str(checkpoints_dir(self.args.ckpt_dir) / ckpt.step_dir_name(self.state.step))
 
 
 def _logits(out: Any) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
-
-
-def failure_payload(exc: BaseException) -> dict[str, Any]:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {
-        "status": "failed",
-        "reason": f"{type(exc).__name__}: {exc}",
-        "final_checkpoint": None,
-        "error_type": type(exc).__name__,
-        "error_message": str(exc),
-        "traceback": "\n".join(tb.strip().splitlines()[-25:]),
-    }

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,15 +24,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from journal.paths import journal_path, logs_dir
 from journal.reader import read_all
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
 from trainer.checkpoint import ConsolidatedWriter
-from trainer.config import TrainingArgs
-from trainer.control import ControlPoller, seen_ids_from_journal
+from trainer.config import TrainingArgs, WorkerConfig
+from trainer.control_poller import ControlPoller, seen_ids_from_journal
 from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
 from trainer.emitter import Emitter
-from trainer.loop import Outcome, Trainer, failure_payload, warmup_cosine
+from trainer.loop import RunOutcome, Trainer
 from trainer.model import (
     VOCAB_SIZE,
     TinyGPT,
@@ -40,12 +42,13 @@ from trainer.model import (
     save_consolidated,
     save_hf_consolidated,
 )
+from trainer.optim import build_optimizer
 
 log = logging.getLogger("trainer")
 
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
-    logs = ckpt_dir / "logs"
+    logs = logs_dir(ckpt_dir)
     logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     fh = logging.FileHandler(logs / f"rank-{rank}.log")
@@ -128,7 +131,64 @@ def _save_builtin(
     save_consolidated(out_dir, state_dict, cfg)
 
 
-def run_worker(args: TrainingArgs) -> int:
+def _open_journal(
+    args: TrainingArgs, ckpt_dir: Path, rank: int, resumed: bool
+) -> tuple[Emitter, set[str]]:
+    """Rank 0's journal emitter (a no-op elsewhere) and the control ids handled before."""
+    if rank != 0 or args.journal_detail == "off":
+        return Emitter(None, args.journal_detail), set()
+    jpath = journal_path(ckpt_dir)
+    prior = read_all(jpath).records if jpath.exists() and args.resume == "auto" else []
+    unfinished = bool(prior) and prior[-1].get("event") != "train_end"
+    writer = JournalWriter(ckpt_dir, resume=resumed or unfinished)
+    return Emitter(writer, args.journal_detail), seen_ids_from_journal(prior)
+
+
+def _load_data(
+    args: TrainingArgs, ckpt_dir: Path, rank: int, world: int, local_rank: int
+) -> tuple[StepPlanner, StepPlanner | None, int]:
+    """Training and validation planners (and the training sample count)."""
+    data_path, val_path = args.data_path, args.val_data_path
+    if args.demo:
+        demo_dir = ckpt_dir / "demo_data"
+        if local_rank == 0:  # one writer per node (same seed: same bytes everywhere)
+            make_demo_data(demo_dir, n_train=args.demo_samples, seed=args.seed)
+        dist.barrier()
+        data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
+    assert data_path is not None  # TrainingArgs requires data_path unless demo
+    vocab = VOCAB_SIZE if args.model_path is None else None
+    seq = args.model.max_seq_len
+    samples = load_jsonl(Path(data_path), seq, vocab)
+    val = load_jsonl(Path(val_path), seq, vocab) if val_path else None
+    planner = StepPlanner(
+        samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
+    )
+    val_planner = (
+        StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed)
+        if val and len(val) >= world
+        else None
+    )
+    return planner, val_planner, len(samples)
+
+
+def _total_steps(args: TrainingArgs, steps_per_epoch: int, rank: int) -> int:
+    epoch_steps = steps_per_epoch * args.num_epochs
+    if args.max_steps and args.max_steps > epoch_steps and rank == 0:
+        log.warning(
+            "max_steps %d is more than %d epoch(s) of %d steps: training ends at step %d "
+            "(raise num_epochs to train longer)",
+            args.max_steps,
+            args.num_epochs,
+            steps_per_epoch,
+            epoch_steps,
+        )
+    return min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps
+
+
+def run_worker(cfg: WorkerConfig) -> int:
+    """Train on this rank; returns the exit code. Every failure after the journal is open
+    ends in a ``train_end`` record with status ``failed``."""
+    args = cfg.args
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -137,61 +197,25 @@ def run_worker(args: TrainingArgs) -> int:
     _setup_logging(ckpt_dir, rank)
     interrupted: list[str] = []
     _install_signal_handlers(interrupted)
-    device, backend = _device_and_backend(args, local_rank)
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
-
     resume_from = ckpt.latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
-    emitter = Emitter(None, args.journal_detail)
-    seen_ids: set[str] = set()
-    if rank == 0 and args.journal_detail != "off":
-        jpath = ckpt_dir / "journal.jsonl"
-        prior = read_all(jpath).records if jpath.exists() and args.resume == "auto" else []
-        unfinished = bool(prior) and prior[-1].get("event") != "train_end"
-        writer = JournalWriter(ckpt_dir, resume=bool(resume_from) or unfinished)
-        emitter = Emitter(writer, args.journal_detail)
-        seen_ids = seen_ids_from_journal(prior)
-    code = 0
-    ended = False
-    poller: ControlPoller | None = None
     try:
+        emitter, seen_ids = _open_journal(args, ckpt_dir, rank, resumed=bool(resume_from))
+    except Exception:
+        log.exception("cannot open the journal in %s", ckpt_dir)
+        return 1
+    poller: ControlPoller | None = None
+    ended = False
+    try:
+        device, backend = _device_and_backend(args, local_rank)
+        dist.init_process_group(
+            backend=backend, device_id=device if device.type == "cuda" else None
+        )
         torch.manual_seed(args.seed)
-        data_path, val_path = args.data_path, args.val_data_path
-        if args.demo:
-            demo_dir = ckpt_dir / "demo_data"
-            if local_rank == 0:  # one writer per node (same seed: same bytes everywhere)
-                make_demo_data(demo_dir, n_train=args.demo_samples, seed=args.seed)
-            dist.barrier()
-            data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
-        vocab = VOCAB_SIZE if args.model_path is None else None
-        seq = args.model.max_seq_len
-        samples = load_jsonl(Path(data_path), seq, vocab)
-        val = load_jsonl(Path(val_path), seq, vocab) if val_path else None
-        planner = StepPlanner(
-            samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
-        )
-        val_planner = (
-            StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed)
-            if val and len(val) >= world
-            else None
-        )
-
+        planner, val_planner, n_samples = _load_data(args, ckpt_dir, rank, world, local_rank)
         model, write_consolidated = _build_model(args, device)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        epoch_steps = planner.steps_per_epoch * args.num_epochs
-        total = min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps
-        if args.max_steps and args.max_steps > epoch_steps and rank == 0:
-            log.warning(
-                "max_steps %d is more than %d epoch(s) of %d steps: training ends at step %d "
-                "(raise num_epochs to train longer)",
-                args.max_steps,
-                args.num_epochs,
-                planner.steps_per_epoch,
-                epoch_steps,
-            )
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, warmup_cosine(args.warmup_steps, total, args.min_lr_ratio)
-        )
+        total = _total_steps(args, planner.steps_per_epoch, rank)
+        opt, sched = build_optimizer(model, args, total)
         state = ckpt.TrainerState()
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, model, opt, sched)
@@ -216,10 +240,13 @@ def run_worker(args: TrainingArgs) -> int:
         )
         trainer.sync_envelope()
         begin_step = state.step
+        config = args.data_dict()
+        if cfg.callbacks_named:
+            config["callbacks_named"] = cfg.callbacks_named
         emitter.emit(
             "train_begin",
             {
-                "config": args.describe(),
+                "config": config,
                 "world_size": world,
                 "nnodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
                 "device_type": device.type,
@@ -228,13 +255,13 @@ def run_worker(args: TrainingArgs) -> int:
                 "resumed_from": str(resume_from) if resume_from else None,
                 "total_steps": total,
                 "steps_per_epoch": planner.steps_per_epoch,
-                "train_samples": len(samples),
+                "train_samples": n_samples,
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
                 "versions": _versions(),
             },
         )
-        outcome: Outcome = trainer.run()
+        outcome: RunOutcome = trainer.run()
         end = {
             "status": outcome.status,
             "reason": outcome.reason,
@@ -251,21 +278,19 @@ def run_worker(args: TrainingArgs) -> int:
             trainer.state.step - begin_step,
             trainer.step_time_s,
         )
-    except DataError as exc:
-        code = 1
-        log.error("data error: %s", exc)
-        if not ended:
-            emitter.emit("train_end", failure_payload(exc))
+        return 0
     except BaseException as exc:
-        code = 1
-        log.exception("training failed")
+        if isinstance(exc, DataError):
+            log.error("data error: %s", exc)
+        else:
+            log.exception("training failed")
         if not ended:
             emitter.emit("train_end", failure_payload(exc))
+        return 1
     finally:
         if poller is not None:
             poller.close()
         emitter.close()
-    return code
 
 
 def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
@@ -290,13 +315,26 @@ def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
     }
 
 
+def failure_payload(exc: BaseException) -> dict[str, Any]:
+    """The ``train_end`` payload of a failed attempt: the error and its traceback's tail."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "status": "failed",
+        "reason": f"{type(exc).__name__}: {exc}",
+        "final_checkpoint": None,
+        "error_type": type(exc).__name__,
+        "error_message": str(exc),
+        "traceback": "\n".join(tb.strip().splitlines()[-25:]),
+    }
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m trainer.worker CONFIG.json (launched by torchrun)", file=sys.stderr)
         os._exit(2)
-    args = TrainingArgs.model_validate_json(Path(argv[0]).read_text())
-    code = run_worker(args)
+    cfg = WorkerConfig.model_validate_json(Path(argv[0]).read_text())
+    code = run_worker(cfg)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -3,16 +3,18 @@
 from journal.control import Control
 from watcher.builtins import DivergenceDetector, EarlyStopping
 from watcher.callbacks import Event, TrainerCallback
-from watcher.engine import Hook, HookOptions, Outcome, Watcher
+from watcher.delivery import DeliveryResult
+from watcher.engine import Watcher
+from watcher.hooks import Hook, HookOptions
 
 __all__ = [
     "Control",
+    "DeliveryResult",
     "DivergenceDetector",
     "EarlyStopping",
     "Event",
     "Hook",
     "HookOptions",
-    "Outcome",
     "TrainerCallback",
     "Watcher",
 ]

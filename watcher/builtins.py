@@ -2,17 +2,21 @@
 
 Both are ordinary :class:`TrainerCallback` objects (usable in ``TrainingArgs(callbacks=[...])``
 and from ``ilab-watch --early-stopping ... / --divergence ...``). Their state is a pure function
-of the journal: ``replay()`` rebuilds it from history, so a restarted watcher or a resumed run
+of the journal: ``restore_state()`` rebuilds it from history, so a restarted watcher or a resumed run
 keeps patience counters and best values, which in-process callbacks lose with the process.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 from typing import Any, Literal
 
 from journal.control import Control
 from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
+
+log = logging.getLogger("watcher")
 
 Action = Literal["stop", "abort"]
 
@@ -32,6 +36,7 @@ class _MetricCallback(TrainerCallback):
         self.action: Action = action
         self.run_id: str | None = None
         self.fired = False
+        self.warned_missing = False
 
     # TrainerCallback hooks: only the one matching the metric's event is active.
     def on_log(self, event: Event, **data: Any) -> Control | None:
@@ -40,7 +45,7 @@ class _MetricCallback(TrainerCallback):
     def on_evaluate(self, event: Event, **data: Any) -> Control | None:
         return self._on(event.run_id, data, live=True) if self.event == "evaluate" else None
 
-    def replay(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[dict[str, Any]]) -> None:
         # A condition already met in history counts as acted upon: no second command.
         for rec in records:
             if rec.get("event") == self.event:
@@ -50,6 +55,16 @@ class _MetricCallback(TrainerCallback):
         if run_id != self.run_id:  # a fresh run in the same directory: start over
             self.reset()
             self.run_id = run_id
+        if self.metric not in data and not self.warned_missing:
+            # Lightning's ``strict``: a typo in the metric name must not pass in silence.
+            self.warned_missing = True
+            log.warning(
+                "%s: %r is not in %s records (they have: %s); it cannot act until it appears",
+                type(self).__name__,
+                self.metric,
+                self.event,
+                ", ".join(sorted(data)) or "nothing",
+            )
         reason = self.observe(data)
         if reason is None or self.fired:
             return None
@@ -202,7 +217,7 @@ def parse_builtin(kind: str, spec: str) -> TrainerCallback:
         key = key.strip().replace("-", "_")
         if not sep:
             raise CallbackSpecError(f"--{kind} {spec!r}: expected key=value pairs, got {part!r}")
-        if key not in cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]:
+        if key not in inspect.signature(cls).parameters:
             raise CallbackSpecError(f"--{kind}: unknown setting {key!r}")
         raw = raw.strip()
         value: Any

@@ -77,31 +77,72 @@ class TrainerCallback:
 
     Every method receives the :class:`Event` and the payload fields as keyword arguments,
     and may return a :class:`journal.Control` (e.g. ``Control.stop("diverged")``) to steer
-    training. Constructor arguments, closures and module-level imports all work: the object
-    runs in the watcher's process and is never serialized.
+    training: the command applies at the next step boundary on every rank. Constructor
+    arguments, closures and module-level imports all work: the object runs in the watcher's
+    process and is never serialized.
 
-    Only overridden methods are hooked; the defaults below are no-ops.
+    Only overridden methods are hooked; the defaults below are no-ops. Each one is called
+    once per journal record of its event, in journal order, after the trainer wrote it
+    (deferred intra-step records reach the journal with their step's ``step_end``).
     """
 
-    def on_train_begin(self, event: Event, **data: Any) -> Any: ...
-    def on_epoch_begin(self, event: Event, **data: Any) -> Any: ...
-    def on_step_begin(self, event: Event, **data: Any) -> Any: ...
-    def on_before_forward(self, event: Event, **data: Any) -> Any: ...
-    def on_after_forward(self, event: Event, **data: Any) -> Any: ...
-    def on_before_backward(self, event: Event, **data: Any) -> Any: ...
-    def on_after_backward(self, event: Event, **data: Any) -> Any: ...
-    def on_before_optimizer_step(self, event: Event, **data: Any) -> Any: ...
-    def on_after_optimizer_step(self, event: Event, **data: Any) -> Any: ...
-    def on_log(self, event: Event, **data: Any) -> Any: ...
-    def on_evaluate(self, event: Event, **data: Any) -> Any: ...
-    def on_save(self, event: Event, **data: Any) -> Any: ...
-    def on_step_end(self, event: Event, **data: Any) -> Any: ...
-    def on_epoch_end(self, event: Event, **data: Any) -> Any: ...
-    def on_train_end(self, event: Event, **data: Any) -> Any: ...
-    def on_control(self, event: Event, **data: Any) -> Any: ...
+    def on_train_begin(self, event: Event, **data: Any) -> Any:
+        """Fires when an attempt starts (a resume is a new attempt), after the model, data
+        and checkpoint are loaded; ``data`` has config, world_size, total_steps."""
 
-    def replay(self, records: list[dict[str, Any]]) -> None:
-        """Called once with the journal's history before live delivery starts.
+    def on_epoch_begin(self, event: Event, **data: Any) -> Any:
+        """Fires when an epoch starts (also when a resume lands inside one)."""
+
+    def on_step_begin(self, event: Event, **data: Any) -> Any:
+        """Fires when an optimizer step starts, before its first micro-batch."""
+
+    def on_before_forward(self, event: Event, **data: Any) -> Any:
+        """Fires when a micro-batch is about to run forward (``journal_detail="microbatch"``)."""
+
+    def on_after_forward(self, event: Event, **data: Any) -> Any:
+        """Fires when a micro-batch's forward pass is done (``journal_detail="microbatch"``)."""
+
+    def on_before_backward(self, event: Event, **data: Any) -> Any:
+        """Fires when a micro-batch is about to run backward (``journal_detail="microbatch"``)."""
+
+    def on_after_backward(self, event: Event, **data: Any) -> Any:
+        """Fires when a micro-batch's backward pass is done (``journal_detail="microbatch"``)."""
+
+    def on_before_optimizer_step(self, event: Event, **data: Any) -> Any:
+        """Fires when the last backward is done, before gradient clipping and the step."""
+
+    def on_after_optimizer_step(self, event: Event, **data: Any) -> Any:
+        """Fires when ``optimizer.step()``, the scheduler step and ``zero_grad()`` are done:
+        this fires after ``zero_grad``, so the gradients are gone; the new weights are in."""
+
+    def on_log(self, event: Event, **data: Any) -> Any:
+        """Fires when a log record is written (every ``log_every`` steps, or on a ``log``
+        command), with the step's loss, lr, grad_norm and throughput over all ranks."""
+
+    def on_evaluate(self, event: Event, **data: Any) -> Any:
+        """Fires when validation ran (every ``eval_every`` steps or on an ``evaluate``
+        command), with ``val_loss``."""
+
+    def on_save(self, event: Event, **data: Any) -> Any:
+        """Fires when a checkpoint is complete on disk on every rank: ``checkpoint_path``
+        (and ``hf_path`` for the consolidated model) can be loaded right away."""
+
+    def on_step_end(self, event: Event, **data: Any) -> Any:
+        """Fires when an optimizer step is over: after log, evaluate and save of that step."""
+
+    def on_epoch_end(self, event: Event, **data: Any) -> Any:
+        """Fires when an epoch's last step is over."""
+
+    def on_train_end(self, event: Event, **data: Any) -> Any:
+        """Fires when an attempt ends, on every exit path: ``status`` is completed, stopped,
+        failed or interrupted, with ``reason`` and ``final_checkpoint``."""
+
+    def on_control(self, event: Event, **data: Any) -> Any:
+        """Fires when the trainer accepted (and applied) or rejected a control command."""
+
+    def restore_state(self, records: list[dict[str, Any]]) -> None:
+        """Called once, before live delivery, with the journal's records before the start
+        position (not a delivery: no hook runs for them).
 
         Stateful callbacks (early stopping, divergence detection) rebuild their state here,
         so a restarted watcher or a resumed run keeps counters and best values.
@@ -123,6 +164,7 @@ def hooked_methods(obj: Any) -> dict[str, Any]:
 
 
 def callable_name(fn: Any) -> str:
+    """``module.QualName`` of a function, method, class or instance (a string as itself)."""
     if isinstance(fn, str):
         return fn
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__

@@ -13,11 +13,11 @@ import click
 
 from journal.events import EVENTS
 from journal.fsinfo import needs_polling
-from journal.paths import JOURNAL_NAME
+from journal.paths import JOURNAL_NAME, watch_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
-from watcher.engine import Hook, HookOptions, Watcher
-from watcher.hooks import hook_for, hooks_for_object, instantiate
+from watcher.engine import Watcher
+from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
 
 
 def _event_options(fn: Any) -> Any:
@@ -35,15 +35,15 @@ def _event_options(fn: Any) -> Any:
     return fn
 
 
-def _parse_queue(values: tuple[str, ...]) -> dict[str | None, str]:
-    out: dict[str | None, str] = {}
+def _parse_queue(values: tuple[str, ...]) -> dict[str | None, QueuePolicy]:
+    out: dict[str | None, QueuePolicy] = {}
     for v in values:
         event, _, policy = v.rpartition("=")
         if policy not in ("all", "latest"):
             raise click.UsageError(f"--queue {v!r}: policy must be 'all' or 'latest'")
         if event and event not in EVENTS:
             raise click.UsageError(f"--queue {v!r}: unknown event {event!r}")
-        out[event or None] = policy
+        out[event or None] = "all" if policy == "all" else "latest"
     return out
 
 
@@ -109,27 +109,27 @@ def default_name(hooks: list[Hook]) -> str:
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Seconds per delivery before its process group is killed [default: 3600].",
 )
 @click.option(
     "--retries",
-    type=int,
+    type=click.IntRange(min=0),
     default=0,
     show_default=True,
     help="Extra attempts after a failure, with backoff.",
 )
 @click.option(
     "--backoff",
-    type=float,
+    type=click.FloatRange(min=0),
     default=1.0,
     show_default=True,
     help="First retry delay in seconds (doubles).",
 )
 @click.option(
     "--concurrency",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Deliveries of one hook that may run at once.",
@@ -147,13 +147,18 @@ def default_name(hooks: list[Hook]) -> str:
 )
 @click.option(
     "--poll",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="SECONDS",
     help="Poll instead of filesystem events (automatic on network filesystems).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Only print failures.")
-@click.option("--verbose", "-v", is_flag=True, help="Also print each delivery's stdout.")
+@click.option(
+    "--verbose",
+    "-v",
+    count=True,
+    help="Also print each delivery's stdout (-vv: also where the watcher is in the journal).",
+)
 def main(
     dir: Path,
     on_pairs: tuple[tuple[str, str], ...],
@@ -172,7 +177,7 @@ def main(
     shell: bool,
     poll: float | None,
     quiet: bool,
-    verbose: bool,
+    verbose: int,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -191,23 +196,13 @@ def main(
     train_end, or the end of --replay), 1 some delivery finally failed, 2 usage error,
     130 interrupted.
     """
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="ilab-watch: %(message)s"
-    )
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="ilab-watch: %(message)s")
     logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
     journal = dir / JOURNAL_NAME if dir.suffix != ".jsonl" else dir
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
         raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
-    if (
-        retries < 0
-        or concurrency < 1
-        or (timeout is not None and timeout <= 0)
-        or (poll is not None and poll <= 0)
-    ):
-        raise click.UsageError(
-            "--retries must be >= 0, --concurrency >= 1, --timeout and --poll > 0"
-        )
     policies = _parse_queue(queue)
 
     def options_for(event: str) -> HookOptions:
@@ -217,7 +212,7 @@ def main(
             backoff=backoff,
             concurrency=concurrency,
             queue=policies.get(event, policies.get(None)),
-        )  # type: ignore[arg-type]
+        )
 
     hooks: list[Hook] = []
     consumers: list[Any] = []
@@ -234,7 +229,7 @@ def main(
             objects.append(parse_builtin("divergence", divergence))
         for obj in objects:
             hooks.extend(hooks_for_object(obj, options_for))
-            if callable(getattr(obj, "replay", None)):
+            if callable(getattr(obj, "restore_state", None)):
                 consumers.append(obj)
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
@@ -259,13 +254,12 @@ def main(
         journal,
         hooks,
         name=name,
-        state_dir=state_dir or ckpt_dir / "watch",
-        start="cursor",
-        begin=start,  # type: ignore[arg-type]
-        replay=replay,
+        state_dir=state_dir or watch_dir(ckpt_dir),
+        start="now" if start == "now" else "start",
+        follow=not replay,
         poll=poll,
-        reporter=ConsoleReporter(quiet=quiet, verbose=verbose),
-        history_consumers=consumers,
+        reporter=ConsoleReporter(quiet=quiet, verbose=verbose > 0),
+        stateful_callbacks=consumers,
     )
     interrupted: list[int] = []
 
@@ -284,7 +278,7 @@ def main(
     code = watcher.run()
     if interrupted:
         sys.exit(130)
-    n_ok = sum(1 for o in watcher.outcomes if o.status == "ok")
+    n_ok = sum(1 for o in watcher.results if o.status == "ok")
     if not quiet:
         click.echo(
             f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed; results in {watcher.results_path}",

@@ -11,19 +11,17 @@ import logging
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from journal.paths import journal_path
-from watcher.engine import Hook, HookOptions, Outcome, Watcher
-from watcher.hooks import hook_for, hooks_for_object
-
-if TYPE_CHECKING:
-    from trainer.config import TrainingArgs
+from journal.paths import journal_path, watch_dir
+from watcher.delivery import DeliveryResult
+from watcher.engine import Watcher
+from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
 
 log = logging.getLogger("watcher")
 
 
-def _log_outcome(out: Outcome) -> None:
+def _log_result(out: DeliveryResult) -> None:
     if out.failed:
         log.error(
             "callback %s on %s (step %s) %s: %s",
@@ -44,24 +42,40 @@ def _log_outcome(out: Outcome) -> None:
 
 
 class EmbeddedWatcher:
-    def __init__(self, args: TrainingArgs, *, start_offset: int) -> None:
-        hooks: list[Hook] = []
-        for event, specs in args.hooks().items():
-            for spec in specs:
-                hooks.append(hook_for(event, spec, HookOptions()))
-        objs = [*args.callbacks]
-        for obj in objs:
-            hooks.extend(hooks_for_object(obj, lambda ev: HookOptions()))
-        ckpt = Path(args.ckpt_dir)
+    """Delivers one launch's records to in-process callbacks, on a thread of the launcher.
+
+    Args:
+        ckpt_dir: the run's checkpoint directory.
+        hooks: ``{event: [callable or command string, ...]}`` (the flat ``on_<event>`` API).
+        callbacks: callback objects with ``on_<event>`` methods.
+        start_offset: the journal's size at launch: earlier records are not delivered (but
+            are given to ``restore_state``).
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        *,
+        hooks: dict[str, list[Any]],
+        callbacks: list[Any],
+        start_offset: int,
+    ) -> None:
+        built: list[Hook] = [
+            hook_for(event, spec, HookOptions()) for event, specs in hooks.items() for spec in specs
+        ]
+        for obj in callbacks:
+            built.extend(hooks_for_object(obj, lambda ev: HookOptions()))
         self.watcher = Watcher(
-            journal_path(ckpt),
-            hooks,
+            journal_path(ckpt_dir),
+            built,
             name="embedded",
-            state_dir=ckpt / "watch",
+            state_dir=watch_dir(ckpt_dir),
             start=start_offset,
             persist_cursor=False,
-            reporter=_log_outcome,
-            history_consumers=[o for o in objs if callable(getattr(o, "replay", None))],
+            reporter=_log_result,
+            stateful_callbacks=[
+                o for o in callbacks if callable(getattr(o, "restore_state", None))
+            ],
             control_source="run_training",
         )
         self._thread = threading.Thread(target=self._run, name="ilab-embedded-watcher", daemon=True)
@@ -85,14 +99,14 @@ class EmbeddedWatcher:
             log.warning("callbacks still running after %.0fs grace; abandoning them", grace_s)
             self.watcher.request_stop()
             self._thread.join(10)
-        return summarize(self.watcher.hooks, self.watcher.outcomes)
+        return summarize(self.watcher.hooks, self.watcher.results)
 
 
-def summarize(hooks: list[Hook], outcomes: list[Outcome]) -> list[dict[str, Any]]:
+def summarize(hooks: list[Hook], results: list[DeliveryResult]) -> list[dict[str, Any]]:
     """Per callback: counts by status and the first errors."""
     rows = []
     for h in hooks:
-        mine = [o for o in outcomes if o.hook == h.label and o.event == h.event]
+        mine = [o for o in results if o.hook == h.label and o.event == h.event]
         counts = Counter(o.status for o in mine)
         rows.append(
             {

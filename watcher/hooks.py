@@ -1,9 +1,14 @@
-"""Building hooks from what users give: command strings, callables and callback objects."""
+"""Hooks: one callback bound to one event, with its delivery options, and how to build them
+from what users give (command strings, callables, callback objects)."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from journal.events import MICROBATCH_EVENTS
 from watcher.callbacks import (
     CallbackSpecError,
     CommandTarget,
@@ -11,7 +16,53 @@ from watcher.callbacks import (
     check_callable,
     hooked_methods,
 )
-from watcher.engine import Hook, HookOptions
+
+QueuePolicy = Literal["all", "latest"]
+#: Events that can fire many times a second: by default only the newest pending one runs.
+HIGH_RATE_EVENTS = frozenset(
+    {"step_begin", "step_end", "log", "before_optimizer_step", "after_optimizer_step"}
+    | MICROBATCH_EVENTS
+)
+
+
+@dataclass
+class HookOptions:
+    """How deliveries of one hook run."""
+
+    timeout: float | None = None  # seconds; None: commands 3600, callables unlimited
+    retries: int = 0
+    backoff: float = 1.0  # first retry delay; doubles each time, capped at 60 s
+    concurrency: int = 1
+    queue: QueuePolicy | None = None  # None: "latest" for high-rate events, else "all"
+
+
+@dataclass
+class Hook:
+    """One callback bound to one event."""
+
+    event: str
+    target: CommandTarget | Callable[..., Any]
+    options: HookOptions = field(default_factory=HookOptions)
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            self.label = (
+                self.target.spec
+                if isinstance(self.target, CommandTarget)
+                else callable_name(self.target)
+            )
+        if self.options.queue is None:
+            self.options.queue = "latest" if self.event in HIGH_RATE_EVENTS else "all"
+
+    @property
+    def id(self) -> str:
+        """Stable identity (cursor key): the event and what runs."""
+        return f"{self.event}:{self.label}"
+
+    @property
+    def short_id(self) -> str:
+        return hashlib.sha1(self.id.encode()).hexdigest()[:8]
 
 
 def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False) -> Hook:
@@ -22,7 +73,7 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
     return Hook(event, spec, options)
 
 
-def hooks_for_object(obj: Any, options_for: Any) -> list[Hook]:
+def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
     """One hook per ``on_<event>`` method the object implements (class-based callbacks)."""
     methods = hooked_methods(obj)
     if not methods:

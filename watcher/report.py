@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 import threading
 
-from watcher.engine import HIGH_RATE_EVENTS, Outcome
+from watcher.delivery import DeliveryResult
+from watcher.hooks import HIGH_RATE_EVENTS
 
 
 class ConsoleReporter:
+    """Prints each finished delivery to stderr (rich), as ``ilab-watch`` shows them."""
+
     def __init__(self, *, quiet: bool = False, verbose: bool = False) -> None:
         from rich.console import Console
 
@@ -16,7 +19,7 @@ class ConsoleReporter:
         self.quiet, self.verbose = quiet, verbose
         self._lock = threading.Lock()
 
-    def __call__(self, out: Outcome) -> None:
+    def __call__(self, out: DeliveryResult) -> None:
         """quiet: failures only; default: also successes of low-rate events (save, evaluate,
         ...) with a command's last output line; verbose: everything, with output tails."""
         if self.quiet and not out.failed:

@@ -1,4 +1,4 @@
-"""Rank 0's side of the control channel (design.md section 3).
+"""Rank 0's side of the control channel (docs/python-api.md, "Control commands").
 
 ``poll()`` is called once per step. A helper thread ``stat``s the control directory every
 20 ms and raises a flag when it changed, so a step with nothing new costs one attribute read
@@ -19,7 +19,9 @@ from typing import Any
 
 import orjson
 
+from journal.control import COMMAND_FILE_SUFFIX
 from journal.events import CONTROL_COMMANDS
+from journal.paths import PROCESSED_DIR_NAME, control_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,8 @@ class ControlPoller:
         *,
         interval: float = 0.02,
     ) -> None:
-        self.dir = ckpt_dir / "control"
-        self.processed = self.dir / "processed"
+        self.dir = control_dir(ckpt_dir)
+        self.processed = self.dir / PROCESSED_DIR_NAME
         self.seen = seen_ids
         # Commands written before this attempt started (e.g. by a callback reacting to the
         # previous attempt's last checkpoint) are stale: rejected, never applied on resume.
@@ -148,7 +150,9 @@ class ControlPoller:
     def _scan(self) -> None:
         try:
             names = sorted(
-                n for n in os.listdir(self.dir) if n.endswith(".json") and not n.startswith(".")
+                n
+                for n in os.listdir(self.dir)
+                if n.endswith(COMMAND_FILE_SUFFIX) and not n.startswith(".")
             )
         except OSError as exc:
             log.warning("cannot list %s: %s", self.dir, exc)
@@ -171,7 +175,7 @@ class ControlPoller:
             self._changed = True  # more to read next step
 
     def _parse(self, path: Path) -> Command | Rejection:
-        stem = path.name[: -len(".json")]
+        stem = path.name.removesuffix(COMMAND_FILE_SUFFIX)
         try:
             raw = path.read_bytes()
         except OSError as exc:
@@ -182,7 +186,8 @@ class ControlPoller:
             return Rejection(stem, None, None, f"invalid JSON: {exc}")
         if not isinstance(obj, dict):
             return Rejection(stem, None, None, "command file must hold a JSON object")
-        cid = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else stem
+        given_id = obj.get("id")
+        cid: str = given_id if isinstance(given_id, str) and given_id else stem
         command, source, reason = obj.get("command"), obj.get("source"), obj.get("reason")
         source = source if isinstance(source, str) else None
         reason = reason if isinstance(reason, str) else None

@@ -10,6 +10,10 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("watcher")
 
@@ -21,7 +25,7 @@ class Waker:
         self.journal = journal
         self.poll = poll
         self._event = threading.Event()
-        self._observer = None
+        self._observer: BaseObserver | None = None
         self.mode = "poll" if poll is not None else "watchdog"
 
     def start(self) -> None:

@@ -10,16 +10,15 @@ from typing import Any
 
 import orjson
 
+from journal.format import fmt_ts, summarize_data
 from journal.reader import JournalReader
 from journal.summary import STATE_EXIT_CODES, Summarizer
 
 
 def _line(rec: dict[str, Any]) -> str:
-    from journal.cli import _fmt_ts, summarize_data
-
     ev = str(rec.get("event"))
     return (
-        f"{_fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
+        f"{fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
         f"{summarize_data(ev, rec.get('data') or {})}"
     )
 

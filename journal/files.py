@@ -1,0 +1,51 @@
+"""Durable file operations shared by every writer of small state files.
+
+Command files, watcher cursors and checkpoint renames all need the same two things: a file
+that appears whole or not at all, and a directory entry that survives a power cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so a rename or create inside it is durable (best effort: some
+    filesystems refuse to fsync directories)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
+
+    A temp file in the same directory (a dot name readers skip) is written, fsynced and
+    renamed over ``path``; then the directory is fsynced.
+    """
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(final.parent)

@@ -1,0 +1,54 @@
+"""``ilab-journal plot``: loss, val_loss and learning rate per step as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from journal.reader import iter_records
+
+
+class MissingPlotExtra(RuntimeError):
+    """matplotlib is not installed."""
+
+
+class NothingToPlot(ValueError):
+    """The journal has no log or evaluate record."""
+
+
+def plot_journal(path: Path, out: Path) -> None:
+    """Write the plot of the journal at ``path`` to ``out`` (needs the 'plot' extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingPlotExtra("plot needs matplotlib: pip install 'ilab-journal[plot]'") from None
+    steps, losses, lrs, vsteps, vloss, saves = [], [], [], [], [], []
+    for rec in iter_records(path):
+        d = rec.get("data") or {}
+        if rec.get("event") == "log" and d.get("loss") is not None:
+            steps.append(rec["step"])
+            losses.append(d["loss"])
+            lrs.append(d.get("lr"))
+        elif rec.get("event") == "evaluate" and d.get("val_loss") is not None:
+            vsteps.append(rec["step"])
+            vloss.append(d["val_loss"])
+        elif rec.get("event") == "save":
+            saves.append(rec["step"])
+    if not steps and not vsteps:
+        raise NothingToPlot(f"{path}: no log or evaluate records to plot")
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax1.plot(steps, losses, label="loss")
+    if vsteps:
+        ax1.plot(vsteps, vloss, "o-", label="val_loss")
+    for s in saves:
+        ax1.axvline(s, color="grey", alpha=0.3, lw=0.8)
+    ax1.set_ylabel("loss")
+    ax1.legend()
+    ax2.plot(steps, lrs, color="tab:green")
+    ax2.set_ylabel("lr")
+    ax2.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

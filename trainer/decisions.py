@@ -1,0 +1,70 @@
+"""What a step boundary does: the one pure function that turns schedules, control commands
+and signals into actions (``decide``), so the training step only carries them out.
+
+Precedence, as HF documents ``TrainerControl``:
+
+- **Ending**: ``abort`` > ``stop`` > an interrupt (SIGTERM/SIGINT on any rank). The run ends
+  at this boundary with the first that applies.
+- **Saving**: ``abort`` never saves, not even when a save is due or commanded. Otherwise a
+  checkpoint is written when one is due (``save_every``), commanded (``save``), or the run
+  ends by ``stop`` or interrupt; at most one per step. Its trigger names the strongest
+  reason: ``control`` (a ``save`` or ``stop`` command) > ``interrupt`` > ``interval``.
+- **Logging and validation** happen whenever due or commanded, also on the final step, and
+  before the save (so the checkpoint's step has its metrics in the journal first).
+
+Every rank calls ``decide`` with the same inputs (the command bits and the interrupt flag
+come out of the step's all-reduce), so every rank takes the same actions at the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainer.config import TrainingArgs
+from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
+
+EndReason = Literal["abort", "stop", "interrupt"]
+SaveTrigger = Literal["interval", "control", "interrupt"]
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What to do at this step boundary, in this order: log, evaluate, save, end."""
+
+    log: bool = False
+    evaluate: bool = False
+    save: SaveTrigger | None = None  # None: no checkpoint at this step
+    end: EndReason | None = None  # None: training goes on
+
+
+def decide(step: int, commands: int, interrupted: bool, args: TrainingArgs) -> Actions:
+    """The actions for the boundary after optimizer step ``step``.
+
+    Args:
+        step: the step just taken (1-based).
+        commands: bit mask of the control commands applied at this boundary.
+        interrupted: whether any rank received SIGTERM/SIGINT.
+        args: the schedules (``log_every``, ``eval_every``, ``save_every``).
+    """
+    end: EndReason | None = None
+    if commands & ABORT:
+        end = "abort"
+    elif commands & STOP:
+        end = "stop"
+    elif interrupted:
+        end = "interrupt"
+    save: SaveTrigger | None = None
+    if end != "abort":
+        if commands & (SAVE | STOP):
+            save = "control"
+        elif interrupted:
+            save = "interrupt"
+        elif args.save_every and step % args.save_every == 0:
+            save = "interval"
+    return Actions(
+        log=step % args.log_every == 0 or bool(commands & LOG),
+        evaluate=bool(args.eval_every and step % args.eval_every == 0) or bool(commands & EVALUATE),
+        save=save,
+        end=end,
+    )

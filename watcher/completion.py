@@ -1,0 +1,105 @@
+"""Completion and the durable cursor: what has been delivered, and where to re-read from.
+
+A batch of records is opened when it is read and closed when every delivery made from it
+has completed. The cursor's offset is the start of the oldest open batch (or the read
+position when none is open); seqs completed inside open batches are remembered per hook so a
+restart neither loses nor repeats work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import orjson
+
+from watcher.cursor import Cursor, CursorState
+from watcher.delivery import Batch, Delivery, DeliveryResult
+
+Reporter = Callable[[DeliveryResult], None]
+
+
+class Completions:
+    """Thread-safe record of finished deliveries; saves the cursor after each change."""
+
+    def __init__(
+        self,
+        cursor: Cursor,
+        *,
+        results_path: Path | None,
+        reporter: Reporter | None,
+        read_position: Callable[[], tuple[int, int]],
+        notice: Callable[[str], None],
+    ) -> None:
+        self.cursor = cursor
+        self.results_path = results_path
+        self.reporter = reporter
+        self._read_position = read_position
+        self._notice = notice
+        self.state = CursorState()
+        self.results: list[DeliveryResult] = []
+        self.failed = 0
+        self._batches: deque[Batch] = deque()
+        self._lock = threading.Lock()
+
+    def reset(self, state: CursorState) -> None:
+        """Start over from ``state`` (a new start position, or a replaced journal)."""
+        with self._lock:
+            self._batches.clear()
+            self.state = state
+
+    def is_done(self, hook_id: str, seq: int) -> bool:
+        """Completed before a restart (the cursor remembers it)."""
+        return seq in self.state.done.get(hook_id, ())
+
+    def open_batch(self, offset: int, line_no: int, min_seq: int, pending: int) -> Batch:
+        batch = Batch(offset, line_no, min_seq, pending)
+        with self._lock:
+            self._batches.append(batch)
+        if not pending:
+            self.advance()
+        return batch
+
+    def complete(self, d: Delivery, out: DeliveryResult) -> None:
+        with self._lock:
+            self.results.append(out)
+            if out.failed:
+                self.failed += 1
+            d.batch.pending -= 1
+            self.state.done.setdefault(d.hook.id, set()).add(d.record["seq"])
+        if self.results_path is not None:
+            self.results_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.results_path, "ab") as f:
+                f.write(orjson.dumps(asdict(out), option=orjson.OPT_APPEND_NEWLINE))
+        if self.reporter is not None and out.status != "coalesced":
+            self.reporter(out)
+        self.advance()
+
+    def advance(self) -> None:
+        """Move the durable cursor past every leading batch whose deliveries are all done."""
+        with self._lock:
+            while self._batches and self._batches[0].pending <= 0:
+                self._batches.popleft()
+            if self._batches:
+                head = self._batches[0]
+                self.state.offset, self.state.line_no = head.offset, head.line_no
+                floor = head.min_seq
+                self.state.done = {
+                    k: {s for s in v if s >= floor} for k, v in self.state.done.items()
+                }
+            else:
+                self.state.offset, self.state.line_no = self._read_position()
+                self.state.done = {}
+            snapshot = CursorState(
+                self.state.offset,
+                self.state.line_no,
+                self.state.fingerprint,
+                {k: set(v) for k, v in self.state.done.items()},
+            )
+            try:
+                self.cursor.save(snapshot)
+            except OSError as exc:
+                self._notice(f"cannot save cursor {self.cursor.path}: {exc}")

@@ -1,0 +1,65 @@
+"""A delivery (one record to one hook) and its recorded result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from watcher.hooks import Hook
+
+
+@dataclass
+class Batch:
+    """Records read together: the cursor may move past them once ``pending`` reaches 0."""
+
+    offset: int  # where the batch starts (re-read from here after a restart)
+    line_no: int
+    min_seq: int
+    pending: int
+
+
+@dataclass
+class Delivery:
+    hook: Hook
+    record: dict[str, Any]
+    batch: Batch
+    delivery_id: str  # stable across restarts: run id, seq and hook
+
+
+@dataclass
+class DeliveryResult:
+    """The recorded result of one delivery (one line of the results file)."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    seq: int
+    step: int
+    status: str  # ok | failed | timeout | coalesced | abandoned
+    attempts: int = 0
+    start_ts: float | None = None
+    end_ts: float | None = None
+    duration: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    log_path: str | None = None
+    control: list[str] | None = None
+
+    @classmethod
+    def of(cls, d: Delivery, status: str, **fields: Any) -> DeliveryResult:
+        """The result of delivery ``d`` with ``status`` (and any other fields)."""
+        return cls(
+            d.delivery_id,
+            d.hook.label,
+            d.hook.event,
+            d.record["seq"],
+            d.record.get("step", 0),
+            status,
+            **fields,
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("failed", "timeout", "abandoned")

@@ -1,0 +1,204 @@
+"""Running one delivery: an external command in its own process group, or a Python callable.
+
+Both get the same retry loop (doubling backoff, capped at 60 s) and report into one
+:class:`DeliveryResult`. Commands see the record as JSON on stdin and as ``ILAB_*``
+environment variables; callables get ``(event, **payload)`` and may return ``Control``s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.control import Control, send_command
+from watcher.callbacks import CommandTarget, Event
+from watcher.delivery import Delivery, DeliveryResult
+
+log = logging.getLogger("watcher")
+
+TAIL_BYTES = 2000
+DEFAULT_COMMAND_TIMEOUT_S = 3600.0
+
+
+class Executor:
+    """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early."""
+
+    def __init__(
+        self,
+        journal: Path,
+        *,
+        logs_dir: Path | None,
+        control_source: str,
+        stop: threading.Event,
+    ) -> None:
+        self.journal = journal
+        self.ckpt_dir = str(journal.parent)
+        self.logs_dir = logs_dir
+        self.control_source = control_source
+        self.stop = stop
+
+    def deliver(self, d: Delivery) -> DeliveryResult:
+        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
+        opts = d.hook.options
+        out = DeliveryResult.of(d, "failed", start_ts=time.time())
+        for attempt in range(1, opts.retries + 2):
+            out.attempts = attempt
+            t0 = time.perf_counter()
+            if isinstance(d.hook.target, CommandTarget):
+                self._run_command(d.hook.target, d, out, attempt)
+            else:
+                self._run_callable(d.hook.target, d, out)
+            out.duration = time.perf_counter() - t0
+            if out.status == "ok" or self.stop.is_set():
+                break
+            if attempt <= opts.retries:
+                delay = min(60.0, opts.backoff * 2 ** (attempt - 1))
+                if self.stop.wait(delay):
+                    break
+        out.end_ts = time.time()
+        return out
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _values(self, d: Delivery) -> dict[str, Any]:
+        """What ``{name}`` placeholders can name: payload, envelope and a few extras."""
+        rec = d.record
+        values: dict[str, Any] = dict(rec.get("data") or {})
+        values.update({k: v for k, v in rec.items() if k != "data"})
+        values.update(ckpt_dir=self.ckpt_dir, delivery_id=d.delivery_id, journal=str(self.journal))
+        return values
+
+    def _env(self, d: Delivery, payload: bytes) -> dict[str, str]:
+        rec = d.record
+        env = dict(os.environ)
+        for k, v in (rec.get("data") or {}).items():
+            if isinstance(v, (str, int, float, bool)) or v is None:
+                env[f"ILAB_{k.upper()}"] = "" if v is None else str(v)
+        env.update(
+            ILAB_EVENT=str(rec.get("event")),
+            ILAB_STEP=str(rec.get("step", 0)),
+            ILAB_EPOCH=str(rec.get("epoch", 0)),
+            ILAB_RUN_ID=str(rec.get("run_id", "")),
+            ILAB_SEQ=str(rec["seq"]),
+            ILAB_ATTEMPT=str(rec.get("attempt", 1)),
+            ILAB_CKPT_DIR=self.ckpt_dir,
+            ILAB_JOURNAL=str(self.journal),
+            ILAB_DELIVERY_ID=d.delivery_id,
+            ILAB_EVENT_JSON=payload.decode(),
+        )
+        return env
+
+    def _run_command(
+        self, target: CommandTarget, d: Delivery, out: DeliveryResult, attempt: int
+    ) -> None:
+        payload = orjson.dumps(d.record)
+        argv = target.render(self._values(d))
+        timeout = d.hook.options.timeout
+        timeout = DEFAULT_COMMAND_TIMEOUT_S if timeout is None else timeout
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(d, payload),
+                start_new_session=True,  # its own process group: a timeout kills it whole
+            )
+        except OSError as exc:
+            out.status, out.exit_code = "failed", None
+            out.error = f"cannot start {argv[0]}: {exc.strerror}"
+            return
+        try:
+            stdout, stderr = proc.communicate(payload, timeout=timeout)
+            out.status = "ok" if proc.returncode == 0 else "failed"
+            out.error = None if proc.returncode == 0 else f"exit code {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            stdout, stderr = proc.communicate()
+            out.status = "timeout"
+            out.error = f"timed out after {timeout:g}s (process group killed)"
+        out.exit_code = proc.returncode
+        out.stdout_tail = stdout[-TAIL_BYTES:].decode("utf-8", "replace")
+        out.stderr_tail = stderr[-TAIL_BYTES:].decode("utf-8", "replace")
+        if self.logs_dir is not None:
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            name = f"{d.record['seq']:08d}-{d.hook.event}-{d.hook.short_id}-a{attempt}.log"
+            lp = self.logs_dir / name
+            head = b"$ " + " ".join(argv).encode()
+            lp.write_bytes(head + b"\n--- stdout\n" + stdout + b"\n--- stderr\n" + stderr)
+            out.log_path = str(lp)
+
+    # -- callables -----------------------------------------------------------------------
+
+    def _run_callable(self, fn: Callable[..., Any], d: Delivery, out: DeliveryResult) -> None:
+        event = Event.from_record(d.record, self.ckpt_dir, d.delivery_id)
+        kwargs = {k: v for k, v in event.data.items() if k.isidentifier()}
+        result: list[Any] = []
+        error: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                result.append(fn(event, **kwargs))
+            except BaseException as exc:
+                error.append(exc)
+
+        timeout = d.hook.options.timeout
+        if timeout is None:
+            call()
+        else:  # a thread we can stop waiting for (Python cannot kill it: it runs on, detached)
+            t = threading.Thread(target=call, daemon=True, name=f"callback-{d.hook.short_id}")
+            t.start()
+            t.join(timeout)
+            if t.is_alive():
+                out.status, out.error = "timeout", f"timed out after {timeout:g}s (left running)"
+                return
+        if error:
+            exc = error[0]
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            log.error(
+                "callback %s failed on %s seq %s:\n%s",
+                d.hook.label,
+                d.hook.event,
+                d.record["seq"],
+                tb,
+            )
+            out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
+            out.stderr_tail = tb[-TAIL_BYTES:]
+            return
+        out.status, out.error = "ok", None
+        out.control = self._send_controls(result[0], d) or None
+
+    def _send_controls(self, returned: Any, d: Delivery) -> list[str]:
+        """Write the ``Control``s a callable returned; ``command:id`` for each."""
+        items = returned if isinstance(returned, (list, tuple)) else [returned]
+        sent = []
+        for c in items:
+            if isinstance(c, Control):
+                source = f"{self.control_source}:{d.hook.label}"
+                cid = send_command(self.ckpt_dir, c, source=source)
+                sent.append(f"{c.command}:{cid}")
+        return sent
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group, then SIGKILL it if it has not exited within 3 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,95 @@
+"""Following the journal: where to start, reading what is new, noticing replacement.
+
+The start position is a saved cursor when there is one, else the start of the file, or its
+current end (``"now"``), or an explicit byte offset (the embedded watcher, which delivers
+only its own launch's records). A journal that shrank below the read position, or whose
+inode changed, was truncated or replaced: reading starts over from its beginning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from journal.reader import JournalReader, ReadBatch, end_of_complete_lines
+from watcher.cursor import CursorState
+from watcher.wake import Waker
+
+log = logging.getLogger("watcher")
+
+#: Where delivery begins when no cursor is saved; an int is a byte offset (cursor ignored).
+StartAt = Literal["start", "now"] | int
+
+
+class JournalFollower:
+    """Reads complete records from the journal as it grows."""
+
+    def __init__(self, journal: Path, *, poll: float | None) -> None:
+        self.journal = journal
+        self.waker = Waker(journal, poll=poll)
+        self.reader = JournalReader(journal)
+        self._ident: tuple[int, int] | None = None
+
+    def start_state(self, start: StartAt, saved: CursorState | None, notice: Any) -> CursorState:
+        """The cursor state to begin from (and position the reader there)."""
+        fp = self.fingerprint()
+        if isinstance(start, int):
+            state = CursorState(offset=start, fingerprint=fp)
+        elif saved is not None:
+            if saved.fingerprint and fp and saved.fingerprint != fp:
+                notice(f"{self.journal} was replaced since the cursor was saved; starting over")
+                state = CursorState(fingerprint=fp)
+            else:
+                state = saved
+                state.fingerprint = saved.fingerprint or fp
+        elif start == "now":
+            state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
+        else:
+            state = CursorState(fingerprint=fp)
+        self.reader = JournalReader(self.journal, state.offset, state.line_no)
+        log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
+        return state
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every record before the start position (for callbacks that rebuild state)."""
+        if not self.reader.offset:
+            return []
+        return JournalReader(self.journal).read(max_bytes=self.reader.offset).records
+
+    def read(self, *, final: bool) -> ReadBatch:
+        """New complete records (``final``: the writer is gone, a torn tail is consumed)."""
+        return self.reader.read(final=final)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(byte offset, line number) just past what has been read."""
+        return self.reader.offset, self.reader.line_no
+
+    def fingerprint(self) -> str | None:
+        """A hash of the first line: tells a replaced journal from a grown one."""
+        try:
+            with open(self.journal, "rb") as f:
+                first = f.readline(4096)
+        except OSError:
+            return None
+        if not first.endswith(b"\n"):
+            return None
+        return hashlib.sha1(first).hexdigest()[:16]
+
+    def check_identity(self) -> str | None:
+        """``"replaced"`` or ``"truncated"`` when the journal is not the one being read
+        (the reader then starts over from byte 0), else None."""
+        try:
+            st = os.stat(self.journal)
+        except FileNotFoundError:
+            return None
+        ident = (st.st_dev, st.st_ino)
+        replaced = self._ident is not None and ident != self._ident
+        self._ident = ident
+        if not (replaced or st.st_size < self.reader.offset):
+            return None
+        self.reader = JournalReader(self.journal)
+        return "replaced" if replaced else "truncated"
