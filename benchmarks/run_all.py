@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_journal", "bench_overhead", "bench_latency", "bench_control"]
+BENCHES = ["bench_journal", "bench_overhead", "bench_latency", "bench_control", "bench_leases"]
 
 
 def main() -> int:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -71,6 +70,10 @@ def main() -> int:
             "20",
             "--log-every",
             "20",
+            "--keep-last-n",
+            "2",
+            "--keep-best",
+            "accuracy:max",
         ],
         env=env,
         cwd=ROOT,
@@ -85,38 +88,53 @@ def main() -> int:
 
 
 def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> None:
-    from journal.paths import checkpoints_dir, journal_path, logs_dir, watch_dir
+    """Everything below comes from the journal: evaluate and report records per checkpoint,
+    rotation, the best checkpoint, and how training ended."""
+    from journal.paths import journal_path, logs_dir, watch_dir
+    from journal.query import find_best
     from journal.reader import read_all
+    from journal.reports import MetricGoal
 
-    recs = read_all(journal_path(run)).records
+    path = journal_path(run)
+    recs = read_all(path).records
     end = next((r for r in reversed(recs) if r["event"] == "train_end"), None)
     controls = [r["data"] for r in recs if r["event"] == "control" and r["data"].get("accepted")]
-    evals = {r["step"]: r["data"]["val_loss"] for r in recs if r["event"] == "evaluate"}
-    acc_file = run / "eval" / "accuracy.jsonl"
-    accs = [json.loads(x) for x in acc_file.read_text().splitlines()] if acc_file.exists() else []
-    print("\n== summary")
+    val_loss = {r["step"]: r["data"]["val_loss"] for r in recs if r["event"] == "evaluate"}
+    accuracy = {
+        r["data"]["step"]: r["data"]["metrics"]["accuracy"]
+        for r in recs
+        if r["event"] == "report" and "accuracy" in r["data"]["metrics"]
+    }
+    saves = {r["step"]: r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"}
+    removed = {r["data"]["checkpoint_path"] for r in recs if r["event"] == "checkpoint_removed"}
+    best = find_best(path, MetricGoal.parse("accuracy:max"))
+    print("\n== summary (from the journal)")
     print(f"{'step':>6}  {'val_loss':>8}  {'accuracy':>8}  checkpoint")
-    for a in sorted(accs, key=lambda a: a["step"]):
-        vl = evals.get(a["step"])
-        vl_text = "-" if vl is None else f"{vl:.4f}"
-        print(f"{a['step']:>6}  {vl_text:>8}  {a['accuracy']:>8.3f}  {a['checkpoint']}")
+    for step, ckpt in sorted(saves.items()):
+        vl, acc = val_loss.get(step), accuracy.get(step)
+        state = "removed by rotation" if ckpt in removed else "on disk"
+        if best and ckpt == best.checkpoint_path:
+            state += ", best"
+        print(
+            f"{step:>6}  {'-' if vl is None else f'{vl:.4f}':>8}  "
+            f"{'-' if acc is None else f'{acc:.3f}':>8}  {Path(ckpt).name} ({state})"
+        )
+    if best:
+        print(f"\nbest checkpoint by accuracy: {best.checkpoint_path} ({best.value:.3f})")
     if end:
         d = end["data"]
-        print(f"\ntraining ended: {d['status']} at step {end['step']}: {d.get('reason')}")
+        print(f"training ended: {d['status']} at step {end['step']}: {d.get('reason')}")
         for c in controls:
             print(
-                f"  control '{c['command']}' from {c.get('source')} applied at step {c['applied_at_step']}"
-                + (f": {c['reason']}" if c.get("reason") else "")
+                f"  control '{c['command']}' from {c.get('source')} applied at step "
+                f"{c['applied_at_step']}" + (f": {c['reason']}" if c.get("reason") else "")
             )
         print(f"final checkpoint: {d.get('final_checkpoint')}")
-    print(f"journal: {journal_path(run)} ({len(recs)} records)")
-    print(
-        f"checkpoints: {checkpoints_dir(run)}   logs: {logs_dir(run)}   "
-        f"watcher results: {watch_dir(run)}"
-    )
+    print(f"journal: {path} ({len(recs)} records)")
+    print(f"logs: {logs_dir(run)}   watcher results: {watch_dir(run)}")
     print(f"exit codes: ilab-train {train_code}, ilab-watch {watcher_code}; wall time {wall:.0f}s")
     print(
-        f"\nnext: ilab-journal status {run}  |  ilab-journal show {run} -e save -e control  |  "
+        f"\nnext: ilab-journal status {run}  |  ilab-journal query {run} --best accuracy:max  |  "
         f"ilab-journal plot {run}"
     )
 

@@ -3,9 +3,11 @@
 
 Run by ``ilab-watch --on-save examples/eval_accuracy.py`` on every checkpoint. It reads the
 checkpoint from ``ILAB_CHECKPOINT_PATH`` (or ``--checkpoint``), loads the consolidated model
-without torchrun, greedy-decodes each held-out problem, prints the accuracy, appends it to
-``<ckpt_dir>/eval/accuracy.jsonl``, and with ``--target-accuracy`` asks training to stop
-(through ``ilab-journal control stop``) once the target is reached.
+without torchrun, greedy-decodes each held-out problem, prints the accuracy and reports it:
+to the watcher through ``$ILAB_REPORT`` when run by one, else straight to the journal with
+``journal.submit_report``. The journal then holds ``accuracy`` per checkpoint, for
+``--keep-best accuracy:max``, ``ilab-journal query --best``, plots and early stopping. With
+``--target-accuracy`` it asks training to stop once the target is reached.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from journal import Report, submit_report
 from trainer.model import greedy_generate, load_consolidated
 
 
@@ -66,21 +69,11 @@ def main() -> int:
         f"eval: step {step} {ckpt.name}: accuracy {acc:.3f} ({correct}/{len(problems)}) "
         f"in {time.perf_counter() - t0:.1f}s"
     )
-    out = run_dir / "eval"
-    out.mkdir(exist_ok=True)
-    with open(out / "accuracy.jsonl", "a") as f:
-        f.write(
-            json.dumps(
-                {
-                    "step": step,
-                    "checkpoint": str(ckpt),
-                    "accuracy": acc,
-                    "n": len(problems),
-                    "delivery_id": os.environ.get("ILAB_DELIVERY_ID"),
-                }
-            )
-            + "\n"
-        )
+    metrics = {"accuracy": acc, "eval_problems": len(problems)}
+    if os.environ.get("ILAB_REPORT"):  # run by ilab-watch: it journals the report
+        Path(os.environ["ILAB_REPORT"]).write_text(json.dumps(metrics))
+    else:
+        submit_report(run_dir, Report(metrics, checkpoint_path=ckpt, step=step), source="eval")
     if args.target_accuracy is not None and acc >= args.target_accuracy:
         ilab_journal = Path(sys.executable).parent / "ilab-journal"
         reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"

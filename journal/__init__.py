@@ -1,12 +1,14 @@
 """The journal: the contract between trainer, watcher and people (docs/journal-format.md).
 
-Pure Python (never imports torch): writer, crash-tolerant reader, schema and control writer.
+Pure Python (never imports torch): writer, crash-tolerant reader, schema, control commands,
+reports and checkpoint leases.
 """
 
 from journal.control import Control, InvalidCommand, send_command
 from journal.events import CONTROL_COMMANDS, EVENTS, LIFECYCLE_EVENTS, SCHEMA_VERSION
 from journal.paths import JournalNotFound, control_dir, journal_path, resolve_journal
 from journal.reader import InvalidLine, JournalReader, ReadBatch, iter_records, read_all
+from journal.reports import InvalidReport, Report, submit_report
 from journal.writer import JournalWriteError, JournalWriter
 
 __all__ = [
@@ -17,15 +19,18 @@ __all__ = [
     "Control",
     "InvalidCommand",
     "InvalidLine",
+    "InvalidReport",
     "JournalNotFound",
     "JournalReader",
     "JournalWriteError",
     "JournalWriter",
     "ReadBatch",
+    "Report",
     "control_dir",
     "iter_records",
     "journal_path",
     "read_all",
     "resolve_journal",
     "send_command",
+    "submit_report",
 ]

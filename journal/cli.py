@@ -7,56 +7,17 @@ script-facing commands such as ``query`` start fast.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import orjson
 
-from journal.events import CONTROL_COMMANDS
+from journal.cli_common import UserError, dumps, require_journal, scan, user_errors
+from journal.cli_write import control, lease, prune, release, report
 from journal.format import print_records_table, stats_text, status_text
-from journal.paths import JournalNotFound, ckpt_dir_of, resolve_journal
-from journal.reader import InvalidLine, iter_batches
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-DIR_HELP = "DIR is a checkpoint directory or the path of a journal.jsonl file."
-
-
-class UserError(click.ClickException):
-    """One clear line on stderr and exit 2, never a traceback."""
-
-    exit_code = 2
-
-
-def _user_errors(fn: F) -> F:
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except JournalNotFound as exc:
-            raise UserError(str(exc)) from None
-        except (IsADirectoryError, PermissionError, FileNotFoundError) as exc:
-            raise UserError(f"{exc.filename}: {exc.strerror}") from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj, default=str).decode()
-
-
-def _scan(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[InvalidLine]]]:
-    for batch in iter_batches(path, final=True):
-        yield batch.records, batch.invalid
-
-
-def _require_journal(path: Path, valid: int, invalid: int) -> None:
-    """A non-empty file with no valid record is not a journal: say so."""
-    if valid == 0 and invalid > 0:
-        raise UserError(f"{path}: not a journal ({invalid} lines, none a valid record)")
+from journal.paths import resolve_journal
+from journal.reader import InvalidLine
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -84,7 +45,7 @@ def main() -> None:
     show_default=True,
     help="Seconds without a record (and no train_end) after which a run counts as stale.",
 )
-@_user_errors
+@user_errors
 def status(dir: str, as_json: bool, stale_after: float) -> None:
     """Show the state of the latest attempt of a run.
 
@@ -101,15 +62,15 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
     path = resolve_journal(dir)
     summ = Summarizer()
     invalid = 0
-    for records, bad in _scan(path):
+    for records, bad in scan(path):
         for rec in records:
             summ.add(rec)
         invalid += len(bad)
-    _require_journal(path, summ.s.records, invalid)
+    require_journal(path, summ.s.records, invalid)
     s = summ.result(stale_after=stale_after)
     s.invalid_lines = invalid
     if as_json:
-        click.echo(_dumps({**s.to_dict(), "journal": str(path)}))
+        click.echo(dumps({**s.to_dict(), "journal": str(path)}))
     else:
         click.echo(status_text(s, path))
     sys.exit(STATE_EXIT_CODES.get(s.state, 1))
@@ -135,7 +96,7 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
     help="Only the last N matching records.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSONL (one record per line).")
-@_user_errors
+@user_errors
 def show(
     dir: str, events: tuple[str, ...], since_step: int | None, last_n: int | None, as_json: bool
 ) -> None:
@@ -147,7 +108,7 @@ def show(
     out: deque[dict[str, Any]] = deque(maxlen=last_n)
     valid = 0
     skipped: list[InvalidLine] = []
-    for records, bad in _scan(path):
+    for records, bad in scan(path):
         valid += len(records)
         skipped.extend(bad)
         for rec in records:
@@ -156,7 +117,7 @@ def show(
             if since_step is not None and rec.get("step", 0) < since_step:
                 continue
             out.append(rec)
-    _require_journal(path, valid, len(skipped))
+    require_journal(path, valid, len(skipped))
     for line in skipped:
         click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
     if as_json:
@@ -191,7 +152,7 @@ def show(
     help="Seconds between checks while following.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSONL instead of a live view.")
-@_user_errors
+@user_errors
 def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None:
     """Show the newest records; with -f, a live view until the run ends.
 
@@ -213,7 +174,15 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
 
 @main.command()
 @click.argument("dir", type=click.Path())
-@click.option("--event", "-e", required=True, help="Event name, e.g. save.")
+@click.option("--event", "-e", default=None, help="Event name, e.g. save.")
+@click.option(
+    "--best",
+    "best",
+    default=None,
+    metavar="METRIC:max|min",
+    help="Instead of an event: the path of the best surviving checkpoint by a reported (or "
+    "evaluate) metric, e.g. accuracy:max.",
+)
 @click.option(
     "--last", "which", flag_value="last", default=True, help="The newest match (default)."
 )
@@ -222,20 +191,43 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
     "--field",
     "field_name",
     default=None,
-    help="Dotted path to print, e.g. data.checkpoint_path (a bare name is looked up in the "
+    help="Dotted path to print, e.g. checkpoint_path or metrics.accuracy (looked up in the "
     "envelope, then in data). Default: the whole record as JSON.",
 )
-@_user_errors
-def query(dir: str, event: str, which: str, field_name: str | None) -> None:
+@user_errors
+def query(
+    dir: str, event: str | None, best: str | None, which: str, field_name: str | None
+) -> None:
     """Print one value for scripts; exit 1 when there is no match.
 
     \b
-    Example: the newest checkpoint path
+    Examples: the newest checkpoint path; the best one by reported accuracy
       ilab-journal query runs/x --event save --field checkpoint_path
+      ilab-journal query runs/x --best accuracy:max
     """
-    from journal.query import find_first, find_last, get_field, is_missing
+    from journal.query import find_best, find_first, find_last, get_field, is_missing
 
+    if (event is None) == (best is None):
+        raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
     path = resolve_journal(dir)
+    if best is not None:
+        from journal.reports import MetricGoal
+
+        try:
+            goal = MetricGoal.parse(best)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        top = find_best(path, goal)
+        if top is None:
+            click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)
+            sys.exit(1)
+        picked = top.to_dict().get(field_name or "checkpoint_path")
+        if picked is None:
+            click.echo(f"the best checkpoint has no field {field_name!r}", err=True)
+            sys.exit(1)
+        click.echo(picked if isinstance(picked, str) else dumps(picked))
+        return
+    assert event is not None
     rec = find_last(path, event) if which == "last" else find_first(path, event)
     if rec is None:
         click.echo(f"no {event!r} record in {path}", err=True)
@@ -244,7 +236,7 @@ def query(dir: str, event: str, which: str, field_name: str | None) -> None:
     if is_missing(value):
         click.echo(f"{event!r} record seq {rec['seq']} has no field {field_name!r}", err=True)
         sys.exit(1)
-    click.echo(value if isinstance(value, str) else _dumps(value))
+    click.echo(value if isinstance(value, str) else dumps(value))
 
 
 # -- stats ----------------------------------------------------------------------------------
@@ -253,7 +245,7 @@ def query(dir: str, event: str, which: str, field_name: str | None) -> None:
 @main.command()
 @click.argument("dir", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@_user_errors
+@user_errors
 def stats(dir: str, as_json: bool) -> None:
     """Counts per event, time per phase (step, evaluate, save) and throughput."""
     from journal.summary import JournalStats
@@ -261,15 +253,15 @@ def stats(dir: str, as_json: bool) -> None:
     path = resolve_journal(dir)
     st = JournalStats()
     invalid = 0
-    for records, bad in _scan(path):
+    for records, bad in scan(path):
         invalid += len(bad)
         for rec in records:
             st.add(rec)
-    _require_journal(path, sum(st.counts.values()), invalid)
+    require_journal(path, sum(st.counts.values()), invalid)
     d = st.to_dict()
     d["invalid_lines"] = invalid
     if as_json:
-        click.echo(_dumps(d))
+        click.echo(dumps(d))
         return
     click.echo(stats_text(d))
 
@@ -280,7 +272,7 @@ def stats(dir: str, as_json: bool) -> None:
 @main.command()
 @click.argument("dir", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
-@_user_errors
+@user_errors
 def validate(dir: str, as_json: bool) -> None:
     """Check every record against the schema, seq order and line integrity.
 
@@ -292,13 +284,11 @@ def validate(dir: str, as_json: bool) -> None:
 
     path = resolve_journal(dir)
     report = validate_journal(path)
-    _require_journal(path, report.records, report.invalid_lines)
+    require_journal(path, report.records, report.invalid_lines)
     problems, warnings_, valid = report.problems, report.warnings, report.records
     ok = not problems
     if as_json:
-        click.echo(
-            _dumps({"ok": ok, "records": valid, "problems": problems, "warnings": warnings_})
-        )
+        click.echo(dumps({"ok": ok, "records": valid, "problems": problems, "warnings": warnings_}))
     else:
         for w in warnings_:
             click.echo(f"warning: {w}", err=True)
@@ -323,45 +313,6 @@ def schema() -> None:
     click.echo(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode())
 
 
-# -- control --------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("command", type=click.Choice(CONTROL_COMMANDS))
-@click.argument("dir", type=click.Path())
-@click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
-@click.option("--source", default=None, help="Who asks (default: host:pid).")
-@click.option("--id", "command_id", default=None, help="Command id (default: a fresh unique id).")
-@_user_errors
-def control(
-    command: str, dir: str, reason: str | None, source: str | None, command_id: str | None
-) -> None:
-    """Ask a running trainer to act at its next step boundary; print the command id.
-
-    \b
-    stop      finish the step, save a final checkpoint, end as "stopped"
-    abort     end at the step boundary without saving
-    save      save a checkpoint
-    evaluate  run validation
-    log       write a log record
-
-    DIR is the checkpoint directory. Inside a watcher callback use "$ILAB_CKPT_DIR".
-    The outcome appears in the journal as a "control" record (accepted or rejected).
-    """
-    from journal.control import InvalidCommand, send_command
-
-    p = ckpt_dir_of(dir)
-    if not p.is_dir():
-        raise UserError(f"{dir}: no such checkpoint directory")
-    try:
-        cid = send_command(p, command, reason=reason, source=source, command_id=command_id)
-    except InvalidCommand as exc:
-        raise UserError(str(exc)) from None
-    except OSError as exc:
-        raise UserError(f"cannot write command in {p}: {exc.strerror or exc}") from None
-    click.echo(cid)
-
-
 # -- plot -----------------------------------------------------------------------------------
 
 
@@ -374,7 +325,7 @@ def control(
     default=None,
     help="PNG path (default: <ckpt_dir>/journal.png).",
 )
-@_user_errors
+@user_errors
 def plot(dir: str, output: str | None) -> None:
     """Plot loss, val_loss and learning rate per step to a PNG (needs the 'plot' extra)."""
     from journal.plot import MissingPlotExtra, NothingToPlot, plot_journal
@@ -386,6 +337,10 @@ def plot(dir: str, output: str | None) -> None:
     except (MissingPlotExtra, NothingToPlot) as exc:
         raise UserError(str(exc)) from None
     click.echo(str(out))
+
+
+for _command in (control, report, lease, release, prune):
+    main.add_command(_command)
 
 
 if __name__ == "__main__":

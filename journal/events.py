@@ -26,13 +26,16 @@ LIFECYCLE_EVENTS: tuple[str, ...] = (
 MICROBATCH_EVENTS: frozenset[str] = frozenset(
     {"before_forward", "after_forward", "before_backward", "after_backward"}
 )
+#: Records about the run rather than a point of the loop: applied control commands, results
+#: reported for a checkpoint, and checkpoints deleted by rotation.
+RESULT_EVENTS: tuple[str, ...] = ("control", "report", "checkpoint_removed")
 #: Events a callback can hook, as ``on_<event>`` (TrainingArgs fields, TrainerCallback
-#: methods, ``ilab-watch --on-<event>``): the lifecycle plus control records.
-CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, "control")
+#: methods, ``ilab-watch --on-<event>``).
+CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, *RESULT_EVENTS)
 #: Every event name a writer of this version produces.
-EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, "control", "journal_gap")
+EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap")
 #: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
-DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "control", "journal_gap"})
+DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "journal_gap", *RESULT_EVENTS})
 #: Final states of a run, as written in ``train_end.data.status``.
 END_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "interrupted")
 #: Commands accepted on the control channel (docs/python-api.md).

@@ -31,6 +31,8 @@ def fmt_num(v: Any) -> str:
 def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
     """A one-line, human-readable digest of a payload."""
     keys: tuple[str, ...]
+    if event == "report":
+        return _report_digest(data, width)
     if event == "log":
         keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
     elif event == "train_begin":
@@ -39,6 +41,13 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
         keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
     parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
     text = " ".join(parts)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _report_digest(data: dict[str, Any], width: int) -> str:
+    metrics = data.get("metrics") or {}
+    where = Path(str(data.get("checkpoint_path") or "-")).name
+    text = f"{where} " + " ".join(f"{k}={fmt_num(v)}" for k, v in metrics.items())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -105,9 +114,22 @@ def status_text(s: RunSummary, path: Path) -> str:
         ("loss", fmt_num(s.last_loss) if s.last_loss is not None else "-"),
         ("val_loss", fmt_num(s.last_val_loss) if s.last_val_loss is not None else "-"),
         ("checkpoint", s.last_checkpoint or "-"),
+        *_best_and_report_rows(s),
         ("last record", fmt_ts(s.last_ts) + ago),
         ("journal", f"{path} ({s.records} records, {s.invalid_lines} invalid lines)"),
     ]
     if s.error:
         rows.insert(1, ("error", s.error))
     return "\n".join(f"{k:>12}  {v}" for k, v in rows)
+
+
+def _best_and_report_rows(s: RunSummary) -> list[tuple[str, str]]:
+    rows = []
+    if s.keep_best:
+        b = s.best_checkpoint
+        best = f"{b['checkpoint_path']} ({b['metric']} {fmt_num(b['value'])})" if b else "-"
+        rows.append((f"best {s.keep_best}", best))
+    if s.last_report:
+        digest = _report_digest(s.last_report, 80)
+        rows.append(("last report", f"{digest}  ({s.reports} reports)"))
+    return rows

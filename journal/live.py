@@ -23,6 +23,12 @@ def _line(rec: dict[str, Any]) -> str:
     )
 
 
+#: Records the live view prints as lines above the progress bar.
+_SHOWN = frozenset(
+    {"save", "evaluate", "control", "report", "checkpoint_removed", "train_begin", "train_end"}
+)
+
+
 def follow_journal(
     path: Path, *, follow: bool, first_n: int, interval: float, as_json: bool
 ) -> int:
@@ -104,7 +110,7 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
                 ev = rec.get("event")
                 if ev == "log":
                     tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
-                if ev in ("save", "evaluate", "control", "train_begin", "train_end"):
+                if ev in _SHOWN:
                     console.print(_line(rec))
             progress.update(task, total=summ.s.total_steps or None, completed=summ.s.last_step)
             live.update(Group(progress, status_line()))

@@ -14,6 +14,9 @@ PROCESSED_DIR_NAME = "processed"  # inside control/: commands already handled
 CHECKPOINTS_DIR_NAME = "checkpoints"
 LOGS_DIR_NAME = "logs"
 WATCH_DIR_NAME = "watch"  # watcher cursors, results and delivery logs
+LEASES_DIR_NAME = "leases"  # one file per checkpoint lease
+REPORTS_DIR_NAME = "reports"  # reports waiting for the journal's writer
+LOCK_NAME = "journal.lock"  # held by whoever writes the journal
 
 
 class JournalNotFound(Exception):
@@ -43,6 +46,21 @@ def logs_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
 def watch_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     """Default state directory of watchers (cursors, results, delivery logs)."""
     return Path(ckpt_dir) / WATCH_DIR_NAME
+
+
+def leases_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Lease files that keep checkpoints from rotation."""
+    return Path(ckpt_dir) / LEASES_DIR_NAME
+
+
+def reports_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Reports handed to the journal's current writer (the inbox)."""
+    return Path(ckpt_dir) / REPORTS_DIR_NAME
+
+
+def lock_path(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """The lock file whose holder is the journal's one writer."""
+    return Path(ckpt_dir) / LOCK_NAME
 
 
 def ckpt_dir_of(path: str | os.PathLike[str]) -> Path:

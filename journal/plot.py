@@ -1,4 +1,5 @@
-"""``ilab-journal plot``: loss, val_loss and learning rate per step as a PNG."""
+"""``ilab-journal plot``: loss, val_loss, reported metrics per checkpoint and learning rate
+per step, as a PNG."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def plot_journal(path: Path, out: Path) -> None:
     except ImportError:
         raise MissingPlotExtra("plot needs matplotlib: pip install 'ilab-journal[plot]'") from None
     steps, losses, lrs, vsteps, vloss, saves = [], [], [], [], [], []
+    reported: dict[str, list[tuple[int, float]]] = {}  # metric -> (checkpoint step, value)
     for rec in iter_records(path):
         d = rec.get("data") or {}
         if rec.get("event") == "log" and d.get("loss") is not None:
@@ -36,9 +38,15 @@ def plot_journal(path: Path, out: Path) -> None:
             vloss.append(d["val_loss"])
         elif rec.get("event") == "save":
             saves.append(rec["step"])
-    if not steps and not vsteps:
-        raise NothingToPlot(f"{path}: no log or evaluate records to plot")
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+        elif rec.get("event") == "report" and isinstance(d.get("step"), int):
+            for name, value in (d.get("metrics") or {}).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    reported.setdefault(name, []).append((d["step"], float(value)))
+    if not steps and not vsteps and not reported:
+        raise NothingToPlot(f"{path}: no log, evaluate or report records to plot")
+    rows = 3 if reported else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(8, 3 * rows), sharex=True)
+    ax1, ax2 = axes[0], axes[-1]
     ax1.plot(steps, losses, label="loss")
     if vsteps:
         ax1.plot(vsteps, vloss, "o-", label="val_loss")
@@ -46,6 +54,12 @@ def plot_journal(path: Path, out: Path) -> None:
         ax1.axvline(s, color="grey", alpha=0.3, lw=0.8)
     ax1.set_ylabel("loss")
     ax1.legend()
+    if reported:
+        for name, points in sorted(reported.items()):
+            points.sort()
+            axes[1].plot([p[0] for p in points], [p[1] for p in points], "s-", label=name)
+        axes[1].set_ylabel("reported (per checkpoint)")
+        axes[1].legend()
     ax2.plot(steps, lrs, color="tab:green")
     ax2.set_ylabel("lr")
     ax2.set_xlabel("step")

@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from journal.reader import JournalReader, lines_backwards
+from journal.reader import JournalReader, iter_records, lines_backwards
+from journal.reports import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 
 _BLOCK = 1 << 20
 _MISSING = object()
@@ -52,12 +53,22 @@ def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | Non
             return None
 
 
+def find_best(path: str | os.PathLike[str], goal: MetricGoal) -> BestCheckpoint | None:
+    """The best checkpoint not journaled as removed, by ``goal`` (reports and evaluate)."""
+    tracker = BestTracker(goal)
+    for rec in iter_records(path):
+        if rec.get("event") in BEST_EVENTS:
+            tracker.add(rec)
+    return tracker.best()
+
+
 def get_field(record: dict[str, Any], dotted: str) -> Any:
-    """``data.checkpoint_path`` -> record["data"]["checkpoint_path"]; a bare name is looked
-    up in the envelope first, then in ``data``. Returns ``_MISSING`` sentinel if absent."""
+    """``data.checkpoint_path`` -> record["data"]["checkpoint_path"]; a path whose first
+    name is not an envelope field is looked up in ``data`` (``metrics.accuracy``). Returns
+    the ``_MISSING`` sentinel if absent."""
     parts = dotted.split(".")
-    if len(parts) == 1 and parts[0] not in record:
-        parts = ["data", parts[0]]
+    if parts[0] not in record:
+        parts = ["data", *parts]
     cur: Any = record
     for part in parts:
         if isinstance(cur, dict) and part in cur:

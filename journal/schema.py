@@ -85,6 +85,13 @@ class SaveData(_Open):
     trigger: str | None = Field(None, description="interval, epoch_end, final, control, interrupt")
 
 
+class BestCheckpointData(_Open):
+    checkpoint_path: str
+    metric: str
+    value: float
+    step: int | None = None
+
+
 class TrainEndData(_Open):
     status: Literal["completed", "stopped", "failed", "interrupted"]
     reason: str | None = None
@@ -93,6 +100,9 @@ class TrainEndData(_Open):
     error_message: str | None = None
     traceback: str | None = None
     journal: dict[str, Any] | None = Field(None, description="measured journal append cost")
+    best_checkpoint: BestCheckpointData | None = Field(
+        None, description="with keep_best: the best checkpoint at the end and its value"
+    )
 
 
 class ControlData(_Open):
@@ -102,6 +112,21 @@ class ControlData(_Open):
     accepted: bool
     reason: str | None = None
     applied_at_step: int | None = None
+
+
+class ReportData(_Open):
+    id: str = Field(description="unique per report; a report is journaled at least once")
+    checkpoint_path: str | None = Field(description="the checkpoint the metrics belong to")
+    step: int | None = Field(description="that checkpoint's step")
+    metrics: dict[str, float | int | bool | str | None]
+    source: str | None = None
+    delivery_id: str | None = Field(None, description="the watcher delivery that reported it")
+    reported_at: float = Field(description="Unix time the reporter wrote it")
+
+
+class CheckpointRemovedData(_Open):
+    checkpoint_path: str
+    reason: str = Field(description="why, e.g. 'rotation: keep_last_n=3'")
 
 
 class JournalGapData(_Open):
@@ -118,6 +143,8 @@ PAYLOAD_MODELS: dict[str, type[_Open]] = {
     "save": SaveData,
     "train_end": TrainEndData,
     "control": ControlData,
+    "report": ReportData,
+    "checkpoint_removed": CheckpointRemovedData,
     "journal_gap": JournalGapData,
 }
 

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from journal.reports import BEST_EVENTS, BestTracker, MetricGoal
+
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
 STATE_EXIT_CODES: dict[str, int] = {
     "completed": 0,
@@ -45,6 +47,10 @@ class RunSummary:
     hostname: str | None = None
     pid: int | None = None
     error: str | None = None
+    keep_best: str | None = None  # the run's METRIC:max|min, when it keeps the best
+    best_checkpoint: dict[str, Any] | None = None  # by keep_best, from reports/evaluate
+    reports: int = 0
+    last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +75,8 @@ class Summarizer:
     def __init__(self) -> None:
         self.s = RunSummary()
         self.ended = False
+        self._best: BestTracker | None = None
+        self._best_run: str | None = None
 
     def add(self, rec: dict[str, Any]) -> None:
         s = self.s
@@ -83,7 +91,10 @@ class Summarizer:
         s.samples_seen = rec.get("samples_seen", s.samples_seen)
         if event == "train_begin" or s.run_id is None:
             s.run_id, s.attempt = rec.get("run_id"), rec.get("attempt")
+        if self._best is not None and event in BEST_EVENTS:
+            self._best.add(rec)
         if event == "train_begin":
+            self._track_best(rec.get("run_id"), (data.get("config") or {}).get("keep_best"))
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
             s.total_steps = data.get("total_steps", s.total_steps)
@@ -97,6 +108,11 @@ class Summarizer:
             s.last_val_loss = data.get("val_loss", s.last_val_loss)
         elif event == "save":
             s.last_checkpoint = data.get("checkpoint_path", s.last_checkpoint)
+        elif event == "report":
+            s.reports += 1
+            s.last_report = {
+                k: data.get(k) for k in ("checkpoint_path", "step", "metrics", "source")
+            }
         elif event == "train_end":
             self.ended = True
             s.state = str(data.get("status") or "failed")
@@ -108,8 +124,23 @@ class Summarizer:
         elif s.state == "empty":
             s.state = "running"
 
+    def _track_best(self, run_id: str | None, keep_best: Any) -> None:
+        """A new run, or a changed goal, starts a new best (a resume keeps its history)."""
+        same_run = run_id == self._best_run
+        if same_run and keep_best == self.s.keep_best:
+            return
+        self._best_run, self.s.keep_best = run_id, keep_best if isinstance(keep_best, str) else None
+        self._best = None
+        if self.s.keep_best:
+            try:
+                self._best = BestTracker(MetricGoal.parse(self.s.keep_best))
+            except ValueError:
+                self.s.keep_best = None
+
     def result(self, *, stale_after: float | None = None, now: float | None = None) -> RunSummary:
         s = self.s
+        best = self._best.best() if self._best is not None else None
+        s.best_checkpoint = best.to_dict() if best else None
         if s.state == "running" and s.last_ts is not None:
             now = time.time() if now is None else now
             if stale_after is not None and now - s.last_ts > stale_after:

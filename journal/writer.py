@@ -74,6 +74,9 @@ class JournalWriter:
             file path (an existing file, or a new one ending in ``.jsonl``).
         resume: continue the ``run_id`` of the last record with ``attempt + 1``; otherwise a
             new run id and attempt 1. ``seq`` always continues over the whole file.
+        join: append to the last record's attempt (same ``run_id`` and ``attempt``): for
+            records written after an attempt's writer is gone (reports after training,
+            the launcher's fallback ``train_end``). Needs an existing record.
         run_id: force a run id (for tests and external orchestration).
         on_error: ``"warn"`` keeps training alive on I/O errors (warn once, count dropped
             records, write a ``journal_gap`` record once writing works again);
@@ -88,6 +91,7 @@ class JournalWriter:
         path: str | os.PathLike[str],
         *,
         resume: bool = False,
+        join: bool = False,
         run_id: str | None = None,
         on_error: ErrorPolicy = "warn",
         durable_events: frozenset[str] = DURABLE_EVENTS,
@@ -104,17 +108,22 @@ class JournalWriter:
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
-        self._init_from_tail(resume, run_id)
+        self._init_from_tail(resume, join, run_id)
 
-    def _init_from_tail(self, resume: bool, run_id: str | None) -> None:
+    def _init_from_tail(self, resume: bool, join: bool, run_id: str | None) -> None:
         last = _last_record(self.path)
+        # The envelope position of the last record (for records written out of band).
+        self._last_position = tuple(
+            v if last and isinstance(v := last.get(k), int) else 0
+            for k in ("step", "epoch", "samples_seen")
+        )
         if not _ends_clean(self.path):
             # A crash left a torn fragment: terminate it so readers skip it as one bad line.
             self._write_bytes(b"\n")
         self.seq = last["seq"] + 1 if last else 0
-        if resume and last and isinstance(last.get("run_id"), str):
+        if (resume or join) and last and isinstance(last.get("run_id"), str):
             self.run_id = run_id or last["run_id"]
-            self.attempt = int(last.get("attempt", 0)) + 1
+            self.attempt = int(last.get("attempt", 1)) + (0 if join else 1)
         else:
             self.run_id = run_id or uuid.uuid4().hex[:12]
             self.attempt = 1
@@ -163,6 +172,12 @@ class JournalWriter:
         if defer and not durable:
             return seq
         return seq if self._write_pending(durable=durable) else None
+
+    def append_at_last_position(self, event: str, data: Mapping[str, Any]) -> int | None:
+        """Append with the step/epoch/samples_seen of the file's last record: for records
+        written after the loop's writer is gone (``join=True``)."""
+        step, epoch, samples_seen = self._last_position
+        return self.append(event, data, step=step, epoch=epoch, samples_seen=samples_seen)
 
     def _encode(
         self,

@@ -285,6 +285,8 @@ def test_eval_script_beside_training_runs_once_per_checkpoint(tmp_path: Path) ->
         watcher.kill()
     assert code == 0, watcher.stderr.read()
     saves = [r["data"]["checkpoint_path"] for r in records(ckpt) if r["event"] == "save"]
-    evals = [json.loads(x) for x in (ckpt / "eval" / "accuracy.jsonl").read_text().splitlines()]
-    assert sorted(e["checkpoint"] for e in evals) == sorted(saves) and len(saves) == 3
-    assert all(0.0 <= e["accuracy"] <= 1.0 and e["n"] > 0 for e in evals)
+    reports = [r["data"] for r in records(ckpt) if r["event"] == "report"]
+    assert sorted(r["checkpoint_path"] for r in reports) == sorted(saves) and len(saves) == 3
+    for r in reports:  # one per checkpoint, journaled through the watcher's $ILAB_REPORT
+        assert 0.0 <= r["metrics"]["accuracy"] <= 1.0 and r["metrics"]["eval_problems"] > 0
+        assert r["delivery_id"] and r["step"] == int(r["checkpoint_path"][-6:])

@@ -48,6 +48,19 @@ SAMPLE_PAYLOADS = {
         "applied_at_step": 4,
     },
     "journal_gap": {"dropped": 2, "first_seq": 1, "last_seq": 2, "error": "ENOSPC"},
+    "report": {
+        "id": "18c-ab",
+        "checkpoint_path": "/ck/checkpoints/step-000040",
+        "step": 40,
+        "metrics": {"accuracy": 0.8, "judge": "gpt", "passed": True},
+        "source": "eval",
+        "delivery_id": "r-40-abc",
+        "reported_at": 1795316640.5,
+    },
+    "checkpoint_removed": {
+        "checkpoint_path": "/ck/checkpoints/step-000010",
+        "reason": "rotation: keep_last_n=3, not the best, not leased",
+    },
 }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -33,10 +32,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from journal.files import fsync_dir
 from journal.paths import checkpoints_dir
+from journal.rotation import step_dir_name
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 #: Writes a consolidated, torchrun-free model from a full state dict (rank 0 only).
 ConsolidatedWriter = Callable[[Path, dict[str, Any]], None]
 
@@ -52,30 +51,6 @@ class TrainerState:
     run_id: str | None = None
 
 
-def step_dir_name(step: int) -> str:
-    """``step-000040``: zero-padded so names sort in step order."""
-    return f"step-{step:06d}"
-
-
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    root = checkpoints_dir(ckpt_dir)
-    if not root.is_dir():
-        return []
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
-    ]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    cps = list_checkpoints(ckpt_dir)
-    return cps[-1] if cps else None
-
-
 def save_checkpoint(
     ckpt_dir: Path,
     state: TrainerState,
@@ -84,9 +59,9 @@ def save_checkpoint(
     scheduler: Any,
     *,
     write_consolidated: ConsolidatedWriter | None,
-    keep_last_n: int | None,
 ) -> tuple[Path, list[str]]:
-    """Collective: every rank calls it. Returns (final path, kinds written)."""
+    """Collective: every rank calls it. Returns (final path, kinds written). Rotation of
+    older checkpoints is separate (:mod:`trainer.rotation`, rank 0, after the save record)."""
     rank = dist.get_rank()
     root = checkpoints_dir(ckpt_dir)
     name = step_dir_name(state.step)
@@ -116,7 +91,6 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(tmp, final)
         fsync_dir(root)
-        _prune(ckpt_dir, keep_last_n)
     return final, kinds
 
 
@@ -149,11 +123,3 @@ def _set_rng_state(st: dict[str, Any]) -> None:
     torch.set_rng_state(st["cpu"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state(st["cuda"])
-
-
-def _prune(ckpt_dir: Path, keep_last_n: int | None) -> None:
-    if not keep_last_n:
-        return
-    for old in list_checkpoints(ckpt_dir)[:-keep_last_n]:
-        shutil.rmtree(old, ignore_errors=True)
-        log.info("removed old checkpoint %s (keep_last_n=%d)", old, keep_last_n)

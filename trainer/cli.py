@@ -28,6 +28,7 @@ TRAIN_FIELDS = {
     "eval_every": "eval_every",
     "save_every": "save_every",
     "keep_last_n": "keep_last_n",
+    "keep_best": "keep_best",
     "resume": "resume",
     "journal_detail": "journal_detail",
     "model_path": "model_path",
@@ -112,6 +113,11 @@ def _errors(exc: ValidationError) -> str:
     "--save-every", type=int, help="Steps between checkpoints (default: epoch end and final)."
 )
 @click.option("--keep-last-n", type=int, help="Checkpoints to keep (default 3).")
+@click.option(
+    "--keep-best",
+    metavar="METRIC:max|min",
+    help="Also keep the best checkpoint by a reported or evaluate metric, e.g. accuracy:max.",
+)
 @click.option(
     "--resume",
     type=click.Choice(["auto", "never"]),

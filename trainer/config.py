@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from journal.events import CALLBACK_EVENTS
+from journal.reports import MetricGoal
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
@@ -102,6 +103,11 @@ class TrainingArgs(BaseModel):
     save_final: bool = Field(True, description="checkpoint at the end unless one was just saved")
     save_hf: bool = Field(True, description="also write a consolidated model (safetensors)")
     keep_last_n: int | None = Field(3, ge=1, description="checkpoints kept (None keeps all)")
+    keep_best: str | None = Field(
+        None,
+        description="METRIC:max|min (e.g. accuracy:max, val_loss:min): rotation also keeps "
+        "the best checkpoint by this metric, from reports or evaluate records",
+    )
     resume: Literal["auto", "never"] = "auto"
 
     journal_detail: Literal["step", "microbatch", "off"] = "step"
@@ -129,6 +135,15 @@ class TrainingArgs(BaseModel):
     on_epoch_end: CallbackField = Field(None, exclude=True)
     on_train_end: CallbackField = Field(None, exclude=True)
     on_control: CallbackField = Field(None, exclude=True)
+    on_report: CallbackField = Field(None, exclude=True)
+    on_checkpoint_removed: CallbackField = Field(None, exclude=True)
+
+    @field_validator("keep_best")
+    @classmethod
+    def _goal(cls, v: str | None) -> str | None:
+        if v is not None:
+            MetricGoal.parse(v)  # raises ValueError with the expected form
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> TrainingArgs:

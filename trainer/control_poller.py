@@ -1,8 +1,7 @@
 """Rank 0's side of the control channel (docs/python-api.md, "Control commands").
 
-``poll()`` is called once per step. A helper thread ``stat``s the control directory every
-20 ms and raises a flag when it changed, so a step with nothing new costs one attribute read
-(and it works the same on network filesystems, where inotify misses remote writes). When the
+``poll()`` is called once per step. A :class:`DirWatch` helper thread raises a flag when
+the control directory changed, so a step with nothing new costs one attribute read. When the
 directory changed, rank 0 reads new command files, validates them, and returns a bit mask
 that the step's existing metrics all-reduce carries to every rank. No collective is added.
 """
@@ -12,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import orjson
 from journal.control import COMMAND_FILE_SUFFIX
 from journal.events import CONTROL_COMMANDS
 from journal.paths import PROCESSED_DIR_NAME, control_dir
+from trainer.dir_watch import DirWatch
 
 log = logging.getLogger(__name__)
 
@@ -64,54 +63,28 @@ class ControlPoller:
         # Commands written before this attempt started (e.g. by a callback reacting to the
         # previous attempt's last checkpoint) are stale: rejected, never applied on resume.
         self.not_before = not_before
-        self.interval = interval
-        self._changed = True  # raised by the helper thread; the first poll always looks
-        self._after_scan: tuple[int, int] | None = None  # dir state right after our own scan
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.watch = DirWatch(self.dir, interval=interval, name="ilab-control-watch")
         self._warned_unsafe = False
         self.pending: list[Command] = []  # accepted, waiting for the next all-reduce
         self.rejected: list[Rejection] = []  # to journal as control records
 
     def start(self) -> None:
-        """Create the control dir (0o750) and start the helper thread that watches it."""
-        try:
-            self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        except OSError as exc:
-            log.warning("cannot create %s: %s", self.dir, exc)
-        self._thread = threading.Thread(target=self._watch, name="ilab-control-watch", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        """stat the dir every ``interval``: mtime moves when files arrive, ctime on chmod.
-        Off the training thread, so a step never pays for a (cold) syscall."""
-        last: tuple[int, int] | None = None
-        while not self._stop.wait(self.interval):
-            try:
-                st = os.stat(self.dir)
-                now: tuple[int, int] | None = (st.st_mtime_ns, st.st_ctime_ns)
-            except OSError:
-                now = None
-            if now != last:
-                last = now
-                if now != self._after_scan:  # not just our own archiving
-                    self._changed = True
+        """Create the control dir (0o750) and start watching it."""
+        self.watch.start()
 
     @property
     def changed(self) -> bool:
         """Whether the next poll will look at the directory."""
-        return self._changed
+        return self.watch.changed
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1)
+        self.watch.close()
 
     def poll(self) -> int:
         """Bit mask of the commands to apply at this step boundary (0 when none)."""
-        if not self._changed:
+        if not self.watch.changed:
             return 0  # the common case: one attribute read
-        self._changed = False
+        self.watch.changed = False
         try:
             st = os.stat(self.dir)
         except FileNotFoundError:
@@ -128,11 +101,7 @@ class ControlPoller:
                 self.rejected.append(Rejection(None, None, None, msg))
             return 0  # a chmod changes ctime: the helper thread raises the flag again
         self._scan()
-        try:
-            after = os.stat(self.dir)
-            self._after_scan = (after.st_mtime_ns, after.st_ctime_ns)
-        except OSError:
-            self._after_scan = None
+        self.watch.scanned()
         mask = 0
         for cmd in self.pending:
             mask |= BITS[cmd.command]
@@ -172,7 +141,7 @@ class ControlPoller:
                 self.rejected.append(cmd_or_rej)
             self._archive(path)
         if len(names) > MAX_FILES_PER_POLL:
-            self._changed = True  # more to read next step
+            self.watch.changed = True  # more to read next step
 
     def _parse(self, path: Path) -> Command | Rejection:
         stem = path.name.removesuffix(COMMAND_FILE_SUFFIX)

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from journal.events import MICROBATCH_EVENTS
+from journal.reports import BEST_EVENTS, BestTracker
 from journal.writer import JournalWriter
 
 #: Written together with the next immediate record (step_end at the latest).
@@ -44,6 +45,8 @@ class Emitter:
         self.appends = 0
         self.durable_ns = 0  # the part spent on durable (fsynced) records
         self.durable_appends = 0
+        #: With keep_best (rank 0): follows evaluate/save/report/removal records as written.
+        self.best: BestTracker | None = None
 
     def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
         w = self.writer
@@ -64,6 +67,8 @@ class Emitter:
         if event in w.durable_events:
             self.durable_ns += dt
             self.durable_appends += 1
+        if self.best is not None and event in BEST_EVENTS:
+            self.best.add({"event": event, "data": data or {}, "step": self.step})
 
     def emit_micro(self, event: str, data: dict[str, Any]) -> None:
         """Per-micro-batch events, recorded only at ``journal_detail="microbatch"``."""

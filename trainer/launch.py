@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from journal.lock import JournalLock, JournalLocked
 from journal.paths import journal_path, logs_dir
 from journal.query import find_last
 from journal.reader import JournalReader
+from journal.reports import drain
 from journal.writer import JournalWriter
 from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig, check_runtime
 from watcher.callbacks import callable_name
@@ -216,9 +218,14 @@ def _write_fallback_end(ckpt_dir: Path, rc: int, log_path: Path) -> dict[str, An
         "traceback": None,
         "written_by": "launcher",
     }
-    with JournalWriter(ckpt_dir, resume=True) as w:
-        w.attempt = max(1, w.attempt - 1)  # the workers' attempt: this closes it, no new launch
-        seq = w.append("train_end", payload)
+    seq = None
+    try:
+        lock = JournalLock(ckpt_dir, role="launcher")
+        with lock.hold(timeout=10), JournalWriter(ckpt_dir, join=True) as w:
+            seq = w.append_at_last_position("train_end", payload)  # closes their attempt
+    except JournalLocked as exc:  # a worker outlived torchrun and still writes
+        print(f"ilab-train: cannot record the workers' end: {exc}", file=sys.stderr)
+    drain(ckpt_dir, role="launcher")
     end = find_last(journal_path(ckpt_dir), "train_end")
     if seq is None or end is None or end["seq"] != seq:  # not written (disk full?)
         return {"event": "train_end", "seq": seq, "data": payload}

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from journal.paths import checkpoints_dir
+from journal.rotation import rotate, step_dir_name
 from trainer import checkpoint as ckpt
 from trainer.config import TrainingArgs
 from trainer.control_poller import BITS as CONTROL_BITS
@@ -37,6 +38,7 @@ from trainer.data import StepPlan, StepPlanner
 from trainer.decisions import EndReason, decide
 from trainer.emitter import Emitter
 from trainer.model import loss_sum
+from trainer.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
 
@@ -83,6 +85,7 @@ class Trainer:
         val_planner: StepPlanner | None,
         emitter: Emitter,
         poller: ControlPoller | None,
+        reports: ReportInbox | None,
         device: torch.device,
         state: ckpt.TrainerState,
         total_steps: int,
@@ -91,7 +94,7 @@ class Trainer:
     ) -> None:
         self.args, self.model, self.opt, self.sched = args, model, optimizer, scheduler
         self.planner, self.val_planner = planner, val_planner
-        self.j, self.poller, self.device = emitter, poller, device
+        self.j, self.poller, self.reports, self.device = emitter, poller, reports, device
         self.state, self.total_steps = state, total_steps
         self.write_consolidated = write_consolidated
         self.interrupted = interrupted  # filled by the signal handler with the signal's name
@@ -149,6 +152,8 @@ class Trainer:
         self.step_time_s += elapsed
         self.sync_envelope()
         applied = self._journal_control()
+        if self.reports is not None:
+            self.reports.poll()
         act = decide(st.step, m.commands, m.interrupted, self.args)
         if act.log:
             self._log(plan, m, elapsed)
@@ -354,6 +359,7 @@ class Trainer:
             )
 
     def save(self, why: str) -> None:
+        """Collective checkpoint; then rank 0 journals it and rotates older ones."""
         t0 = time.perf_counter()
         self.state.run_id = self.j.writer.run_id if self.j.writer else self.state.run_id
         path, kinds = ckpt.save_checkpoint(
@@ -363,7 +369,6 @@ class Trainer:
             self.opt,
             self.sched,
             write_consolidated=self.write_consolidated if self.args.save_hf else None,
-            keep_last_n=self.args.keep_last_n,
         )
         self.last_saved_step = self.state.step
         self.j.emit(
@@ -378,11 +383,16 @@ class Trainer:
         )
         if self.rank == 0:
             log.info("saved %s (%s)", path, why)
+            if self.reports is not None:
+                self.reports.ingest_now()  # a fresh best must count before rotation
+            best = self.j.best.best() if self.j.best is not None else None
+            keep = {Path(best.checkpoint_path).name} if best else set()
+            rotate(Path(self.args.ckpt_dir), self.args.keep_last_n, keep=keep, emit=self.j.emit)
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:
             return None
-        return str(checkpoints_dir(self.args.ckpt_dir) / ckpt.step_dir_name(self.state.step))
+        return str(checkpoints_dir(self.args.ckpt_dir) / step_dir_name(self.state.step))
 
 
 def _logits(out: Any) -> torch.Tensor:

@@ -24,8 +24,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from journal.lock import JournalLock, JournalLocked
 from journal.paths import journal_path, logs_dir
 from journal.reader import read_all
+from journal.reports import BestTracker, MetricGoal, drain
+from journal.rotation import latest_checkpoint
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
 from trainer.checkpoint import ConsolidatedWriter
@@ -43,8 +46,10 @@ from trainer.model import (
     save_hf_consolidated,
 )
 from trainer.optim import build_optimizer
+from trainer.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
+LOCK_WAIT_S = 30.0
 
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
@@ -132,16 +137,24 @@ def _save_builtin(
 
 
 def _open_journal(
-    args: TrainingArgs, ckpt_dir: Path, rank: int, resumed: bool
+    args: TrainingArgs, ckpt_dir: Path, rank: int, resumed: bool, lock: JournalLock
 ) -> tuple[Emitter, set[str]]:
-    """Rank 0's journal emitter (a no-op elsewhere) and the control ids handled before."""
+    """Rank 0: take the journal lock and open the writer (a no-op emitter elsewhere).
+    Returns the emitter and the control ids handled in earlier attempts."""
     if rank != 0 or args.journal_detail == "off":
         return Emitter(None, args.journal_detail), set()
+    lock.acquire(timeout=LOCK_WAIT_S)  # a reporter holds it for one append at most
     jpath = journal_path(ckpt_dir)
     prior = read_all(jpath).records if jpath.exists() and args.resume == "auto" else []
     unfinished = bool(prior) and prior[-1].get("event") != "train_end"
     writer = JournalWriter(ckpt_dir, resume=resumed or unfinished)
-    return Emitter(writer, args.journal_detail), seen_ids_from_journal(prior)
+    emitter = Emitter(writer, args.journal_detail)
+    if args.keep_best:
+        emitter.best = BestTracker(MetricGoal.parse(args.keep_best))
+        for rec in prior:
+            if rec.get("run_id") == writer.run_id:
+                emitter.best.add(rec)
+    return emitter, seen_ids_from_journal(prior)
 
 
 def _load_data(
@@ -197,13 +210,19 @@ def run_worker(cfg: WorkerConfig) -> int:
     _setup_logging(ckpt_dir, rank)
     interrupted: list[str] = []
     _install_signal_handlers(interrupted)
-    resume_from = ckpt.latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
+    resume_from = latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
+    lock = JournalLock(ckpt_dir, role="trainer")
     try:
-        emitter, seen_ids = _open_journal(args, ckpt_dir, rank, resumed=bool(resume_from))
+        emitter, seen_ids = _open_journal(args, ckpt_dir, rank, bool(resume_from), lock)
+    except JournalLocked as exc:
+        log.error("%s", exc)
+        return 1
     except Exception:
         log.exception("cannot open the journal in %s", ckpt_dir)
+        lock.release()
         return 1
     poller: ControlPoller | None = None
+    reports: ReportInbox | None = None
     ended = False
     try:
         device, backend = _device_and_backend(args, local_rank)
@@ -223,6 +242,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         if rank == 0:
             poller = ControlPoller(ckpt_dir, seen_ids, not_before=attempt_start)
             poller.start()
+            if emitter.writer is not None:
+                reports = ReportInbox(ckpt_dir, emitter.emit)
+                reports.start()
         trainer = Trainer(
             args,
             model=model,
@@ -232,6 +254,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             val_planner=val_planner,
             emitter=emitter,
             poller=poller,
+            reports=reports,
             device=device,
             state=state,
             total_steps=total,
@@ -262,11 +285,15 @@ def run_worker(cfg: WorkerConfig) -> int:
             },
         )
         outcome: RunOutcome = trainer.run()
+        if reports is not None:
+            reports.ingest_now()  # the last reports that arrived while training
+        best = emitter.best.best() if emitter.best is not None else None
         end = {
             "status": outcome.status,
             "reason": outcome.reason,
             "final_checkpoint": outcome.final_checkpoint,
             **outcome.extra,
+            "best_checkpoint": best.to_dict() if best else None,
             "journal": _journal_cost(emitter, trainer),
         }
         emitter.emit("train_end", end)
@@ -288,9 +315,13 @@ def run_worker(cfg: WorkerConfig) -> int:
             emitter.emit("train_end", failure_payload(exc))
         return 1
     finally:
-        if poller is not None:
-            poller.close()
+        for inbox in (poller, reports):
+            if inbox is not None:
+                inbox.close()
         emitter.close()
+        if lock.held:
+            lock.release()
+            drain(ckpt_dir, role="trainer")  # reports that came in after the last look
 
 
 def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The watcher: deliver journal events to callbacks outside the training processes."""
 
 from journal.control import Control
+from journal.reports import Report
 from watcher.builtins import DivergenceDetector, EarlyStopping
 from watcher.callbacks import Event, TrainerCallback
 from watcher.delivery import DeliveryResult
@@ -15,6 +16,7 @@ __all__ = [
     "Event",
     "Hook",
     "HookOptions",
+    "Report",
     "TrainerCallback",
     "Watcher",
 ]

@@ -14,6 +14,7 @@ import math
 from typing import Any, Literal
 
 from journal.control import Control
+from journal.schema import LogData
 from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
 
 log = logging.getLogger("watcher")
@@ -21,12 +22,28 @@ log = logging.getLogger("watcher")
 Action = Literal["stop", "abort"]
 
 
+#: Metrics the trainer's log records carry; any other name (not val_*) is a reported one.
+LOG_METRICS = frozenset(LogData.model_fields)
+
+
 def _event_for(metric: str) -> str:
-    return "evaluate" if metric.startswith("val_") else "log"
+    """Where a metric comes from: ``val_*`` from evaluate, the trainer's own log fields from
+    log, anything else (accuracy, pass rates, judge scores) from report records."""
+    if metric.startswith("val_"):
+        return "evaluate"
+    return "log" if metric in LOG_METRICS else "report"
+
+
+def _values(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of a record: a report's are nested under ``metrics``."""
+    if event == "report":
+        metrics = data.get("metrics")
+        return metrics if isinstance(metrics, dict) else {}
+    return data
 
 
 class _MetricCallback(TrainerCallback):
-    """Shared plumbing: one metric from log or evaluate records, per run, fire once."""
+    """Shared plumbing: one metric from log, evaluate or report records, per run, fire once."""
 
     def __init__(self, metric: str, action: Action) -> None:
         if action not in ("stop", "abort"):
@@ -45,11 +62,17 @@ class _MetricCallback(TrainerCallback):
     def on_evaluate(self, event: Event, **data: Any) -> Control | None:
         return self._on(event.run_id, data, live=True) if self.event == "evaluate" else None
 
+    def on_report(self, event: Event, **data: Any) -> Control | None:
+        if self.event != "report":
+            return None
+        return self._on(event.run_id, _values("report", data), live=True)
+
     def restore_state(self, records: list[dict[str, Any]]) -> None:
         # A condition already met in history counts as acted upon: no second command.
         for rec in records:
             if rec.get("event") == self.event:
-                self._on(rec.get("run_id"), rec.get("data") or {}, live=False)
+                data = _values(self.event, rec.get("data") or {})
+                self._on(rec.get("run_id"), data, live=False)
 
     def _on(self, run_id: str | None, data: dict[str, Any], *, live: bool) -> Control | None:
         if run_id != self.run_id:  # a fresh run in the same directory: start over
@@ -82,7 +105,8 @@ class EarlyStopping(_MetricCallback):
     """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` observations.
 
     Args:
-        metric: a field of ``evaluate`` (names starting with ``val_``) or ``log`` records.
+        metric: a field of ``evaluate`` records (names starting with ``val_``), of ``log``
+            records (loss, grad_norm, ...), or any metric of ``report`` records (accuracy).
         mode: ``"min"`` (loss-like) or ``"max"`` (accuracy-like).
         patience: observations without improvement before acting.
         min_delta: the smallest change that counts as an improvement.

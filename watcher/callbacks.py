@@ -77,7 +77,9 @@ class TrainerCallback:
 
     Every method receives the :class:`Event` and the payload fields as keyword arguments,
     and may return a :class:`journal.Control` (e.g. ``Control.stop("diverged")``) to steer
-    training: the command applies at the next step boundary on every rank. Constructor
+    training: the command applies at the next step boundary on every rank; or a
+    :class:`journal.Report` (``Report(accuracy=0.81)``) with results for the checkpoint of
+    the event; or a list of both. Constructor
     arguments, closures and module-level imports all work: the object runs in the watcher's
     process and is never serialized.
 
@@ -139,6 +141,13 @@ class TrainerCallback:
 
     def on_control(self, event: Event, **data: Any) -> Any:
         """Fires when the trainer accepted (and applied) or rejected a control command."""
+
+    def on_report(self, event: Event, **data: Any) -> Any:
+        """Fires when results for a checkpoint were journaled (``metrics``,
+        ``checkpoint_path``, ``step``, ``source``), also after training ended."""
+
+    def on_checkpoint_removed(self, event: Event, **data: Any) -> Any:
+        """Fires when rotation deleted a checkpoint (``checkpoint_path``, ``reason``)."""
 
     def restore_state(self, records: list[dict[str, Any]]) -> None:
         """Called once, before live delivery, with the journal's records before the start

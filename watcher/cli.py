@@ -13,11 +13,14 @@ import click
 
 from journal.events import EVENTS
 from journal.fsinfo import needs_polling
+from journal.leases import DEFAULT_TTL_S
 from journal.paths import JOURNAL_NAME, watch_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
+
+_SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
 
 
 def _event_options(fn: Any) -> Any:
@@ -27,10 +30,8 @@ def _event_options(fn: Any) -> Any:
             f"on_{event}",
             multiple=True,
             metavar="CMD",
-            help=f"Run CMD on each {event} record."
-            if event in ("save", "evaluate", "train_end")
-            else None,
-            hidden=event not in ("save", "evaluate", "train_end", "log"),
+            help=f"Run CMD on each {event} record." if event in _SHOWN_EVENTS else None,
+            hidden=event not in (*_SHOWN_EVENTS, "log"),
         )(fn)
     return fn
 
@@ -152,6 +153,16 @@ def default_name(hooks: list[Hook]) -> str:
     metavar="SECONDS",
     help="Poll instead of filesystem events (automatic on network filesystems).",
 )
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=1),
+    default=DEFAULT_TTL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="A save's checkpoint is leased (kept from rotation) while its delivery is queued "
+    "or running; the lease is renewed every third of this and expires this long after the "
+    "watcher dies.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Only print failures.")
 @click.option(
     "--verbose",
@@ -176,6 +187,7 @@ def main(
     queue: tuple[str, ...],
     shell: bool,
     poll: float | None,
+    lease_ttl: float,
     quiet: bool,
     verbose: int,
     **on_event: tuple[str, ...],
@@ -191,10 +203,16 @@ def main(
     Every event has --on-<event> (e.g. --on-step-end); --on EVENT CMD works for all.
 
     \b
+    Results flow back: a command may write a JSON object of metrics to $ILAB_REPORT (or run
+    `ilab-journal report "$ILAB_CKPT_DIR" name=value ...`); they become report records for
+    the delivered checkpoint. A save's checkpoint is leased while its delivery is queued or
+    running, so rotation keeps it; a save whose checkpoint was already removed is skipped.
+
+    \b
     Delivery is at-least-once per (event, hook) and survives restarts: a cursor in
-    --state-dir remembers what completed. Exit codes: 0 all deliveries succeeded (after
-    train_end, or the end of --replay), 1 some delivery finally failed, 2 usage error,
-    130 interrupted.
+    --state-dir remembers what completed. Exit codes: 0 all deliveries succeeded or were
+    skipped (after train_end, or the end of --replay), 1 some delivery finally failed,
+    2 usage error, 130 interrupted.
     """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="ilab-watch: %(message)s")
@@ -260,6 +278,7 @@ def main(
         poll=poll,
         reporter=ConsoleReporter(quiet=quiet, verbose=verbose > 0),
         stateful_callbacks=consumers,
+        lease_ttl=lease_ttl,
     )
     interrupted: list[int] = []
 
@@ -279,9 +298,12 @@ def main(
     if interrupted:
         sys.exit(130)
     n_ok = sum(1 for o in watcher.results if o.status == "ok")
+    n_skipped = sum(1 for o in watcher.results if o.status == "skipped")
     if not quiet:
+        skipped = f", {n_skipped} skipped (checkpoint removed)" if n_skipped else ""
         click.echo(
-            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed; results in {watcher.results_path}",
+            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed{skipped}; "
+            f"results in {watcher.results_path}",
             err=True,
         )
     sys.exit(code)

@@ -24,6 +24,7 @@ class Delivery:
     record: dict[str, Any]
     batch: Batch
     delivery_id: str  # stable across restarts: run id, seq and hook
+    lease: str | None = None  # the checkpoint lease held while a save is queued or running
 
 
 @dataclass
@@ -35,7 +36,7 @@ class DeliveryResult:
     event: str
     seq: int
     step: int
-    status: str  # ok | failed | timeout | coalesced | abandoned
+    status: str  # ok | failed | timeout | skipped | coalesced | abandoned
     attempts: int = 0
     start_ts: float | None = None
     end_ts: float | None = None
@@ -45,7 +46,8 @@ class DeliveryResult:
     stdout_tail: str | None = None
     stderr_tail: str | None = None
     log_path: str | None = None
-    control: list[str] | None = None
+    control: list[str] | None = None  # command:id of each Control the callback returned
+    reports: list[str] | None = None  # ids of the reports it sent
 
     @classmethod
     def of(cls, d: Delivery, status: str, **fields: Any) -> DeliveryResult:
@@ -62,4 +64,5 @@ class DeliveryResult:
 
     @property
     def failed(self) -> bool:
+        """``skipped`` (the checkpoint was already removed) is not a failure."""
         return self.status in ("failed", "timeout", "abandoned")

@@ -116,6 +116,7 @@ def summarize(hooks: list[Hook], results: list[DeliveryResult]) -> list[dict[str
                 "ok": counts.get("ok", 0),
                 "failed": counts.get("failed", 0) + counts.get("abandoned", 0),
                 "timeout": counts.get("timeout", 0),
+                "skipped": counts.get("skipped", 0),
                 "coalesced": counts.get("coalesced", 0),
                 "errors": [o.error for o in mine if o.failed][:3],
             }

@@ -14,10 +14,16 @@ commands and callables), :mod:`watcher.completion` (results and the cursor).
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from journal.leases import DEFAULT_TTL_S
+from journal.paths import checkpoints_dir
+from journal.reports import checkpoint_key
+from journal.rotation import prune_finished_run
 from watcher.callbacks import callable_name
 from watcher.completion import Completions, Reporter
 from watcher.cursor import Cursor, CursorState
@@ -25,11 +31,14 @@ from watcher.delivery import Delivery, DeliveryResult
 from watcher.execute import Executor
 from watcher.follow import JournalFollower, StartAt
 from watcher.hooks import Hook
+from watcher.leasing import LeaseKeeper
 from watcher.queues import HookQueue
 
 log = logging.getLogger("watcher")
 
 SAFETY_POLL_S = 1.0
+#: How long a save delivery waits for the removal record of a checkpoint missing on disk.
+REMOVAL_GRACE_S = 2.0
 
 
 class Watcher:
@@ -50,6 +59,8 @@ class Watcher:
         stateful_callbacks: objects whose ``restore_state(records)`` is called once with the
             records before the start position, so they rebuild counters and best values.
         control_source: the ``source`` of control commands that callables return.
+        lease_ttl: seconds a save delivery's checkpoint lease lives without renewal (it is
+            renewed while the delivery is queued or running, and released after it).
     """
 
     def __init__(
@@ -66,6 +77,7 @@ class Watcher:
         reporter: Reporter | None = None,
         stateful_callbacks: list[Any] | None = None,
         control_source: str | None = None,
+        lease_ttl: float = DEFAULT_TTL_S,
     ) -> None:
         self.journal = journal
         self.hooks = hooks
@@ -93,7 +105,11 @@ class Watcher:
             logs_dir=state_dir / f"{name}.logs" if state_dir else None,
             control_source=control_source or f"watcher:{name}",
             stop=self._stop,
+            removed=self._checkpoint_removed,
         )
+        self._leases = LeaseKeeper(journal.parent, ttl=lease_ttl, holder=f"watcher:{name}")
+        self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
+        self._removed_cond = threading.Condition()
         self._queues = {id(h): HookQueue(h, executor.deliver, self._complete) for h in hooks}
 
     @property
@@ -125,6 +141,7 @@ class Watcher:
         delivery succeeded, 1 when any finally failed."""
         follower = self._follower
         follower.waker.start()
+        self._leases.start()
         try:
             self._begin()
             waiting_at: int | None = None
@@ -187,6 +204,7 @@ class Watcher:
         self.saw_end = False
 
     def _dispatch(self, records: list[dict[str, Any]], offset: int, line_no: int) -> None:
+        self._note_removals(records)
         todo: list[tuple[Hook, dict[str, Any]]] = []
         for rec in records:
             ev = rec.get("event")
@@ -202,9 +220,15 @@ class Watcher:
         batch = self.completions.open_batch(offset, line_no, records[0]["seq"], len(todo))
         for hook, rec in todo:
             did = f"{rec.get('run_id', '')}-{rec['seq']}-{hook.short_id}"
-            self._queues[id(hook)].submit(Delivery(hook, rec, batch, did))
+            d = Delivery(hook, rec, batch, did, lease=self._lease_for(rec))
+            self._queues[id(hook)].submit(d)
 
     def _complete(self, d: Delivery, out: DeliveryResult) -> None:
+        if d.lease is not None:
+            self._leases.release(d.lease)
+            if self.saw_end or self._final.is_set() or not self.follow:
+                # No trainer rotates any more: apply its policy now (a no-op if one writes).
+                prune_finished_run(self.journal.parent, role=f"watcher:{self.name}")
         self.completions.complete(d, out)
         self._follower.waker.wake()
 
@@ -213,6 +237,58 @@ class Watcher:
         for queue in self._queues.values():
             for d in queue.close():
                 self._complete(d, DeliveryResult.of(d, "abandoned", error="watcher stopped"))
+        self._leases.stop()
+
+    # -- checkpoints: leases and removals ------------------------------------------------
+
+    def _lease_for(self, rec: dict[str, Any]) -> str | None:
+        """A save whose checkpoint is still there is leased until its delivery completes."""
+        path = (rec.get("data") or {}).get("checkpoint_path")
+        if rec.get("event") != "save" or not isinstance(path, str):
+            return None
+        with self._removed_cond:
+            if checkpoint_key(path) in self._removed:
+                return None
+        return self._leases.take(path)
+
+    def _note_removals(self, records: list[dict[str, Any]]) -> None:
+        """Remember which checkpoints are gone before dispatching the batch's saves (a later
+        save of the same step brings one back)."""
+        with self._removed_cond:
+            for rec in records:
+                path = (rec.get("data") or {}).get("checkpoint_path")
+                if not isinstance(path, str):
+                    continue
+                if rec.get("event") == "checkpoint_removed":
+                    self._removed.add(checkpoint_key(path))
+                elif rec.get("event") == "save":
+                    self._removed.discard(checkpoint_key(path))
+            self._removed_cond.notify_all()
+
+    def _checkpoint_removed(self, d: Delivery) -> bool:
+        """Whether a save delivery's checkpoint is already removed (it is then skipped).
+
+        A checkpoint of this run that is missing on disk while the trainer still writes may
+        have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
+        checkpoint to come back: rotation puts back one that got leased meanwhile)."""
+        path = (d.record.get("data") or {}).get("checkpoint_path")
+        if d.hook.event != "save" or not isinstance(path, str):
+            return False
+        key = checkpoint_key(path)
+        live = self.follow and not self.saw_end and not self._final.is_set()
+        deadline = time.monotonic() + REMOVAL_GRACE_S
+        with self._removed_cond:
+            while key not in self._removed and live and not os.path.exists(path):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set() or not self._is_run_checkpoint(path):
+                    break
+                self._removed_cond.wait(min(left, 0.1))
+            return key in self._removed
+
+    def _is_run_checkpoint(self, path: str) -> bool:
+        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(
+            checkpoints_dir(self.journal.parent)
+        )
 
     def _notice(self, msg: str) -> None:
         if msg not in self.notices:

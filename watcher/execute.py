@@ -2,15 +2,18 @@
 
 Both get the same retry loop (doubling backoff, capped at 60 s) and report into one
 :class:`DeliveryResult`. Commands see the record as JSON on stdin and as ``ILAB_*``
-environment variables; callables get ``(event, **payload)`` and may return ``Control``s.
+environment variables, and may write results as a JSON object to ``$ILAB_REPORT``;
+callables get ``(event, **payload)`` and may return ``Control``s and ``Report``s.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
@@ -21,6 +24,7 @@ from typing import Any
 import orjson
 
 from journal.control import Control, send_command
+from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
 from watcher.delivery import Delivery, DeliveryResult
 
@@ -31,7 +35,8 @@ DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 
 
 class Executor:
-    """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early."""
+    """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early;
+    ``removed(d)`` says whether a save delivery's checkpoint is already gone (skipped)."""
 
     def __init__(
         self,
@@ -40,16 +45,21 @@ class Executor:
         logs_dir: Path | None,
         control_source: str,
         stop: threading.Event,
+        removed: Callable[[Delivery], bool] = lambda d: False,
     ) -> None:
         self.journal = journal
         self.ckpt_dir = str(journal.parent)
         self.logs_dir = logs_dir
         self.control_source = control_source
         self.stop = stop
+        self.removed = removed
 
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
         opts = d.hook.options
+        if self.removed(d):
+            path = (d.record.get("data") or {}).get("checkpoint_path")
+            return DeliveryResult.of(d, "skipped", error=f"checkpoint {path} was removed")
         out = DeliveryResult.of(d, "failed", start_ts=time.time())
         for attempt in range(1, opts.retries + 2):
             out.attempts = attempt
@@ -105,13 +115,34 @@ class Executor:
         argv = target.render(self._values(d))
         timeout = d.hook.options.timeout
         timeout = DEFAULT_COMMAND_TIMEOUT_S if timeout is None else timeout
+        report_dir = Path(tempfile.mkdtemp(prefix="ilab-report-"))
+        report_file = report_dir / "report.json"
+        env = self._env(d, payload)
+        env["ILAB_REPORT"] = str(report_file)
+        try:
+            self._spawn_and_wait(argv, env, payload, timeout, d, out, attempt)
+            if out.status == "ok" and report_file.exists():
+                self._report_from_file(report_file, d, out)
+        finally:
+            shutil.rmtree(report_dir, ignore_errors=True)
+
+    def _spawn_and_wait(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        payload: bytes,
+        timeout: float,
+        d: Delivery,
+        out: DeliveryResult,
+        attempt: int,
+    ) -> None:
         try:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self._env(d, payload),
+                env=env,
                 start_new_session=True,  # its own process group: a timeout kills it whole
             )
         except OSError as exc:
@@ -176,18 +207,43 @@ class Executor:
             out.stderr_tail = tb[-TAIL_BYTES:]
             return
         out.status, out.error = "ok", None
-        out.control = self._send_controls(result[0], d) or None
+        self._act_on(result[0], d, out)
 
-    def _send_controls(self, returned: Any, d: Delivery) -> list[str]:
-        """Write the ``Control``s a callable returned; ``command:id`` for each."""
+    # -- what a callback hands back ------------------------------------------------------
+
+    def _act_on(self, returned: Any, d: Delivery, out: DeliveryResult) -> None:
+        """Send the ``Control``s and ``Report``s a callable returned (alone or in a list)."""
         items = returned if isinstance(returned, (list, tuple)) else [returned]
-        sent = []
-        for c in items:
-            if isinstance(c, Control):
-                source = f"{self.control_source}:{d.hook.label}"
-                cid = send_command(self.ckpt_dir, c, source=source)
-                sent.append(f"{c.command}:{cid}")
-        return sent
+        source = f"{self.control_source}:{d.hook.label}"
+        for item in items:
+            if isinstance(item, Control):
+                cid = send_command(self.ckpt_dir, item, source=source)
+                out.control = [*(out.control or []), f"{item.command}:{cid}"]
+            elif isinstance(item, Report):
+                self._submit(item, d, out)
+
+    def _submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
+        """A report for the delivered event's checkpoint unless it names another one."""
+        data = d.record.get("data") or {}
+        if report.checkpoint_path is None and isinstance(data.get("checkpoint_path"), str):
+            report.checkpoint_path = data["checkpoint_path"]
+        if report.step is None:
+            report.step = d.record.get("step", 0)
+        source = f"{self.control_source}:{d.hook.label}"
+        rid = submit_report(self.ckpt_dir, report, source=source, delivery_id=d.delivery_id)
+        out.reports = [*(out.reports or []), rid]
+
+    def _report_from_file(self, path: Path, d: Delivery, out: DeliveryResult) -> None:
+        """A command wrote a JSON object of metrics to ``$ILAB_REPORT``."""
+        try:
+            metrics = orjson.loads(path.read_bytes())
+            if not isinstance(metrics, dict):
+                raise InvalidReport("expected a JSON object of name: value")
+            report = Report(metrics)
+        except (OSError, orjson.JSONDecodeError, InvalidReport) as exc:
+            out.status, out.error = "failed", f"$ILAB_REPORT: {exc}"
+            return
+        self._submit(report, d, out)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

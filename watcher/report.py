@@ -29,12 +29,16 @@ class ConsoleReporter:
             and not out.failed
             and out.event in HIGH_RATE_EVENTS
             and not out.control
+            and out.status != "skipped"
         ):
             return
         dur = f"{out.duration:.2f}s" if out.duration is not None else "-"
         tries = f", {out.attempts} attempts" if out.attempts > 1 else ""
         head = f"{out.event} step {out.step} seq {out.seq}: {out.hook}"
         with self._lock:
+            if out.status == "skipped":
+                self.console.print(f"[yellow]- {head} skipped ({out.error})[/yellow]")
+                return
             if out.failed:
                 where = f" log: {out.log_path}" if out.log_path else ""
                 self.console.print(
@@ -44,6 +48,7 @@ class ConsoleReporter:
                     self.console.print(f"[red]{out.stderr_tail.rstrip()[-800:]}[/red]")
             else:
                 ctl = f" -> control {', '.join(out.control)}" if out.control else ""
+                ctl += f" -> {len(out.reports)} report(s)" if out.reports else ""
                 self.console.print(f"[green]✓[/green] {head} ok ({dur}{tries}){ctl}")
             if out.stdout_tail and out.stdout_tail.strip():
                 text = (

@@ -1,0 +1,192 @@
+"""``ilab-journal`` commands that write: control commands, reports, leases and pruning.
+
+Each is safe beside a running trainer: commands, reports and leases are files created
+atomically in the checkpoint dir; only the journal's current writer appends to the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import click
+
+from journal.cli_common import UserError, user_errors
+from journal.events import CONTROL_COMMANDS
+from journal.paths import ckpt_dir_of, resolve_journal
+
+_STEP_IN_NAME = re.compile(r"step-(\d+)$")
+
+
+# -- control --------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("command", type=click.Choice(CONTROL_COMMANDS))
+@click.argument("dir", type=click.Path())
+@click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
+@click.option("--source", default=None, help="Who asks (default: host:pid).")
+@click.option("--id", "command_id", default=None, help="Command id (default: a fresh unique id).")
+@user_errors
+def control(
+    command: str, dir: str, reason: str | None, source: str | None, command_id: str | None
+) -> None:
+    """Ask a running trainer to act at its next step boundary; print the command id.
+
+    \b
+    stop      finish the step, save a final checkpoint, end as "stopped"
+    abort     end at the step boundary without saving
+    save      save a checkpoint
+    evaluate  run validation
+    log       write a log record
+
+    DIR is the checkpoint directory. Inside a watcher callback use "$ILAB_CKPT_DIR".
+    The outcome appears in the journal as a "control" record (accepted or rejected).
+    """
+    from journal.control import InvalidCommand, send_command
+
+    p = ckpt_dir_of(dir)
+    if not p.is_dir():
+        raise UserError(f"{dir}: no such checkpoint directory")
+    try:
+        cid = send_command(p, command, reason=reason, source=source, command_id=command_id)
+    except InvalidCommand as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot write command in {p}: {exc.strerror or exc}") from None
+    click.echo(cid)
+
+
+@click.command()
+@click.argument("dir", type=click.Path())
+@click.argument("metrics", nargs=-1, metavar="NAME=VALUE...")
+@click.option(
+    "--checkpoint",
+    default=None,
+    help="The checkpoint the results belong to [default: $ILAB_CHECKPOINT_PATH].",
+)
+@click.option(
+    "--step",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Its step [default: $ILAB_STEP, else from the checkpoint's name].",
+)
+@click.option("--source", default=None, help="Who reports (default: host:pid).")
+@user_errors
+def report(
+    dir: str, metrics: tuple[str, ...], checkpoint: str | None, step: int | None, source: str | None
+) -> None:
+    """Record results for a checkpoint (e.g. from an eval run by ilab-watch); print the id.
+
+    \b
+    Example, inside an ilab-watch --on-save command:
+      ilab-journal report "$ILAB_CKPT_DIR" accuracy=0.81 pass_at_1=0.42
+
+    Values are numbers, true/false, or text. The report becomes a "report" record in the
+    journal: right away when training is over, else at the trainer's next step boundary.
+    With --keep-best the named metric must be a number.
+    """
+    from journal.query import find_last
+    from journal.reports import InvalidReport, MetricGoal, Report, parse_assignments, submit_report
+
+    path = resolve_journal(dir)
+    try:
+        values = parse_assignments(metrics)
+    except InvalidReport as exc:
+        raise UserError(str(exc)) from None
+    checkpoint = checkpoint or os.environ.get("ILAB_CHECKPOINT_PATH") or None
+    if step is None:
+        step = _default_step(checkpoint)
+    begin = find_last(path, "train_begin")
+    keep_best = ((begin or {}).get("data") or {}).get("config", {}).get("keep_best")
+    if keep_best:
+        goal = MetricGoal.parse(keep_best)
+        value = values.get(goal.metric)
+        if goal.metric in values and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            raise UserError(
+                f"{goal.metric}={value!r}: the run keeps the best checkpoint by {goal}, "
+                "so this metric must be a number"
+            )
+    rid = submit_report(
+        path.parent,
+        Report(values, checkpoint_path=checkpoint, step=step),
+        source=source,
+        delivery_id=os.environ.get("ILAB_DELIVERY_ID") or None,
+    )
+    click.echo(rid)
+
+
+def _default_step(checkpoint: str | None) -> int | None:
+    env = os.environ.get("ILAB_STEP", "")
+    if env.isdigit():
+        return int(env)
+    m = _STEP_IN_NAME.search(Path(checkpoint).name) if checkpoint else None
+    return int(m.group(1)) if m else None
+
+
+@click.command()
+@click.argument("dir", type=click.Path())
+@user_errors
+def prune(dir: str) -> None:
+    """Apply the run's rotation policy now: print each checkpoint removed.
+
+    The trainer rotates after every save (keeping --keep-last-n, the --keep-best one and
+    leased ones). Checkpoints kept for a lease at the last save are removed by the watcher
+    that releases the lease; this does the same by hand. Nothing happens while a trainer is
+    writing the journal.
+    """
+    from journal.lock import lock_holder
+    from journal.rotation import prune_finished_run
+
+    ckpt_dir = resolve_journal(dir).parent
+    if lock_holder(ckpt_dir):
+        click.echo(f"{ckpt_dir}: a trainer is writing; it rotates at its next save", err=True)
+        return
+    for path in prune_finished_run(ckpt_dir, role="ilab-journal prune"):
+        click.echo(str(path))
+
+
+@click.command()
+@click.argument("dir", type=click.Path())
+@click.argument("checkpoint")
+@click.option(
+    "--ttl",
+    type=click.FloatRange(min=1),
+    default=3600.0,
+    show_default=True,
+    help="Seconds until the lease expires unless released.",
+)
+@user_errors
+def lease(dir: str, checkpoint: str, ttl: float) -> None:
+    """Keep CHECKPOINT from rotation until released or expired; print the lease id.
+
+    For hand-offs to jobs that outlive the callback (e.g. sbatch eval.sh): lease, pass
+    the id on, and have the job run `ilab-journal release DIR ID` when done. CHECKPOINT is
+    a checkpoint directory of the run or its name (step-000040).
+    """
+    from journal.leases import LeaseError, acquire
+
+    ckpt_dir = ckpt_dir_of(dir)
+    try:
+        held = acquire(ckpt_dir, checkpoint, ttl=ttl)
+    except LeaseError as exc:
+        raise UserError(str(exc)) from None
+    click.echo(held.id)
+
+
+@click.command()
+@click.argument("dir", type=click.Path())
+@click.argument("lease_id")
+@user_errors
+def release(dir: str, lease_id: str) -> None:
+    """End a lease taken with `ilab-journal lease`; rotation may then remove the checkpoint."""
+    from journal.leases import LeaseError
+    from journal.leases import release as release_lease
+
+    try:
+        release_lease(ckpt_dir_of(dir), lease_id)
+    except LeaseError as exc:
+        raise UserError(str(exc)) from None

@@ -1,0 +1,173 @@
+"""Checkpoint leases: a checkpoint someone is still using is not rotated away.
+
+A lease is one small JSON file ``<ckpt_dir>/leases/<checkpoint>--<id>.json`` holding the
+checkpoint's name, who holds it and when it expires. Files are created and renewed
+atomically (temp + rename), so they work over a shared file system and from any host.
+A lease that is not renewed expires: a holder killed with ``kill -9`` never pins a
+checkpoint forever. The trainer's rotation lists the directory once per save and reads only
+the leases of the checkpoints it is about to delete, so its cost does not grow with the
+number of leases on other checkpoints.
+
+Expiry compares the holder's clock (``expires`` is absolute Unix time) with the trainer's;
+hosts sharing a checkpoint dir are expected to run NTP.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.files import atomic_write
+from journal.paths import checkpoints_dir, leases_dir
+
+DEFAULT_TTL_S = 60.0
+_SEP = "--"
+_SUFFIX = ".json"
+
+
+class LeaseError(ValueError):
+    """A lease request that cannot be honoured (unknown id, no such checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    checkpoint: str  # the checkpoint directory's name, e.g. step-000040
+    holder: str
+    expires: float
+    ttl: float
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.__dict__, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def checkpoint_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> str:
+    """The name of a checkpoint of this run, given as a path or a name; raises LeaseError
+    when it is not a checkpoint directory of ``ckpt_dir``."""
+    p = Path(checkpoint)
+    root = checkpoints_dir(ckpt_dir)
+    if p.parent.resolve() != root.resolve() and str(p.parent) not in ("", "."):
+        raise LeaseError(f"{checkpoint}: not a checkpoint of {ckpt_dir} (expected {root}/step-*)")
+    if not p.name.startswith("step-"):
+        raise LeaseError(f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN)")
+    return p.name
+
+
+def _path(ckpt_dir: str | os.PathLike[str], checkpoint: str, lease_id: str) -> Path:
+    return leases_dir(ckpt_dir) / f"{checkpoint}{_SEP}{lease_id}{_SUFFIX}"
+
+
+def acquire(
+    ckpt_dir: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str],
+    *,
+    ttl: float = DEFAULT_TTL_S,
+    holder: str | None = None,
+    must_exist: bool = True,
+) -> Lease:
+    """Lease a checkpoint for ``ttl`` seconds (renew to keep it); returns the lease."""
+    name = checkpoint_name(ckpt_dir, checkpoint)
+    if must_exist and not (checkpoints_dir(ckpt_dir) / name).is_dir():
+        raise LeaseError(f"{checkpoint}: no such checkpoint in {checkpoints_dir(ckpt_dir)}")
+    lease = Lease(
+        id=uuid.uuid4().hex[:16],
+        checkpoint=name,
+        holder=holder or f"{socket.gethostname()}:{os.getpid()}",
+        expires=time.time() + ttl,
+        ttl=ttl,
+    )
+    leases_dir(ckpt_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
+    atomic_write(_path(ckpt_dir, name, lease.id), lease.to_json())
+    return lease
+
+
+def renew(ckpt_dir: str | os.PathLike[str], lease: Lease) -> Lease:
+    """Push the expiry ``lease.ttl`` seconds from now; raises LeaseError if it is gone."""
+    path = _path(ckpt_dir, lease.checkpoint, lease.id)
+    if not path.exists():
+        raise LeaseError(f"lease {lease.id} is gone (expired and cleaned, or released)")
+    new = Lease(lease.id, lease.checkpoint, lease.holder, time.time() + lease.ttl, lease.ttl)
+    atomic_write(path, new.to_json())
+    return new
+
+
+def release(ckpt_dir: str | os.PathLike[str], lease_id: str) -> str:
+    """End a lease by id; returns the checkpoint it held. Raises LeaseError if unknown."""
+    for path in _files(ckpt_dir):
+        name, _, rest = path.name.rpartition(_SEP)
+        if rest == f"{lease_id}{_SUFFIX}":
+            path.unlink(missing_ok=True)
+            return name
+    raise LeaseError(f"no lease {lease_id!r} in {leases_dir(ckpt_dir)}")
+
+
+def drop(ckpt_dir: str | os.PathLike[str], lease: Lease) -> None:
+    """End a lease its holder still has in hand (no directory scan)."""
+    _path(ckpt_dir, lease.checkpoint, lease.id).unlink(missing_ok=True)
+
+
+def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
+    d = leases_dir(ckpt_dir)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return [d / n for n in names if n.endswith(_SUFFIX) and not n.startswith(".")]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def leased(ckpt_dir: str | os.PathLike[str], names: set[str], now: float | None = None) -> set[str]:
+    """Which of the checkpoints ``names`` hold an unexpired lease. One directory listing;
+    only the leases of those checkpoints are read. Expired leases found on the way are
+    removed. An unreadable lease file counts as a lease (it may be mid-rename)."""
+    now = time.time() if now is None else now
+    out: set[str] = set()
+    for path in _files(ckpt_dir):
+        name = path.name.rpartition(_SEP)[0]
+        if name not in names or name in out:
+            continue
+        obj = _read(path)
+        if obj is None or not isinstance(obj.get("expires"), (int, float)):
+            if path.exists():
+                out.add(name)
+            continue
+        if obj["expires"] > now:
+            out.add(name)
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def active(ckpt_dir: str | os.PathLike[str], now: float | None = None) -> list[Lease]:
+    """Every unexpired lease (for ``status`` and people)."""
+    now = time.time() if now is None else now
+    out = []
+    for path in _files(ckpt_dir):
+        obj = _read(path)
+        if obj is None or not isinstance(obj.get("expires"), (int, float)):
+            continue
+        if obj["expires"] > now:
+            out.append(
+                Lease(
+                    str(obj.get("id")),
+                    str(obj.get("checkpoint")),
+                    str(obj.get("holder")),
+                    float(obj["expires"]),
+                    float(obj.get("ttl", 0)),
+                )
+            )
+    return sorted(out, key=lambda lease: lease.checkpoint)

@@ -1,0 +1,145 @@
+"""Checkpoint rotation: keep the newest ``keep_last_n``, the best one, and every leased one;
+journal each deletion. The trainer's rank 0 rotates after each save; once no trainer writes
+the journal, whoever releases a lease (the watcher) or ``ilab-journal prune`` applies the
+run's own policy, under the journal lock.
+
+A deletion renames the checkpoint aside first and looks at the leases once more: a lease
+taken between the first look and the rename wins, and the checkpoint is put back. A watcher
+that finds a checkpoint missing while a ``.removing-`` twin exists waits for the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from journal import leases
+from journal.lock import JournalLock
+from journal.paths import checkpoints_dir, journal_path
+
+log = logging.getLogger(__name__)
+
+REMOVING_PREFIX = ".removing-"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+Emit = Callable[[str, dict[str, Any]], Any]
+
+
+def step_dir_name(step: int) -> str:
+    """``step-000040``: zero-padded so names sort in step order."""
+    return f"step-{step:06d}"
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (``.tmp-`` and ``.removing-`` ones are not)."""
+    root = checkpoints_dir(ckpt_dir)
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    cps = list_checkpoints(ckpt_dir)
+    return cps[-1] if cps else None
+
+
+def rotate(ckpt_dir: Path, keep_last_n: int | None, *, keep: set[str], emit: Emit) -> list[Path]:
+    """Delete the checkpoints no policy keeps; returns what was deleted.
+
+    Args:
+        keep_last_n: newest checkpoints always kept (None keeps everything).
+        keep: more names to keep (the best checkpoint).
+        emit: journals a ``checkpoint_removed`` record.
+    """
+    _finish_interrupted_removals(ckpt_dir, emit)
+    if not keep_last_n:
+        return []
+    candidates = [p for p in list_checkpoints(ckpt_dir)[:-keep_last_n] if p.name not in keep]
+    if not candidates:
+        return []
+    held = leases.leased(ckpt_dir, {p.name for p in candidates})
+    removed = []
+    for path in candidates:
+        if path.name in held:
+            log.info("keeping %s: leased", path.name)
+            continue
+        aside = path.with_name(REMOVING_PREFIX + path.name)
+        os.rename(path, aside)
+        if leases.leased(ckpt_dir, {path.name}):  # leased after the first look: it stays
+            os.rename(aside, path)
+            continue
+        emit("checkpoint_removed", {"checkpoint_path": str(path), "reason": _why(keep_last_n)})
+        shutil.rmtree(aside, ignore_errors=True)
+        removed.append(path)
+        log.info("removed old checkpoint %s (keep_last_n=%d)", path, keep_last_n)
+    return removed
+
+
+def _why(keep_last_n: int) -> str:
+    return f"rotation: keep_last_n={keep_last_n}, not the best, not leased"
+
+
+def _finish_interrupted_removals(ckpt_dir: Path, emit: Emit) -> None:
+    """A crash between renaming aside and deleting leaves ``.removing-*``: finish the job."""
+    root = checkpoints_dir(ckpt_dir)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith(REMOVING_PREFIX):
+            original = root / name[len(REMOVING_PREFIX) :]
+            emit(
+                "checkpoint_removed",
+                {
+                    "checkpoint_path": str(original),
+                    "reason": "rotation (finishing an interrupted removal)",
+                },
+            )
+            shutil.rmtree(root / name, ignore_errors=True)
+
+
+def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
+    """Rotate a run that no trainer is writing, by the policy of its last ``train_begin``
+    (``keep_last_n``, ``keep_best``), journaling each deletion. Does nothing while a trainer
+    holds the journal: it rotates at its next save."""
+    from journal.query import find_best, find_last
+    from journal.reports import MetricGoal
+    from journal.writer import JournalWriter
+
+    begin = find_last(journal_path(ckpt_dir), "train_begin")
+    config = ((begin or {}).get("data") or {}).get("config") or {}
+    keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
+    if not isinstance(keep_last_n, int) or len(list_checkpoints(ckpt_dir)) <= keep_last_n:
+        return []  # the common case: nothing surplus, no lock and no scan
+    lock = JournalLock(ckpt_dir, role=role)
+    if not lock.try_acquire():
+        return []
+    writer: JournalWriter | None = None
+
+    def emit(event: str, data: dict[str, Any]) -> None:
+        nonlocal writer
+        if writer is None:
+            writer = JournalWriter(ckpt_dir, join=True)
+        writer.append_at_last_position(event, data)
+
+    try:
+        keep: set[str] = set()
+        if isinstance(keep_best, str):
+            best = find_best(journal_path(ckpt_dir), MetricGoal.parse(keep_best))
+            keep = {Path(best.checkpoint_path).name} if best else set()
+        return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit)
+    finally:
+        if writer is not None:
+            writer.close()
+        lock.release()
