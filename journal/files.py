@@ -49,3 +49,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640
             os.unlink(tmp)
         raise
     fsync_dir(final.parent)
+
+
+def json_files(directory: Path) -> list[Path]:
+    """The ``*.json`` files of an inbox directory, sorted by name; temp files (dot names)
+    are not listed and a missing directory has none."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in sorted(names) if n.endswith(".json") and not n.startswith(".")]

@@ -127,8 +127,8 @@ def _best_and_report_rows(s: RunSummary) -> list[tuple[str, str]]:
     rows = []
     if s.keep_best:
         b = s.best_checkpoint
-        best = f"{b['checkpoint_path']} ({b['metric']} {fmt_num(b['value'])})" if b else "-"
-        rows.append((f"best {s.keep_best}", best))
+        value = f"{b['checkpoint_path']} ({b['metric']} {fmt_num(b['value'])})" if b else "-"
+        rows.append(("best", f"{value}  [keep_best {s.keep_best}]"))
     if s.last_report:
         digest = _report_digest(s.last_report, 80)
         rows.append(("last report", f"{digest}  ({s.reports} reports)"))

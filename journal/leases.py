@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from journal.files import atomic_write
+from journal.files import atomic_write, json_files
 from journal.paths import checkpoints_dir, leases_dir
 
 DEFAULT_TTL_S = 60.0
@@ -114,12 +114,7 @@ def drop(ckpt_dir: str | os.PathLike[str], lease: Lease) -> None:
 
 
 def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    d = leases_dir(ckpt_dir)
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    return [d / n for n in names if n.endswith(_SUFFIX) and not n.startswith(".")]
+    return json_files(leases_dir(ckpt_dir))
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -131,15 +126,22 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def leased(ckpt_dir: str | os.PathLike[str], names: set[str], now: float | None = None) -> set[str]:
-    """Which of the checkpoints ``names`` hold an unexpired lease. One directory listing;
-    only the leases of those checkpoints are read. Expired leases found on the way are
-    removed. An unreadable lease file counts as a lease (it may be mid-rename)."""
+    """Which of the checkpoints ``names`` hold an unexpired lease. One directory listing
+    (plain strings: rotation calls this on every save); only the leases of those checkpoints
+    are read. Expired leases found on the way are removed. An unreadable lease file counts
+    as a lease (it may be mid-rename)."""
     now = time.time() if now is None else now
+    d = leases_dir(ckpt_dir)
+    try:
+        entries = os.listdir(d)
+    except FileNotFoundError:
+        return set()
     out: set[str] = set()
-    for path in _files(ckpt_dir):
-        name = path.name.rpartition(_SEP)[0]
-        if name not in names or name in out:
+    for entry in entries:
+        name = entry.rpartition(_SEP)[0]
+        if name not in names or name in out or not entry.endswith(_SUFFIX):
             continue
+        path = d / entry
         obj = _read(path)
         if obj is None or not isinstance(obj.get("expires"), (int, float)):
             if path.exists():

@@ -42,6 +42,9 @@ def plot_journal(path: Path, out: Path) -> None:
             for name, value in (d.get("metrics") or {}).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     reported.setdefault(name, []).append((d["step"], float(value)))
+    # A metric that never changes (a problem count) says nothing on a plot and would squash
+    # the scale of the others.
+    reported = {k: v for k, v in reported.items() if len({x for _, x in v}) > 1}
     if not steps and not vsteps and not reported:
         raise NothingToPlot(f"{path}: no log, evaluate or report records to plot")
     rows = 3 if reported else 2

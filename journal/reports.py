@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeGuard
 
 import orjson
 
-from journal.files import atomic_write
+from journal.files import atomic_write, json_files
 from journal.lock import JournalLock
 from journal.paths import PROCESSED_DIR_NAME, reports_dir
 
@@ -247,13 +247,8 @@ def submit_report(
 
 
 def pending(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Report files not yet journaled, oldest first."""
-    d = reports_dir(ckpt_dir)
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    return [d / n for n in sorted(names) if n.endswith(".json") and not n.startswith(".")]
+    """Report files not yet journaled, oldest first (ids start with the time)."""
+    return json_files(reports_dir(ckpt_dir))
 
 
 def ingest(ckpt_dir: str | os.PathLike[str], append: Append) -> int:

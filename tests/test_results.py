@@ -158,7 +158,7 @@ def test_query_best_names_the_best_surviving_checkpoint(ckpt: Path) -> None:
     assert status["best_checkpoint"]["checkpoint_path"] == ckpt_path(ckpt, 6)
     assert status["best_checkpoint"]["value"] == 0.7
     text = cli("ilab-journal", "status", str(ckpt)).stdout
-    assert "best accuracy:max" in text and "step-000006" in text
+    assert "keep_best accuracy:max" in text and "step-000006 (accuracy 0.7)" in text
 
 
 def test_leases_from_the_cli(ckpt: Path) -> None:

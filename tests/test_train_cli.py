@@ -22,6 +22,7 @@ from trainer.config import TrainingArgs, WorkerConfig
         ([], "no training data"),
         (["--demo", "--nnodes", "2"], "needs rdzv_endpoint"),
         (["--demo", "--journal-detail", "loud"], "Invalid value for '--journal-detail'"),
+        (["--demo", "--keep-best", "accuracy"], "--keep-best: 'accuracy': expected METRIC:max"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:

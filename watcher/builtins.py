@@ -50,6 +50,7 @@ class _MetricCallback(TrainerCallback):
             raise CallbackSpecError(f"action must be 'stop' or 'abort', not {action!r}")
         self.metric = metric
         self.event = _event_for(metric)
+        self.subscribed_events = (self.event,)  # only that event's hook is delivered
         self.action: Action = action
         self.run_id: str | None = None
         self.fired = False

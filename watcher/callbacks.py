@@ -159,9 +159,11 @@ class TrainerCallback:
 
 
 def hooked_methods(obj: Any) -> dict[str, Any]:
-    """``{event: bound method}`` for the ``on_<event>`` methods an object really implements."""
+    """``{event: bound method}`` for the ``on_<event>`` methods an object really implements
+    (limited to ``obj.subscribed_events`` when it has that attribute)."""
     out = {}
-    for event in EVENTS:
+    only = getattr(obj, "subscribed_events", None)
+    for event in EVENTS if only is None else [e for e in EVENTS if e in only]:
         meth = getattr(obj, f"on_{event}", None)
         if meth is None or not callable(meth):
             continue

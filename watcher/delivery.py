@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from watcher.callbacks import CommandTarget
 from watcher.hooks import Hook
 
 
@@ -37,6 +38,7 @@ class DeliveryResult:
     seq: int
     step: int
     status: str  # ok | failed | timeout | skipped | coalesced | abandoned
+    kind: str = "command"  # or "callable"
     attempts: int = 0
     start_ts: float | None = None
     end_ts: float | None = None
@@ -52,6 +54,7 @@ class DeliveryResult:
     @classmethod
     def of(cls, d: Delivery, status: str, **fields: Any) -> DeliveryResult:
         """The result of delivery ``d`` with ``status`` (and any other fields)."""
+        kind = "command" if isinstance(d.hook.target, CommandTarget) else "callable"
         return cls(
             d.delivery_id,
             d.hook.label,
@@ -59,6 +62,7 @@ class DeliveryResult:
             d.record["seq"],
             d.record.get("step", 0),
             status,
+            kind,
             **fields,
         )
 

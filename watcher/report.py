@@ -20,8 +20,9 @@ class ConsoleReporter:
         self._lock = threading.Lock()
 
     def __call__(self, out: DeliveryResult) -> None:
-        """quiet: failures only; default: also successes of low-rate events (save, evaluate,
-        ...) with a command's last output line; verbose: everything, with output tails."""
+        """quiet: failures only; default: also successes of commands on low-rate events
+        (save, evaluate, ...) with their last output line, and of callables that acted
+        (returned a Control or Report); verbose: everything, with output tails."""
         if self.quiet and not out.failed:
             return
         if (
@@ -31,6 +32,9 @@ class ConsoleReporter:
             and not out.control
             and out.status != "skipped"
         ):
+            return
+        quiet_callable = out.kind == "callable" and not (out.control or out.reports)
+        if not self.verbose and out.status == "ok" and quiet_callable:
             return
         dur = f"{out.duration:.2f}s" if out.duration is not None else "-"
         tries = f", {out.attempts} attempts" if out.attempts > 1 else ""
