@@ -16,6 +16,7 @@ import orjson
 from journal.cli_common import UserError, dumps, require_journal, scan, user_errors
 from journal.cli_write import control, lease, prune, release, report
 from journal.format import print_records_table, stats_text, status_text
+from journal.lock import run_holder
 from journal.paths import resolve_journal
 from journal.reader import InvalidLine
 
@@ -69,6 +70,7 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
     require_journal(path, summ.s.records, invalid)
     s = summ.result(stale_after=stale_after)
     s.invalid_lines = invalid
+    s.holder = run_holder(path.parent)
     if as_json:
         click.echo(dumps({**s.to_dict(), "journal": str(path)}))
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journal.events import EVENTS
+from journal.lock import describe
 
 if TYPE_CHECKING:
     from journal.summary import RunSummary
@@ -116,6 +117,7 @@ def status_text(s: RunSummary, path: Path) -> str:
         ("checkpoint", s.last_checkpoint or "-"),
         *_best_and_report_rows(s),
         ("last record", fmt_ts(s.last_ts) + ago),
+        *([("held by", describe(s.holder))] if s.holder else []),
         ("journal", f"{path} ({s.records} records, {s.invalid_lines} invalid lines)"),
     ]
     if s.error:

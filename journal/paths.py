@@ -17,6 +17,7 @@ WATCH_DIR_NAME = "watch"  # watcher cursors, results and delivery logs
 LEASES_DIR_NAME = "leases"  # one file per checkpoint lease
 REPORTS_DIR_NAME = "reports"  # reports waiting for the journal's writer
 LOCK_NAME = "journal.lock"  # held by whoever writes the journal
+RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
 
 
 class JournalNotFound(Exception):
@@ -61,6 +62,11 @@ def reports_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
 def lock_path(ckpt_dir: str | os.PathLike[str]) -> Path:
     """The lock file whose holder is the journal's one writer."""
     return Path(ckpt_dir) / LOCK_NAME
+
+
+def run_lock_path(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """The lock file whose holder is the launcher of the run in progress."""
+    return Path(ckpt_dir) / RUN_LOCK_NAME
 
 
 def ckpt_dir_of(path: str | os.PathLike[str]) -> Path:

@@ -162,6 +162,50 @@ def lines_backwards(
             end = start
 
 
+def last_record(
+    path: str | os.PathLike[str], *, include_tail: bool = False
+) -> dict[str, Any] | None:
+    """The last parseable record, read backwards (O(1) in the file's size). With
+    ``include_tail`` a torn final fragment counts if it parses (the writer terminates it and
+    must not repeat its seq)."""
+    for _, line in lines_backwards(path, block=64 * 1024, include_tail=include_tail):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
+            return obj
+    return None
+
+
+def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict[str, Any]]:
+    """Complete records of ``events``, in file order, in bounded memory: a line is parsed
+    only when it contains one of the event names (a byte test), so scanning a journal for
+    its rare records costs little more than reading it."""
+    needles = [f'"{e}"'.encode() for e in events]
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (a generator: closed by the with below)
+    except FileNotFoundError:
+        return
+    with f:
+        carry = b""
+        while chunk := f.read(CHUNK_SIZE):
+            buf = carry + chunk
+            cut = buf.rfind(b"\n") + 1
+            carry = buf[cut:]
+            for line in buf[:cut].split(b"\n"):
+                if not any(n in line for n in needles):
+                    continue
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if type(obj) is dict and obj.get("event") in events and _check(obj) is None:
+                    yield obj
+
+
 def end_of_complete_lines(path: str | os.PathLike[str]) -> int:
     """Byte offset just past the last ``\\n`` (0 if none or no file): where a reader that
     wants only new records starts. Reads backwards from the end, not the whole file."""

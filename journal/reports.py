@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeGuard
 import orjson
 
 from journal.files import atomic_write, json_files
-from journal.lock import JournalLock
+from journal.lock import JournalLock, JournalLocked
 from journal.paths import PROCESSED_DIR_NAME, reports_dir
 
 log = logging.getLogger(__name__)
@@ -285,8 +285,12 @@ def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> N
         if not pending(ckpt_dir):
             return
         lock = JournalLock(ckpt_dir, role=role)
-        if not lock.try_acquire():
-            return  # the holder drains (before and after it releases)
+        try:
+            # Short holders (another reporter, a status probe) are gone within milliseconds;
+            # one that stays is a trainer, which drains before and after it releases.
+            lock.acquire(timeout=0.5)
+        except JournalLocked:
+            return
         try:
             with JournalWriter(ckpt_dir, join=True) as w:
                 ingest(ckpt_dir, w.append_at_last_position)

@@ -51,6 +51,7 @@ class RunSummary:
     best_checkpoint: dict[str, Any] | None = None  # by keep_best, from reports/evaluate
     reports: int = 0
     last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
+    holder: dict[str, Any] | None = None  # the launcher holding the directory now
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

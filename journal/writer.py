@@ -20,12 +20,11 @@ import orjson
 
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.paths import JOURNAL_NAME
-from journal.reader import lines_backwards
+from journal.reader import last_record
 
 log = logging.getLogger(__name__)
 
 ErrorPolicy = Literal["warn", "raise"]
-_TAIL_PROBE = 64 * 1024
 # orjson writes NaN/Inf as null (valid JSON); the trainer also sends an explicit flag for
 # non-finite losses so consumers can tell "diverged" from "not measured".
 _DUMPS_OPTS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
@@ -42,21 +41,6 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # 0-d tensors / numpy scalars
         return obj.item()
     return str(obj)
-
-
-def _last_record(path: Path) -> dict[str, Any] | None:
-    """The last parseable record, read backwards (a torn tail counts if it parses: it is
-    about to be terminated and would otherwise repeat its seq)."""
-    for _, line in lines_backwards(path, block=_TAIL_PROBE, include_tail=True):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
-            return obj
-    return None
 
 
 def _ends_clean(path: Path) -> bool:
@@ -111,7 +95,7 @@ class JournalWriter:
         self._init_from_tail(resume, join, run_id)
 
     def _init_from_tail(self, resume: bool, join: bool, run_id: str | None) -> None:
-        last = _last_record(self.path)
+        last = last_record(self.path, include_tail=True)
         # The envelope position of the last record (for records written out of band).
         self._last_position = tuple(
             v if last and isinstance(v := last.get(k), int) else 0

@@ -162,9 +162,10 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
     Watch it from another shell with `ilab-journal tail -f runs/demo` or react to it with
     `ilab-watch runs/demo --on-save eval.py`.
 
-    Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 5 interrupted.
+    Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 3 the checkpoint dir is in
+    use by another launch (the message names it), 5 interrupted.
     """
-    from trainer.launch import TrainingFailed, run_training
+    from trainer.launch import RunDirBusy, TrainingFailed, run_training
 
     base: dict[str, Any] = {}
     if config is not None:
@@ -196,6 +197,9 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
         result = run_training(targs, trun, echo=not quiet)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    except RunDirBusy as exc:
+        click.echo(f"ilab-train: {exc}", err=True)
+        sys.exit(3)
     except TrainingFailed as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(1)

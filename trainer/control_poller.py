@@ -180,12 +180,3 @@ class ControlPoller:
             os.replace(path, self.processed / path.name)
         except OSError as exc:
             log.warning("cannot move %s to %s: %s", path, self.processed, exc)
-
-
-def seen_ids_from_journal(records: list[dict[str, Any]]) -> set[str]:
-    """Command ids already handled in earlier attempts (at-most-once across resumes)."""
-    return {
-        r["data"]["id"]
-        for r in records
-        if r.get("event") == "control" and isinstance((r.get("data") or {}).get("id"), str)
-    }

@@ -18,14 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from journal.lock import JournalLock, JournalLocked
+from journal.lock import JournalLock, JournalLocked, RunLock, describe, run_holder
 from journal.paths import journal_path, logs_dir
+from journal.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.query import find_last
 from journal.reader import JournalReader
 from journal.reports import drain
 from journal.writer import JournalWriter
 from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig, check_runtime
 from watcher.callbacks import callable_name
+
+
+class RunDirBusy(RuntimeError):
+    """Another launch is running in this checkpoint dir (``ilab-train`` exits 3)."""
 
 
 class TrainingFailed(RuntimeError):
@@ -76,12 +81,24 @@ def worker_config(args: TrainingArgs) -> WorkerConfig:
 
 
 def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
+    """Copy worker output to the launch log and the console. A full disk or a closed
+    console stops that copy (said once), never the draining: workers must not block."""
+    to_log, to_echo = True, echo is not None
     for line in iter(src.readline, b""):
-        log_file.write(line)
-        log_file.flush()
-        if echo is not None:
-            echo.write(line.decode("utf-8", errors="replace"))
-            echo.flush()
+        if to_log:
+            try:
+                log_file.write(line)
+                log_file.flush()
+            except OSError as exc:
+                to_log = False
+                if echo is not None:
+                    echo.write(f"ilab-train: cannot write the launch log any more: {exc}\n")
+        if to_echo and echo is not None:
+            try:
+                echo.write(line.decode("utf-8", errors="replace"))
+                echo.flush()
+            except (OSError, ValueError):
+                to_echo = False
 
 
 def run_training(
@@ -97,13 +114,48 @@ def run_training(
     process, through the embedded watcher: nothing is serialized into the workers. Returns
     after ``train_end`` and its deliveries (bounded by ``callback_grace_s``).
 
-    Raises :class:`TrainingFailed` when the run fails (the message names the log file), and
-    :class:`trainer.config.ConfigError` before launching when the settings cannot work here.
+    Raises :class:`TrainingFailed` when the run fails (the message names the log file);
+    before launching, :class:`trainer.config.ConfigError` when the settings cannot work here
+    and :class:`RunDirBusy` when another launch holds the checkpoint dir.
     """
     check_runtime(train_args)
     t = torchrun_args or TorchrunArgs()
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
     train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
+    # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node
+    # run share the directory and must not be refused.
+    run_lock = RunLock(ckpt_dir) if t.node_rank == 0 else None
+    if run_lock is not None and not run_lock.try_acquire():
+        raise RunDirBusy(_busy_message(ckpt_dir))
+    if run_lock is not None and run_lock.previous:
+        print(
+            f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
+            "ended without releasing the directory; taking over",
+            file=sys.stderr,
+        )
+    try:
+        return _launch(train_args, t, ckpt_dir, echo=echo, env=env)
+    finally:
+        if run_lock is not None:
+            run_lock.release()
+
+
+def _busy_message(ckpt_dir: Path) -> str:
+    info = run_holder(ckpt_dir) or {}
+    begin = find_last(journal_path(ckpt_dir), "train_begin")
+    if begin and begin.get("run_id"):
+        info = {**info, "run_id": begin["run_id"]}
+    return f"{ckpt_dir} is in use by {describe(info)}"
+
+
+def _launch(
+    train_args: TrainingArgs,
+    t: TorchrunArgs,
+    ckpt_dir: Path,
+    *,
+    echo: bool,
+    env: dict[str, str] | None,
+) -> TrainingResult:
     logs = logs_dir(ckpt_dir)
     logs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -128,12 +180,14 @@ def run_training(
     proc_env = {**os.environ, **(env or {})}
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
+    proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             torchrun_command(cfg_path, t),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=proc_env,
+            preexec_fn=die_with_parent,  # torchrun gets SIGTERM (and stops its workers) if we die
         )
         pump = threading.Thread(
             target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True

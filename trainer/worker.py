@@ -8,6 +8,7 @@ record on every exit path Python can see.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import platform
@@ -16,40 +17,36 @@ import socket
 import sys
 import time
 import traceback
-from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from journal.lock import JournalLock, JournalLocked
 from journal.paths import journal_path, logs_dir
-from journal.reader import read_all
-from journal.reports import BestTracker, MetricGoal, drain
+from journal.procs import die_with_parent, watch_parent
+from journal.reader import iter_events, last_record
+from journal.reports import BEST_EVENTS, BestTracker, MetricGoal, drain
 from journal.rotation import latest_checkpoint
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
-from trainer.checkpoint import ConsolidatedWriter
+from trainer.build import build_model, device_and_backend, load_data, total_steps
 from trainer.config import TrainingArgs, WorkerConfig
-from trainer.control_poller import ControlPoller, seen_ids_from_journal
-from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
+from trainer.control_poller import ControlPoller
+from trainer.data import DataError
 from trainer.emitter import Emitter
 from trainer.loop import RunOutcome, Trainer
-from trainer.model import (
-    VOCAB_SIZE,
-    TinyGPT,
-    build_hf_model,
-    hf_decoder_layers,
-    save_consolidated,
-    save_hf_consolidated,
-)
 from trainer.optim import build_optimizer
 from trainer.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
-LOCK_WAIT_S = 30.0
+LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
+ORPHAN_GRACE_S = 30.0
+
+
+class RunMismatch(RuntimeError):
+    """The ranks of one run were not given the same checkpoint dir or configuration."""
 
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
@@ -66,6 +63,23 @@ def _setup_logging(ckpt_dir: Path, rank: int) -> None:
     root.handlers[:] = [fh, sh]
 
 
+def _end_with_launcher() -> None:
+    """Orphans must not train on: when torchrun or the launcher dies (any signal), take the
+    SIGTERM path (finish the step, save, train_end interrupted) and leave for sure after
+    ORPHAN_GRACE_S even if other ranks are gone and a collective hangs."""
+    die_with_parent(signal.SIGTERM)
+
+    def orphaned() -> None:
+        log.warning("the launcher or torchrun is gone: finishing the step, saving, ending")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)
+        log.error("still running %.0fs after the launcher died: exiting", ORPHAN_GRACE_S)
+        logging.shutdown()
+        os._exit(1)
+
+    watch_parent(orphaned)
+
+
 def _install_signal_handlers(flag: list[str]) -> None:
     """SIGTERM/SIGINT: finish the step, save, end as interrupted (decided in the all-reduce)."""
 
@@ -79,16 +93,6 @@ def _install_signal_handlers(flag: list[str]) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _device_and_backend(args: TrainingArgs, local_rank: int) -> tuple[torch.device, str]:
-    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
-    if args.backend == "nccl" and not torch.cuda.is_available():
-        raise RuntimeError("backend 'nccl' needs CUDA, and no GPU is visible")
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -99,103 +103,55 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _build_model(
-    args: TrainingArgs, device: torch.device
-) -> tuple[torch.nn.Module, ConsolidatedWriter]:
-    """The model, FSDP2-sharded per block, and how to write its consolidated checkpoint."""
-    write: ConsolidatedWriter
-    if args.model_path is not None:
-        model = build_hf_model(Path(args.model_path))
-        blocks = hf_decoder_layers(model)
-        write = partial(save_hf_consolidated, model.config)
-    else:
-        model = TinyGPT(args.model)
-        blocks = model.shardable_blocks()
-        cfg = {
-            "model_type": "ilab-tinygpt",
-            "model": args.model.model_dump(),
-            "vocab_size": VOCAB_SIZE,
-        }
-        write = partial(_save_builtin, cfg=cfg)
-    model.to(device)
-    bf16 = device.type == "cuda" and args.mixed_precision in ("auto", "bf16")
-    mp = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if bf16
-        else MixedPrecisionPolicy()
-    )
-    for block in blocks:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model, write
-
-
-def _save_builtin(
-    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any]
-) -> None:
-    save_consolidated(out_dir, state_dict, cfg)
-
-
 def _open_journal(
-    args: TrainingArgs, ckpt_dir: Path, rank: int, resumed: bool, lock: JournalLock
+    args: TrainingArgs, ckpt_dir: Path, rank: int, resumed: bool
 ) -> tuple[Emitter, set[str]]:
-    """Rank 0: take the journal lock and open the writer (a no-op emitter elsewhere).
-    Returns the emitter and the control ids handled in earlier attempts."""
+    """Rank 0, holding the journal lock: open the writer (a no-op emitter elsewhere).
+    Returns the emitter and the control ids handled in earlier attempts. What it needs from
+    the journal is read in bounded memory: the last record backwards, and the few control,
+    report and checkpoint records through a byte prefilter."""
     if rank != 0 or args.journal_detail == "off":
         return Emitter(None, args.journal_detail), set()
-    lock.acquire(timeout=LOCK_WAIT_S)  # a reporter holds it for one append at most
     jpath = journal_path(ckpt_dir)
-    prior = read_all(jpath).records if jpath.exists() and args.resume == "auto" else []
-    unfinished = bool(prior) and prior[-1].get("event") != "train_end"
+    known = args.resume == "auto" and jpath.exists()
+    last = last_record(jpath) if known else None
+    unfinished = last is not None and last.get("event") != "train_end"
     writer = JournalWriter(ckpt_dir, resume=resumed or unfinished)
     emitter = Emitter(writer, args.journal_detail)
     if args.keep_best:
         emitter.best = BestTracker(MetricGoal.parse(args.keep_best))
-        for rec in prior:
-            if rec.get("run_id") == writer.run_id:
-                emitter.best.add(rec)
-    return emitter, seen_ids_from_journal(prior)
+    seen_ids: set[str] = set()
+    for rec in iter_events(jpath, {"control", *BEST_EVENTS}) if known else ():
+        if rec["event"] == "control" and isinstance(rec["data"].get("id"), str):
+            seen_ids.add(rec["data"]["id"])
+        elif emitter.best is not None and rec.get("run_id") == writer.run_id:
+            emitter.best.add(rec)
+    return emitter, seen_ids
 
 
-def _load_data(
-    args: TrainingArgs, ckpt_dir: Path, rank: int, world: int, local_rank: int
-) -> tuple[StepPlanner, StepPlanner | None, int]:
-    """Training and validation planners (and the training sample count)."""
-    data_path, val_path = args.data_path, args.val_data_path
-    if args.demo:
-        demo_dir = ckpt_dir / "demo_data"
-        if local_rank == 0:  # one writer per node (same seed: same bytes everywhere)
-            make_demo_data(demo_dir, n_train=args.demo_samples, seed=args.seed)
-        dist.barrier()
-        data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
-    assert data_path is not None  # TrainingArgs requires data_path unless demo
-    vocab = VOCAB_SIZE if args.model_path is None else None
-    seq = args.model.max_seq_len
-    samples = load_jsonl(Path(data_path), seq, vocab)
-    val = load_jsonl(Path(val_path), seq, vocab) if val_path else None
-    planner = StepPlanner(
-        samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
-    )
-    val_planner = (
-        StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed)
-        if val and len(val) >= world
-        else None
-    )
-    return planner, val_planner, len(samples)
-
-
-def _total_steps(args: TrainingArgs, steps_per_epoch: int, rank: int) -> int:
-    epoch_steps = steps_per_epoch * args.num_epochs
-    if args.max_steps and args.max_steps > epoch_steps and rank == 0:
-        log.warning(
-            "max_steps %d is more than %d epoch(s) of %d steps: training ends at step %d "
-            "(raise num_epochs to train longer)",
-            args.max_steps,
-            args.num_epochs,
-            steps_per_epoch,
-            epoch_steps,
-        )
-    return min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps
+def _agree(cfg: WorkerConfig, rank: int, world: int, resume_from: Path | None) -> Path | None:
+    """The one start-up collective: every rank shows its checkpoint dir and configuration,
+    rank 0 its resume decision. A mismatch (e.g. nodes given different --ckpt-dir) ends
+    every rank with the same clear error; otherwise everyone resumes from rank 0's choice."""
+    mine = {
+        "host": socket.gethostname(),
+        "ckpt_dir": os.path.realpath(cfg.args.ckpt_dir),
+        "config": hashlib.sha256(cfg.args.model_dump_json().encode()).hexdigest()[:16],
+        "resume_from": str(resume_from) if rank == 0 and resume_from else None,
+    }
+    everyone: list[dict[str, Any] | None] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    first = everyone[0]
+    assert first is not None
+    for r, other in enumerate(everyone):
+        assert other is not None
+        for key, what in (("ckpt_dir", "checkpoint dir"), ("config", "configuration")):
+            if other[key] != first[key]:
+                raise RunMismatch(
+                    f"ranks disagree on the {what}: rank {r} on {other['host']} has "
+                    f"{other[key]}, rank 0 on {first['host']} has {first[key]}"
+                )
+    return Path(first["resume_from"]) if first["resume_from"] else None
 
 
 def run_worker(cfg: WorkerConfig) -> int:
@@ -210,10 +166,16 @@ def run_worker(cfg: WorkerConfig) -> int:
     _setup_logging(ckpt_dir, rank)
     interrupted: list[str] = []
     _install_signal_handlers(interrupted)
-    resume_from = latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
+    _end_with_launcher()
     lock = JournalLock(ckpt_dir, role="trainer")
+    resume_from = None
     try:
-        emitter, seen_ids = _open_journal(args, ckpt_dir, rank, bool(resume_from), lock)
+        if rank == 0:
+            # Wait out a previous attempt's workers that are still finishing (after their
+            # launcher was killed they save and end within seconds), then decide.
+            lock.acquire(timeout=LOCK_WAIT_S)
+            resume_from = latest_checkpoint(ckpt_dir) if args.resume == "auto" else None
+        emitter, seen_ids = _open_journal(args, ckpt_dir, rank, bool(resume_from))
     except JournalLocked as exc:
         log.error("%s", exc)
         return 1
@@ -225,15 +187,16 @@ def run_worker(cfg: WorkerConfig) -> int:
     reports: ReportInbox | None = None
     ended = False
     try:
-        device, backend = _device_and_backend(args, local_rank)
+        device, backend = device_and_backend(args, local_rank)
         dist.init_process_group(
             backend=backend, device_id=device if device.type == "cuda" else None
         )
+        resume_from = _agree(cfg, rank, world, resume_from)
         torch.manual_seed(args.seed)
-        planner, val_planner, n_samples = _load_data(args, ckpt_dir, rank, world, local_rank)
-        model, write_consolidated = _build_model(args, device)
+        planner, val_planner, n_samples = load_data(args, ckpt_dir, rank, world, local_rank)
+        model, write_consolidated = build_model(args, device)
         model.train()
-        total = _total_steps(args, planner.steps_per_epoch, rank)
+        total = total_steps(args, planner.steps_per_epoch, rank)
         opt, sched = build_optimizer(model, args, total)
         state = ckpt.TrainerState()
         if resume_from is not None:

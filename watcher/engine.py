@@ -28,7 +28,7 @@ from watcher.callbacks import callable_name
 from watcher.completion import Completions, Reporter
 from watcher.cursor import Cursor, CursorState
 from watcher.delivery import Delivery, DeliveryResult
-from watcher.execute import Executor
+from watcher.execute import Executor, end_leftovers
 from watcher.follow import JournalFollower, StartAt
 from watcher.hooks import Hook
 from watcher.leasing import LeaseKeeper
@@ -106,7 +106,9 @@ class Watcher:
             control_source=control_source or f"watcher:{name}",
             stop=self._stop,
             removed=self._checkpoint_removed,
+            running_dir=state_dir / f"{name}.running" if state_dir else None,
         )
+        self._running_dir = executor.running_dir
         self._leases = LeaseKeeper(journal.parent, ttl=lease_ttl, holder=f"watcher:{name}")
         self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
         self._removed_cond = threading.Condition()
@@ -179,6 +181,8 @@ class Watcher:
         return all(q.idle() for q in self._queues.values())
 
     def _begin(self) -> None:
+        if self._running_dir is not None and (n := end_leftovers(self._running_dir)):
+            self._notice(f"ended {n} callback process group(s) a previous watcher left running")
         saved = self.cursor.load()
         if self.cursor.warning:
             self._notice(self.cursor.warning)

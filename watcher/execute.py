@@ -8,6 +8,7 @@ callables get ``(event, **payload)`` and may return ``Control``s and ``Report``s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -24,6 +25,8 @@ from typing import Any
 import orjson
 
 from journal.control import Control, send_command
+from journal.files import atomic_write, json_files
+from journal.procs import die_with_parent, start_time
 from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
 from watcher.delivery import Delivery, DeliveryResult
@@ -46,6 +49,7 @@ class Executor:
         control_source: str,
         stop: threading.Event,
         removed: Callable[[Delivery], bool] = lambda d: False,
+        running_dir: Path | None = None,
     ) -> None:
         self.journal = journal
         self.ckpt_dir = str(journal.parent)
@@ -53,6 +57,7 @@ class Executor:
         self.control_source = control_source
         self.stop = stop
         self.removed = removed
+        self.running_dir = running_dir
 
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
@@ -144,11 +149,13 @@ class Executor:
                 stderr=subprocess.PIPE,
                 env=env,
                 start_new_session=True,  # its own process group: a timeout kills it whole
+                preexec_fn=_die_with_watcher,
             )
         except OSError as exc:
             out.status, out.exit_code = "failed", None
             out.error = f"cannot start {argv[0]}: {exc.strerror}"
             return
+        marker = self._mark_running(proc.pid, d)
         try:
             stdout, stderr = proc.communicate(payload, timeout=timeout)
             out.status = "ok" if proc.returncode == 0 else "failed"
@@ -158,6 +165,8 @@ class Executor:
             stdout, stderr = proc.communicate()
             out.status = "timeout"
             out.error = f"timed out after {timeout:g}s (process group killed)"
+        if marker is not None:
+            marker.unlink(missing_ok=True)
         out.exit_code = proc.returncode
         out.stdout_tail = stdout[-TAIL_BYTES:].decode("utf-8", "replace")
         out.stderr_tail = stderr[-TAIL_BYTES:].decode("utf-8", "replace")
@@ -168,6 +177,16 @@ class Executor:
             head = b"$ " + " ".join(argv).encode()
             lp.write_bytes(head + b"\n--- stdout\n" + stdout + b"\n--- stderr\n" + stderr)
             out.log_path = str(lp)
+
+    def _mark_running(self, pid: int, d: Delivery) -> Path | None:
+        """Note a running command's process group, so that a watcher restarted after a
+        ``kill -9`` ends it before running the delivery again (never two at once)."""
+        if self.running_dir is None:
+            return None
+        self.running_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.running_dir / f"{d.delivery_id}.json"
+        atomic_write(marker, orjson.dumps({"pgid": pid, "start": start_time(pid)}))
+        return marker
 
     # -- callables -----------------------------------------------------------------------
 
@@ -244,6 +263,30 @@ class Executor:
             out.status, out.error = "failed", f"$ILAB_REPORT: {exc}"
             return
         self._submit(report, d, out)
+
+
+def _die_with_watcher() -> None:
+    """In the child, before exec: killed when the watcher dies, even by ``kill -9``."""
+    die_with_parent(signal.SIGKILL)
+
+
+def end_leftovers(running_dir: Path) -> int:
+    """Kill the process groups of commands a previous watcher left running (it died
+    mid-delivery); returns how many. A pid since reused by another process is left alone."""
+    ended = 0
+    for marker in json_files(running_dir):
+        try:
+            info = orjson.loads(marker.read_bytes())
+            pgid, started = int(info["pgid"]), info.get("start")
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            marker.unlink(missing_ok=True)
+            continue
+        if (started is not None and start_time(pgid) == started) or start_time(pgid) is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                ended += 1
+        marker.unlink(missing_ok=True)
+    return ended
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

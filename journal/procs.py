@@ -1,0 +1,75 @@
+"""Process lifetimes: nothing we start outlives the process that started it.
+
+Training workers, the torchrun agent and watcher callbacks must end when whoever started them
+dies, whatever the signal (``kill -9`` included), or a relaunch trains beside orphans and a
+restarted watcher runs a delivery twice at once. Two mechanisms, belt and braces: the kernel's
+parent-death signal (Linux ``PR_SET_PDEATHSIG``), and a thread that watches the parent (and
+the launcher) and reacts within a second where the signal cannot be set or was missed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+LAUNCHER_PID_ENV = "ILAB_LAUNCHER_PID"
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only;
+    elsewhere the parent watch below does the job). Safe as a ``preexec_fn``."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by
+    another process from the one we started; None when unknown or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def watch_parent(on_orphaned: Callable[[], None], *, interval: float = 0.5) -> threading.Thread:
+    """Call ``on_orphaned`` once, from a daemon thread, when this process's parent changes
+    (it died and we were re-parented) or the launcher named by ``ILAB_LAUNCHER_PID`` is gone."""
+    parent = os.getppid()
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+
+    def run() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent or (launcher and not pid_alive(launcher)):
+                on_orphaned()
+                return
+
+    t = threading.Thread(target=run, name="ilab-parent-watch", daemon=True)
+    t.start()
+    return t

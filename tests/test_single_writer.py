@@ -1,0 +1,205 @@
+"""One writer, no orphans: a busy checkpoint dir refuses a second launch, workers end with
+their launcher, a relaunch never trains beside leftovers, a restarted watcher never runs a
+delivery beside a leftover copy of itself, and ranks that disagree on the run stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import BIN, cli, records, train, train_argv, train_env, wait_for
+
+pytestmark = pytest.mark.dist
+
+
+def workers_of(ckpt: Path) -> list[psutil.Process]:
+    """Training worker processes of this checkpoint dir, wherever they were re-parented."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "trainer.worker" in cmd and any(str(ckpt / "logs") in c for c in cmd):
+            out.append(p)
+    return out
+
+
+def max_step(ckpt: Path) -> int:
+    return max((r["step"] for r in records(ckpt)), default=0)
+
+
+def test_a_second_launch_on_a_busy_dir_is_refused_with_exit_3(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "300"),
+        env=train_env(step_delay=0.2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: max_step(ckpt) >= 2, what="step 2")
+        run_id = records(ckpt)[0]["run_id"]
+        second = train(ckpt, "--max-steps", "5", timeout=60)
+        assert second.returncode == 3, second.stderr
+        line = second.stderr.strip()
+        assert len(line.splitlines()) == 1 and "Traceback" not in line
+        assert f"pid {job.pid}" in line and f"run {run_id}" in line and "in use by" in line
+        status = json.loads(cli("ilab-journal", "status", str(ckpt), "--json").stdout)
+        assert status["holder"]["pid"] == job.pid and status["holder"]["role"] == "launcher"
+        cli("ilab-journal", "control", "stop", str(ckpt))
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-2000:]
+    begins = [r for r in records(ckpt) if r["event"] == "train_begin"]
+    assert len(begins) == 1  # the refused launch wrote nothing
+    assert cli("ilab-journal", "validate", str(ckpt)).returncode == 0
+    status = json.loads(cli("ilab-journal", "status", str(ckpt), "--json").stdout)
+    assert status["holder"] is None  # released at the end
+
+
+def relaunch_after_killing_the_launcher(tmp_path: Path, kills: int) -> dict[str, Any]:
+    """kill -9 of the launcher alone (what the OOM killer does) and an immediate relaunch,
+    ``kills`` times, while the killed launch's workers are still finishing; the last launch
+    runs to the end. Returns figures for the reliability table."""
+    ckpt = tmp_path / "run"
+    args = ("--max-steps", "40", "--save-every", "3")
+
+    def launch() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            train_argv(ckpt, *args),
+            env=train_env(step_delay=0.1),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    orphans_gone_s: list[float] = []
+    job = launch()
+    try:
+        for _ in range(kills):
+            start = max_step(ckpt)
+            wait_for(lambda start=start: max_step(ckpt) >= start + 3, what="3 more steps")
+            old = workers_of(ckpt)
+            assert old, "no worker processes found"
+            os.kill(job.pid, signal.SIGKILL)
+            job.wait()
+            killed = time.monotonic()
+            job = launch()  # at once, beside the killed launch's finishing workers
+            _, alive = psutil.wait_procs(old, timeout=45)
+            assert not alive, f"orphaned workers still running: {alive}"
+            orphans_gone_s.append(time.monotonic() - killed)
+        assert job.wait(timeout=300) == 0
+    finally:
+        job.kill()
+    recs = records(ckpt)
+    valid = cli("ilab-journal", "validate", str(ckpt))
+    assert valid.returncode == 0, valid.stdout
+    seqs = [r["seq"] for r in recs]
+    assert seqs == sorted(set(seqs))  # strictly increasing: never two writers
+    attempts = [r["attempt"] for r in recs]
+    assert attempts == sorted(attempts)  # attempts never interleave
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "completed"
+    assert end["step"] == 40
+    return {"kills": kills, "orphans_gone_max_s": max(orphans_gone_s), "attempts": attempts[-1]}
+
+
+def test_killing_the_launcher_leaves_no_orphans_and_a_relaunch_completes(
+    tmp_path: Path,
+) -> None:
+    figures = relaunch_after_killing_the_launcher(tmp_path, kills=2)
+    assert figures["orphans_gone_max_s"] < 30
+
+
+SLOW_CALLBACK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    log = os.environ["CALLS"]
+    with open(log, "a") as f:
+        f.write(json.dumps({"id": os.environ["ILAB_DELIVERY_ID"], "pid": os.getpid(),
+                            "at": "start", "t": time.time()}) + "\\n")
+    time.sleep(float(os.environ.get("SLEEP", "3")))
+    with open(log, "a") as f:
+        f.write(json.dumps({"id": os.environ["ILAB_DELIVERY_ID"], "pid": os.getpid(),
+                            "at": "end", "t": time.time()}) + "\\n")
+    """
+)
+
+
+def test_a_watcher_killed_mid_delivery_leaves_no_callback_running(
+    tmp_path: Path, ckpt: Path
+) -> None:
+    from tests.conftest import write_run
+
+    write_run(ckpt, steps=4, save_every=2)  # two saves, then train_end
+    script, calls = tmp_path / "cb.py", tmp_path / "calls.jsonl"
+    script.write_text(SLOW_CALLBACK)
+    env = {**os.environ, "CALLS": str(calls), "SLEEP": "3"}
+    argv = [str(BIN / "ilab-watch"), str(ckpt), "--on-save", str(script), "--name", "w"]
+    first = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+    entries = wait_for(
+        lambda: calls.exists() and [json.loads(x) for x in calls.read_text().splitlines()],
+        what="a delivery started",
+    )
+    child = psutil.Process(entries[0]["pid"])
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    child.wait(timeout=10)  # ended with its watcher, not left running
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    log = [json.loads(x) for x in calls.read_text().splitlines()]
+    ends = {e["id"] for e in log if e["at"] == "end"}
+    assert len(ends) == 2  # both saves delivered to the end
+    spans: dict[str, list[tuple[float, float]]] = {}
+    starts = {(e["id"], e["pid"]): e["t"] for e in log if e["at"] == "start"}
+    for e in log:
+        if e["at"] == "end":
+            spans.setdefault(e["id"], []).append((starts[(e["id"], e["pid"])], e["t"]))
+    assert all(len(v) == 1 for v in spans.values())  # the killed run never finished
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_nodes_given_different_checkpoint_dirs_stop_with_one_clear_error(
+    tmp_path: Path,
+) -> None:
+    port = str(free_port())
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    procs = [
+        subprocess.Popen(
+            [
+                *(str(BIN / "ilab-train"), "--demo", "--ckpt-dir", str(d), "--max-steps", "3"),
+                *("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1"),
+                *("--master-addr", "127.0.0.1", "--master-port", port, "--quiet"),
+            ],
+            env=train_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, d in enumerate(dirs)
+    ]
+    try:
+        errs = [p.communicate(timeout=180)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 1 for p in procs), errs
+    end = records(dirs[0])[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    assert "ranks disagree on the checkpoint dir" in end["data"]["reason"]
+    assert str(dirs[1]) in end["data"]["reason"]
+    assert "ranks disagree" in errs[0]
