@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
-from journal.paths import JOURNAL_NAME
+from journal.paths import JOURNAL_NAME, RESERVE_NAME
 from journal.reader import last_record
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class JournalWriter:
             records, write a ``journal_gap`` record once writing works again);
             ``"raise"`` raises :class:`JournalWriteError`.
         durable_events: events followed by ``fsync``.
+        reserve_bytes: keep this much disk in ``journal.reserve`` while open; when the disk
+            fills up, it is released so the last records (``train_end``) still land. Any
+            writer releases a reserve it finds (one a killed trainer left, too).
 
     Not thread-safe: one writer per file, in one thread (rank 0 of the trainer).
     """
@@ -80,6 +83,7 @@ class JournalWriter:
         on_error: ErrorPolicy = "warn",
         durable_events: frozenset[str] = DURABLE_EVENTS,
         mode: int = 0o640,
+        reserve_bytes: int = 0,
     ) -> None:
         p = Path(path)
         is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
@@ -92,6 +96,9 @@ class JournalWriter:
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        self._reserve = self.path.with_name(RESERVE_NAME)
+        self._own_reserve = False
+        self._make_reserve(reserve_bytes)
         self._init_from_tail(resume, join, run_id)
 
     def _init_from_tail(self, resume: bool, join: bool, run_id: str | None) -> None:
@@ -142,8 +149,12 @@ class JournalWriter:
             # Fast path (nothing pending, no earlier failure): one dumps, one write.
             line = self._encode(seq, ts, event, step, epoch, samples_seen, data)
             try:
-                if os.write(self._fd, line) != len(line):
-                    raise OSError(errno.ENOSPC, "short write")
+                try:
+                    n = os.write(self._fd, line)
+                except OSError:
+                    n = 0
+                if n != len(line):  # disk full (or a quota): the slow path, reserve included
+                    self._write_bytes(line[n:], continuing=True)
                 if durable:
                     os.fsync(self._fd)
             except OSError as exc:
@@ -243,6 +254,8 @@ class JournalWriter:
         self.flush()
         os.close(self._fd)
         self._fd = -1
+        if self._own_reserve:
+            self._reserve.unlink(missing_ok=True)
 
     def __enter__(self) -> JournalWriter:
         return self
@@ -252,22 +265,51 @@ class JournalWriter:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _write_bytes(self, payload: bytes) -> None:
-        if self._torn:
+    def _write_bytes(self, payload: bytes, *, continuing: bool = False) -> None:
+        """Write all of ``payload`` (``continuing``: the rest of a line already begun). On
+        a full disk the reserve is given up once, so the final records still land."""
+        if self._torn and not continuing:
             # A previous write may have left a partial line: start on a fresh line.
             payload = b"\n" + payload
         view = memoryview(payload)
         while view:
             try:
                 n = os.write(self._fd, view)
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._release_reserve():
+                    continue
                 self._torn = True
                 raise
-            if n == len(view):
-                break
-            self._torn = True  # a short write means the disk or quota is full
             view = view[n:]
+            if view:
+                self._torn = True  # a short write: the disk or quota is full; go on
         self._torn = False
+
+    def _make_reserve(self, size: int) -> None:
+        """Hold ``size`` bytes of disk for the last records (train_end) of a full disk."""
+        if size <= 0 or self._reserve.exists():
+            return
+        try:
+            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except (OSError, AttributeError):
+            os.close(fd)
+            self._reserve.unlink(missing_ok=True)  # no room for it now: go without
+            return
+        os.close(fd)
+        self._own_reserve = True
+
+    def _release_reserve(self) -> bool:
+        """Delete the reserve file (ours or one a killed writer left); False if none."""
+        try:
+            self._reserve.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("journal %s: disk full; released the reserve for the last records", self.path)
+        return True
 
     def _dropped(self, seq: int, exc: OSError | None) -> None:
         if self.on_error == "raise":

@@ -67,8 +67,8 @@ def save_checkpoint(
     name = step_dir_name(state.step)
     tmp, final = root / f".tmp-{name}", root / name
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in root.glob(".tmp-step-*"):  # left by a crash or a full disk
+            shutil.rmtree(stale, ignore_errors=True)
         (tmp / "full_state").mkdir(parents=True)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)

@@ -200,6 +200,9 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
     except RunDirBusy as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(3)
+    except OSError as exc:  # e.g. a full disk before the workers started
+        click.echo(f"ilab-train: {exc.strerror or exc}: {exc.filename or targs.ckpt_dir}", err=True)
+        sys.exit(1)
     except TrainingFailed as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(1)

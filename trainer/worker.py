@@ -8,10 +8,12 @@ record on every exit path Python can see.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import platform
+import shutil
 import signal
 import socket
 import sys
@@ -43,6 +45,8 @@ from trainer.report_inbox import ReportInbox
 log = logging.getLogger("trainer")
 LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
 ORPHAN_GRACE_S = 30.0
+RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
+FULL_DISK_BYTES = 1 << 20  # less free space than this after a failure: the disk is full
 
 
 class RunMismatch(RuntimeError):
@@ -60,6 +64,7 @@ def _setup_logging(ckpt_dir: Path, rank: int) -> None:
     sh.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
+    logging.raiseExceptions = False  # a full disk must not print a traceback per log line
     root.handlers[:] = [fh, sh]
 
 
@@ -116,7 +121,7 @@ def _open_journal(
     known = args.resume == "auto" and jpath.exists()
     last = last_record(jpath) if known else None
     unfinished = last is not None and last.get("event") != "train_end"
-    writer = JournalWriter(ckpt_dir, resume=resumed or unfinished)
+    writer = JournalWriter(ckpt_dir, resume=resumed or unfinished, reserve_bytes=RESERVE_BYTES)
     emitter = Emitter(writer, args.journal_detail)
     if args.keep_best:
         emitter.best = BestTracker(MetricGoal.parse(args.keep_best))
@@ -270,12 +275,16 @@ def run_worker(cfg: WorkerConfig) -> int:
         )
         return 0
     except BaseException as exc:
+        why = None
         if isinstance(exc, DataError):
             log.error("data error: %s", exc)
+        elif _disk_full(exc, ckpt_dir):  # not a bug: one line (the traceback is journaled)
+            why = f"No space left on device in {ckpt_dir}"
+            log.error("training failed: %s", why)
         else:
             log.exception("training failed")
         if not ended:
-            emitter.emit("train_end", failure_payload(exc))
+            emitter.emit("train_end", failure_payload(exc, why))
         return 1
     finally:
         for inbox in (poller, reports):
@@ -285,6 +294,20 @@ def run_worker(cfg: WorkerConfig) -> int:
         if lock.held:
             lock.release()
             drain(ckpt_dir, role="trainer")  # reports that came in after the last look
+
+
+def _disk_full(exc: BaseException, ckpt_dir: Path) -> bool:
+    """Whether a failure came from a full disk: ENOSPC/EDQUOT in the chain, or (torch's
+    checkpoint writers report it as "unexpected pos ...") next to no free space left."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(ckpt_dir).free < FULL_DISK_BYTES
+    except OSError:
+        return False
 
 
 def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
@@ -309,15 +332,18 @@ def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def failure_payload(exc: BaseException) -> dict[str, Any]:
-    """The ``train_end`` payload of a failed attempt: the error and its traceback's tail."""
+def failure_payload(exc: BaseException, reason: str | None = None) -> dict[str, Any]:
+    """The ``train_end`` payload of a failed attempt: the error (``reason`` when the cause
+    is known better than the exception says) and its traceback's tail."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = str(exc)
+    first = message.strip().splitlines()[0] if message.strip() else ""
     return {
         "status": "failed",
-        "reason": f"{type(exc).__name__}: {exc}",
+        "reason": reason or f"{type(exc).__name__}: {first}",
         "final_checkpoint": None,
         "error_type": type(exc).__name__,
-        "error_message": str(exc),
+        "error_message": message[:2000],
         "traceback": "\n".join(tb.strip().splitlines()[-25:]),
     }
 

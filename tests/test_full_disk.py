@@ -1,0 +1,60 @@
+"""A full disk: one clear line, train_end failed with the reason in the journal (from the
+writer's reserve), status failed, and a relaunch after space is freed resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli, records, train
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 24 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or 'not root'}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(small_disk: Path) -> None:
+    ckpt = small_disk / "run"
+    args = ("--max-steps", "6", "--save-every", "2")
+    # One checkpoint of the demo model is ~14 MB: the second one does not fit in 24 MB.
+    full = train(ckpt, *args)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("ilab-train: training failed:") and "No space left" in last
+    end = records(ckpt)[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    assert "No space left on device" in end["data"]["reason"]
+    assert cli("ilab-journal", "validate", str(ckpt)).returncode == 0  # no torn train_end
+    status = cli("ilab-journal", "status", str(ckpt), "--json")
+    assert status.returncode == 1 and json.loads(status.stdout)["state"] == "failed"
+    saved = [r["step"] for r in records(ckpt) if r["event"] == "save"]
+    assert saved == [2]
+
+    subprocess.run(["mount", "-o", "remount,size=96m", str(small_disk)], check=True)
+    again = train(ckpt, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    begins = [r for r in records(ckpt) if r["event"] == "train_begin"]
+    assert begins[-1]["data"]["resumed_from"].endswith("step-000002")
+    assert records(ckpt)[-1]["data"]["status"] == "completed"
+    assert not list((ckpt / "checkpoints").glob(".tmp-*"))  # the torn save was cleaned
