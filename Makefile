@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test test-all demo bench lint fmt clean
+.PHONY: venv test test-all torture demo bench lint fmt clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,13 @@ test: venv
 
 test-all: venv
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Reliability under process faults and full disks (real processes; several minutes):
+# prints a table and writes benchmarks/results/reliability.json.
+torture: venv
+	OMP_NUM_THREADS=1 ILAB_RELIABILITY_TABLE=benchmarks/results/reliability.json \
+		$(PY) -m pytest -q tests/test_torture_runs.py tests/test_single_writer.py \
+		tests/test_full_disk.py $(PYTEST_ARGS)
 
 demo: venv
 	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from hypothesis import strategies as st
 
@@ -191,3 +194,105 @@ def ckpt(tmp_path: Path) -> Path:
     d = tmp_path / "ckpt"
     d.mkdir()
     return d
+
+
+# -- process faults (test_single_writer, test_torture_runs) --------------------------------
+
+
+def workers_of(ckpt: Path) -> list[psutil.Process]:
+    """Training worker processes of this checkpoint dir, wherever they were re-parented."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "trainer.worker" in cmd and any(str(ckpt / "logs") in c for c in cmd):
+            out.append(p)
+    return out
+
+
+def max_step(ckpt: Path) -> int:
+    return max((r["step"] for r in records(ckpt)), default=0)
+
+
+def relaunch_after_killing_the_launcher(tmp_path: Path, kills: int) -> dict[str, Any]:
+    """kill -9 of the launcher alone (what the OOM killer does) and an immediate relaunch,
+    ``kills`` times, while the killed launch's workers are still finishing; the last launch
+    runs to the end. Returns figures for the reliability table."""
+    ckpt = tmp_path / "run"
+    args = ("--max-steps", "40", "--save-every", "3")
+
+    def launch() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            train_argv(ckpt, *args),
+            env=train_env(step_delay=0.1),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    orphans_gone_s: list[float] = []
+    job = launch()
+    try:
+        for _ in range(kills):
+            start = max_step(ckpt)
+            wait_for(lambda start=start: max_step(ckpt) >= start + 3, what="3 more steps")
+            old = workers_of(ckpt)
+            assert old, "no worker processes found"
+            os.kill(job.pid, signal.SIGKILL)
+            job.wait()
+            killed = time.monotonic()
+            job = launch()  # at once, beside the killed launch's finishing workers
+            _, alive = psutil.wait_procs(old, timeout=45)
+            assert not alive, f"orphaned workers still running: {alive}"
+            orphans_gone_s.append(time.monotonic() - killed)
+        assert job.wait(timeout=300) == 0
+    finally:
+        job.kill()
+    recs = records(ckpt)
+    valid = cli("ilab-journal", "validate", str(ckpt))
+    assert valid.returncode == 0, valid.stdout
+    seqs = [r["seq"] for r in recs]
+    assert seqs == sorted(set(seqs))  # strictly increasing: never two writers
+    attempts = [r["attempt"] for r in recs]
+    assert attempts == sorted(attempts)  # attempts never interleave
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "completed"
+    assert end["step"] == 40
+    return {"kills": kills, "orphans_gone_max_s": max(orphans_gone_s), "attempts": attempts[-1]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- reliability figures (make torture prints them as a table) ------------------------------
+
+RELIABILITY_ROWS: list[dict[str, Any]] = []
+
+
+@pytest.fixture
+def reliability() -> Any:
+    """``reliability(scenario, **figures)`` records one row of the reliability table."""
+
+    def record(scenario: str, **figures: Any) -> None:
+        RELIABILITY_ROWS.append({"scenario": scenario, **figures})
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """With ILAB_RELIABILITY_TABLE=path (make torture): print the table and save it as JSON."""
+    out = os.environ.get("ILAB_RELIABILITY_TABLE")
+    if not out or not RELIABILITY_ROWS:
+        return
+    import json
+
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": RELIABILITY_ROWS}, indent=2)
+    )
+    terminalreporter.write_line("")
+    terminalreporter.write_line(f"reliability ({time.strftime('%Y-%m-%d')}), also in {out}:")
+    for row in RELIABILITY_ROWS:
+        figures = ", ".join(f"{k}={v}" for k, v in row.items() if k != "scenario")
+        terminalreporter.write_line(f"  {row['scenario']:<58} {figures}")

@@ -7,6 +7,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(small_disk: Path) -> None:
+def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(
+    small_disk: Path, reliability: Any
+) -> None:
     ckpt = small_disk / "run"
     args = ("--max-steps", "6", "--save-every", "2")
     # One checkpoint of the demo model is ~14 MB: the second one does not fit in 24 MB.
@@ -58,3 +61,9 @@ def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(small_disk: Path) -> N
     assert begins[-1]["data"]["resumed_from"].endswith("step-000002")
     assert records(ckpt)[-1]["data"]["status"] == "completed"
     assert not list((ckpt / "checkpoints").glob(".tmp-*"))  # the torn save was cleaned
+    reliability(
+        "full disk (24 MB tmpfs), then relaunch with room",
+        first_exit=1,
+        train_end="failed: no space",
+        relaunch="completed from step-000002",
+    )

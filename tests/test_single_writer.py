@@ -7,33 +7,28 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import BIN, cli, records, train, train_argv, train_env, wait_for
+from tests.conftest import (
+    BIN,
+    cli,
+    free_port,
+    max_step,
+    records,
+    relaunch_after_killing_the_launcher,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.dist
-
-
-def workers_of(ckpt: Path) -> list[psutil.Process]:
-    """Training worker processes of this checkpoint dir, wherever they were re-parented."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "trainer.worker" in cmd and any(str(ckpt / "logs") in c for c in cmd):
-            out.append(p)
-    return out
-
-
-def max_step(ckpt: Path) -> int:
-    return max((r["step"] for r in records(ckpt)), default=0)
 
 
 def test_a_second_launch_on_a_busy_dir_is_refused_with_exit_3(tmp_path: Path) -> None:
@@ -67,57 +62,12 @@ def test_a_second_launch_on_a_busy_dir_is_refused_with_exit_3(tmp_path: Path) ->
     assert status["holder"] is None  # released at the end
 
 
-def relaunch_after_killing_the_launcher(tmp_path: Path, kills: int) -> dict[str, Any]:
-    """kill -9 of the launcher alone (what the OOM killer does) and an immediate relaunch,
-    ``kills`` times, while the killed launch's workers are still finishing; the last launch
-    runs to the end. Returns figures for the reliability table."""
-    ckpt = tmp_path / "run"
-    args = ("--max-steps", "40", "--save-every", "3")
-
-    def launch() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            train_argv(ckpt, *args),
-            env=train_env(step_delay=0.1),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    orphans_gone_s: list[float] = []
-    job = launch()
-    try:
-        for _ in range(kills):
-            start = max_step(ckpt)
-            wait_for(lambda start=start: max_step(ckpt) >= start + 3, what="3 more steps")
-            old = workers_of(ckpt)
-            assert old, "no worker processes found"
-            os.kill(job.pid, signal.SIGKILL)
-            job.wait()
-            killed = time.monotonic()
-            job = launch()  # at once, beside the killed launch's finishing workers
-            _, alive = psutil.wait_procs(old, timeout=45)
-            assert not alive, f"orphaned workers still running: {alive}"
-            orphans_gone_s.append(time.monotonic() - killed)
-        assert job.wait(timeout=300) == 0
-    finally:
-        job.kill()
-    recs = records(ckpt)
-    valid = cli("ilab-journal", "validate", str(ckpt))
-    assert valid.returncode == 0, valid.stdout
-    seqs = [r["seq"] for r in recs]
-    assert seqs == sorted(set(seqs))  # strictly increasing: never two writers
-    attempts = [r["attempt"] for r in recs]
-    assert attempts == sorted(attempts)  # attempts never interleave
-    end = recs[-1]
-    assert end["event"] == "train_end" and end["data"]["status"] == "completed"
-    assert end["step"] == 40
-    return {"kills": kills, "orphans_gone_max_s": max(orphans_gone_s), "attempts": attempts[-1]}
-
-
 def test_killing_the_launcher_leaves_no_orphans_and_a_relaunch_completes(
-    tmp_path: Path,
+    tmp_path: Path, reliability: Any
 ) -> None:
     figures = relaunch_after_killing_the_launcher(tmp_path, kills=2)
     assert figures["orphans_gone_max_s"] < 30
+    reliability("kill -9 launcher only + immediate relaunch (bounded)", **figures)
 
 
 SLOW_CALLBACK = textwrap.dedent(
@@ -167,12 +117,6 @@ def test_a_watcher_killed_mid_delivery_leaves_no_callback_running(
     assert all(len(v) == 1 for v in spans.values())  # the killed run never finished
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_nodes_given_different_checkpoint_dirs_stop_with_one_clear_error(
     tmp_path: Path,
 ) -> None:
@@ -203,3 +147,66 @@ def test_nodes_given_different_checkpoint_dirs_stop_with_one_clear_error(
     assert "ranks disagree on the checkpoint dir" in end["data"]["reason"]
     assert str(dirs[1]) in end["data"]["reason"]
     assert "ranks disagree" in errs[0]
+
+
+def test_two_concurrent_launches_on_one_dir_train_once(tmp_path: Path, reliability: Any) -> None:
+    ckpt = tmp_path / "run"
+    procs = [
+        subprocess.Popen(
+            train_argv(ckpt, "--max-steps", "6"),
+            env=train_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 3], errs
+    assert len([r for r in records(ckpt) if r["event"] == "train_begin"]) == 1
+    assert cli("ilab-journal", "validate", str(ckpt)).returncode == 0
+    reliability("two concurrent launches on one dir", exit_codes=codes, trained=1)
+
+
+def test_a_control_command_applies_on_both_nodes_at_the_same_step(
+    tmp_path: Path, reliability: Any
+) -> None:
+    """Two nodes (2 launchers, one rank each) on loopback, one shared checkpoint dir."""
+    ckpt = tmp_path / "run"
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [
+                *train_argv(ckpt, "--max-steps", "300", "--log-every", "1000"),
+                *("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1"),
+                *("--master-addr", "127.0.0.1", "--master-port", port),
+            ],
+            env=train_env(step_delay=0.1),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        wait_for(lambda: max_step(ckpt) >= 3, what="step 3")
+        assert [r["data"]["nnodes"] for r in records(ckpt) if r["event"] == "train_begin"] == [2]
+        cid = cli("ilab-journal", "control", "stop", str(ckpt), "--reason", "two nodes").stdout
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], errs
+    rec = next(r for r in records(ckpt) if r["event"] == "control")
+    assert rec["data"]["id"] == cid.strip() and rec["data"]["accepted"]
+    step = rec["data"]["applied_at_step"]
+    logs = [(ckpt / "logs" / f"rank-{r}.log").read_text() for r in (0, 1)]
+    for text in logs:  # each node's rank logs the command at the same step
+        assert f"control stop applied at step {step}" in text
+    assert records(ckpt)[-1]["data"]["status"] == "stopped" and records(ckpt)[-1]["step"] == step
+    reliability("2 nodes on loopback: stop applied on both", applied_at_step=step, nodes=2)
