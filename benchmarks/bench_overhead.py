@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, pct
 from journal import JournalWriter, read_all
+from journal.lock import JournalLock
 from journal.paths import journal_path
+from journal.procs import WATCH_INTERVAL_S, pid_alive
 
 MODES = ("off", "step", "microbatch")
 _STEPS_RE = re.compile(r"(\d+) steps in ([0-9.]+)s of step time")
@@ -161,6 +163,31 @@ def per_event_costs(tmp: Path, records: list[dict[str, Any]], repeats: int) -> d
     }
 
 
+def fault_guard_costs(tmp: Path, step_s: float, n: int) -> dict[str, float]:
+    """What the single-writer lock and the parent watch cost. Neither runs on the step: the
+    lock is taken once per attempt, the watch thread wakes every 0.5 s for two syscalls. So
+    the per-step figure is the watch's wake-up cost times wake-ups per step."""
+    lock = JournalLock(tmp / "lockbench", role="bench")
+    t = time.perf_counter_ns()
+    for _ in range(n):
+        lock.acquire(timeout=1)
+        lock.release()
+    lock_us = (time.perf_counter_ns() - t) / n / 1e3
+    launcher = os.getpid()
+    t = time.perf_counter_ns()
+    for _ in range(n):
+        os.getppid()
+        pid_alive(launcher)
+    wake_us = (time.perf_counter_ns() - t) / n / 1e3
+    per_step_us = wake_us * step_s / WATCH_INTERVAL_S
+    return {
+        "lock_acquire_release_us_per_attempt": lock_us,
+        "parent_watch_us_per_wakeup": wake_us,
+        "parent_watch_us_per_step": per_step_us,
+        "parent_watch_pct_of_step": 100 * per_step_us / (step_s * 1e6),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -198,6 +225,7 @@ def main() -> None:
         result.update(
             per_event_costs(tmp, runs["microbatch"][0]["records"], 3 if not args.quick else 1)
         )
+        result.update(fault_guard_costs(tmp, 1 / sps["step"], 2000 if args.quick else 20000))
     emit("bench_overhead", result, args.json)
 
 

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_journal", "bench_overhead", "bench_latency", "bench_control", "bench_leases"]
+BENCHES = [
+    "bench_journal",
+    "bench_overhead",
+    "bench_latency",
+    "bench_control",
+    "bench_leases",
+    "bench_resume",
+]
 
 
 def main() -> int:

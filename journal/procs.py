@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "ILAB_LAUNCHER_PID"
+WATCH_INTERVAL_S = 0.5  # how often the parent watch looks
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -57,7 +58,9 @@ def start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[19]
 
 
-def watch_parent(on_orphaned: Callable[[], None], *, interval: float = 0.5) -> threading.Thread:
+def watch_parent(
+    on_orphaned: Callable[[], None], *, interval: float = WATCH_INTERVAL_S
+) -> threading.Thread:
     """Call ``on_orphaned`` once, from a daemon thread, when this process's parent changes
     (it died and we were re-parented) or the launcher named by ``ILAB_LAUNCHER_PID`` is gone."""
     parent = os.getppid()

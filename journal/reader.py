@@ -195,15 +195,27 @@ def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict
             buf = carry + chunk
             cut = buf.rfind(b"\n") + 1
             carry = buf[cut:]
-            for line in buf[:cut].split(b"\n"):
-                if not any(n in line for n in needles):
-                    continue
+            for start in _lines_with(buf, cut, needles):
+                line = buf[start : buf.index(b"\n", start)]
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     continue
                 if type(obj) is dict and obj.get("event") in events and _check(obj) is None:
                     yield obj
+
+
+def _lines_with(buf: bytes, end: int, needles: list[bytes]) -> list[int]:
+    """Start offsets (sorted) of the lines of ``buf[:end]`` holding any needle: the search
+    runs in C (``bytes.find``), Python only touches the matching lines."""
+    starts: set[int] = set()
+    for needle in needles:
+        i = buf.find(needle, 0, end)
+        while i != -1:
+            line_start = buf.rfind(b"\n", 0, i) + 1
+            starts.add(line_start)
+            i = buf.find(needle, buf.index(b"\n", i) + 1, end)
+    return sorted(starts)
 
 
 def end_of_complete_lines(path: str | os.PathLike[str]) -> int:

@@ -102,9 +102,11 @@ def kill_tree(pid: int) -> None:
 
     (torchrun starts each worker in a session of its own, so a process-group kill misses them.)
     """
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return  # it ended by itself
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

@@ -191,3 +191,19 @@ def test_lines_backwards_matches_a_forward_split(
     got = list(lines_backwards(path, block=block, include_tail=include_tail))
     assert got == expected[::-1]
     assert end_of_complete_lines(path) == data.rfind(b"\n") + 1
+
+
+@SETTINGS
+@given(records_st, st.sets(st.sampled_from(["log", "save", "step_end", "evaluate"]), min_size=1))
+def test_iter_events_finds_exactly_the_records_a_full_parse_finds(
+    tmp_path: Path, recs: list[tuple[str, dict, int]], events: set[str]
+) -> None:
+    """The byte prefilter (resume, best checkpoint) never misses or invents a record, even
+    when event names also appear inside payloads."""
+    from journal.reader import iter_events
+
+    path = tmp_path / "events.jsonl"
+    path.unlink(missing_ok=True)
+    all_records = _write(path, [(ev, {**data, "note": "save log"}, s) for ev, data, s in recs])
+    expected = [r for r in all_records if r["event"] in events]
+    assert list(iter_events(path, events)) == expected

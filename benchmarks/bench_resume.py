@@ -1,0 +1,94 @@
+"""What a resume costs rank 0 in the journal: time and peak memory of opening the journal
+for a resumed attempt (the last record, control ids handled before, the best checkpoint),
+on a small and a large journal, beside the old way (parse every record into memory) in the
+same run. Goal: memory independent of the journal's size."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import emit
+from journal import JournalWriter, read_all
+from tests.conftest import log_payload
+from trainer.config import TrainingArgs
+from trainer.worker import _open_journal
+
+
+def make_journal(ckpt: Path, steps: int) -> None:
+    """A step-detail run: 5 records a step, a save and a control every 100 steps."""
+    with JournalWriter(ckpt, run_id="bench") as w:
+        w.append("train_begin", {"config": {}})
+        for s in range(1, steps + 1):
+            w.append("step_begin", step=s)
+            w.append("before_optimizer_step", step=s)
+            w.append("after_optimizer_step", step=s)
+            w.append("log", log_payload(s), step=s)
+            if s % 100 == 0:
+                w.append("save", {"checkpoint_path": f"/c/step-{s:06d}"}, step=s)
+                w.append("control", {"command": "log", "id": f"c{s}", "accepted": True}, step=s)
+            w.append("step_end", step=s)
+
+
+def measure(fn: Any) -> tuple[float, float]:
+    """(seconds, peak MB allocated by Python) of a call: timed untraced, then traced."""
+    gc.collect()
+    t = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t
+    gc.collect()
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return dt, peak / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sizes = {"small": 200, "large": 24_000 if args.quick else 120_000}  # steps (x5+ records)
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-resume-") as d:
+        for name, steps in sizes.items():
+            ckpt = Path(d) / name
+            make_journal(ckpt, steps)
+            targs = TrainingArgs(ckpt_dir=ckpt, demo=True, keep_best="val_loss:min")
+
+            def ours(targs: TrainingArgs = targs, ckpt: Path = ckpt) -> None:
+                emitter, _ = _open_journal(targs, ckpt, 0, True)
+                emitter.close()
+
+            def old(ckpt: Path = ckpt) -> None:
+                read_all(ckpt / "journal.jsonl")
+
+            records = len(read_all(ckpt / "journal.jsonl").records)
+            t_ours, m_ours = measure(ours)
+            t_old, m_old = measure(old)
+            result.update(
+                {
+                    f"{name}_records": records,
+                    f"{name}_resume_s": t_ours,
+                    f"{name}_resume_peak_mb": m_ours,
+                    f"{name}_parse_all_s": t_old,
+                    f"{name}_parse_all_peak_mb": m_old,
+                }
+            )
+    result["resume_peak_large_vs_small"] = result["large_resume_peak_mb"] / max(
+        result["small_resume_peak_mb"], 1e-9
+    )
+    emit("bench_resume", result, args.json)
+
+
+if __name__ == "__main__":
+    main()
