@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from journal.lock import JournalLock, JournalLocked, RunLock, describe, run_holder
+from journal.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
 from journal.paths import journal_path, logs_dir
 from journal.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.query import find_last
@@ -125,8 +125,11 @@ def run_training(
     # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node
     # run share the directory and must not be refused.
     run_lock = RunLock(ckpt_dir) if t.node_rank == 0 else None
-    if run_lock is not None and not run_lock.try_acquire():
-        raise RunDirBusy(_busy_message(ckpt_dir))
+    if run_lock is not None:
+        try:  # a moment's wait: `ilab-journal status` probes the lock for microseconds
+            run_lock.acquire(timeout=0.5)
+        except Locked:
+            raise RunDirBusy(_busy_message(ckpt_dir)) from None
     if run_lock is not None and run_lock.previous:
         print(
             f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
