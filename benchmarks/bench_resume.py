@@ -16,26 +16,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit
-from journal import JournalWriter, read_all
-from tests.conftest import log_payload
+from benchmarks.common import emit, write_step_journal
+from journal import read_all
 from trainer.config import TrainingArgs
 from trainer.worker import _open_journal
-
-
-def make_journal(ckpt: Path, steps: int) -> None:
-    """A step-detail run: 5 records a step, a save and a control every 100 steps."""
-    with JournalWriter(ckpt, run_id="bench") as w:
-        w.append("train_begin", {"config": {}})
-        for s in range(1, steps + 1):
-            w.append("step_begin", step=s)
-            w.append("before_optimizer_step", step=s)
-            w.append("after_optimizer_step", step=s)
-            w.append("log", log_payload(s), step=s)
-            if s % 100 == 0:
-                w.append("save", {"checkpoint_path": f"/c/step-{s:06d}"}, step=s)
-                w.append("control", {"command": "log", "id": f"c{s}", "accepted": True}, step=s)
-            w.append("step_end", step=s)
 
 
 def measure(fn: Any) -> tuple[float, float]:
@@ -62,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as d:
         for name, steps in sizes.items():
             ckpt = Path(d) / name
-            make_journal(ckpt, steps)
+            write_step_journal(ckpt, steps)
             targs = TrainingArgs(ckpt_dir=ckpt, demo=True, keep_best="val_loss:min")
 
             def ours(targs: TrainingArgs = targs, ckpt: Path = ckpt) -> None:

@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from journal import JournalWriter
+from tests.conftest import log_payload
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -47,3 +50,18 @@ def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
             v = f"{v:,.3f}"
         print(f"  {k:<34} {v}")
     sys.stdout.flush()
+
+
+def write_step_journal(ckpt: Path, steps: int) -> None:
+    """A step-detail run: 5 records a step, a save and a control every 100 steps."""
+    with JournalWriter(ckpt, run_id="bench") as w:
+        w.append("train_begin", {"config": {}})
+        for s in range(1, steps + 1):
+            w.append("step_begin", step=s)
+            w.append("before_optimizer_step", step=s)
+            w.append("after_optimizer_step", step=s)
+            w.append("log", log_payload(s), step=s)
+            if s % 100 == 0:
+                w.append("save", {"checkpoint_path": f"/c/step-{s:06d}"}, step=s)
+                w.append("control", {"command": "log", "id": f"c{s}", "accepted": True}, step=s)
+            w.append("step_end", step=s)

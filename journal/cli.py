@@ -107,6 +107,15 @@ def show(
 
     path = resolve_journal(dir)
     wanted = set(events)
+    if last_n is not None and since_step is None:  # read backwards: cost follows N
+        from journal.query import last_records
+
+        newest, bad_lines = last_records(path, last_n, wanted or None)
+        require_journal(path, len(newest), len(bad_lines))
+        for offset, reason in bad_lines:
+            click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
+        _print_records(newest, as_json)
+        return
     out: deque[dict[str, Any]] = deque(maxlen=last_n)
     valid = 0
     skipped: list[InvalidLine] = []
@@ -122,13 +131,17 @@ def show(
     require_journal(path, valid, len(skipped))
     for line in skipped:
         click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
+    _print_records(list(out), as_json)
+
+
+def _print_records(records: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         w = sys.stdout.buffer
-        for rec in out:
+        for rec in records:
             w.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
         w.flush()
         return
-    print_records_table(out)
+    print_records_table(records)
 
 
 # -- tail -----------------------------------------------------------------------------------

@@ -26,11 +26,14 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640, durable: bool = True
+) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     A temp file in the same directory (a dot name readers skip) is written, fsynced and
-    renamed over ``path``; then the directory is fsynced.
+    renamed over ``path``; then the directory is fsynced. ``durable=False`` skips both
+    fsyncs, for state that means nothing after a reboot (e.g. which processes run).
     """
     final = Path(path)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -40,7 +43,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, final)
@@ -48,7 +52,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(final.parent)
+    if durable:
+        fsync_dir(final.parent)
 
 
 def json_files(directory: Path) -> list[Path]:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from journal.format import fmt_ts, summarize_data
+from journal.query import last_records
 from journal.reader import JournalReader
 from journal.summary import STATE_EXIT_CODES, Summarizer
 
@@ -36,6 +37,16 @@ def follow_journal(
 
     Returns the exit code (the ``status`` code of the final state when following).
     """
+    emit = (
+        (lambda r: sys.stdout.write(orjson.dumps(r).decode() + "\n"))
+        if as_json
+        else (lambda r: print(_line(r)))
+    )
+    if not follow:  # the newest records only: read backwards, the cost follows N
+        for rec in last_records(path, first_n)[0] if first_n > 0 else []:
+            emit(rec)
+        sys.stdout.flush()
+        return 0
     reader = JournalReader(path)
     summ = Summarizer()
     recent: deque[dict[str, Any]] = deque(maxlen=max(first_n, 0) or None)
@@ -43,17 +54,10 @@ def follow_journal(
     for rec in batch.records:
         summ.add(rec)
         recent.append(rec)
-    emit = (
-        (lambda r: sys.stdout.write(orjson.dumps(r).decode() + "\n"))
-        if as_json
-        else (lambda r: print(_line(r)))
-    )
     if first_n > 0:
         for rec in recent:
             emit(rec)
     sys.stdout.flush()
-    if not follow:
-        return 0
     if as_json or not sys.stdout.isatty():
         return _follow_plain(reader, summ, emit, interval)
     return _follow_live(reader, summ, interval)

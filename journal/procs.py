@@ -12,30 +12,51 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "ILAB_LAUNCHER_PID"
+_SETPRIV = shutil.which("setpriv")  # util-linux: sets the signal, then execs the command
+_LIBC: Any = None
 WATCH_INTERVAL_S = 0.5  # how often the parent watch looks
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only;
     elsewhere the parent watch below does the job). Safe as a ``preexec_fn``."""
+    global _LIBC
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def spawn_dying_with_us(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """``(argv, preexec_fn)`` for a child that gets SIGKILL when this process dies. Prefers
+    ``setpriv --pdeathsig`` (one extra exec, ~1 ms) over a ``preexec_fn``, which makes
+    CPython fork instead of vfork (~2-3 ms more per spawn, and it matters for callbacks)."""
+    if not sys.platform.startswith("linux"):
+        return argv, None
+    if _SETPRIV:
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
+    return argv, _die_by_sigkill
+
+
+def _die_by_sigkill() -> None:
+    die_with_parent(signal.SIGKILL)
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from journal.reader import JournalReader, iter_records, lines_backwards
+from journal.reader import JournalReader, iter_records, lines_backwards, record_problem
 from journal.reports import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 
 _BLOCK = 1 << 20
@@ -38,6 +38,36 @@ def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None
         if rec is not None:
             return rec
     return None
+
+
+def last_records(
+    path: str | os.PathLike[str], n: int, events: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """The newest ``n`` complete records (of ``events``, if given), oldest first, read
+    backwards: the cost follows ``n``, not the file. Also the invalid lines met on the way,
+    as (byte offset, reason); a torn final fragment is not one (it may still be written)."""
+    needles = [f'"{e}"'.encode() for e in events] if events else []
+    found: list[dict[str, Any]] = []
+    invalid: list[tuple[int, str]] = []
+    for offset, line in lines_backwards(path, block=_BLOCK):
+        if not line.strip() or (needles and not any(x in line for x in needles)):
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            invalid.append((offset, f"invalid JSON: {exc}"))
+            continue
+        problem = record_problem(obj)
+        if problem is not None:
+            invalid.append((offset, problem))
+            continue
+        if events and obj.get("event") not in events:
+            continue
+        found.append(obj)
+        if len(found) >= n:
+            break
+    found.reverse()
+    return found, invalid
 
 
 def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:

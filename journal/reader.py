@@ -46,8 +46,8 @@ class ReadBatch:
     torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
 
 
-def _check(obj: Any) -> str | None:
-    """Cheap envelope check; returns a reason when the object is not a record."""
+def record_problem(obj: Any) -> str | None:
+    """Cheap envelope check: the reason an object is not a record, or None when it is."""
     if type(obj) is not dict:
         return "not a JSON object"
     seq = obj.get("seq")
@@ -116,7 +116,7 @@ def _parse_slow(
                 InvalidLine(line_no, start, f"invalid JSON: {exc}", line[:_SNIPPET])
             )
             continue
-        reason = _check(obj)
+        reason = record_problem(obj)
         if reason is None:
             _note_version(obj, newer_version)
             batch.records.append(obj)
@@ -201,7 +201,7 @@ def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     continue
-                if type(obj) is dict and obj.get("event") in events and _check(obj) is None:
+                if type(obj) is dict and obj.get("event") in events and record_problem(obj) is None:
                     yield obj
 
 

@@ -207,3 +207,38 @@ def test_iter_events_finds_exactly_the_records_a_full_parse_finds(
     all_records = _write(path, [(ev, {**data, "note": "save log"}, s) for ev, data, s in recs])
     expected = [r for r in all_records if r["event"] in events]
     assert list(iter_events(path, events)) == expected
+
+
+@SETTINGS
+@given(
+    records_st,
+    st.lists(st.sampled_from([b"{not json", b"[1, 2]", b'{"seq": -1, "event": "x"}']), max_size=3),
+    st.integers(1, 6),
+    st.sampled_from([None, {"log"}, {"save", "evaluate"}]),
+    st.booleans(),
+)
+def test_last_records_read_backwards_match_a_full_scan(
+    tmp_path: Path,
+    recs: list[tuple[str, dict, int]],
+    garbage: list[bytes],
+    n: int,
+    events: set[str] | None,
+    torn: bool,
+) -> None:
+    """show --last N and tail -n N read from the end: same records as a full scan, with
+    invalid lines and a torn final fragment in the file."""
+    from journal.query import last_records
+
+    path = tmp_path / "last.jsonl"
+    path.unlink(missing_ok=True)
+    _write(path, recs)
+    with open(path, "ab") as f:
+        for g in garbage:
+            f.write(g + b"\n")
+        if torn:
+            f.write(b'{"seq": 99999, "event": "lo')
+    full = [r for r in read_all(path).records if events is None or r["event"] in events]
+    got, invalid = last_records(path, n, events)
+    assert got == full[-n:]
+    if events is None and len(full) < n:  # scanned everything: met every invalid line
+        assert len(invalid) == len(garbage)

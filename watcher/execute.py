@@ -26,7 +26,7 @@ import orjson
 
 from journal.control import Control, send_command
 from journal.files import atomic_write, json_files
-from journal.procs import die_with_parent, start_time
+from journal.procs import spawn_dying_with_us, start_time
 from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
 from watcher.delivery import Delivery, DeliveryResult
@@ -141,15 +141,16 @@ class Executor:
         out: DeliveryResult,
         attempt: int,
     ) -> None:
+        run_argv, preexec = spawn_dying_with_us(argv)  # it ends with the watcher, kill -9 too
         try:
             proc = subprocess.Popen(
-                argv,
+                run_argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
                 start_new_session=True,  # its own process group: a timeout kills it whole
-                preexec_fn=_die_with_watcher,
+                preexec_fn=preexec,
             )
         except OSError as exc:
             out.status, out.exit_code = "failed", None
@@ -185,7 +186,8 @@ class Executor:
             return None
         self.running_dir.mkdir(parents=True, exist_ok=True)
         marker = self.running_dir / f"{d.delivery_id}.json"
-        atomic_write(marker, orjson.dumps({"pgid": pid, "start": start_time(pid)}))
+        # not fsynced: no process outlives a reboot, so neither need this
+        atomic_write(marker, orjson.dumps({"pgid": pid, "start": start_time(pid)}), durable=False)
         return marker
 
     # -- callables -----------------------------------------------------------------------
@@ -263,11 +265,6 @@ class Executor:
             out.status, out.error = "failed", f"$ILAB_REPORT: {exc}"
             return
         self._submit(report, d, out)
-
-
-def _die_with_watcher() -> None:
-    """In the child, before exec: killed when the watcher dies, even by ``kill -9``."""
-    die_with_parent(signal.SIGKILL)
 
 
 def end_leftovers(running_dir: Path) -> int:

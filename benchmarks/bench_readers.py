@@ -1,0 +1,79 @@
+"""Readers on a small and a large journal, each command a whole process: wall time, peak
+RSS, and the large/small ratio in the same run. A reader that costs O(what it prints)
+keeps the ratio near 1; one that reads the whole file grows with it."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import emit, write_step_journal
+
+BIN = Path(sys.executable).parent
+COMMANDS = {
+    "status": ["status", "--json"],
+    "show_last_5": ["show", "--last", "5", "--json"],
+    "tail_n_5": ["tail", "-n", "5", "--json"],
+    "query_last_save": ["query", "--event", "save"],
+    "stats": ["stats", "--json"],
+}
+# Runs the command and prints its peak RSS (KiB): resource sees only this child.
+_PEAK = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL);"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
+def run(args: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB) of one whole process."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    return wall, int(out.stdout.strip() or 0) / 1024
+
+
+def best_of(args: list[str], repeats: int) -> tuple[float, float]:
+    runs = [run(args) for _ in range(repeats)]
+    return min(r[0] for r in runs), min(r[1] for r in runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    big_steps = 40_000 if args.quick else 200_000  # ~6 records a step: 240k / 1.2M
+    repeats = 2 if args.quick else 3
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-readers-") as d:
+        small, big = Path(d) / "small", Path(d) / "big"
+        write_step_journal(small, 170)
+        write_step_journal(big, big_steps)
+        for name, ckpt in (("small", small), ("big", big)):
+            result[f"{name}_records"] = (ckpt / "journal.jsonl").read_bytes().count(b"\n")
+        t = time.perf_counter()
+        for _ in range(repeats):
+            subprocess.run([sys.executable, "-c", "import journal"], check=True)
+        result["import_journal_s"] = (time.perf_counter() - t) / repeats
+        for name, cmd in COMMANDS.items():
+            exe = [str(BIN / "ilab-journal"), cmd[0]]
+            ws, ms = best_of([*exe, str(small), *cmd[1:]], repeats)
+            wb, mb = best_of([*exe, str(big), *cmd[1:]], repeats)
+            result[f"{name}_small_s"] = ws
+            result[f"{name}_big_s"] = wb
+            result[f"{name}_wall_ratio"] = wb / ws
+            result[f"{name}_small_mb"] = ms
+            result[f"{name}_big_mb"] = mb
+            result[f"{name}_rss_ratio"] = mb / ms
+    emit("bench_readers", result, args.json)
+
+
+if __name__ == "__main__":
+    main()
