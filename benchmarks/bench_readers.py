@@ -5,6 +5,7 @@ keeps the ratio near 1; one that reads the whole file grows with it."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ COMMANDS = {
     "tail_n_5": ["tail", "-n", "5", "--json"],
     "query_last_save": ["query", "--event", "save"],
     "stats": ["stats", "--json"],
+    "validate": ["validate", "--json"],
 }
 # Runs the command and prints its peak RSS (KiB): resource sees only this child.
 _PEAK = (
@@ -72,6 +74,18 @@ def main() -> None:
             result[f"{name}_small_mb"] = ms
             result[f"{name}_big_mb"] = mb
             result[f"{name}_rss_ratio"] = mb / ms
+        # full scans: records per second of the whole process, against a plain
+        # json.loads loop over the same file in this process (the floor to beat, 2x)
+        t = time.perf_counter()
+        with open(big / "journal.jsonl", "rb") as f:
+            for line in f:
+                json.loads(line)
+        loads_rate = result["big_records"] / (time.perf_counter() - t)
+        result["json_loads_loop_records_per_s"] = loads_rate
+        for name in ("stats", "validate"):
+            rate = result["big_records"] / result[f"{name}_big_s"]
+            result[f"{name}_records_per_s"] = rate
+            result[f"{name}_vs_json_loads"] = rate / loads_rate
     emit("bench_readers", result, args.json)
 
 

@@ -19,6 +19,7 @@ BENCHES = [
     "bench_control",
     "bench_leases",
     "bench_resume",
+    "bench_readers",
 ]
 
 

@@ -46,8 +46,14 @@ def main() -> None:
     show_default=True,
     help="Seconds without a record (and no train_end) after which a run counts as stale.",
 )
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Read the whole journal instead of the index (journal.index.json) plus what came "
+    "after it. Same answer, slower on long runs.",
+)
 @user_errors
-def status(dir: str, as_json: bool, stale_after: float) -> None:
+def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     """Show the state of the latest attempt of a run.
 
     \b
@@ -58,15 +64,12 @@ def status(dir: str, as_json: bool, stale_after: float) -> None:
                       process is gone on this host, and no train_end)
       7 empty        (journal exists but holds no record yet)
     """
-    from journal.summary import STATE_EXIT_CODES, Summarizer
+    from journal.index import summarize
+    from journal.summary import STATE_EXIT_CODES
 
     path = resolve_journal(dir)
-    summ = Summarizer()
-    invalid = 0
-    for records, bad in scan(path):
-        for rec in records:
-            summ.add(rec)
-        invalid += len(bad)
+    folded = summarize(path, use_index=not full)
+    summ, invalid = folded.summarizer, folded.invalid
     require_journal(path, summ.s.records, invalid)
     s = summ.result(stale_after=stale_after)
     s.invalid_lines = invalid

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from journal import index
 from journal.format import fmt_ts, summarize_data
 from journal.query import last_records
 from journal.reader import JournalReader
@@ -47,15 +47,13 @@ def follow_journal(
             emit(rec)
         sys.stdout.flush()
         return 0
-    reader = JournalReader(path)
-    summ = Summarizer()
-    recent: deque[dict[str, Any]] = deque(maxlen=max(first_n, 0) or None)
-    batch = reader.read()
-    for rec in batch.records:
-        summ.add(rec)
-        recent.append(rec)
+    # Start-up costs what is new since the index, not the whole file: the summary (progress,
+    # state) from the index plus the tail, the first records read backwards from there.
+    folded = index.fold(path, index.load(path) or index.Folded(Summarizer()), final=False)
+    reader = JournalReader(path, folded.offset, folded.line_no)
+    summ = folded.summarizer
     if first_n > 0:
-        for rec in recent:
+        for rec in last_records(path, first_n, end=folded.offset)[0]:
             emit(rec)
     sys.stdout.flush()
     if as_json or not sys.stdout.isatty():

@@ -17,6 +17,7 @@ WATCH_DIR_NAME = "watch"  # watcher cursors, results and delivery logs
 LEASES_DIR_NAME = "leases"  # one file per checkpoint lease
 REPORTS_DIR_NAME = "reports"  # reports waiting for the journal's writer
 LOCK_NAME = "journal.lock"  # held by whoever writes the journal
+INDEX_NAME = "journal.index.json"  # a cache of what status needs (see journal/index.py)
 RESERVE_NAME = "journal.reserve"  # disk kept back for the last records of a full disk
 RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
 

@@ -41,15 +41,20 @@ def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None
 
 
 def last_records(
-    path: str | os.PathLike[str], n: int, events: set[str] | None = None
+    path: str | os.PathLike[str],
+    n: int,
+    events: set[str] | None = None,
+    *,
+    end: int | None = None,
 ) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
     """The newest ``n`` complete records (of ``events``, if given), oldest first, read
-    backwards: the cost follows ``n``, not the file. Also the invalid lines met on the way,
+    backwards (from byte ``end``, if given): the cost follows ``n``, not the file. Also the
+    invalid lines met on the way,
     as (byte offset, reason); a torn final fragment is not one (it may still be written)."""
     needles = [f'"{e}"'.encode() for e in events] if events else []
     found: list[dict[str, Any]] = []
     invalid: list[tuple[int, str]] = []
-    for offset, line in lines_backwards(path, block=_BLOCK):
+    for offset, line in lines_backwards(path, block=_BLOCK, end=end):
         if not line.strip() or (needles and not any(x in line for x in needles)):
             continue
         try:

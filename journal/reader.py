@@ -127,18 +127,23 @@ def _parse_slow(
 
 
 def lines_backwards(
-    path: str | os.PathLike[str], *, block: int = 1 << 20, include_tail: bool = False
+    path: str | os.PathLike[str],
+    *,
+    block: int = 1 << 20,
+    include_tail: bool = False,
+    end: int | None = None,
 ) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for each line from the end of the file towards its start, without
-    the newline. Text after the last newline (a torn tail) is yielded only with
-    ``include_tail``. Reads ``block`` bytes at a time, so stopping early costs O(what was
-    read), not O(file). A missing file yields nothing."""
+    """``(offset, line)`` for each line from the end of the file (or from byte ``end``)
+    towards its start, without the newline. Text after the last newline (a torn tail) is
+    yielded only with ``include_tail``. Reads ``block`` bytes at a time, so stopping early
+    costs O(what was read), not O(file). A missing file yields nothing."""
     try:
         f = open(path, "rb")  # noqa: SIM115 (a generator: closed by the with below)
     except FileNotFoundError:
         return
     with f:
-        end = f.seek(0, os.SEEK_END)
+        size = f.seek(0, os.SEEK_END)
+        end = size if end is None else min(end, size)
         carry = b""  # the start of a line whose beginning lies in an earlier block
         tail_pending = True  # the piece that ends at the end of the file is still ahead
         while end > 0:

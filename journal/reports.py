@@ -185,8 +185,24 @@ class BestTracker:
             path = data.get("checkpoint_path")
             if step in self._pending_eval and isinstance(path, str):
                 self._values.setdefault(_key(path), (self._pending_eval.pop(step), path, step))
+            # validations before this save belong to no checkpoint: forget them
+            self._pending_eval = {s: v for s, v in self._pending_eval.items() if s > step}
         elif event == "checkpoint_removed" and isinstance(data.get("checkpoint_path"), str):
             self._values.pop(_key(data["checkpoint_path"]), None)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "goal": str(self.goal),
+            "values": {k: list(v) for k, v in self._values.items()},
+            "pending_eval": {str(k): v for k, v in self._pending_eval.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> BestTracker:
+        tracker = cls(MetricGoal.parse(state["goal"]))
+        tracker._values = {k: (float(v[0]), str(v[1]), v[2]) for k, v in state["values"].items()}
+        tracker._pending_eval = {int(k): float(v) for k, v in state["pending_eval"].items()}
+        return tracker
 
     def best(self) -> BestCheckpoint | None:
         top: tuple[float, str, int | None] | None = None

@@ -70,6 +70,10 @@ def _pid_gone(hostname: str | None, pid: int | None) -> bool:
     return False
 
 
+#: RunSummary fields computed when a result is asked for, never folded.
+_DERIVED = frozenset({"best_checkpoint", "holder"})
+
+
 class Summarizer:
     """Incrementally folds records into a :class:`RunSummary` (used by status and tail)."""
 
@@ -124,6 +128,21 @@ class Summarizer:
                 s.error = f"{data['error_type']}: {data.get('error_message', '')}"
         elif s.state == "empty":
             s.state = "running"
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything folded so far, as JSON types (the journal index stores it)."""
+        s = {k: v for k, v in self.s.to_dict().items() if k not in _DERIVED}
+        best = self._best.to_state() if self._best is not None else None
+        return {"summary": s, "ended": self.ended, "best": best, "best_run": self._best_run}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Summarizer:
+        summ = cls()
+        summ.s = RunSummary(**state["summary"])
+        summ.ended = bool(state["ended"])
+        summ._best = BestTracker.from_state(state["best"]) if state.get("best") else None
+        summ._best_run = state.get("best_run")
+        return summ
 
     def _track_best(self, run_id: str | None, keep_best: Any) -> None:
         """A new run, or a changed goal, starts a new best (a resume keeps its history)."""

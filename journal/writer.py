@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
+from journal import index
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.paths import JOURNAL_NAME, RESERVE_NAME
 from journal.reader import last_record
@@ -66,6 +67,8 @@ class JournalWriter:
             records, write a ``journal_gap`` record once writing works again);
             ``"raise"`` raises :class:`JournalWriteError`.
         durable_events: events followed by ``fsync``.
+        keep_index: keep ``journal.index.json`` (what ``status`` needs) current after each
+            durable record and train_begin, so readers fold only what came since.
         reserve_bytes: keep this much disk in ``journal.reserve`` while open; when the disk
             fills up, it is released so the last records (``train_end``) still land. Any
             writer releases a reserve it finds (one a killed trainer left, too).
@@ -84,12 +87,14 @@ class JournalWriter:
         durable_events: frozenset[str] = DURABLE_EVENTS,
         mode: int = 0o640,
         reserve_bytes: int = 0,
+        keep_index: bool = True,
     ) -> None:
         p = Path(path)
         is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
         self.path = p if is_file else p / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.on_error = on_error
+        self.keep_index = keep_index
         self.durable_events = durable_events
         self.dropped = 0
         self._gap: tuple[int, int, str] | None = None  # first seq, last seq, error text
@@ -161,12 +166,18 @@ class JournalWriter:
                 self._torn = True  # part of the line may be on disk
                 self._dropped(seq, exc)
                 return None
+            if durable or event == "train_begin":
+                self._refresh_index()
             return seq
         rec = (seq, ts, event, step, epoch, samples_seen, data)
         self._pending.append(rec)
         if defer and not durable:
             return seq
-        return seq if self._write_pending(durable=durable) else None
+        if not self._write_pending(durable=durable):
+            return None
+        if durable or event == "train_begin":
+            self._refresh_index()
+        return seq
 
     def append_at_last_position(self, event: str, data: Mapping[str, Any]) -> int | None:
         """Append with the step/epoch/samples_seen of the file's last record: for records
@@ -284,6 +295,15 @@ class JournalWriter:
             if view:
                 self._torn = True  # a short write: the disk or quota is full; go on
         self._torn = False
+
+    def _refresh_index(self) -> None:
+        """Keep the status index current (a cache: a failure costs readers time, not data)."""
+        if not self.keep_index:
+            return
+        try:
+            index.refresh(self.path)
+        except Exception as exc:  # never let a cache stop training
+            log.debug("journal index not refreshed: %s", exc)
 
     def _make_reserve(self, size: int) -> None:
         """Hold ``size`` bytes of disk for the last records (train_end) of a full disk."""

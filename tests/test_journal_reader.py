@@ -242,3 +242,90 @@ def test_last_records_read_backwards_match_a_full_scan(
     assert got == full[-n:]
     if events is None and len(full) < n:  # scanned everything: met every invalid line
         assert len(invalid) == len(garbage)
+    # from a line boundary in the middle (tail -f starts where the index ends)
+    data = path.read_bytes()
+    cut = data.find(b"\n", len(data) // 2) + 1
+    if cut:
+        head = tmp_path / "head.jsonl"
+        head.write_bytes(data[:cut])
+        expected = [r for r in read_all(head).records if events is None or r["event"] in events]
+        assert last_records(path, n, events, end=cut)[0] == expected[-n:]
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "train_begin",
+                    "log",
+                    "evaluate",
+                    "save",
+                    "report",
+                    "train_end",
+                    "control",
+                    "checkpoint_removed",
+                    "garbage",
+                    "torn",
+                ]
+            ),
+            st.integers(0, 50),
+            st.floats(0, 5),
+        ),
+        max_size=40,
+    )
+)
+def test_status_from_the_index_equals_a_full_scan(
+    tmp_path: Path, plan: list[tuple[str, int, float]]
+) -> None:
+    """Multiple attempts, reports, removals, invalid lines and torn fragments written
+    between the writer's index refreshes: folding the index plus the tail gives exactly
+    what reading everything gives."""
+    from journal import index
+
+    ckpt = tmp_path / "run"
+    if ckpt.exists():
+        import shutil
+
+        shutil.rmtree(ckpt)
+    w = JournalWriter(ckpt)
+    ckpt_of = lambda s: f"/c/checkpoints/step-{s:06d}"  # noqa: E731
+    for event, step, value in plan:
+        if event == "garbage":
+            w.close()
+            with open(ckpt / "journal.jsonl", "ab") as f:
+                f.write(b"{not json\n")
+            w = JournalWriter(ckpt, resume=True)
+        elif event == "torn":
+            w.close()
+            with open(ckpt / "journal.jsonl", "ab") as f:
+                f.write(b'{"seq": 1, "ev')
+            w = JournalWriter(ckpt, resume=True)  # terminates the fragment
+        elif event == "train_begin":
+            w.append(event, {"config": {"keep_best": "accuracy:max"}, "total_steps": 50}, step=step)
+        elif event == "report":
+            w.append(
+                event,
+                {"checkpoint_path": ckpt_of(step), "step": step, "metrics": {"accuracy": value}},
+                step=step,
+            )
+        elif event in ("save", "checkpoint_removed"):
+            w.append(event, {"checkpoint_path": ckpt_of(step), "reason": "r"}, step=step)
+        elif event == "train_end":
+            w.append(event, {"status": "completed"}, step=step)
+        else:
+            w.append(event, {"loss": value, "val_loss": value, "id": str(step)}, step=step)
+    w.close()
+    path = ckpt / "journal.jsonl"
+    if not path.read_bytes():
+        return
+    fast, full = index.summarize(path), index.summarize(path, use_index=False)
+    assert fast.invalid == full.invalid
+    now = 1e12  # both results at the same moment (stale checks)
+    a = fast.summarizer.result(now=now).to_dict()
+    b = full.summarizer.result(now=now).to_dict()
+    assert a == b
+    durable = {"train_begin", "save", "report", "train_end", "control", "checkpoint_removed"}
+    if durable & {event for event, _, _ in plan}:
+        assert index.load(path) is not None  # the fast path was really taken

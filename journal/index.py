@@ -1,0 +1,111 @@
+"""The journal index: what ``status`` needs, folded up to a byte offset, so a reader folds
+only the records written since (O(new records), not O(file)).
+
+``<ckpt_dir>/journal.index.json`` holds the :class:`~journal.summary.Summarizer` state up to
+``offset`` (records, invalid lines, the latest attempt, the best checkpoint, ...) and a
+fingerprint of the journal's first line. The journal's writer refreshes it after each durable
+record (save, train_end, control, report, checkpoint_removed, journal_gap) and train_begin:
+it folds what was written since the last refresh (a few hundred records at most for a
+typical save interval), then replaces the file atomically. Readers trust it only when the
+fingerprint matches and the offset lies on a line boundary inside the file; otherwise they
+scan everything, as before. The index is a cache: deleting it loses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.files import atomic_write
+from journal.paths import INDEX_NAME
+from journal.reader import CHUNK_SIZE, JournalReader
+from journal.summary import Summarizer
+
+VERSION = 1
+
+
+@dataclass
+class Folded:
+    """A summarizer and how far it has read."""
+
+    summarizer: Summarizer
+    offset: int = 0
+    line_no: int = 0
+    invalid: int = 0
+
+
+def index_path(journal: Path) -> Path:
+    return journal.with_name(INDEX_NAME)
+
+
+def _fingerprint(journal: Path) -> str | None:
+    try:
+        with open(journal, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return None
+    return hashlib.sha1(first).hexdigest()[:16] if first.endswith(b"\n") else None
+
+
+def load(journal: Path) -> Folded | None:
+    """The index of ``journal`` if it can be trusted, else None."""
+    try:
+        raw: Any = orjson.loads(index_path(journal).read_bytes())
+        if raw.get("version") != VERSION or raw.get("fingerprint") != _fingerprint(journal):
+            return None
+        offset = int(raw["offset"])
+        with open(journal, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if offset > size or (offset and os.pread(f.fileno(), 1, offset - 1) != b"\n"):
+                return None
+        return Folded(
+            Summarizer.from_state(raw["state"]), offset, int(raw["line_no"]), int(raw["invalid"])
+        )
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+
+
+def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
+    """Read on from ``folded.offset`` to the end (in bounded chunks)."""
+    reader = JournalReader(journal, folded.offset, folded.line_no)
+    while True:
+        before = reader.offset
+        batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
+        for rec in batch.records:
+            folded.summarizer.add(rec)
+        folded.invalid += len(batch.invalid)
+        if reader.offset == before:
+            break
+    folded.offset, folded.line_no = reader.offset, reader.line_no
+    return folded
+
+
+def refresh(journal: Path) -> None:
+    """Fold what was written since the index was last saved, and save it (the writer calls
+    this; a torn tail is left for next time)."""
+    folded = load(journal) or Folded(Summarizer())
+    fold(journal, folded, final=False)
+    fp = _fingerprint(journal)
+    if fp is None:
+        return
+    body = {
+        "version": VERSION,
+        "fingerprint": fp,
+        "offset": folded.offset,
+        "line_no": folded.line_no,
+        "invalid": folded.invalid,
+        "state": folded.summarizer.to_state(),
+    }
+    atomic_write(index_path(journal), orjson.dumps(body), durable=False)
+
+
+def summarize(journal: Path, *, use_index: bool = True) -> Folded:
+    """The whole journal folded: from the index when it can be trusted (and ``use_index``),
+    else from byte 0. A torn final fragment counts as an invalid line, as in a full scan."""
+    start = load(journal) if use_index else None
+    return fold(journal, start or Folded(Summarizer()), final=True)
