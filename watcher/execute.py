@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -58,6 +57,8 @@ class Executor:
         self.stop = stop
         self.removed = removed
         self.running_dir = running_dir
+        self._reports: Path | None = None
+        self._running_ready = False
 
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
@@ -120,8 +121,8 @@ class Executor:
         argv = target.render(self._values(d))
         timeout = d.hook.options.timeout
         timeout = DEFAULT_COMMAND_TIMEOUT_S if timeout is None else timeout
-        report_dir = Path(tempfile.mkdtemp(prefix="ilab-report-"))
-        report_file = report_dir / "report.json"
+        report_file = self._report_dir() / f"{d.delivery_id}-a{attempt}.json"
+        report_file.unlink(missing_ok=True)  # a killed predecessor's attempt must not count
         env = self._env(d, payload)
         env["ILAB_REPORT"] = str(report_file)
         try:
@@ -129,7 +130,18 @@ class Executor:
             if out.status == "ok" and report_file.exists():
                 self._report_from_file(report_file, d, out)
         finally:
-            shutil.rmtree(report_dir, ignore_errors=True)
+            report_file.unlink(missing_ok=True)
+
+    def _report_dir(self) -> Path:
+        """Where commands write ``$ILAB_REPORT`` (made once: a delivery pays no mkdir)."""
+        if self._reports is None:
+            base = self.running_dir.with_suffix(".reports") if self.running_dir else None
+            if base is None:
+                self._reports = Path(tempfile.mkdtemp(prefix="ilab-reports-"))
+            else:
+                base.mkdir(parents=True, exist_ok=True)
+                self._reports = base
+        return self._reports
 
     def _spawn_and_wait(
         self,
@@ -184,7 +196,9 @@ class Executor:
         ``kill -9`` ends it before running the delivery again (never two at once)."""
         if self.running_dir is None:
             return None
-        self.running_dir.mkdir(parents=True, exist_ok=True)
+        if not self._running_ready:
+            self.running_dir.mkdir(parents=True, exist_ok=True)
+            self._running_ready = True
         marker = self.running_dir / f"{d.delivery_id}.json"
         # not fsynced: no process outlives a reboot, so neither need this
         atomic_write(marker, orjson.dumps({"pgid": pid, "start": start_time(pid)}), durable=False)
