@@ -75,6 +75,22 @@ def last_records(
     return found, invalid
 
 
+def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
+    """Whether the attempt in progress at byte ``offset`` had already ended there: the
+    newest train_begin/train_end before it is a train_end. Read backwards from ``offset``."""
+    if offset <= 0:
+        return False
+    for _, line in lines_backwards(path, block=_BLOCK, end=offset):
+        if b'"train_end"' not in line and b'"train_begin"' not in line:
+            continue
+        rec = _match(line, b'"train_end"', "train_end")
+        if rec is not None:
+            return True
+        if _match(line, b'"train_begin"', "train_begin") is not None:
+            return False
+    return False
+
+
 def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
     """The oldest complete record of ``event``, or None."""
     reader = JournalReader(path)

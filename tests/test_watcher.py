@@ -457,3 +457,18 @@ def test_from_now_skips_what_is_already_there(ckpt: Path, recorder: tuple[Path, 
     finally:
         proc.kill()
     assert [c["env"]["ILAB_CHECKPOINT_PATH"] for c in calls(out)] == ["/new/step-6"]
+
+
+def test_a_restart_after_the_run_ended_exits_instead_of_waiting(
+    ckpt: Path, recorder: tuple[Path, Path]
+) -> None:
+    """The cursor is already past train_end: nothing is left to wait for (found by the
+    kill -9 torture test: the restarted watcher waited forever)."""
+    script, out = recorder
+    write_run(ckpt, steps=4, save_every=2)
+    args = (str(ckpt), "--on-save", str(script), "--name", "again")
+    first = watch(*args, env={"RECORD_TO": str(out)})
+    assert first.returncode == 0 and len(calls(out)) == 2
+    second = watch(*args, env={"RECORD_TO": str(out)}, timeout=30)
+    assert second.returncode == 0, second.stderr
+    assert len(calls(out)) == 2  # nothing delivered twice

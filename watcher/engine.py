@@ -22,6 +22,7 @@ from typing import Any
 
 from journal.leases import DEFAULT_TTL_S
 from journal.paths import checkpoints_dir
+from journal.query import ended_before
 from journal.reports import checkpoint_key
 from journal.rotation import prune_finished_run
 from watcher.callbacks import callable_name
@@ -189,6 +190,8 @@ class Watcher:
         if saved is not None and saved.offset and not isinstance(self._start, int):
             log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
         self.completions.reset(self._follower.start_state(self._start, saved, self._notice))
+        # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
+        self.saw_end = ended_before(self.journal, self._follower.position[0])
         if self.stateful_callbacks:
             history = self._follower.history()
             for obj in self.stateful_callbacks:
