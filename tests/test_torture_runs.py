@@ -93,7 +93,7 @@ CALLBACK = textwrap.dedent(
 
 
 def test_watcher_killed_20_times_mid_delivery(ckpt: Path, tmp_path: Path, reliability: Any) -> None:
-    write_run(ckpt, steps=40, save_every=2)  # 20 saves
+    write_run(ckpt, steps=80, save_every=2)  # 40 saves: more work than 20 kills interrupt
     script, calls = tmp_path / "cb.py", tmp_path / "calls.jsonl"
     script.write_text(CALLBACK)
     env = {**os.environ, "CALLS": str(calls)}
@@ -112,7 +112,7 @@ def test_watcher_killed_20_times_mid_delivery(ckpt: Path, tmp_path: Path, reliab
     assert done.returncode == 0, done.stderr
     log = [json.loads(x) for x in calls.read_text().splitlines()]
     finished = {e["id"] for e in log if e["at"] == "end"}
-    assert len(finished) == 20  # 0 lost deliveries
+    assert kills == 20 and len(finished) == 40  # 0 lost deliveries
     # no two runs of one delivery at the same time: a restart ended the leftover first
     runs: dict[str, list[tuple[float, float]]] = {}
     by_pid = {e["pid"]: e for e in log if e["at"] == "start"}
@@ -126,7 +126,7 @@ def test_watcher_killed_20_times_mid_delivery(ckpt: Path, tmp_path: Path, reliab
     reliability(
         "kill -9 of ilab-watch mid-delivery x20",
         kills=kills,
-        deliveries=20,
+        deliveries=len(finished),
         lost=0,
         runs_started=started,
     )
