@@ -7,17 +7,13 @@ atomically in the checkpoint dir; only the journal's current writer appends to t
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import click
 
 from journal.cli_common import UserError, user_errors
 from journal.events import CONTROL_COMMANDS
-from journal.paths import ckpt_dir_of, resolve_journal
-
-_STEP_IN_NAME = re.compile(r"step-(\d+)$")
-
+from journal.paths import checkpoint_step, ckpt_dir_of, resolve_journal
 
 # -- control --------------------------------------------------------------------------------
 
@@ -123,8 +119,7 @@ def _default_step(checkpoint: str | None) -> int | None:
     env = os.environ.get("ILAB_STEP", "")
     if env.isdigit():
         return int(env)
-    m = _STEP_IN_NAME.search(Path(checkpoint).name) if checkpoint else None
-    return int(m.group(1)) if m else None
+    return checkpoint_step(Path(checkpoint).name) if checkpoint else None
 
 
 @click.command()

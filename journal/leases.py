@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write, json_files
-from journal.paths import checkpoints_dir, leases_dir
+from journal.paths import checkpoint_step, checkpoints_dir, leases_dir
 
 DEFAULT_TTL_S = 60.0
 _SEP = "--"
@@ -55,7 +55,7 @@ def checkpoint_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathL
     root = checkpoints_dir(ckpt_dir)
     if p.parent.resolve() != root.resolve() and str(p.parent) not in ("", "."):
         raise LeaseError(f"{checkpoint}: not a checkpoint of {ckpt_dir} (expected {root}/step-*)")
-    if not p.name.startswith("step-"):
+    if checkpoint_step(p.name) is None:
         raise LeaseError(f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN)")
     return p.name
 

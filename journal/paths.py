@@ -6,6 +6,7 @@ The one place for file and directory names: every other module asks here.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 JOURNAL_NAME = "journal.jsonl"
@@ -20,6 +21,20 @@ LOCK_NAME = "journal.lock"  # held by whoever writes the journal
 INDEX_NAME = "journal.index.json"  # a cache of what status needs (see journal/index.py)
 RESERVE_NAME = "journal.reserve"  # disk kept back for the last records of a full disk
 RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
+
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step-000040``: zero-padded so names sort in step order."""
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint directory named ``step-NNNNNN``, or None for other names."""
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
 
 
 class JournalNotFound(Exception):

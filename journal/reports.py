@@ -30,12 +30,11 @@ import orjson
 
 from journal.files import atomic_write, json_files
 from journal.lock import JournalLock, JournalLocked
-from journal.paths import PROCESSED_DIR_NAME, reports_dir
+from journal.paths import PROCESSED_DIR_NAME, checkpoint_step, reports_dir
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
-_STEP_DIR = re.compile(r"step-\d+$")
 Append = Callable[[str, dict[str, Any]], Any]
 
 
@@ -221,7 +220,7 @@ def _is_number(v: Any) -> TypeGuard[int | float]:
 def _key(path: str) -> str:
     """Checkpoints are named step-NNNNNN inside one run: the name identifies them."""
     name = Path(path).name
-    return name if _STEP_DIR.match(name) else os.path.normpath(path)
+    return name if checkpoint_step(name) is not None else os.path.normpath(path)
 
 
 def checkpoint_key(path: str) -> str:

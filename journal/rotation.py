@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,18 +19,12 @@ from typing import Any
 
 from journal import leases
 from journal.lock import JournalLock
-from journal.paths import checkpoints_dir, journal_path
+from journal.paths import checkpoint_step, checkpoints_dir, journal_path
 
 log = logging.getLogger(__name__)
 
 REMOVING_PREFIX = ".removing-"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 Emit = Callable[[str, dict[str, Any]], Any]
-
-
-def step_dir_name(step: int) -> str:
-    """``step-000040``: zero-padded so names sort in step order."""
-    return f"step-{step:06d}"
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -40,9 +33,9 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [
-        (int(m.group(1)), p)
+        (step, p)
         for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+        if (step := checkpoint_step(p.name)) is not None and p.is_dir()
     ]
     return [p for _, p in sorted(found)]
 

@@ -31,8 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from journal.files import fsync_dir
-from journal.paths import checkpoints_dir
-from journal.rotation import step_dir_name
+from journal.paths import checkpoints_dir, step_dir_name
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from journal.paths import checkpoints_dir
-from journal.rotation import rotate, step_dir_name
+from journal.paths import checkpoints_dir, step_dir_name
+from journal.rotation import rotate
 from trainer import checkpoint as ckpt
 from trainer.config import TrainingArgs
 from trainer.control_poller import BITS as CONTROL_BITS
