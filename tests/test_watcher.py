@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,21 +63,21 @@ def spawn_watch(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def wait_for_stderr(proc: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
-    """Read the watcher's stderr (started with -vv) until a line contains ``needle``."""
-    assert proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = proc.stderr.readline()
-        if not line:
-            break  # the watcher exited
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no stderr line with {needle!r} within {timeout}s; got: {seen}")
+    """Wait until the watcher (started with -vv) prints a stderr line containing ``needle``.
+    A thread reads the pipe into a list (select on a buffered text pipe misses lines that
+    were read ahead into the buffer)."""
+    lines: list[str] = getattr(proc, "_lines", None) or []
+    if not hasattr(proc, "_lines"):
+        proc._lines = lines  # type: ignore[attr-defined]
+        assert proc.stderr is not None
+        threading.Thread(
+            target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True
+        ).start()
+    return wait_for(
+        lambda: next((x for x in lines if needle in x), None),
+        timeout=timeout,
+        what=f"a stderr line with {needle!r}",
+    )
 
 
 def save_payload(path: str) -> dict[str, Any]:
