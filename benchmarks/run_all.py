@@ -20,6 +20,7 @@ BENCHES = [
     "bench_leases",
     "bench_resume",
     "bench_readers",
+    "bench_fsdp_memory",
 ]
 
 

@@ -106,35 +106,41 @@ def show(
     dir: str, events: tuple[str, ...], since_step: int | None, last_n: int | None, as_json: bool
 ) -> None:
     """Print journal records as a table (or JSONL with --json)."""
-    from collections import deque
 
     path = resolve_journal(dir)
     wanted = set(events)
-    if last_n is not None and since_step is None:  # read backwards: cost follows N
+    if since_step is None and last_n is None:
+        _show_all(path, wanted, as_json)
+        return
+    # Read backwards from the end: the cost follows what is printed, not the file.
+    if since_step is not None:
+        from journal.query import records_since_step
+
+        newest, bad_lines = records_since_step(path, since_step, wanted or None)
+        newest = newest[-last_n:] if last_n is not None else newest
+    else:
         from journal.query import last_records
 
-        newest, bad_lines = last_records(path, last_n, wanted or None)
-        require_journal(path, len(newest), len(bad_lines))
-        for offset, reason in bad_lines:
-            click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
-        _print_records(newest, as_json)
-        return
-    out: deque[dict[str, Any]] = deque(maxlen=last_n)
+        newest, bad_lines = last_records(path, last_n or 1, wanted or None)
+        if not wanted:  # read to the start without one valid record: not a journal
+            require_journal(path, len(newest), len(bad_lines))
+    for offset, reason in bad_lines:
+        click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
+    _print_records(newest, as_json)
+
+
+def _show_all(path: Path, wanted: set[str], as_json: bool) -> None:
+    out: list[dict[str, Any]] = []
     valid = 0
     skipped: list[InvalidLine] = []
     for records, bad in scan(path):
         valid += len(records)
         skipped.extend(bad)
-        for rec in records:
-            if wanted and rec.get("event") not in wanted:
-                continue
-            if since_step is not None and rec.get("step", 0) < since_step:
-                continue
-            out.append(rec)
+        out.extend(r for r in records if not wanted or r.get("event") in wanted)
     require_journal(path, valid, len(skipped))
     for line in skipped:
         click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
-    _print_records(list(out), as_json)
+    _print_records(out, as_json)
 
 
 def _print_records(records: list[dict[str, Any]], as_json: bool) -> None:
@@ -273,8 +279,7 @@ def stats(dir: str, as_json: bool) -> None:
     invalid = 0
     for records, bad in scan(path):
         invalid += len(bad)
-        for rec in records:
-            st.add(rec)
+        st.add_batch(records)
     require_journal(path, sum(st.counts.values()), invalid)
     d = st.to_dict()
     d["invalid_lines"] = invalid

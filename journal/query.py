@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from journal.reader import JournalReader, iter_records, lines_backwards, record_problem
+from journal.reader import JournalReader, iter_events, lines_backwards, record_problem
 from journal.reports import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 
 _BLOCK = 1 << 20
@@ -75,6 +75,79 @@ def last_records(
     return found, invalid
 
 
+def records_since_step(
+    path: str | os.PathLike[str], since: int, events: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """Every complete record at or after step ``since`` (of ``events``, if given), oldest
+    first, as a forward scan finds them, read backwards: the cost follows what lies after
+    step ``since``, not the file. Steps never decrease within an attempt, but a resumed
+    attempt starts again from its checkpoint's step, so an earlier attempt may hold steps
+    past ``since`` too: where an attempt falls below ``since``, a byte search finds its
+    ``train_begin`` and the scan goes on with the attempt before. Also returns the invalid
+    lines met, as (byte offset, reason)."""
+    found: list[dict[str, Any]] = []
+    invalid: list[tuple[int, str]] = []
+    end: int | None = None
+    while True:
+        jump: int | None = None
+        for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                invalid.append((offset, f"invalid JSON: {exc}"))
+                continue
+            problem = record_problem(obj)
+            if problem is not None:
+                invalid.append((offset, problem))
+                continue
+            if obj["step"] >= since:
+                if not events or obj.get("event") in events:
+                    found.append(obj)
+            elif obj.get("event") != "train_begin":  # the rest of this attempt is older
+                jump = _line_start_before(path, b'"event":"train_begin"', offset)
+                break
+        if jump is None:
+            break
+        end = jump  # go on with the line before that train_begin
+    found.reverse()
+    invalid.reverse()
+    return found, invalid
+
+
+def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
+    """Start offset of the last line before byte ``end`` that contains ``needle`` (None if
+    no line does), found with a C-speed search over blocks read backwards."""
+    with open(path, "rb") as f:
+        overlap = len(needle) - 1
+        while end > 0:
+            start = max(0, end - _BLOCK)
+            f.seek(start)
+            buf = f.read(end - start + overlap)[: end - start + overlap]
+            hit = buf.rfind(needle)
+            if hit >= 0:
+                line_start = start + buf.rfind(b"\n", 0, hit) + 1
+                if line_start > start or start == 0:
+                    return line_start
+                return _line_start_before_slow(f, start + hit)
+            end = start
+    return None
+
+
+def _line_start_before_slow(f: Any, pos: int) -> int:
+    """The start of the line holding byte ``pos`` when it begins in an earlier block."""
+    while pos > 0:
+        start = max(0, pos - _BLOCK)
+        f.seek(start)
+        buf = f.read(pos - start)
+        nl = buf.rfind(b"\n")
+        if nl >= 0:
+            return start + nl + 1
+        pos = start
+    return 0
+
+
 def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
     """Whether the attempt in progress at byte ``offset`` had already ended there: the
     newest train_begin/train_end before it is a train_end. Read backwards from ``offset``."""
@@ -107,9 +180,8 @@ def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | Non
 def find_best(path: str | os.PathLike[str], goal: MetricGoal) -> BestCheckpoint | None:
     """The best checkpoint not journaled as removed, by ``goal`` (reports and evaluate)."""
     tracker = BestTracker(goal)
-    for rec in iter_records(path):
-        if rec.get("event") in BEST_EVENTS:
-            tracker.add(rec)
+    for rec in iter_events(path, set(BEST_EVENTS)):  # parses only lines naming those events
+        tracker.add(rec)
     return tracker.best()
 
 

@@ -83,6 +83,9 @@ class SaveData(_Open):
     duration: float
     hf_path: str | None = Field(None, description="consolidated model dir, when kind has 'hf'")
     trigger: str | None = Field(None, description="interval, epoch_end, final, control, interrupt")
+    export_skipped: str | None = Field(
+        None, description="why no consolidated model was written (interrupt, export_every)"
+    )
 
 
 class BestCheckpointData(_Open):

@@ -22,6 +22,8 @@ OPS = (
     "all_gather_into_tensor",
     "reduce_scatter_tensor",
     "reduce_scatter",
+    "reduce_scatter_single",
+    "all_gather_single",
     "barrier",
     "all_to_all",
     "all_to_all_single",

@@ -298,3 +298,39 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for row in RELIABILITY_ROWS:
         figures = ", ".join(f"{k}={v}" for k, v in row.items() if k != "scenario")
         terminalreporter.write_line(f"  {row['scenario']:<58} {figures}")
+
+
+def counting_collectives(args: Any, step_delay: float | None = None) -> subprocess.Popen[str]:
+    """Start the real worker on 2 ranks with every torch.distributed call counted
+    (tests/collective_counter.py); read the counts with :func:`collective_counts`."""
+    from trainer.config import WorkerConfig
+
+    cfg = Path(args.ckpt_dir).parent / f"{Path(args.ckpt_dir).name}.json"
+    cfg.write_text(WorkerConfig(args=args).model_dump_json())
+    env = {**train_env(step_delay), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.collective_counter",
+            str(cfg),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def collective_counts(ckpt: Path) -> dict[str, int]:
+    """Rank 0's counts after a :func:`counting_collectives` run (both ranks must agree)."""
+    import json
+
+    counts = [json.loads((ckpt / "logs" / f"collectives-rank{r}.json").read_text()) for r in (0, 1)]
+    assert counts[0] == counts[1]
+    return dict(counts[0])

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,15 @@ from tests.conftest import (
     ROOT,
     STEP_DELAY_ENV,
     cli,
+    collective_counts,
+    counting_collectives,
     records,
     train,
     train_argv,
     train_env,
     wait_for,
 )
-from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
 from watcher import DivergenceDetector
 
@@ -178,7 +179,6 @@ def test_abort_ends_without_saving_and_commands_are_not_reapplied_after_resume(
 
 
 def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
-    cfg = ckpt.parent / f"{ckpt.name}.json"
     args = TrainingArgs(
         ckpt_dir=ckpt,
         demo=True,
@@ -187,25 +187,7 @@ def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
         save_at_epoch_end=False,
         log_every=1000,
     )
-    cfg.write_text(WorkerConfig(args=args).model_dump_json())
-    env = {**train_env(step_delay=0.2), "PYTHONPATH": str(ROOT)}
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "tests.collective_counter",
-            str(cfg),
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    job = counting_collectives(args, step_delay=0.2)
     try:
         if with_commands:
             wait_for(
@@ -222,9 +204,7 @@ def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
     finally:
         job.kill()
     assert job.returncode == 0, err[-2000:]
-    counts = [json.loads((ckpt / "logs" / f"collectives-rank{r}.json").read_text()) for r in (0, 1)]
-    assert counts[0] == counts[1]
-    return counts[0]
+    return collective_counts(ckpt)
 
 
 def test_control_adds_no_collective(tmp_path: Path) -> None:

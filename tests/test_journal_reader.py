@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from unittest.mock import patch
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -329,3 +331,127 @@ def test_status_from_the_index_equals_a_full_scan(
     durable = {"train_begin", "save", "report", "train_end", "control", "checkpoint_removed"}
     if durable & {event for event, _, _ in plan}:
         assert index.load(path) is not None  # the fast path was really taken
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 8), st.booleans()), min_size=1, max_size=5
+    ),
+    st.integers(0, 40),
+    st.sampled_from([None, {"log"}, {"save", "train_begin"}]),
+    st.booleans(),
+)
+def test_records_since_step_read_backwards_match_a_full_scan(
+    tmp_path: Path,
+    attempts: list[tuple[int, int, bool]],
+    since: int,
+    events: set[str] | None,
+    torn: bool,
+) -> None:
+    """show --since-step N reads from the end and skips whole attempts below N: the same
+    records as a full scan, with resumed attempts that go back in steps (an earlier attempt
+    may hold steps past N), invalid lines and a torn final fragment."""
+    import shutil
+
+    from journal.query import records_since_step
+
+    ckpt = tmp_path / "since"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    for i, (resume_at, steps, garbage) in enumerate(attempts):
+        with JournalWriter(ckpt, resume=i > 0) as w:
+            w.append("train_begin", {"config": {}}, step=resume_at)
+            for s in range(resume_at + 1, resume_at + steps + 1):
+                w.append("step_begin", step=s)
+                w.append("log", {"loss": 1.0}, step=s)
+                if s % 3 == 0:
+                    w.append("save", {"checkpoint_path": f"/c/step-{s:06d}"}, step=s)
+        if garbage:
+            with open(ckpt / "journal.jsonl", "ab") as f:
+                f.write(b"{not json\n")
+    path = ckpt / "journal.jsonl"
+    if torn:
+        with open(path, "ab") as f:
+            f.write(b'{"seq": 99999, "event": "lo')
+    full = [
+        r
+        for r in read_all(path).records
+        if r["step"] >= since and (events is None or r["event"] in events)
+    ]
+    got, _ = records_since_step(path, since, events)
+    assert got == full
+    with patch("journal.query._BLOCK", 37):  # lines and needles across block boundaries
+        assert records_since_step(path, since, events)[0] == full
+
+
+_ENVELOPE = {"v": 1, "seq": 0, "run_id": "r", "attempt": 1, "ts": 1.0, "step": 0, "epoch": 0}
+_PAYLOADS = {
+    "log": {
+        "loss": 1.0,
+        "lr": 0.1,
+        "grad_norm": None,
+        "elapsed_time": 0.1,
+        "tokens_per_s": 1.0,
+        "samples_per_s": 1.0,
+        "samples_seen": 1,
+        "cuda_mem_allocated": None,
+        "batch_metrics": {
+            "total_samples": 1,
+            "total_length": 2,
+            "num_loss_counted_tokens": 1,
+            "accumulated_loss": 1.0,
+            "grad_accum_steps": 1,
+            "num_minibatches": 1,
+        },
+    },
+    "save": {"checkpoint_path": "/c", "kind": ["full_state"], "duration": 1.0},
+    "train_end": {"status": "completed"},
+    "step_end": {"loss": 1.0},
+    "future_event": {"anything": [1]},
+}
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(sorted(_PAYLOADS)),
+            st.sampled_from([None, "drop", "null", "string", "negative"]),
+            st.sampled_from(["", "loss", "kind", "status", "batch_metrics", "seq", "step"]),
+        ),
+        max_size=30,
+    )
+)
+def test_batch_schema_check_finds_exactly_what_one_record_at_a_time_finds(
+    breakage: list[tuple[str, str | None, str]],
+) -> None:
+    """`validate` checks records in batches; its findings equal parse_record's, record by
+    record, for valid records and ones with fields dropped, nulled or of the wrong type."""
+    from pydantic import ValidationError
+
+    from journal.schema import parse_record
+    from journal.validate import BatchValidator
+
+    recs = []
+    for i, (event, how, key) in enumerate(breakage):
+        rec = {
+            **_ENVELOPE,
+            "seq": i,
+            "event": event,
+            "data": copy.deepcopy(_PAYLOADS[event]),
+        }
+        target = rec if key in ("seq", "step") else rec["data"]
+        if how and key:
+            if how == "drop":
+                target.pop(key, None)
+            else:
+                target[key] = {"null": None, "string": "x", "negative": -1}[how]
+        recs.append(rec)
+    expected = []
+    for i, rec in enumerate(recs):
+        try:
+            parse_record(rec)
+        except ValidationError:
+            expected.append(i)
+    position = {id(rec): i for i, rec in enumerate(recs)}
+    assert [position[id(r)] for r, _ in BatchValidator().problems(recs)] == expected

@@ -1,28 +1,36 @@
 """What a rank builds before training: device and backend, the FSDP2-sharded model, the data
-planners and the step count. One code path for CPU/gloo and GPU/NCCL."""
+planners and the step count. One code path for CPU/gloo and GPU/NCCL.
+
+The model is built the way a 7B fine-tune needs it (docs/gpu.md):
+
+1. on the meta device (no memory), then sharded with ``fully_shard``: one unit per block,
+   one for the embeddings and one for final norm + head (when not tied), the root last;
+2. materialized shard by shard (``to_empty``), and the weights loaded into the shards:
+   rank 0 reads the whole model once and broadcasts (``set_model_state_dict(...,
+   broadcast_from_rank0=True)``), so the other ranks never hold more than their shards;
+3. in fp32, always: bf16 is a compute dtype (``MixedPrecisionPolicy``), never the dtype of
+   the weights, grads or optimizer state.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
 from trainer.data import StepPlanner, load_jsonl, make_demo_data
-from trainer.model import (
-    VOCAB_SIZE,
-    TinyGPT,
-    build_hf_model,
-    hf_decoder_layers,
-    save_consolidated,
-    save_hf_consolidated,
-)
+from trainer.model import VOCAB_SIZE, TinyGPT, save_consolidated
 
 log = logging.getLogger("trainer")
 
@@ -37,47 +45,152 @@ def device_and_backend(args: TrainingArgs, local_rank: int) -> tuple[torch.devic
     return torch.device("cpu"), "gloo"
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What is known of the model before it is built (the data needs it first)."""
+
+    context: int  # longest sample kept, in tokens
+    vocab_size: int  # token ids must be below it
+    export_dtype: torch.dtype  # dtype of the consolidated model
+    hf_config: Any = None  # the HF config, None for the built-in model
+
+
+def model_spec(args: TrainingArgs) -> ModelSpec:
+    """Context, vocabulary and export dtype from the config alone (no weights read)."""
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if args.model_path is None:
+        export = dtypes.get(args.export_dtype, torch.float32)
+        return ModelSpec(args.model.max_seq_len, VOCAB_SIZE, export)
+    from trainer.hf_model import context_length, declared_dtype, hf_config
+
+    config = hf_config(Path(args.model_path))
+    context = args.max_seq_len or context_length(config)
+    if context is None:
+        raise ValueError(
+            f"{args.model_path}: the config names no context length: give --max-seq-len"
+        )
+    export = dtypes.get(args.export_dtype) or declared_dtype(config)
+    return ModelSpec(context, int(config.vocab_size), export, config)
+
+
+def compute_dtype(args: TrainingArgs, device: torch.device) -> torch.dtype:
+    """bf16 when asked (any device) or on GPUs by default; fp32 otherwise."""
+    if args.mixed_precision == "bf16" or (args.mixed_precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
 def build_model(
-    args: TrainingArgs, device: torch.device
-) -> tuple[torch.nn.Module, ConsolidatedWriter]:
-    """The model, FSDP2-sharded per block, and how to write its consolidated checkpoint."""
-    write: ConsolidatedWriter
-    if args.model_path is not None:
-        model = build_hf_model(Path(args.model_path))
-        blocks = hf_decoder_layers(model)
-        write = partial(save_hf_consolidated, model.config)
-    else:
-        model = TinyGPT(args.model)
-        blocks = model.shardable_blocks()
-        cfg = {
-            "model_type": "ilab-tinygpt",
-            "model": args.model.model_dump(),
-            "vocab_size": VOCAB_SIZE,
-        }
-        write = partial(_save_builtin, cfg=cfg)
-    model.to(device)
-    bf16 = device.type == "cuda" and args.mixed_precision in ("auto", "bf16")
-    mp = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if bf16
-        else MixedPrecisionPolicy()
+    args: TrainingArgs, spec: ModelSpec, device: torch.device
+) -> tuple[nn.Module, ConsolidatedWriter]:
+    """The model, FSDP2-sharded, its weights loaded, and how to write its consolidated copy."""
+    make_whole, units, writer = _model_parts(args, spec)
+    if args.model_init == "full":  # every rank builds (and initializes) the whole model
+        model = make_whole()
+        model.to(device)
+        write = writer(tied_names(model))
+        _shard(model, units(model), compute_dtype(args, device))
+        return model, write
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):  # parameters on meta, buffers real
+        model = make_whole()
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):  # inside the context a tie became two meta params
+        tie()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    write = writer(tied_names(model))
+    _shard(model, units(model), compute_dtype(args, device))
+    model.to_empty(device=device)  # this rank's shards only
+    with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    full = make_whole().state_dict() if dist.get_rank() == 0 else {}
+    set_model_state_dict(
+        model,
+        full,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
-    for block in blocks:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    del full
     return model, write
 
 
+def tied_names(model: nn.Module) -> set[str]:
+    """Names of parameters that are another parameter (tied weights): the export keeps one."""
+    first = {name for name, _ in model.named_parameters()}
+    return {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
+
+
+def _model_parts(
+    args: TrainingArgs, spec: ModelSpec
+) -> tuple[
+    Callable[[], nn.Module],
+    Callable[[Any], list[list[nn.Module]]],
+    Callable[[set[str]], ConsolidatedWriter],
+]:
+    """(build the whole model in fp32, its FSDP units, its consolidated writer given the
+    tied parameter names)."""
+    if args.model_path is not None:
+        from trainer.hf_model import (
+            build_hf_model,
+            hf_decoder_layers,
+            hf_shard_units,
+            save_hf_consolidated,
+        )
+
+        path, config = Path(args.model_path), spec.hf_config
+        return (
+            partial(build_hf_model, path, config),
+            lambda m: [[b] for b in hf_decoder_layers(m)] + hf_shard_units(m),
+            lambda tied: partial(save_hf_consolidated, config, dtype=spec.export_dtype, drop=tied),
+        )
+    cfg = {"model_type": "ilab-tinygpt", "model": args.model.model_dump(), "vocab_size": VOCAB_SIZE}
+    cfg["dtype"] = str(spec.export_dtype).removeprefix("torch.")
+    return (
+        partial(TinyGPT, args.model),
+        lambda m: [[b] for b in m.shardable_blocks()] + m.shard_units(),
+        lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
+    )
+
+
+def _shard(model: nn.Module, units: list[list[nn.Module]], compute: torch.dtype) -> None:
+    """``fully_shard`` each unit, then the root (which then holds only what is left)."""
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    for unit in units:
+        fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
+def check_fp32_master(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Raise unless every parameter, gradient and optimizer state tensor is fp32 (bf16 is
+    for compute only); returns a one-line summary for the rank's log."""
+    seen: dict[str, set[str]] = {"params": set(), "grads": set(), "optimizer state": set()}
+    for p in model.parameters():
+        seen["params"].add(str(p.dtype))
+        if p.grad is not None:
+            seen["grads"].add(str(p.grad.dtype))
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0:
+                seen["optimizer state"].add(str(v.dtype))
+    bad = {k: v for k, v in seen.items() if v - {"torch.float32"}}
+    if bad:
+        raise RuntimeError(f"master weights must be fp32; found {bad}")
+    return ", ".join(f"{k} {'/'.join(sorted(v)) or '-'}" for k, v in seen.items())
+
+
 def _save_builtin(
-    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any]
+    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any], dtype: torch.dtype
 ) -> None:
-    save_consolidated(out_dir, state_dict, cfg)
+    save_consolidated(out_dir, state_dict, cfg, dtype)
 
 
 def load_data(
-    args: TrainingArgs, ckpt_dir: Path, rank: int, world: int, local_rank: int
+    args: TrainingArgs, spec: ModelSpec, ckpt_dir: Path, rank: int, world: int, local_rank: int
 ) -> tuple[StepPlanner, StepPlanner | None, int]:
-    """Training and validation planners (and the training sample count)."""
+    """Training and validation planners (and the training sample count). Samples are cut
+    to the model's context; a token id outside its vocabulary is a DataError (on CUDA it
+    would be a device-side assert while the other ranks hang in a collective)."""
     data_path, val_path = args.data_path, args.val_data_path
     if args.demo:
         demo_dir = ckpt_dir / "demo_data"
@@ -86,10 +199,8 @@ def load_data(
         dist.barrier()
         data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
     assert data_path is not None  # TrainingArgs requires data_path unless demo
-    vocab = VOCAB_SIZE if args.model_path is None else None
-    seq = args.model.max_seq_len
-    samples = load_jsonl(Path(data_path), seq, vocab)
-    val = load_jsonl(Path(val_path), seq, vocab) if val_path else None
+    samples = load_jsonl(Path(data_path), spec.context, spec.vocab_size)
+    val = load_jsonl(Path(val_path), spec.context, spec.vocab_size) if val_path else None
     planner = StepPlanner(
         samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
     )

@@ -34,12 +34,18 @@ TRAIN_FIELDS = {
     "model_path": "model_path",
     "demo_samples": "demo_samples",
     "backend": "backend",
+    "max_seq_len": "max_seq_len",
+    "mixed_precision": "mixed_precision",
+    "reduce_grads": "reduce_grads",
+    "model_init": "model_init",
+    "export_every": "export_every",
+    "export_dtype": "export_dtype",
+    "pg_timeout": "pg_timeout_s",
 }
 MODEL_FIELDS = {
     "d_model": "d_model",
     "n_layers": "n_layers",
     "n_heads": "n_heads",
-    "max_seq_len": "max_seq_len",
 }
 TORCHRUN_FIELDS = {
     "nproc_per_node": "nproc_per_node",
@@ -137,7 +143,43 @@ def _errors(exc: ValidationError) -> str:
 @click.option("--n-layers", type=int, help="Built-in model depth (default 4).")
 @click.option("--n-heads", type=int, help="Built-in model attention heads (default 4).")
 @click.option(
-    "--max-seq-len", type=int, help="Longest sequence; longer samples are truncated (default 64)."
+    "--max-seq-len",
+    type=int,
+    help="Longest sample in tokens; longer ones are truncated (default: the model's context, "
+    "64 for the built-in model).",
+)
+@click.option(
+    "--mixed-precision",
+    type=click.Choice(["auto", "bf16", "fp32"]),
+    help="Compute dtype; weights and optimizer state stay fp32 (auto: bf16 on GPUs).",
+)
+@click.option(
+    "--reduce-grads",
+    type=click.Choice(["every_micro_batch", "last_micro_batch"]),
+    help="Reduce-scatter gradients after every micro-batch (default: grads stay sharded) or "
+    "only after the last one (fewer collectives, unsharded grads held: small models only).",
+)
+@click.option(
+    "--model-init",
+    type=click.Choice(["meta", "full"]),
+    help="meta (default): build on the meta device, shard, load weights sharded; full: every "
+    "rank builds the whole model first.",
+)
+@click.option(
+    "--export-every",
+    type=click.IntRange(min=1),
+    help="Write the consolidated model only at saves whose step is a multiple of N, and at "
+    "the final save (default: every save).",
+)
+@click.option(
+    "--export-dtype",
+    type=click.Choice(["auto", "bf16", "fp32"]),
+    help="dtype of the consolidated model (auto: what the HF config declares; fp32 built-in).",
+)
+@click.option(
+    "--pg-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a collective may wait, e.g. for rank 0's export at a save (default 1800).",
 )
 @click.option(
     "--backend",

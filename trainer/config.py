@@ -111,8 +111,47 @@ class TrainingArgs(BaseModel):
     resume: Literal["auto", "never"] = "auto"
 
     journal_detail: Literal["step", "microbatch", "off"] = "step"
-    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="compute dtype; weights, grads and optimizer state stay fp32 (auto: bf16 "
+        "on GPUs, fp32 on CPU)",
+    )
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+    # -- scale: what a multi-GPU fine-tune of a large model needs (docs/gpu.md) ------------
+    max_seq_len: int | None = Field(
+        None,
+        ge=4,
+        description="longest sample in tokens (longer ones are truncated); default: the "
+        "model's context (max_position_embeddings of an HF model, model.max_seq_len)",
+    )
+    reduce_grads: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        "every_micro_batch",
+        description="when gradients are reduce-scattered: every micro-batch keeps them "
+        "sharded (memory of a large model); last_micro_batch holds unsharded grads until the "
+        "last micro-batch (fewer collectives, for small models)",
+    )
+    model_init: Literal["meta", "full"] = Field(
+        "meta",
+        description="meta: build on the meta device, shard, then load the weights sharded "
+        "(rank 0 reads them and broadcasts); full: every rank builds the whole model first",
+    )
+    export_every: int | None = Field(
+        None,
+        ge=1,
+        description="write the consolidated model at saves whose step is a multiple of this "
+        "and at the final save (default: every save); never at a save on interrupt",
+    )
+    export_dtype: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="dtype of the consolidated model (auto: the dtype an HF config declares, "
+        "fp32 for the built-in model)",
+    )
+    pg_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="collective timeout: ranks wait this long for rank 0's export at a save",
+    )
 
     # -- flat callback API (never sent to the workers) --------------------------------------
     callbacks: list[Any] = Field(default_factory=list, exclude=True)
@@ -155,6 +194,9 @@ class TrainingArgs(BaseModel):
             raise ValueError(f"training data file {self.data_path} does not exist")
         if self.val_data_path is not None and not Path(self.val_data_path).is_file():
             raise ValueError(f"validation data file {self.val_data_path} does not exist")
+        if self.max_seq_len is not None and self.model_path is None:
+            # the built-in model's context is its position table: they are one setting
+            self.model = self.model.model_copy(update={"max_seq_len": self.max_seq_len})
         return self
 
     def hooks(self) -> dict[str, list[CallbackSpec]]:

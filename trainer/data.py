@@ -19,7 +19,11 @@ from typing import Any
 import orjson
 import torch
 
-from trainer.model import EOS_ID, IGNORE_INDEX, PAD_ID, encode
+from trainer.model import EOS_ID, IGNORE_INDEX, encode
+
+#: Input id on padding: valid in every vocabulary. Padding follows the tokens of a causal
+#: model and its labels are -100, so its value never changes a loss.
+PAD_INPUT = 0
 
 
 class DataError(ValueError):
@@ -73,6 +77,8 @@ def load_jsonl(path: Path, max_seq_len: int, vocab_size: int | None = None) -> l
             raise DataError(f"{path}:{n}: 'labels' must be a list as long as 'input_ids'")
         if not all(type(x) is int and (x == IGNORE_INDEX or x >= 0) for x in labels):
             raise DataError(f"{path}:{n}: 'labels' must be token ids or -100")
+        if vocab_size is not None and max(labels) >= vocab_size:
+            raise DataError(f"{path}:{n}: label {max(labels)} >= vocabulary size {vocab_size}")
         samples.append(Sample(ids[:max_seq_len], labels[:max_seq_len]))
     if not samples:
         raise DataError(f"{path}: no samples")
@@ -238,14 +244,21 @@ class StepPlanner:
         """Right-padded ``input_ids`` and ``labels`` (-100 on padding) for a micro-batch."""
         if not indices:  # padding pass: one token, no loss
             return (
-                torch.full((1, 2), PAD_ID, dtype=torch.long, device=device),
+                torch.full((1, 2), PAD_INPUT, dtype=torch.long, device=device),
                 torch.full((1, 2), IGNORE_INDEX, dtype=torch.long, device=device),
             )
         width = max(self.lengths[i] for i in indices)
-        ids = torch.full((len(indices), width), PAD_ID, dtype=torch.long)
-        labels = torch.full((len(indices), width), IGNORE_INDEX, dtype=torch.long)
-        for row, i in enumerate(indices):
+        rows_ids, rows_labels = [], []
+        for i in indices:
             s = self.samples[i]
-            ids[row, : len(s.input_ids)] = torch.tensor(s.input_ids)
-            labels[row, : len(s.labels)] = torch.tensor(s.labels)
-        return ids.to(device), labels.to(device)
+            pad = width - len(s.input_ids)
+            rows_ids.append(s.input_ids + [PAD_INPUT] * pad)
+            rows_labels.append(s.labels + [IGNORE_INDEX] * pad)
+        # Pinned host memory + non-blocking copies: on CUDA the copy overlaps and the host
+        # does not wait for the GPU at every micro-batch.
+        pinned = device.type == "cuda"
+        batch = torch.tensor([rows_ids, rows_labels], dtype=torch.long)
+        if pinned:
+            batch = batch.pin_memory()
+        batch = batch.to(device, non_blocking=pinned)
+        return batch[0], batch[1]

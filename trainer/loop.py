@@ -16,12 +16,11 @@ boundary and no collective is added for them.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from journal.paths import checkpoints_dir, step_dir_name
 from journal.rotation import rotate
 from trainer import checkpoint as ckpt
+from trainer.build import check_fp32_master
 from trainer.config import TrainingArgs
 from trainer.control_poller import BITS as CONTROL_BITS
 from trainer.control_poller import ControlPoller
@@ -39,6 +39,7 @@ from trainer.decisions import EndReason, decide
 from trainer.emitter import Emitter
 from trainer.model import loss_sum
 from trainer.report_inbox import ReportInbox
+from trainer.step_metrics import StepMetrics, log_payload
 
 log = logging.getLogger("trainer")
 
@@ -54,21 +55,6 @@ class RunOutcome:
     reason: str | None = None
     final_checkpoint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StepMetrics:
-    """What the step's all-reduce agreed on, identical on every rank."""
-
-    loss_sum: float  # summed over every rank's loss-counted tokens
-    tokens: float  # loss-counted tokens, all ranks
-    interrupted: bool  # a signal arrived on some rank
-    commands: int  # control bits rank 0 contributed
-    grad_norm: float
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / self.tokens if self.tokens else float("nan")
 
 
 class Trainer:
@@ -105,6 +91,15 @@ class Trainer:
         # Time in control checks (rank 0): steps with nothing new vs steps handling files.
         self.poll_idle_ns = self.poll_idle_steps = 0
         self.poll_busy_ns = self.poll_busy_steps = 0
+        # Default: reduce-scatter after every micro-batch, so grads stay sharded (a 7B model's
+        # unsharded fp32 grads are +28 GB per GPU); skipping the sync is for small models.
+        self.sync_last_only = args.reduce_grads == "last_micro_batch" and isinstance(
+            model, FSDPModule
+        )
+        # The interrupt flag and control bits reach the device through a pinned buffer and a
+        # non-blocking copy: the step's only host sync stays the read after the all-reduce.
+        self.flags_host = torch.zeros(2, pin_memory=device.type == "cuda")
+        self.precision_checked = False
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -160,7 +155,7 @@ class Trainer:
         if act.evaluate:
             self.evaluate()
         if act.save:
-            self.save(act.save)
+            self.save(act.save, ending=act.end)
         self.j.emit("step_end", {"loss": m.loss})
         return self._ending(act.end, applied) if act.end else None
 
@@ -179,8 +174,8 @@ class Trainer:
             j.emit_micro("before_forward", info)
             loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
             j.emit_micro("after_forward", info)
-            if isinstance(self.model, FSDPModule):  # reduce grads once, at the end
-                self.model.set_requires_gradient_sync(i == n_micro - 1)
+            if self.sync_last_only:  # opt-in: unsharded grads held until the last pass
+                cast(FSDPModule, self.model).set_requires_gradient_sync(i == n_micro - 1)
             j.emit_micro("before_backward", info)
             (loss * scale).backward()
             j.emit_micro("after_backward", info)
@@ -195,6 +190,9 @@ class Trainer:
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         self.opt.step()
+        if not self.precision_checked:  # the first step: grads and optimizer state exist
+            log.info("precision: %s", check_fp32_master(self.model, self.opt))
+            self.precision_checked = True
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.j.emit("after_optimizer_step")
@@ -222,16 +220,17 @@ class Trainer:
         """The step's single reduction: metrics, plus control bits and signals for free.
         Rank 0 alone contributes the bits and the (already global) grad norm."""
         is0 = 1.0 if self.rank == 0 else 0.0
-        vec = torch.stack(
+        self.flags_host[0] = 1.0 if self.interrupted else 0.0
+        self.flags_host[1] = float(commands) * is0
+        flags = self.flags_host.to(self.device, non_blocking=True)
+        vec = torch.cat(
             [
-                loss.float(),
-                tokens.float(),
-                torch.tensor(1.0 if self.interrupted else 0.0, device=self.device),
-                torch.tensor(float(commands) * is0, device=self.device),
-                grad_norm.detach().float().to(self.device) * is0,
+                torch.stack([loss.float(), tokens.float()]),
+                flags,
+                (grad_norm.detach().float().to(self.device) * is0).reshape(1),
             ]
         )
-        dist.all_reduce(vec)
+        dist.all_reduce(vec)  # the host reads it once, below: the step's one sync
         loss_sum_all, tokens_all, n_interrupted, bits, gnorm = vec.tolist()
         m = StepMetrics(loss_sum_all, tokens_all, n_interrupted > 0, int(bits), gnorm)
         if m.commands:  # every rank logs it: the per-rank logs show they act at the same step
@@ -240,36 +239,12 @@ class Trainer:
         return m
 
     def _log(self, plan: StepPlan, m: StepMetrics, elapsed: float) -> None:
-        st = self.state
         lr = self.sched.get_last_lr()[0]
-        self.j.emit(
-            "log",
-            {
-                "loss": m.loss,
-                "loss_finite": math.isfinite(m.loss),
-                "lr": lr,
-                "grad_norm": m.grad_norm,
-                "elapsed_time": elapsed,
-                "tokens_per_s": plan.global_length / elapsed,
-                "samples_per_s": plan.global_samples / elapsed,
-                "samples_seen": st.samples_seen,
-                "batch_metrics": {
-                    "total_samples": plan.global_samples,
-                    "total_length": plan.global_length,
-                    "num_loss_counted_tokens": int(m.tokens),
-                    "accumulated_loss": m.loss_sum,
-                    "grad_accum_steps": len(plan.micro_batches),
-                    "num_minibatches": len(plan.micro_batches),
-                },
-                "cuda_mem_allocated": torch.cuda.memory_allocated()
-                if self.device.type == "cuda"
-                else None,
-            },
-        )
+        self.j.emit("log", log_payload(plan, m, elapsed, lr, self.state.samples_seen, self.device))
         if self.rank == 0:
             log.info(
                 "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
-                st.step,
+                self.state.step,
                 self.total_steps,
                 m.loss,
                 lr,
@@ -358,17 +333,18 @@ class Trainer:
                 val_loss if val_loss is not None else float("nan"),
             )
 
-    def save(self, why: str) -> None:
+    def save(self, why: str, ending: EndReason | None = None) -> None:
         """Collective checkpoint; then rank 0 journals it and rotates older ones."""
         t0 = time.perf_counter()
         self.state.run_id = self.j.writer.run_id if self.j.writer else self.state.run_id
+        export, skipped = self._export_decision(why, ending)
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
             self.state,
             self.model,
             self.opt,
             self.sched,
-            write_consolidated=self.write_consolidated if self.args.save_hf else None,
+            write_consolidated=self.write_consolidated if export else None,
         )
         self.last_saved_step = self.state.step
         self.j.emit(
@@ -379,15 +355,32 @@ class Trainer:
                 "duration": time.perf_counter() - t0,
                 "trigger": why,
                 "hf_path": str(path / "hf") if "hf" in kinds else None,
+                "export_skipped": skipped,
             },
         )
         if self.rank == 0:
-            log.info("saved %s (%s)", path, why)
+            log.info(
+                "saved %s (%s)%s", path, why, f"; export skipped: {skipped}" if skipped else ""
+            )
             if self.reports is not None:
                 self.reports.ingest_now()  # a fresh best must count before rotation
             best = self.j.best.best() if self.j.best is not None else None
             keep = {Path(best.checkpoint_path).name} if best else set()
             rotate(Path(self.args.ckpt_dir), self.args.keep_last_n, keep=keep, emit=self.j.emit)
+
+    def _export_decision(self, why: str, ending: EndReason | None) -> tuple[bool, str | None]:
+        """Whether this save writes the consolidated model, and if not, why (journaled).
+        On interrupt only the sharded state is written: a large model's export would not
+        finish inside torchrun's shutdown grace period."""
+        a, step = self.args, self.state.step
+        if not a.save_hf:
+            return False, None
+        if why == "interrupt" or ending == "interrupt":
+            return False, "interrupt: only the sharded state is saved (resume, or export later)"
+        last = why == "final" or ending is not None or step >= self.total_steps
+        if a.export_every is None or last or step % a.export_every == 0:
+            return True, None
+        return False, f"export_every={a.export_every}"
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:

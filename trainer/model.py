@@ -92,6 +92,11 @@ class TinyGPT(nn.Module):
     def shardable_blocks(self) -> list[nn.Module]:
         return list(self.blocks)
 
+    def shard_units(self) -> list[list[nn.Module]]:
+        """Groups FSDP shards as units of their own besides the blocks (so the root unit
+        holds nothing for the whole step): the embeddings, and the final norm with the head."""
+        return [[self.tok_emb, self.pos_emb], [self.ln_f, self.head]]
+
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy and the number of loss-counted tokens."""
@@ -110,13 +115,16 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def save_consolidated(
-    out_dir: Path, state_dict: dict[str, torch.Tensor], cfg: dict[str, Any]
+    out_dir: Path,
+    state_dict: dict[str, torch.Tensor],
+    cfg: dict[str, Any],
+    dtype: torch.dtype = torch.float32,
 ) -> None:
     """Write ``model.safetensors`` + ``config.json`` (HF layout) from a full state dict."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state_dict.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
@@ -134,7 +142,7 @@ def load_consolidated(path: str | Path, device: str = "cpu") -> tuple[TinyGPT, M
             f"{p} holds a {cfg_raw.get('model_type')!r} model; load it with transformers"
         )
     cfg = ModelConfig(**cfg_raw["model"])
-    model = TinyGPT(cfg)
+    model = TinyGPT(cfg)  # fp32; an export in bf16 is cast up on load
     model.load_state_dict(load_file(str(p / "model.safetensors"), device=device))
     return model.to(device).eval(), cfg
 
@@ -152,49 +160,3 @@ def greedy_generate(model: TinyGPT, prompt: str, max_new_tokens: int = 8) -> str
         ids.append(nxt)
         out.append(nxt)
     return decode(out)
-
-
-def hf_decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of an HF causal LM (what FSDP shards one by one): the
-    ModuleList holding ``num_hidden_layers`` modules, wherever the architecture keeps it."""
-    n = getattr(model.config, "num_hidden_layers", None)
-    for _, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) == n:
-            return list(mod)
-    raise RuntimeError(f"cannot find the {n} decoder layers of {type(model).__name__}")
-
-
-def save_hf_consolidated(config: Any, out_dir: Path, state_dict: dict[str, torch.Tensor]) -> None:
-    """``config.json`` + ``model.safetensors`` loadable with ``AutoModelForCausalLM.from_pretrained``.
-
-    Tied weights (e.g. embeddings and lm_head) share storage, which safetensors refuses to
-    save twice: keep the first name, as ``save_pretrained`` does; loading re-ties them.
-    """
-    from safetensors.torch import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out_dir)
-    seen: set[int] = set()
-    tensors = {}
-    for name, t in state_dict.items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        tensors[name] = t.detach().to("cpu").contiguous()
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-
-
-def build_hf_model(model_path: Path) -> nn.Module:
-    """An HF causal LM from a local directory (weights, or config only for random init)."""
-    try:
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise RuntimeError(
-            "model_path needs transformers: pip install 'ilab-journal[hf]'"
-        ) from None
-    if any(model_path.glob("*.safetensors")) or any(model_path.glob("*.bin")):
-        return AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True)
-    return AutoModelForCausalLM.from_config(
-        AutoConfig.from_pretrained(model_path, local_files_only=True)
-    )

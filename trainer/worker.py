@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,7 +34,7 @@ from journal.reports import BEST_EVENTS, BestTracker, MetricGoal, drain
 from journal.rotation import latest_checkpoint
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
-from trainer.build import build_model, device_and_backend, load_data, total_steps
+from trainer.build import build_model, device_and_backend, load_data, model_spec, total_steps
 from trainer.config import TrainingArgs, WorkerConfig
 from trainer.control_poller import ControlPoller
 from trainer.data import DataError
@@ -194,13 +195,17 @@ def run_worker(cfg: WorkerConfig) -> int:
     try:
         device, backend = device_and_backend(args, local_rank)
         dist.init_process_group(
-            backend=backend, device_id=device if device.type == "cuda" else None
+            backend=backend,
+            device_id=device if device.type == "cuda" else None,
+            timeout=timedelta(seconds=args.pg_timeout_s),
         )
         resume_from = _agree(cfg, rank, world, resume_from)
         torch.manual_seed(args.seed)
-        planner, val_planner, n_samples = load_data(args, ckpt_dir, rank, world, local_rank)
-        model, write_consolidated = build_model(args, device)
+        spec = model_spec(args)
+        planner, val_planner, n_samples = load_data(args, spec, ckpt_dir, rank, world, local_rank)
+        model, write_consolidated = build_model(args, spec, device)
         model.train()
+        log.info("model ready (%s init): peak host RSS %d MB", args.model_init, _peak_rss_mb())
         total = total_steps(args, planner.steps_per_epoch, rank)
         opt, sched = build_optimizer(model, args, total)
         state = ckpt.TrainerState()
@@ -267,11 +272,12 @@ def run_worker(cfg: WorkerConfig) -> int:
         emitter.emit("train_end", end)
         ended = True
         log.info(
-            "training %s: %s; %d steps in %.4fs of step time",
+            "training %s: %s; %d steps in %.4fs of step time; peak host RSS %d MB",
             outcome.status,
             outcome.reason,
             trainer.state.step - begin_step,
             trainer.step_time_s,
+            _peak_rss_mb(),
         )
         return 0
     except BaseException as exc:
@@ -294,6 +300,13 @@ def run_worker(cfg: WorkerConfig) -> int:
         if lock.held:
             lock.release()
             drain(ckpt_dir, role="trainer")  # reports that came in after the last look
+
+
+def _peak_rss_mb() -> int:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 def _disk_full(exc: BaseException, ckpt_dir: Path) -> bool:
