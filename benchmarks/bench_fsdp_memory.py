@@ -7,6 +7,8 @@
 2. Gradient accumulation: per-rank peak RSS and step time of the same global batch in 1 and
    in 4 micro-batches, with gradients reduce-scattered every micro-batch (default) or only
    after the last (unsharded grads held meanwhile).
+3. Activation checkpointing: peak RSS and step time with and without, on 512-token samples
+   (where activations, not weights, dominate).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -39,7 +42,8 @@ def run(workdir: Path, name: str, cfg: dict[str, Any], steps: int) -> dict[str, 
     ckpt = workdir / name
     conf = workdir / f"{name}.json"
     conf.write_text(json.dumps({"save_final": False, "save_at_epoch_end": False, **cfg}))
-    argv = [str(BIN / "ilab-train"), "--config", str(conf), "--demo", "--ckpt-dir", str(ckpt)]
+    data = [] if "data_path" in cfg else ["--demo"]
+    argv = [str(BIN / "ilab-train"), "--config", str(conf), *data, "--ckpt-dir", str(ckpt)]
     argv += ["--nproc-per-node", "2", "--max-steps", str(steps), "--quiet"]
     proc = subprocess.run(
         argv, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **MALLOC}
@@ -85,6 +89,28 @@ def main() -> None:
                 key = f"micro{micro}_{mode}"
                 out[f"{key}_rank1_peak_mb"] = r["peak_mb"]
                 out[f"{key}_step_s"] = r["step_s"]
+        # activation checkpointing: 8 samples of 512 tokens a step, 4 per rank
+        long_rows = wd / "long.jsonl"
+        rng = random.Random(0)
+        long_rows.write_text(
+            "".join(
+                json.dumps({"input_ids": [rng.randrange(256) for _ in range(512)]}) + "\n"
+                for _ in range(64)
+            )
+        )
+        for ac in (False, True):
+            cfg = {
+                "model": {**big, "max_seq_len": 512},
+                "data_path": str(long_rows),
+                "effective_batch_size": 8,
+                "max_batch_len": 4096,
+                "activation_checkpointing": ac,
+            }
+            r = run(wd, f"ac-{ac}", cfg, 2)
+            out[f"ac_{'on' if ac else 'off'}_rank1_peak_mb"] = r["peak_mb"]
+            out[f"ac_{'on' if ac else 'off'}_step_s"] = r["step_s"]
+    out["ac_on_vs_off_peak"] = out["ac_on_rank1_peak_mb"] / out["ac_off_rank1_peak_mb"]
+    out["ac_on_vs_off_step_time"] = out["ac_on_step_s"] / out["ac_off_step_s"]
     base = out["micro1_every_micro_batch_rank1_peak_mb"]
     out["micro4_every_vs_micro1_peak"] = out["micro4_every_micro_batch_rank1_peak_mb"] / base
     out["micro4_last_vs_micro1_peak"] = out["micro4_last_micro_batch_rank1_peak_mb"] / base

@@ -21,6 +21,7 @@ BIN = Path(sys.executable).parent
 COMMANDS = {
     "status": ["status", "--json"],
     "show_last_5": ["show", "--last", "5", "--json"],
+    "show_since_step": ["show", "--since-step", "{near_end}", "--json"],
     "tail_n_5": ["tail", "-n", "5", "--json"],
     "query_last_save": ["query", "--event", "save"],
     "stats": ["stats", "--json"],
@@ -51,12 +52,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    big_steps = 40_000 if args.quick else 200_000  # ~6 records a step: 240k / 1.2M
+    # ~5 records a step: 1k and 1M records (200k with --quick), and 5M for the full scans
+    small_steps, big_steps = 200, 40_000 if args.quick else 200_000
     repeats = 2 if args.quick else 3
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-readers-") as d:
         small, big = Path(d) / "small", Path(d) / "big"
-        write_step_journal(small, 170)
+        steps = {small: small_steps, big: big_steps}
+        write_step_journal(small, small_steps)
         write_step_journal(big, big_steps)
         for name, ckpt in (("small", small), ("big", big)):
             result[f"{name}_records"] = (ckpt / "journal.jsonl").read_bytes().count(b"\n")
@@ -64,10 +67,15 @@ def main() -> None:
         for _ in range(repeats):
             subprocess.run([sys.executable, "-c", "import journal"], check=True)
         result["import_journal_s"] = (time.perf_counter() - t) / repeats
+
+        def argv(cmd: list[str], ckpt: Path) -> list[str]:
+            near_end = str(steps[ckpt] - 5)  # the last 5 steps: the same output for both
+            rest = [a.replace("{near_end}", near_end) for a in cmd[1:]]
+            return [str(BIN / "ilab-journal"), cmd[0], str(ckpt), *rest]
+
         for name, cmd in COMMANDS.items():
-            exe = [str(BIN / "ilab-journal"), cmd[0]]
-            ws, ms = best_of([*exe, str(small), *cmd[1:]], repeats)
-            wb, mb = best_of([*exe, str(big), *cmd[1:]], repeats)
+            ws, ms = best_of(argv(cmd, small), repeats)
+            wb, mb = best_of(argv(cmd, big), repeats)
             result[f"{name}_small_s"] = ws
             result[f"{name}_big_s"] = wb
             result[f"{name}_wall_ratio"] = wb / ws
@@ -86,7 +94,31 @@ def main() -> None:
             rate = result["big_records"] / result[f"{name}_big_s"]
             result[f"{name}_records_per_s"] = rate
             result[f"{name}_vs_json_loads"] = rate / loads_rate
+        if not args.quick:
+            huge = Path(d) / "huge"  # 5M records: full scans stream in bounded memory
+            write_step_journal(huge, 1_000_000)
+            big.joinpath("journal.jsonl").unlink()
+            result.update(_full_scans(huge))
     emit("bench_readers", result, args.json)
+
+
+def _full_scans(ckpt: Path) -> dict[str, Any]:
+    """stats and validate on the 5M-record journal, against a json.loads loop (same run)."""
+    out: dict[str, Any] = {}
+    n = (ckpt / "journal.jsonl").read_bytes().count(b"\n")
+    out["huge_records"] = n
+    t = time.perf_counter()
+    with open(ckpt / "journal.jsonl", "rb") as f:
+        for line in f:
+            json.loads(line)
+    loads_rate = n / (time.perf_counter() - t)
+    out["huge_json_loads_records_per_s"] = loads_rate
+    for name in ("stats", "validate"):
+        wall, mb = run([str(BIN / "ilab-journal"), name, str(ckpt), "--json"])
+        out[f"{name}_huge_s"] = wall
+        out[f"{name}_huge_mb"] = mb
+        out[f"{name}_huge_vs_json_loads"] = n / wall / loads_rate
+    return out
 
 
 if __name__ == "__main__":

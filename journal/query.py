@@ -106,6 +106,8 @@ def records_since_step(
                 if not events or obj.get("event") in events:
                     found.append(obj)
             elif obj.get("event") != "train_begin":  # the rest of this attempt is older
+                if _is_first_attempt(path, obj):
+                    break  # nothing before it: no search through the file
                 jump = _line_start_before(path, b'"event":"train_begin"', offset)
                 break
         if jump is None:
@@ -114,6 +116,22 @@ def records_since_step(
     found.reverse()
     invalid.reverse()
     return found, invalid
+
+
+def _is_first_attempt(path: str | os.PathLike[str], rec: dict[str, Any]) -> bool:
+    """Whether ``rec`` belongs to the attempt the file starts with (its first line is of
+    the same run and attempt): then no earlier attempt exists."""
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    try:
+        head = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        type(head) is dict
+        and head.get("run_id") == rec.get("run_id")
+        and head.get("attempt") == rec.get("attempt")
+    )
 
 
 def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:

@@ -216,3 +216,21 @@ def test_export_every_and_bf16_export(tmp_path: Path) -> None:
     assert saves[2]["export_skipped"] == "export_every=4"
     tensors = load_file(str(Path(saves[6]["hf_path"]) / "model.safetensors"))
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
+    """Recomputing each block in backward changes memory, not the math (fp32, fixed seed)."""
+    losses = {}
+    for name, extra in (("plain", ()), ("ac", ("--activation-checkpointing",))):
+        ckpt = tmp_path / name
+        proc = subprocess.run(
+            train_argv(ckpt, "--max-steps", "3", *extra),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=train_env(),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
+    assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
+    assert losses["ac"] == pytest.approx(losses["plain"], rel=1e-5)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -472,3 +473,24 @@ def test_a_restart_after_the_run_ended_exits_instead_of_waiting(
     second = watch(*args, env={"RECORD_TO": str(out)}, timeout=30)
     assert second.returncode == 0, second.stderr
     assert len(calls(out)) == 2  # nothing delivered twice
+
+
+def test_a_command_given_by_path_runs_that_path_not_its_symlink_target(tmp_path: Path) -> None:
+    """A venv's bin/python is a symlink to the base interpreter: running the target instead
+    would lose the venv (and its packages). The program path is used as given."""
+    ckpt = tmp_path / "ck"
+    with JournalWriter(ckpt) as w:
+        w.append("save", save_payload("/c/step-000001"), step=1)
+        w.append("train_end", {"status": "completed"})
+    out = tmp_path / "prefix.txt"
+    link = tmp_path / "python-link"
+    link.symlink_to(sys.executable)
+    code = f"import sys; open({str(out)!r}, 'w').write(sys.executable)"
+    proc = subprocess.run(
+        [str(BIN / "ilab-watch"), str(ckpt), "--replay", "--on-save", f"{link} -c {code!r}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == str(link)

@@ -29,7 +29,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
-from trainer.data import StepPlanner, load_jsonl, make_demo_data
+from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
 from trainer.model import VOCAB_SIZE, TinyGPT, save_consolidated
 
 log = logging.getLogger("trainer")
@@ -80,32 +80,52 @@ def compute_dtype(args: TrainingArgs, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+@dataclass(frozen=True)
+class ModelParts:
+    """How to build one kind of model: the whole model (fp32), its block list, the other
+    FSDP units, and its consolidated writer given the tied parameter names."""
+
+    make: Callable[[], nn.Module]
+    blocks: Callable[[Any], nn.ModuleList]
+    extra_units: Callable[[Any], list[list[nn.Module]]]
+    writer: Callable[[set[str]], ConsolidatedWriter]
+
+
 def build_model(
     args: TrainingArgs, spec: ModelSpec, device: torch.device
 ) -> tuple[nn.Module, ConsolidatedWriter]:
     """The model, FSDP2-sharded, its weights loaded, and how to write its consolidated copy."""
-    make_whole, units, writer = _model_parts(args, spec)
-    if args.model_init == "full":  # every rank builds (and initializes) the whole model
-        model = make_whole()
-        model.to(device)
-        write = writer(tied_names(model))
-        _shard(model, units(model), compute_dtype(args, device))
-        return model, write
-    from accelerate import init_empty_weights
+    parts = _model_parts(args, spec)
+    meta = args.model_init == "meta"
+    if meta:
+        from accelerate import init_empty_weights
 
-    with init_empty_weights(include_buffers=False):  # parameters on meta, buffers real
-        model = make_whole()
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):  # inside the context a tie became two meta params
-        tie()
+        with init_empty_weights(include_buffers=False):  # parameters on meta, buffers real
+            model = parts.make()
+        tie = getattr(model, "tie_weights", None)
+        if callable(tie):  # inside the context a tie became two meta params
+            tie()
+    else:  # every rank builds (and initializes) the whole model
+        model = parts.make().to(device)
+    write = parts.writer(tied_names(model))
+    blocks = parts.blocks(model)
+    if args.activation_checkpointing:  # inside the FSDP units, as torchtitan does
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for i, block in enumerate(blocks):
+            blocks[i] = checkpoint_wrapper(block)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
-    write = writer(tied_names(model))
-    _shard(model, units(model), compute_dtype(args, device))
+    units = [[b] for b in blocks] + parts.extra_units(model)
+    _shard(model, units, compute_dtype(args, device))
+    if not meta:
+        return model, write
     model.to_empty(device=device)  # this rank's shards only
     with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    full = make_whole().state_dict() if dist.get_rank() == 0 else {}
+    full = parts.make().state_dict() if dist.get_rank() == 0 else {}
     set_model_state_dict(
         model,
         full,
@@ -121,15 +141,7 @@ def tied_names(model: nn.Module) -> set[str]:
     return {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
 
 
-def _model_parts(
-    args: TrainingArgs, spec: ModelSpec
-) -> tuple[
-    Callable[[], nn.Module],
-    Callable[[Any], list[list[nn.Module]]],
-    Callable[[set[str]], ConsolidatedWriter],
-]:
-    """(build the whole model in fp32, its FSDP units, its consolidated writer given the
-    tied parameter names)."""
+def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
     if args.model_path is not None:
         from trainer.hf_model import (
             build_hf_model,
@@ -139,17 +151,21 @@ def _model_parts(
         )
 
         path, config = Path(args.model_path), spec.hf_config
-        return (
-            partial(build_hf_model, path, config),
-            lambda m: [[b] for b in hf_decoder_layers(m)] + hf_shard_units(m),
-            lambda tied: partial(save_hf_consolidated, config, dtype=spec.export_dtype, drop=tied),
+        return ModelParts(
+            make=partial(build_hf_model, path, config),
+            blocks=hf_decoder_layers,
+            extra_units=hf_shard_units,
+            writer=lambda tied: partial(
+                save_hf_consolidated, config, dtype=spec.export_dtype, drop=tied, source=path
+            ),
         )
     cfg = {"model_type": "ilab-tinygpt", "model": args.model.model_dump(), "vocab_size": VOCAB_SIZE}
     cfg["dtype"] = str(spec.export_dtype).removeprefix("torch.")
-    return (
-        partial(TinyGPT, args.model),
-        lambda m: [[b] for b in m.shardable_blocks()] + m.shard_units(),
-        lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
+    return ModelParts(
+        make=partial(TinyGPT, args.model),
+        blocks=lambda m: m.blocks,
+        extra_units=lambda m: m.shard_units(),
+        writer=lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
     )
 
 
@@ -187,10 +203,11 @@ def _save_builtin(
 
 def load_data(
     args: TrainingArgs, spec: ModelSpec, ckpt_dir: Path, rank: int, world: int, local_rank: int
-) -> tuple[StepPlanner, StepPlanner | None, int]:
-    """Training and validation planners (and the training sample count). Samples are cut
-    to the model's context; a token id outside its vocabulary is a DataError (on CUDA it
-    would be a device-side assert while the other ranks hang in a collective)."""
+) -> tuple[StepPlanner, StepPlanner | None, dict[str, Any]]:
+    """Training and validation planners, and what the data holds (for train_begin).
+    Samples are cut to the model's context; a token id outside its vocabulary is a
+    DataError (on CUDA it would be a device-side assert while the other ranks hang in a
+    collective). Chat (``messages``) files are tokenized with the model's chat template."""
     data_path, val_path = args.data_path, args.val_data_path
     if args.demo:
         demo_dir = ckpt_dir / "demo_data"
@@ -199,6 +216,10 @@ def load_data(
         dist.barrier()
         data_path, val_path = demo_dir / "train.jsonl", val_path or demo_dir / "val.jsonl"
     assert data_path is not None  # TrainingArgs requires data_path unless demo
+    info: dict[str, Any] = {}
+    data_path, info["chat"] = _tokenized(args, spec, Path(data_path), ckpt_dir, local_rank)
+    if val_path:
+        val_path, info["val_chat"] = _tokenized(args, spec, Path(val_path), ckpt_dir, local_rank)
     samples = load_jsonl(Path(data_path), spec.context, spec.vocab_size)
     val = load_jsonl(Path(val_path), spec.context, spec.vocab_size) if val_path else None
     planner = StepPlanner(
@@ -209,7 +230,51 @@ def load_data(
         if val and len(val) >= world
         else None
     )
-    return planner, val_planner, len(samples)
+    info["train_samples"] = len(samples)
+    return planner, val_planner, {k: v for k, v in info.items() if v is not None}
+
+
+def _tokenized(
+    args: TrainingArgs, spec: ModelSpec, path: Path, ckpt_dir: Path, local_rank: int
+) -> tuple[Path, dict[str, Any] | None]:
+    """A chat file's tokenized rows (one tokenizer run per node, cached next to the run);
+    any other file as it is. A failure on the tokenizing rank is raised on every rank (the
+    start-up collective below), so no rank waits for rows that never come."""
+    from trainer import chat
+
+    if not chat.is_chat_file(path):
+        return path, None
+    if args.model_path is None:
+        raise DataError(f"{path}: chat (messages) data needs --model-path with a tokenizer")
+    model_path = Path(args.model_path)
+    error = None
+    hit = False
+    if local_rank == 0:
+        try:
+            _, _, hit = chat.prepare_chat_data(
+                path, model_path, ckpt_dir, spec.context, args.train_on_all_tokens
+            )
+        except DataError as exc:
+            error = str(exc)
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise DataError(first)
+    out, stats = chat.cached_chat_data(
+        path, model_path, ckpt_dir, spec.context, args.train_on_all_tokens
+    )
+    if stats.dropped_too_long and dist.get_rank() == 0:
+        log.warning(
+            "%s: %d of %d rows are longer than max_seq_len %d after templating: dropped "
+            "(first: %s)",
+            path,
+            stats.dropped_too_long,
+            stats.rows,
+            spec.context,
+            stats.first_dropped,
+        )
+    return out, {**stats.__dict__, "tokenized": str(out), "cache_hit": hit}
 
 
 def total_steps(args: TrainingArgs, steps_per_epoch: int, rank: int) -> int:

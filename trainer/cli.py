@@ -32,6 +32,8 @@ TRAIN_FIELDS = {
     "resume": "resume",
     "journal_detail": "journal_detail",
     "model_path": "model_path",
+    "train_on_all_tokens": "train_on_all_tokens",
+    "activation_checkpointing": "activation_checkpointing",
     "demo_samples": "demo_samples",
     "backend": "backend",
     "max_seq_len": "max_seq_len",
@@ -136,8 +138,21 @@ def _errors(exc: ValidationError) -> str:
 )
 @click.option(
     "--model-path",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Local Hugging Face causal LM directory (needs the 'hf' extra).",
+    type=click.Path(exists=True, path_type=Path),
+    help="Local Hugging Face causal LM directory, or a .gguf file (converted once into "
+    "CKPT_DIR/model). Needs the 'hf' extra; nothing is downloaded.",
+)
+@click.option(
+    "--train-on-all-tokens",
+    is_flag=True,
+    default=None,
+    help="Chat data: loss on every token (default: only the assistant's replies).",
+)
+@click.option(
+    "--activation-checkpointing",
+    is_flag=True,
+    default=None,
+    help="Recompute each block's activations in backward: less memory, ~1/3 more compute.",
 )
 @click.option("--d-model", type=int, help="Built-in model width (default 128).")
 @click.option("--n-layers", type=int, help="Built-in model depth (default 4).")

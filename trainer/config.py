@@ -75,14 +75,26 @@ class TrainingArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     ckpt_dir: Path = Field(description="checkpoints, journal.jsonl, control/ and logs/ live here")
-    data_path: Path | None = Field(None, description="training JSONL (input_ids[/labels] or text)")
+    data_path: Path | None = Field(
+        None,
+        description="training JSONL: input_ids[/labels], text, or chat messages (tokenized "
+        "with the model's chat template; needs model_path)",
+    )
     val_data_path: Path | None = Field(None, description="validation JSONL (optional)")
     demo: bool = Field(False, description="generate the built-in arithmetic demo data")
     demo_samples: int = Field(6000, ge=64, description="demo training samples")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     model_path: Path | None = Field(
-        None, description="local HF causal LM dir (needs the 'hf' extra; nothing is downloaded)"
+        None,
+        description="local HF causal LM dir, or a .gguf file (converted once into "
+        "<ckpt_dir>/model); needs the 'hf' extra; nothing is downloaded",
+    )
+    train_on_all_tokens: bool = Field(
+        False, description="chat data: loss on every token, not only the assistant's"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each block's activations in backward (less memory)"
     )
 
     num_epochs: int = Field(1, ge=1)
@@ -194,6 +206,12 @@ class TrainingArgs(BaseModel):
             raise ValueError(f"training data file {self.data_path} does not exist")
         if self.val_data_path is not None and not Path(self.val_data_path).is_file():
             raise ValueError(f"validation data file {self.val_data_path} does not exist")
+        if self.model_path is not None:
+            mp = Path(self.model_path)
+            if not mp.exists():
+                raise ValueError(f"model_path {mp} does not exist")
+            if mp.is_file() and mp.suffix != ".gguf":
+                raise ValueError(f"model_path {mp} must be a model directory or a .gguf file")
         if self.max_seq_len is not None and self.model_path is None:
             # the built-in model's context is its position table: they are one setting
             self.model = self.model.model_copy(update={"max_seq_len": self.max_seq_len})

@@ -9,26 +9,40 @@ away updates smaller than ~0.4 % of a weight. bf16 is for compute only, through 
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+#: What ``save_pretrained`` of a tokenizer writes (the chat template included).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
 
-def _transformers() -> Any:
+
+def load_transformers() -> Any:
     try:
         import transformers
     except ImportError:
         raise RuntimeError(
             "model_path needs transformers: pip install 'ilab-journal[hf]'"
         ) from None
+    transformers.utils.logging.disable_progress_bar()  # bars in rank logs are noise
     return transformers
 
 
 def hf_config(model_path: Path) -> Any:
     """The model's ``PretrainedConfig`` (local files only; nothing is downloaded)."""
-    return _transformers().AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return load_transformers().AutoConfig.from_pretrained(model_path, local_files_only=True)
 
 
 def has_weights(model_path: Path) -> bool:
@@ -54,7 +68,7 @@ def declared_dtype(config: Any) -> torch.dtype:
 
 def build_hf_model(model_path: Path, config: Any | None = None) -> nn.Module:
     """The whole model in fp32: pretrained weights when the dir has them, else random init."""
-    tf = _transformers()
+    tf = load_transformers()
     if has_weights(model_path):
         return tf.AutoModelForCausalLM.from_pretrained(
             model_path, local_files_only=True, dtype=torch.float32
@@ -62,13 +76,13 @@ def build_hf_model(model_path: Path, config: Any | None = None) -> nn.Module:
     return tf.AutoModelForCausalLM.from_config(config or hf_config(model_path), dtype=torch.float32)
 
 
-def hf_decoder_layers(model: nn.Module) -> list[nn.Module]:
+def hf_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of an HF causal LM (what FSDP shards one by one): the
     ModuleList holding ``num_hidden_layers`` modules, wherever the architecture keeps it."""
     n = getattr(model.config, "num_hidden_layers", None)
     for _, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and len(mod) == n:
-            return list(mod)
+            return mod
     raise RuntimeError(f"cannot find the {n} decoder layers of {type(model).__name__}")
 
 
@@ -91,13 +105,15 @@ def save_hf_consolidated(
     state_dict: dict[str, torch.Tensor],
     dtype: torch.dtype = torch.float32,
     drop: set[str] | frozenset[str] = frozenset(),
+    source: Path | None = None,
 ) -> None:
     """``config.json`` + ``model.safetensors`` loadable with ``AutoModelForCausalLM.from_pretrained``.
 
     Tied weights (e.g. lm_head tied to the embeddings) are saved once, as ``save_pretrained``
     does: ``drop`` names the second names of tied parameters (a gathered state dict may hold
     them as copies), and tensors sharing storage are kept under their first name. Loading
-    re-ties them.
+    re-ties them. The tokenizer and chat template of ``source`` (the model dir trained
+    from) are copied beside it, so the export is a complete model for ``from_pretrained``.
     """
     from safetensors.torch import save_file
 
@@ -114,3 +130,6 @@ def save_hf_consolidated(
         seen.add(ptr)
         tensors[name] = t.detach().to("cpu", dtype).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if source is not None and (source / name).is_file():
+            shutil.copy2(source / name, out_dir / name)

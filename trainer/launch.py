@@ -137,6 +137,12 @@ def run_training(
             file=sys.stderr,
         )
     try:
+        model_path = train_args.model_path
+        if model_path is not None and Path(model_path).suffix == ".gguf":
+            from trainer.convert import convert_gguf  # once, before any worker starts
+
+            converted = convert_gguf(Path(model_path), ckpt_dir / "model")
+            train_args = train_args.model_copy(update={"model_path": converted})
         return _launch(train_args, t, ckpt_dir, echo=echo, env=env)
     finally:
         if run_lock is not None:

@@ -89,9 +89,6 @@ class TinyGPT(nn.Module):
             x = block(x)
         return self.head(self.ln_f(x))
 
-    def shardable_blocks(self) -> list[nn.Module]:
-        return list(self.blocks)
-
     def shard_units(self) -> list[list[nn.Module]]:
         """Groups FSDP shards as units of their own besides the blocks (so the root unit
         holds nothing for the whole step): the embeddings, and the final norm with the head."""

@@ -202,7 +202,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         resume_from = _agree(cfg, rank, world, resume_from)
         torch.manual_seed(args.seed)
         spec = model_spec(args)
-        planner, val_planner, n_samples = load_data(args, spec, ckpt_dir, rank, world, local_rank)
+        planner, val_planner, data_info = load_data(args, spec, ckpt_dir, rank, world, local_rank)
+        n_samples = data_info.pop("train_samples")
         model, write_consolidated = build_model(args, spec, device)
         model.train()
         log.info("model ready (%s init): peak host RSS %d MB", args.model_init, _peak_rss_mb())
@@ -252,6 +253,7 @@ def run_worker(cfg: WorkerConfig) -> int:
                 "total_steps": total,
                 "steps_per_epoch": planner.steps_per_epoch,
                 "train_samples": n_samples,
+                **({"data": data_info} if data_info else {}),
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
                 "versions": _versions(),

@@ -229,7 +229,7 @@ class CommandTarget:
             if os.sep in prog:
                 if not (Path(prog).is_file() and os.access(prog, os.X_OK)):
                     raise CallbackSpecError(f"{spec!r}: {prog} is not an executable file")
-                items[0] = str(Path(prog).resolve())
+                items[0] = os.path.abspath(prog)  # not resolve(): a venv's python is a symlink
             elif shutil.which(prog) is None:
                 raise CallbackSpecError(f"{spec!r}: command {prog!r} not found on PATH")
         return cls(spec, tuple(items), shell=False)
