@@ -2,8 +2,8 @@
 
 The same random 4-layer Llama (hidden 256, vocab 512), data (16 samples x 128 tokens per
 step), learning-rate schedule and step count, trained on 2 CPU ranks by each: HF Trainer
-under torchrun (DDP over gloo), and ``ilab-train`` (FSDP2 over gloo) with its journal and an
-``ilab-watch`` tailing it. Reported: tokens/s of the training loop of each, the ratio, and
+under torchrun (DDP over gloo), and ``ilab-train`` (FSDP2 over gloo, with ``--sharding full``, the default, and
+``--sharding replicate``) with its journal and an ``ilab-watch`` tailing it. Reported: tokens/s of the training loop of each, the ratio, and
 the final loss of each (the loss of the last step, and the mean of the last 10).
 """
 
@@ -99,12 +99,14 @@ def run_hf(d: Path, model: Path, data: Path, steps: int) -> dict[str, Any]:
     return {"runtime_s": res["runtime_s"], "losses": res["losses"]}
 
 
-def run_ours(d: Path, model: Path, data: Path, steps: int) -> dict[str, Any]:
+def run_ours(
+    d: Path, model: Path, data: Path, steps: int, sharding: str = "full", watch: bool = True
+) -> dict[str, Any]:
     from journal.paths import journal_path
     from journal.reader import read_all
 
-    ckpt = d / "ours"
-    conf = d / "ours.json"
+    ckpt = d / f"ours-{sharding}-{watch}"
+    conf = d / f"ours-{sharding}-{watch}.json"
     # what HF's cosine schedule does: decay to 0 (ours defaults to 10 % of the peak)
     conf.write_text(
         json.dumps({"save_final": False, "save_at_epoch_end": False, "min_lr_ratio": 0.0})
@@ -112,7 +114,7 @@ def run_ours(d: Path, model: Path, data: Path, steps: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ckpt.mkdir()
     watcher = subprocess.Popen(
-        [str(BIN / "ilab-watch"), str(ckpt), "--on-train-end", "true"],
+        [str(BIN / "ilab-watch"), str(ckpt), "--on-train-end", "true"] if watch else ["true"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -120,7 +122,7 @@ def run_ours(d: Path, model: Path, data: Path, steps: int) -> dict[str, Any]:
     cmd = [str(BIN / "ilab-train"), "--config", str(conf), "--model-path", str(model)]
     cmd += ["--data", str(data), "--ckpt-dir", str(ckpt), "--nproc-per-node", "2", "--quiet"]
     cmd += ["--batch-size", str(BATCH), "--max-steps", str(steps), "--lr", str(LR)]
-    cmd += ["--warmup-steps", str(WARMUP)]
+    cmd += ["--warmup-steps", str(WARMUP), "--sharding", sharding]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     watcher.wait(timeout=60)
     if proc.returncode != 0:
@@ -145,16 +147,21 @@ def main() -> None:
         t = time.perf_counter()
         hf = run_hf(d, model, data, steps)
         out["hf_wall_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        ours = run_ours(d, model, data, steps)
-        out["ours_wall_s"] = time.perf_counter() - t
+        runs = {"hf": hf}
+        for sharding in ("full", "replicate"):
+            t = time.perf_counter()
+            runs[f"ours_{sharding}"] = run_ours(d, model, data, steps, sharding)
+            out[f"ours_{sharding}_wall_s"] = time.perf_counter() - t
     tokens = steps * BATCH * SEQ
-    for name, r in (("hf", hf), ("ours", ours)):
+    for name, r in runs.items():
         out[f"{name}_train_loop_s"] = r["runtime_s"]
         out[f"{name}_tokens_per_s"] = tokens / r["runtime_s"]
         out[f"{name}_final_loss"] = r["losses"][-1]
         out[f"{name}_last10_mean_loss"] = sum(r["losses"][-10:]) / len(r["losses"][-10:])
-    out["ours_vs_hf_throughput"] = out["ours_tokens_per_s"] / out["hf_tokens_per_s"]
+    for sharding in ("full", "replicate"):
+        out[f"ours_{sharding}_vs_hf_throughput"] = (
+            out[f"ours_{sharding}_tokens_per_s"] / out["hf_tokens_per_s"]
+        )
     emit("bench_hf_peer", out, args.json)
 
 

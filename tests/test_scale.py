@@ -234,3 +234,33 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
         losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
     assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
     assert losses["ac"] == pytest.approx(losses["plain"], rel=1e-5)
+
+
+def test_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
+    """grad_op (params kept gathered through backward) and replicate (a whole copy per
+    rank) change where memory and collectives go, not the losses; the checkpoint of a
+    replicated run resumes like any other."""
+    losses = {}
+    for sharding in ("full", "grad_op", "replicate"):
+        ckpt = tmp_path / sharding
+        proc = subprocess.run(
+            train_argv(ckpt, "--max-steps", "3", "--sharding", sharding),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=train_env(),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[sharding] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
+    assert losses["grad_op"] == pytest.approx(losses["full"], rel=1e-5)
+    assert losses["replicate"] == pytest.approx(losses["full"], rel=1e-5)
+    proc = subprocess.run(
+        train_argv(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=train_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    begins = [r for r in records(tmp_path / "replicate") if r["event"] == "train_begin"]
+    assert begins[-1]["data"]["resumed_from"].endswith("step-000003")

@@ -494,3 +494,31 @@ def test_a_command_given_by_path_runs_that_path_not_its_symlink_target(tmp_path:
     )
     assert proc.returncode == 0, proc.stderr
     assert out.read_text() == str(link)
+
+
+def test_a_watcher_waiting_on_an_unfinished_run_does_not_spin(tmp_path: Path) -> None:
+    """Reading the journal opens it, and inotify reports that open: a watcher woken by it
+    read again, woke again, and burned a full core (halving the throughput of the training
+    it watched). Only changes wake it now: waiting costs next to no CPU."""
+    import psutil
+
+    ckpt = tmp_path / "ck"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+    proc = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(ckpt), "--on-save", "true", "-vv"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_stderr(proc, "idle at byte")
+        watcher = psutil.Process(proc.pid)
+        before = sum(watcher.cpu_times()[:2])
+        start = time.monotonic()
+        wait_for(lambda: time.monotonic() - start >= 3.0, 10, "three seconds of waiting")
+        busy = sum(watcher.cpu_times()[:2]) - before
+    finally:
+        proc.kill()
+        proc.wait()
+    assert busy < 0.5, f"{busy:.2f}s of CPU in 3s of waiting"

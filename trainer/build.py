@@ -15,6 +15,7 @@ The model is built the way a 7B fine-tune needs it (docs/gpu.md):
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -118,7 +119,7 @@ def build_model(
             blocks[i] = checkpoint_wrapper(block)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     units = [[b] for b in blocks] + parts.extra_units(model)
-    _shard(model, units, compute_dtype(args, device))
+    _shard(model, units, compute_dtype(args, device), args.sharding, device)
     if not meta:
         return model, write
     model.to_empty(device=device)  # this rank's shards only
@@ -169,12 +170,39 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
     )
 
 
-def _shard(model: nn.Module, units: list[list[nn.Module]], compute: torch.dtype) -> None:
-    """``fully_shard`` each unit, then the root (which then holds only what is left)."""
+def _shard(
+    model: nn.Module,
+    units: list[list[nn.Module]],
+    compute: torch.dtype,
+    sharding: str,
+    device: torch.device,
+) -> None:
+    """``fully_shard`` each unit, then the root (which then holds only what is left).
+
+    ``full`` shards parameters, grads and optimizer state over every rank and frees the
+    gathered parameters after forward (gathered again for backward); ``grad_op`` keeps them
+    gathered from forward to backward (one all-gather per unit and step instead of two:
+    more memory, fewer collectives); ``hybrid`` shards within a node and replicates across
+    nodes (HSDP: the slow inter-node links carry only the gradient all-reduce);
+    ``replicate`` keeps a whole copy on every rank (DDP-like: one gradient all-reduce per
+    unit, for models small enough to fit)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    world = dist.get_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    replicas = {"full": 1, "grad_op": 1, "hybrid": world // per_node, "replicate": world}[sharding]
+    mesh = init_device_mesh(
+        device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")
+    )
+    kw: dict[str, Any] = {
+        "mp_policy": mp,
+        "mesh": mesh if replicas > 1 else mesh["shard"],
+        "reshard_after_forward": sharding not in ("grad_op", "replicate"),
+    }
     for unit in units:
-        fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(unit if len(unit) > 1 else unit[0], **kw)
+    fully_shard(model, **kw)
 
 
 def check_fp32_master(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:

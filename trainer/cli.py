@@ -39,6 +39,7 @@ TRAIN_FIELDS = {
     "max_seq_len": "max_seq_len",
     "mixed_precision": "mixed_precision",
     "reduce_grads": "reduce_grads",
+    "sharding": "sharding",
     "model_init": "model_init",
     "export_every": "export_every",
     "export_dtype": "export_dtype",
@@ -167,6 +168,13 @@ def _errors(exc: ValidationError) -> str:
     "--mixed-precision",
     type=click.Choice(["auto", "bf16", "fp32"]),
     help="Compute dtype; weights and optimizer state stay fp32 (auto: bf16 on GPUs).",
+)
+@click.option(
+    "--sharding",
+    type=click.Choice(["full", "grad_op", "hybrid", "replicate"]),
+    help="full (default): params, grads and optimizer state sharded over all ranks; grad_op: "
+    "params stay gathered between forward and backward; hybrid: shard within a node, "
+    "replicate across nodes; replicate: a whole copy per rank (small models).",
 )
 @click.option(
     "--reduce-grads",

@@ -137,6 +137,12 @@ class TrainingArgs(BaseModel):
         description="longest sample in tokens (longer ones are truncated); default: the "
         "model's context (max_position_embeddings of an HF model, model.max_seq_len)",
     )
+    sharding: Literal["full", "grad_op", "hybrid", "replicate"] = Field(
+        "full",
+        description="what FSDP shards: full (params, grads, optimizer state over every rank), "
+        "grad_op (params stay gathered from forward to backward), hybrid (shard within a "
+        "node, replicate across nodes), replicate (a whole copy per rank, DDP-like)",
+    )
     reduce_grads: Literal["every_micro_batch", "last_micro_batch"] = Field(
         "every_micro_batch",
         description="when gradients are reduce-scattered: every micro-batch keeps them "

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("watcher")
 
+#: watchdog event types that mean the journal changed. Not "opened"/"closed_no_write":
+#: reading the journal emits those, and waking on them made every read wake the next one
+#: (a watcher spinning at a full core, even on an idle journal).
+_CHANGES = frozenset({"created", "modified", "moved", "deleted", "closed"})
+
 
 class Waker:
     """``wait(timeout)`` returns early when the journal's directory reports a change."""
@@ -43,6 +48,8 @@ class Waker:
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in _CHANGES:  # our own reads open the file too
+                    return
                 for p in (event.src_path, getattr(event, "dest_path", "")):
                     if p and os.path.basename(os.fsdecode(p)) == name:
                         wake.set()
