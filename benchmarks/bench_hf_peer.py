@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 VOCAB, SEQ, BATCH, LR, WARMUP = 512, 128, 16, 1e-3, 10
 
 HF_SCRIPT = r"""
-import json, sys, time, torch
+import json, os, sys, time, torch
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 model_dir, data, out, steps, lr, warmup = sys.argv[1:7]
 rows = [json.loads(line) for line in open(data)]
@@ -48,7 +48,11 @@ args = TrainingArguments(
     data_seed=42, disable_tqdm=True,
 )
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-trainer = Trainer(model=model, args=args, train_dataset=Rows())
+callbacks = []
+if os.environ.get("WITH_JOURNAL"):  # bench_hf_bridge: the same run, journaled
+    from trainer.integrations.hf_trainer import JournalCallback
+    callbacks.append(JournalCallback())
+trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=callbacks)
 result = trainer.train()
 if trainer.is_world_process_zero():
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -84,19 +88,19 @@ def make_inputs(d: Path, steps: int) -> tuple[Path, Path]:
     return model, data
 
 
-def run_hf(d: Path, model: Path, data: Path, steps: int) -> dict[str, Any]:
+def run_hf(d: Path, model: Path, data: Path, steps: int, journal: bool = False) -> dict[str, Any]:
     script = d / "hf_train.py"
     script.write_text(HF_SCRIPT)
-    out = d / "hf-out"
+    out = d / ("hf-journal" if journal else "hf-out")
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"WITH_JOURNAL": "1"} if journal else {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += [str(script), str(model), str(data), str(out), str(steps), str(LR), str(WARMUP)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"HF Trainer failed:\n{proc.stderr[-3000:]}")
     res = json.loads((out / "result.json").read_text())
-    return {"runtime_s": res["runtime_s"], "losses": res["losses"]}
+    return {"runtime_s": res["runtime_s"], "losses": res["losses"], "out": out}
 
 
 def run_ours(

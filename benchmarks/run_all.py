@@ -21,6 +21,8 @@ BENCHES = [
     "bench_resume",
     "bench_readers",
     "bench_fsdp_memory",
+    "bench_hf_peer",
+    "bench_hf_bridge",
 ]
 
 

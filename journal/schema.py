@@ -57,15 +57,18 @@ class TrainBeginData(_Open):
 
 
 class LogData(_Open):
+    """ilab-train writes every field; bridges from other trainers (HF Trainer, Accelerate)
+    write what those trainers know, so only ``loss`` and ``lr`` are required."""
+
     loss: float | None = Field(description="average loss across ranks (per loss-counted token)")
-    lr: float
-    grad_norm: float | None
-    elapsed_time: float = Field(description="wall time of the step in seconds")
-    tokens_per_s: float
-    samples_per_s: float
-    samples_seen: int
-    batch_metrics: BatchMetrics
-    cuda_mem_allocated: int | None = Field(description="bytes; null on CPU")
+    lr: float | None
+    grad_norm: float | None = None
+    elapsed_time: float | None = Field(None, description="wall time of the step in seconds")
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    samples_seen: int | None = None
+    batch_metrics: BatchMetrics | None = None
+    cuda_mem_allocated: int | None = Field(None, description="bytes; null on CPU")
     loss_finite: bool | None = Field(
         None, description="false when the loss was NaN/Inf (written as null)"
     )
@@ -73,14 +76,14 @@ class LogData(_Open):
 
 class EvaluateData(_Open):
     val_loss: float | None
-    val_num_tokens: int
-    duration: float
+    val_num_tokens: int | None = Field(None, description="ilab-train; bridges may omit it")
+    duration: float | None = None
 
 
 class SaveData(_Open):
     checkpoint_path: str
     kind: list[Literal["full_state", "hf"]]
-    duration: float
+    duration: float | None
     hf_path: str | None = Field(None, description="consolidated model dir, when kind has 'hf'")
     trigger: str | None = Field(None, description="interval, epoch_end, final, control, interrupt")
     export_skipped: str | None = Field(

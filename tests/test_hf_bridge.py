@@ -1,0 +1,155 @@
+"""HF ``transformers.Trainer`` with ``JournalCallback`` under torchrun (2 gloo ranks): the
+journal validates, ilab-watch sees every checkpoint, a control ``stop`` stops both ranks at
+the same step with a final save, and an exception ends in ``train_end`` failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, cli, records, wait_for
+
+pytestmark = pytest.mark.dist
+transformers = pytest.importorskip("transformers")
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time, torch
+    from transformers import (AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback,
+                              TrainingArguments)
+    from trainer.integrations.hf_trainer import JournalCallback
+
+    out, steps, fail_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
+    model = AutoModelForCausalLM.from_config(cfg)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4 * steps
+        def __getitem__(self, i):
+            ids = torch.tensor([(i + k) % 128 for k in range(16)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    class Pace(TrainerCallback):  # test only: slow steps, an optional failure, where it ended
+        def on_step_end(self, args, state, control, **kw):
+            time.sleep(float(os.environ.get("STEP_DELAY", "0")))
+            if state.global_step == fail_at:
+                raise RuntimeError(f"boom at step {state.global_step}")
+        def on_train_end(self, args, state, control, **kw):
+            rank = int(os.environ.get("RANK", "0"))
+            open(f"{out}/ended-rank{rank}.json", "w").write(json.dumps(state.global_step))
+
+    args = TrainingArguments(
+        output_dir=out, per_device_train_batch_size=2, max_steps=steps, save_steps=3,
+        save_strategy="steps", logging_steps=1, report_to=[], use_cpu=True,
+        ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True,
+        eval_strategy="steps", eval_steps=4,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(), eval_dataset=Rows(),
+                      callbacks=[JournalCallback(), Pace()])
+    trainer.train()
+    """
+)
+
+
+def run_hf(
+    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0
+) -> subprocess.Popen[str]:
+    script = tmp_path / "train_hf.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "STEP_DELAY": str(delay)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return subprocess.Popen(
+        [*cmd, str(script), str(out), str(steps), str(fail_at)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path: Path) -> None:
+    job = run_hf(tmp_path, steps=7)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    out = tmp_path / "out"
+    assert cli("ilab-journal", "validate", str(out)).returncode == 0
+    recs = records(out)
+    events = [r["event"] for r in recs]
+    assert events[0] == "train_begin" and recs[0]["data"]["world_size"] == 2
+    for ev in (
+        "epoch_begin",
+        "step_begin",
+        "before_optimizer_step",
+        "after_optimizer_step",
+        "log",
+        "evaluate",
+        "step_end",
+    ):
+        assert ev in events, ev
+    assert [r["step"] for r in recs if r["event"] == "step_end"] == list(range(1, 8))
+    saves = [r for r in recs if r["event"] == "save"]
+    assert [s["step"] for s in saves] == [3, 6, 7]
+    assert all(Path(s["data"]["checkpoint_path"], "model.safetensors").is_file() for s in saves)
+    assert recs[-1]["event"] == "train_end" and recs[-1]["data"]["status"] == "completed"
+    seen = tmp_path / "seen.txt"
+    proc = cli(
+        "ilab-watch",
+        str(out),
+        "--replay",
+        "--on-save",
+        f"sh -c 'echo {{checkpoint_path}} >> {seen}'",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().split() == [s["data"]["checkpoint_path"] for s in saves]
+    assert (
+        json.loads(cli("ilab-journal", "status", str(out), "--json").stdout)["state"] == "completed"
+    )
+
+
+def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
+    job = run_hf(tmp_path, steps=200, delay=0.2)
+    out = tmp_path / "out"
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(out)),
+            what="step 2",
+        )
+        assert (
+            cli("ilab-journal", "control", "stop", str(out), "--reason", "enough").returncode == 0
+        )
+        _, err = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    ended = [json.loads((out / f"ended-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ended[0] == ended[1] < 200
+    recs = records(out)
+    control = [r for r in recs if r["event"] == "control"]
+    assert [c["data"]["command"] for c in control] == ["stop"]
+    assert control[0]["data"]["applied_at_step"] == ended[0]
+    assert [r for r in recs if r["event"] == "save"][-1]["step"] == ended[0]
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
+    assert end["data"]["final_checkpoint"].endswith(f"checkpoint-{ended[0]}")
+
+
+def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_path: Path) -> None:
+    job = run_hf(tmp_path, steps=10, fail_at=2)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode != 0
+    end = records(tmp_path / "out")[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed", err[-2000:]
+    assert "boom at step 2" in end["data"]["reason"]
+    assert cli("ilab-journal", "status", str(tmp_path / "out")).returncode == 1
