@@ -1,0 +1,93 @@
+"""A hand-written Accelerate loop with ``JournalTracker``: the journal validates and
+``ilab-journal status``/``stats`` read it; a control ``stop`` reaches the loop through
+``poll_control``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, cli, records
+
+pytest.importorskip("accelerate")
+
+LOOP = textwrap.dedent(
+    """
+    import sys, time, torch
+    from accelerate import Accelerator
+    from journal import send_command
+    from trainer.integrations.accelerate_tracker import JournalTracker
+
+    run, steps, stop_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    journal = JournalTracker(run, total_steps=steps)
+    acc = Accelerator(cpu=True, log_with=journal)
+    acc.init_trackers("demo", config={"lr": 0.1, "steps": steps})
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    deadline = time.monotonic() + 30
+    for step in range(1, steps + 1):
+        x = torch.randn(8, 4)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        acc.log({"loss": loss.item(), "lr": 0.1}, step=step)
+        if step % 3 == 0:
+            acc.save_state(f"{run}/checkpoints/step-{step:06d}")
+            journal.save(f"{run}/checkpoints/step-{step:06d}", step)
+        if step == stop_at:  # an operator, from another shell in real life
+            send_command(run, "stop", reason="enough")
+        command = journal.poll_control(step)
+        if command in ("stop", "abort") or time.monotonic() > deadline:
+            print("stopped at", step, command)
+            break
+    acc.end_training()
+    """
+)
+
+
+def run_loop(tmp_path: Path, steps: int, stop_at: int) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), str(steps), str(stop_at)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_accelerate_loop_journal_reads_with_status_and_stats(tmp_path: Path) -> None:
+    proc = run_loop(tmp_path, steps=7, stop_at=-1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    assert cli("ilab-journal", "validate", str(run)).returncode == 0
+    status = json.loads(cli("ilab-journal", "status", str(run), "--json").stdout)
+    assert status["state"] == "completed" and status["last_step"] == 7
+    stats = json.loads(cli("ilab-journal", "stats", str(run), "--json").stdout)
+    assert stats["counts"]["log"] == 7 and stats["counts"]["save"] == 2
+    recs = records(run)
+    assert recs[0]["data"]["config"] == {"lr": 0.1, "steps": 7}
+    assert [r["data"]["loss"] is not None for r in recs if r["event"] == "log"] == [True] * 7
+
+
+def test_a_stop_command_reaches_the_loop_through_poll_control(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = run_loop(tmp_path, steps=100_000, stop_at=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " stop" in proc.stdout and time.monotonic() - t0 < 60
+    recs = records(tmp_path / "run")
+    control = [r for r in recs if r["event"] == "control"]
+    assert [c["data"]["command"] for c in control] == ["stop"]
+    end = recs[-1]
+    assert end["data"]["status"] == "stopped"
+    assert end["step"] == control[0]["data"]["applied_at_step"]

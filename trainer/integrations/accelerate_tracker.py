@@ -1,0 +1,128 @@
+"""The journal for a hand-written Accelerate loop: ``Accelerator(log_with=JournalTracker(dir))``.
+
+::
+
+    from accelerate import Accelerator
+    from trainer.integrations.accelerate_tracker import JournalTracker
+
+    journal = JournalTracker("runs/acc")
+    accelerator = Accelerator(log_with=journal)
+    accelerator.init_trackers("my-run", config={"lr": 1e-4})        # -> train_begin
+    for step, batch in enumerate(loader, start=1):
+        ...
+        accelerator.log({"loss": loss.item(), "lr": lr}, step=step)  # -> log
+        if step % 100 == 0:
+            accelerator.save_state(f"runs/acc/checkpoints/step-{step:06d}")
+            journal.save(f"runs/acc/checkpoints/step-{step:06d}", step)  # after it is complete
+        command = journal.poll_control(step)  # every rank: the agreed command, or None
+        if command in ("stop", "abort"):
+            break
+    accelerator.end_training()                                       # -> train_end
+
+``log`` and ``store_init_configuration`` write on the main process; ``poll_control`` must be
+called by every rank at the same step (it is one all_reduce). An exception that ends the
+program is journaled as ``train_end`` failed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import PartialState
+from accelerate.tracking import GeneralTracker
+
+from trainer.integrations.session import JournalSession, command_names
+
+
+class JournalTracker(GeneralTracker):
+    """An Accelerate tracker that writes an ilab-journal (see the module docstring)."""
+
+    name = "ilab-journal"
+    requires_logging_directory = False
+    main_process_only = False  # every rank opens the session: poll_control is collective
+
+    def __init__(self, ckpt_dir: str | os.PathLike[str], total_steps: int | None = None) -> None:
+        super().__init__()
+        self.ckpt_dir = Path(ckpt_dir)
+        self.total_steps = total_steps
+        self.s: JournalSession | None = None
+        self.status: str | None = None  # set by poll_control on stop/abort
+        self.last_save: tuple[int, str] | None = None
+
+    @property
+    def tracker(self) -> JournalSession | None:
+        return self.s
+
+    def start(self) -> None:
+        state = PartialState()
+        self.s = JournalSession(
+            self.ckpt_dir,
+            main=state.is_main_process,
+            device=torch.device(state.device),
+            role="accelerate",
+        )
+        self.s.open()
+
+    def _session(self) -> JournalSession:
+        if self.s is None:
+            self.start()
+        assert self.s is not None
+        return self.s
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._session().begin(values, self.total_steps, trainer="accelerate")
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        s = self._session()
+        if step is not None:
+            s.at(step)
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+        s.j.emit(
+            "log",
+            {
+                **numbers,
+                "loss": numbers.get("loss", numbers.get("train_loss")),
+                "lr": numbers.get("lr", numbers.get("learning_rate")),
+            },
+        )
+
+    def save(self, path: str | os.PathLike[str], step: int) -> None:
+        """Journal a checkpoint once it is complete on disk (after ``save_state``)."""
+        s = self._session()
+        s.at(step)
+        self.last_save = (step, str(Path(path).resolve()))
+        s.j.emit(
+            "save",
+            {
+                "checkpoint_path": str(Path(path).resolve()),
+                "kind": ["full_state"],
+                "duration": None,
+            },
+        )
+
+    def poll_control(self, step: int) -> str | None:
+        """Every rank, at the same step: the command to apply now (``stop``, ``abort``,
+        ``save``, ``evaluate`` or ``log``; the strongest when several arrived), or None."""
+        s = self._session()
+        s.at(step)
+        bits, _ = s.agree()
+        names = command_names(bits)
+        if s.interrupted_anywhere and "stop" not in names:
+            names.append("stop")
+            self.status = "interrupted"
+        for strongest in ("abort", "stop", "save", "evaluate", "log"):
+            if strongest in names:
+                if strongest in ("abort", "stop") and self.status is None:
+                    self.status = "stopped"
+                return strongest
+        return None
+
+    def finish(self) -> None:
+        s = self._session()
+        status = self.status or "completed"
+        s.end(
+            {"status": status, "reason": f"{status} at step {s.j.step}", "final_checkpoint": None}
+        )
