@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import signal
@@ -88,6 +89,16 @@ def default_name(hooks: list[Hook]) -> str:
     metavar="K=V,...",
     help="Built-in DivergenceDetector, e.g. threshold=1.0,patience=3,warmup=10,action=abort "
     "(NaN/Inf loss triggers at once).",
+)
+@click.option(
+    "--tensorboard",
+    "tensorboard_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="LOGDIR",
+    help="Write loss, lr, grad_norm, throughput, val_* and reported metrics as TensorBoard "
+    "scalars (and save/control/train_end as text) to LOGDIR, live or with --replay; "
+    "restarts add no duplicate points. Needs the tensorboard package.",
 )
 @click.option("--name", default=None, help="Cursor identity (default: derived from the hooks).")
 @click.option(
@@ -176,6 +187,7 @@ def main(
     callbacks: tuple[str, ...],
     early_stopping: str | None,
     divergence: str | None,
+    tensorboard_dir: Path | None,
     name: str | None,
     state_dir: Path | None,
     start: str,
@@ -249,11 +261,19 @@ def main(
             hooks.extend(hooks_for_object(obj, options_for))
             if callable(getattr(obj, "restore_state", None)):
                 consumers.append(obj)
+        if tensorboard_dir is not None:
+            from watcher.tensorboard import TensorBoardExport
+
+            def every_record(event: str) -> HookOptions:  # points, not the latest only
+                return dataclasses.replace(options_for(event), queue="all")
+
+            hooks.extend(hooks_for_object(TensorBoardExport(tensorboard_dir), every_record))
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
     if not hooks:
         raise click.UsageError(
-            "nothing to run: give --on-save CMD, --on EVENT CMD or --callback MODULE:OBJ"
+            "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ or "
+            "--tensorboard LOGDIR"
         )
 
     if poll is None and (fstype := needs_polling(journal.parent)):
