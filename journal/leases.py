@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write, json_files
-from journal.paths import checkpoint_step, checkpoints_dir, leases_dir
+from journal.paths import checkpoint_root, checkpoint_step, leases_dir
 
 DEFAULT_TTL_S = 60.0
 _SEP = "--"
@@ -52,11 +52,13 @@ def checkpoint_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathL
     """The name of a checkpoint of this run, given as a path or a name; raises LeaseError
     when it is not a checkpoint directory of ``ckpt_dir``."""
     p = Path(checkpoint)
-    root = checkpoints_dir(ckpt_dir)
-    if p.parent.resolve() != root.resolve() and str(p.parent) not in ("", "."):
-        raise LeaseError(f"{checkpoint}: not a checkpoint of {ckpt_dir} (expected {root}/step-*)")
     if checkpoint_step(p.name) is None:
-        raise LeaseError(f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN)")
+        raise LeaseError(
+            f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN or checkpoint-N)"
+        )
+    root = checkpoint_root(ckpt_dir, p.name)
+    if p.parent.resolve() != root.resolve() and str(p.parent) not in ("", "."):
+        raise LeaseError(f"{checkpoint}: not a checkpoint of {ckpt_dir} (expected {root}/{p.name})")
     return p.name
 
 
@@ -74,8 +76,8 @@ def acquire(
 ) -> Lease:
     """Lease a checkpoint for ``ttl`` seconds (renew to keep it); returns the lease."""
     name = checkpoint_name(ckpt_dir, checkpoint)
-    if must_exist and not (checkpoints_dir(ckpt_dir) / name).is_dir():
-        raise LeaseError(f"{checkpoint}: no such checkpoint in {checkpoints_dir(ckpt_dir)}")
+    if must_exist and not (checkpoint_root(ckpt_dir, name) / name).is_dir():
+        raise LeaseError(f"{checkpoint}: no such checkpoint in {checkpoint_root(ckpt_dir, name)}")
     lease = Lease(
         id=uuid.uuid4().hex[:16],
         checkpoint=name,

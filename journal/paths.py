@@ -23,7 +23,10 @@ RESERVE_NAME = "journal.reserve"  # disk kept back for the last records of a ful
 RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
 
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+#: ilab-train's ``step-NNNNNN`` (under checkpoints/), HF Trainer's ``checkpoint-N`` (in the
+#: run dir itself, when the journal sits in its output_dir).
+_STEP_DIR = re.compile(r"^(?:step|checkpoint)-(\d+)$")
+HF_CHECKPOINT_PREFIX = "checkpoint-"
 
 
 def step_dir_name(step: int) -> str:
@@ -32,9 +35,18 @@ def step_dir_name(step: int) -> str:
 
 
 def checkpoint_step(name: str) -> int | None:
-    """The step of a checkpoint directory named ``step-NNNNNN``, or None for other names."""
+    """The step of a checkpoint directory named ``step-NNNNNN`` (or HF's ``checkpoint-N``),
+    or None for other names."""
     m = _STEP_DIR.match(name)
     return int(m.group(1)) if m else None
+
+
+def checkpoint_root(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
+    """The directory that holds a checkpoint of this name: ``checkpoints/`` for ilab-train's,
+    the run dir itself for HF Trainer's ``checkpoint-N``."""
+    if name.startswith(HF_CHECKPOINT_PREFIX):
+        return Path(ckpt_dir)
+    return checkpoints_dir(ckpt_dir)
 
 
 class JournalNotFound(Exception):

@@ -27,9 +27,10 @@ REMOVING_PREFIX = ".removing-"
 Emit = Callable[[str, dict[str, Any]], Any]
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (``.tmp-`` and ``.removing-`` ones are not)."""
-    root = checkpoints_dir(ckpt_dir)
+def list_checkpoints(ckpt_dir: Path, root: Path | None = None) -> list[Path]:
+    """Complete checkpoints, oldest first (``.tmp-`` and ``.removing-`` ones are not), in
+    ``root`` (default: the run's ``checkpoints/``; an HF Trainer's output dir for a bridge)."""
+    root = checkpoints_dir(ckpt_dir) if root is None else root
     if not root.is_dir():
         return []
     found = [
@@ -46,18 +47,27 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return cps[-1] if cps else None
 
 
-def rotate(ckpt_dir: Path, keep_last_n: int | None, *, keep: set[str], emit: Emit) -> list[Path]:
+def rotate(
+    ckpt_dir: Path,
+    keep_last_n: int | None,
+    *,
+    keep: set[str],
+    emit: Emit,
+    root: Path | None = None,
+) -> list[Path]:
     """Delete the checkpoints no policy keeps; returns what was deleted.
 
     Args:
         keep_last_n: newest checkpoints always kept (None keeps everything).
         keep: more names to keep (the best checkpoint).
         emit: journals a ``checkpoint_removed`` record.
+        root: where the checkpoints are (default: ``checkpoints/``).
     """
-    _finish_interrupted_removals(ckpt_dir, emit)
+    _finish_interrupted_removals(ckpt_dir, emit, root)
     if not keep_last_n:
         return []
-    candidates = [p for p in list_checkpoints(ckpt_dir)[:-keep_last_n] if p.name not in keep]
+    found = list_checkpoints(ckpt_dir, root)
+    candidates = [p for p in found[:-keep_last_n] if p.name not in keep]
     if not candidates:
         return []
     held = leases.leased(ckpt_dir, {p.name for p in candidates})
@@ -82,9 +92,9 @@ def _why(keep_last_n: int) -> str:
     return f"rotation: keep_last_n={keep_last_n}, not the best, not leased"
 
 
-def _finish_interrupted_removals(ckpt_dir: Path, emit: Emit) -> None:
+def _finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = None) -> None:
     """A crash between renaming aside and deleting leaves ``.removing-*``: finish the job."""
-    root = checkpoints_dir(ckpt_dir)
+    root = checkpoints_dir(ckpt_dir) if root is None else root
     try:
         names = os.listdir(root)
     except FileNotFoundError:

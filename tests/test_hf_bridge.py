@@ -54,20 +54,22 @@ SCRIPT = textwrap.dedent(
         eval_strategy="steps", eval_steps=4,
     )
     trainer = Trainer(model=model, args=args, train_dataset=Rows(), eval_dataset=Rows(),
-                      callbacks=[JournalCallback(), Pace()])
+                      callbacks=[JournalCallback(keep_last_n=int(os.environ["KEEP"]) if
+                                                 os.environ.get("KEEP") else None), Pace()])
     trainer.train()
     """
 )
 
 
 def run_hf(
-    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0
+    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0, keep: int | None = None
 ) -> subprocess.Popen[str]:
     script = tmp_path / "train_hf.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "STEP_DELAY": str(delay)}
+    env["KEEP"] = str(keep or "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return subprocess.Popen(
         [*cmd, str(script), str(out), str(steps), str(fail_at)],
@@ -153,3 +155,26 @@ def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_pat
     assert end["event"] == "train_end" and end["data"]["status"] == "failed", err[-2000:]
     assert "boom at step 2" in end["data"]["reason"]
     assert cli("ilab-journal", "status", str(tmp_path / "out")).returncode == 1
+
+
+def test_rotation_by_the_callback_keeps_leased_checkpoints(tmp_path: Path) -> None:
+    """keep_last_n=1 with a lease on checkpoint-3 (an eval still reading it): every other
+    older checkpoint goes, each journaled; a replay delivers only what is still on disk."""
+    from journal.leases import acquire
+
+    out = tmp_path / "out"
+    out.mkdir()
+    acquire(out, "checkpoint-3", ttl=600, must_exist=False)
+    job = run_hf(tmp_path, steps=10, keep=1)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-3"]
+    recs = records(out)
+    removed = [
+        Path(r["data"]["checkpoint_path"]).name for r in recs if r["event"] == "checkpoint_removed"
+    ]
+    assert removed == ["checkpoint-6", "checkpoint-9"]
+    seen = tmp_path / "seen.txt"
+    proc = cli("ilab-watch", str(out), "--replay", "--on-save", f"sh -c 'echo {{step}} >> {seen}'")
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().split() == ["3", "10"]

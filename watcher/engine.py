@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.leases import DEFAULT_TTL_S
-from journal.paths import checkpoints_dir
+from journal.paths import checkpoint_root
 from journal.query import ended_before
 from journal.reports import checkpoint_key
 from journal.rotation import prune_finished_run
@@ -293,9 +293,8 @@ class Watcher:
             return key in self._removed
 
     def _is_run_checkpoint(self, path: str) -> bool:
-        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(
-            checkpoints_dir(self.journal.parent)
-        )
+        root = checkpoint_root(self.journal.parent, os.path.basename(path))
+        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(root)
 
     def _notice(self, msg: str) -> None:
         if msg not in self.notices:

@@ -22,8 +22,11 @@ step (the cost, measured in ``benchmarks/bench_hf_bridge.py``, is in the README)
 applied through ``TrainerControl`` at the same step everywhere: ``stop`` saves and stops,
 ``abort`` stops without saving. Each is journaled as a ``control`` record.
 
-Not covered yet: leases (HF's ``save_total_limit`` rotation does not know them) and reports
-folded into ``keep_best``.
+Checkpoints: HF's ``save_total_limit`` rotation knows nothing of leases; pass
+``keep_last_n`` instead and the callback rotates after each save keeping the newest N, HF's
+best model checkpoint and every leased one (``ilab-watch`` leases each checkpoint while its
+``--on-save`` delivery is queued or running), journaling ``checkpoint_removed``. Not covered
+yet: ``keep_best`` by reported metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from journal.rotation import rotate
 from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
 from trainer.integrations.session import JournalSession, command_names
 
@@ -49,10 +53,19 @@ class JournalCallback(TrainerCallback):
     Args:
         ckpt_dir: where the journal, ``control/`` and ``reports/`` live; default
             ``args.output_dir`` (where HF writes ``checkpoint-N``).
+        keep_last_n: rotate checkpoints the journal's way after each save: keep the newest
+            N, HF's best model checkpoint, and every leased one (an eval still reading it),
+            journaling each removal. Use it instead of HF's ``save_total_limit``, whose
+            rotation knows nothing of leases.
     """
 
-    def __init__(self, ckpt_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, ckpt_dir: str | os.PathLike[str] | None = None, keep_last_n: int | None = None
+    ) -> None:
+        if keep_last_n is not None and keep_last_n < 1:
+            raise ValueError(f"keep_last_n must be >= 1 (or None to keep all), not {keep_last_n}")
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
+        self.keep_last_n = keep_last_n
         self.s: JournalSession | None = None
         self.abort = False
         self.step_t0 = time.perf_counter()
@@ -72,6 +85,13 @@ class JournalCallback(TrainerCallback):
             role="hf-trainer",
         )
         self.s.open(resume=bool(kw.get("resume_from_checkpoint")))
+        if args.save_total_limit and state.is_world_process_zero:
+            log.warning(
+                "save_total_limit=%s: HF's rotation may delete a checkpoint an eval is still "
+                "reading (it knows nothing of leases); JournalCallback(keep_last_n=N) keeps "
+                "leased ones",
+                args.save_total_limit,
+            )
         self._at(state)
         self.s.begin(args.to_dict(), state.max_steps, trainer="transformers.Trainer")
 
@@ -184,6 +204,15 @@ class JournalCallback(TrainerCallback):
                 "trigger": "hf",
             },
         )
+        if self.keep_last_n is not None and state.is_world_process_zero:
+            best = state.best_model_checkpoint
+            rotate(
+                self.session.dir,
+                self.keep_last_n,
+                keep={Path(best).name} if best else set(),
+                emit=self.session.j.emit,
+                root=Path(args.output_dir),
+            )
 
     # -- helpers ---------------------------------------------------------------------------
 
