@@ -23,6 +23,17 @@ log = logging.getLogger("watcher")
 _CHANGES = frozenset({"created", "modified", "moved", "deleted", "closed"})
 
 
+class _ShutdownRace(logging.Filter):
+    """watchdog logs an *error* when its observer stops while the emitter thread is still
+    queueing an event; nothing is lost (we re-read from the cursor), so it is not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_ShutdownRace())
+
+
 class Waker:
     """``wait(timeout)`` returns early when the journal's directory reports a change."""
 
