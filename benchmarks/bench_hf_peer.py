@@ -58,6 +58,9 @@ if trainer.is_world_process_zero():
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     json.dump({"runtime_s": result.metrics["train_runtime"], "losses": losses},
               open(out + "/result.json", "w"))
+torch.distributed.destroy_process_group()  # gloo may abort the interpreter at exit otherwise
+sys.stdout.flush()
+os._exit(0)
 """.replace("PER_RANK", str(BATCH // 2))
 
 

@@ -57,6 +57,12 @@ SCRIPT = textwrap.dedent(
                       callbacks=[JournalCallback(keep_last_n=int(os.environ["KEEP"]) if
                                                  os.environ.get("KEEP") else None), Pace()])
     trainer.train()
+    # gloo's thread can abort the interpreter at exit ("terminate called without an active
+    # exception"): leave as ilab-train's workers do
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 

@@ -238,22 +238,32 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
 
 def test_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
     """grad_op (params kept gathered through backward) and replicate (a whole copy per
-    rank) change where memory and collectives go, not the losses; the checkpoint of a
+    rank, DDP) change where memory and collectives go, not the losses; the checkpoint of a
     replicated run resumes like any other."""
     losses = {}
-    for sharding in ("full", "grad_op", "replicate"):
-        ckpt = tmp_path / sharding
+    runs = {
+        "full": ("--sharding", "full"),
+        "grad_op": ("--sharding", "grad_op"),
+        "replicate": ("--sharding", "replicate"),
+        # DDP's no_sync over 5 micro-batches a step
+        "replicate_accum": (
+            *("--sharding", "replicate", "--reduce-grads", "last_micro_batch"),
+            *("--max-batch-len", "64"),
+        ),
+    }
+    for name, extra in runs.items():
+        ckpt = tmp_path / name
         proc = subprocess.run(
-            train_argv(ckpt, "--max-steps", "3", "--sharding", sharding),
+            train_argv(ckpt, "--max-steps", "3", *extra),
             capture_output=True,
             text=True,
             timeout=240,
             env=train_env(),
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        losses[sharding] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
-    assert losses["grad_op"] == pytest.approx(losses["full"], rel=1e-5)
-    assert losses["replicate"] == pytest.approx(losses["full"], rel=1e-5)
+        losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
+    for name in ("grad_op", "replicate", "replicate_accum"):
+        assert losses[name] == pytest.approx(losses["full"], rel=1e-5), name
     proc = subprocess.run(
         train_argv(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate"),
         capture_output=True,
@@ -264,3 +274,16 @@ def test_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     begins = [r for r in records(tmp_path / "replicate") if r["event"] == "train_begin"]
     assert begins[-1]["data"]["resumed_from"].endswith("step-000003")
+    # DDP computes in bf16 under autocast, its weights and AdamW state staying fp32
+    ckpt = tmp_path / "replicate-bf16"
+    proc = subprocess.run(
+        train_argv(
+            ckpt, "--max-steps", "2", "--sharding", "replicate", "--mixed-precision", "bf16"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=train_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "optimizer state torch.float32" in (ckpt / "logs" / "rank-1.log").read_text()

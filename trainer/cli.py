@@ -174,7 +174,7 @@ def _errors(exc: ValidationError) -> str:
     type=click.Choice(["full", "grad_op", "hybrid", "replicate"]),
     help="full (default): params, grads and optimizer state sharded over all ranks; grad_op: "
     "params stay gathered between forward and backward; hybrid: shard within a node, "
-    "replicate across nodes; replicate: a whole copy per rank (small models).",
+    "replicate across nodes; replicate: a whole copy per rank, DDP (small models).",
 )
 @click.option(
     "--reduce-grads",

@@ -141,7 +141,7 @@ class TrainingArgs(BaseModel):
         "full",
         description="what FSDP shards: full (params, grads, optimizer state over every rank), "
         "grad_op (params stay gathered from forward to backward), hybrid (shard within a "
-        "node, replicate across nodes), replicate (a whole copy per rank, DDP-like)",
+        "node, replicate across nodes), replicate (a whole copy per rank: DDP)",
     )
     reduce_grads: Literal["every_micro_batch", "last_micro_batch"] = Field(
         "every_micro_batch",

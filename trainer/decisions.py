@@ -68,3 +68,20 @@ def decide(step: int, commands: int, interrupted: bool, args: TrainingArgs) -> A
         save=save,
         end=end,
     )
+
+
+def export_decision(
+    args: TrainingArgs, step: int, total_steps: int, why: str, ending: EndReason | None
+) -> tuple[bool, str | None]:
+    """Whether a save writes the consolidated model, and if not, why (journaled). On
+    interrupt only the sharded state is written: a large model's export would not finish
+    inside torchrun's shutdown grace period. ``export_every`` thins the exports out; the
+    save that ends the run always exports."""
+    if not args.save_hf:
+        return False, None
+    if why == "interrupt" or ending == "interrupt":
+        return False, "interrupt: only the sharded state is saved (resume, or export later)"
+    last = why == "final" or ending is not None or step >= total_steps
+    if args.export_every is None or last or step % args.export_every == 0:
+        return True, None
+    return False, f"export_every={args.export_every}"

@@ -15,6 +15,7 @@ boundary and no collective is added for them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,16 +27,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from journal.paths import checkpoints_dir, step_dir_name
 from journal.rotation import rotate
 from trainer import checkpoint as ckpt
-from trainer.build import check_fp32_master
+from trainer.build import check_fp32_master, compute_dtype
 from trainer.config import TrainingArgs
 from trainer.control_poller import BITS as CONTROL_BITS
 from trainer.control_poller import ControlPoller
 from trainer.data import StepPlan, StepPlanner
-from trainer.decisions import EndReason, decide
+from trainer.decisions import EndReason, decide, export_decision
 from trainer.emitter import Emitter
 from trainer.model import loss_sum
 from trainer.report_inbox import ReportInbox
@@ -93,9 +95,13 @@ class Trainer:
         self.poll_busy_ns = self.poll_busy_steps = 0
         # Default: reduce-scatter after every micro-batch, so grads stay sharded (a 7B model's
         # unsharded fp32 grads are +28 GB per GPU); skipping the sync is for small models.
-        self.sync_last_only = args.reduce_grads == "last_micro_batch" and isinstance(
-            model, FSDPModule
+        self.ddp = isinstance(model, DistributedDataParallel)  # --sharding replicate
+        self.sync_last_only = args.reduce_grads == "last_micro_batch" and (
+            self.ddp or isinstance(model, FSDPModule)
         )
+        # FSDP casts to bf16 itself (MixedPrecisionPolicy); a DDP replica computes in bf16
+        # under autocast, its weights staying fp32.
+        self.autocast_bf16 = self.ddp and compute_dtype(args, device) == torch.bfloat16
         # The interrupt flag and control bits reach the device through a pinned buffer and a
         # non-blocking copy: the step's only host sync stays the read after the all-reduce.
         self.flags_host = torch.zeros(2, pin_memory=device.type == "cuda")
@@ -171,14 +177,20 @@ class Trainer:
         for i, mb in enumerate(plan.micro_batches):
             ids, labels = self.planner.collate(mb, self.device)
             info = {"micro_batch": i, "num_micro_batches": n_micro, "samples": len(mb)}
-            j.emit_micro("before_forward", info)
-            loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
-            j.emit_micro("after_forward", info)
-            if self.sync_last_only:  # opt-in: unsharded grads held until the last pass
-                cast(FSDPModule, self.model).set_requires_gradient_sync(i == n_micro - 1)
-            j.emit_micro("before_backward", info)
-            (loss * scale).backward()
-            j.emit_micro("after_backward", info)
+            hold = self.sync_last_only and i < n_micro - 1  # opt-in: reduce at the last pass
+            ddp_sync: Any = contextlib.nullcontext()
+            if self.ddp and hold:
+                ddp_sync = cast(DistributedDataParallel, self.model).no_sync()
+            with ddp_sync:
+                j.emit_micro("before_forward", info)
+                with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast_bf16):
+                    loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
+                j.emit_micro("after_forward", info)
+                if self.sync_last_only and not self.ddp:
+                    cast(FSDPModule, self.model).set_requires_gradient_sync(not hold)
+                j.emit_micro("before_backward", info)
+                (loss * scale).backward()
+                j.emit_micro("after_backward", info)
             loss_acc += loss.detach()
             tokens_acc += n_tok
         return loss_acc, tokens_acc
@@ -337,7 +349,7 @@ class Trainer:
         """Collective checkpoint; then rank 0 journals it and rotates older ones."""
         t0 = time.perf_counter()
         self.state.run_id = self.j.writer.run_id if self.j.writer else self.state.run_id
-        export, skipped = self._export_decision(why, ending)
+        export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
             self.state,
@@ -367,20 +379,6 @@ class Trainer:
             best = self.j.best.best() if self.j.best is not None else None
             keep = {Path(best.checkpoint_path).name} if best else set()
             rotate(Path(self.args.ckpt_dir), self.args.keep_last_n, keep=keep, emit=self.j.emit)
-
-    def _export_decision(self, why: str, ending: EndReason | None) -> tuple[bool, str | None]:
-        """Whether this save writes the consolidated model, and if not, why (journaled).
-        On interrupt only the sharded state is written: a large model's export would not
-        finish inside torchrun's shutdown grace period."""
-        a, step = self.args, self.state.step
-        if not a.save_hf:
-            return False, None
-        if why == "interrupt" or ending == "interrupt":
-            return False, "interrupt: only the sharded state is saved (resume, or export later)"
-        last = why == "final" or ending is not None or step >= self.total_steps
-        if a.export_every is None or last or step % a.export_every == 0:
-            return True, None
-        return False, f"export_every={a.export_every}"
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:
