@@ -8,7 +8,7 @@ import pytest
 
 from trainer.config import TrainingArgs
 from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
-from trainer.decisions import Actions, decide
+from trainer.decisions import Actions, decide, export_decision
 
 
 def args(**kw: object) -> TrainingArgs:
@@ -53,3 +53,27 @@ def test_commands_add_to_schedules() -> None:
     assert decide(3, ABORT | LOG | EVALUATE, False, a) == Actions(
         log=True, evaluate=True, end="abort"
     )
+
+
+@pytest.mark.parametrize(
+    ("step", "why", "ending", "expected"),
+    [
+        (4, "interval", None, (True, None)),  # a multiple of export_every
+        (2, "interval", None, (False, "export_every=4")),
+        (6, "interval", "stop", (True, None)),  # the save that ends the run always exports
+        (10, "interval", None, (True, None)),  # the last step
+        (3, "interrupt", "interrupt", "interrupt"),  # never on interrupt: sharded state only
+        (4, "control", "interrupt", "interrupt"),
+    ],
+)
+def test_export_decision(
+    tmp_path: Path, step: int, why: str, ending: str | None, expected: object
+) -> None:
+    args = TrainingArgs(ckpt_dir=tmp_path, demo=True, export_every=4)
+    got = export_decision(args, step, 10, why, ending)  # type: ignore[arg-type]
+    if expected == "interrupt":
+        assert got[0] is False and got[1] is not None and got[1].startswith("interrupt")
+    else:
+        assert got == expected
+    off = TrainingArgs(ckpt_dir=tmp_path, demo=True, save_hf=False)
+    assert export_decision(off, step, 10, why, ending) == (False, None)  # type: ignore[arg-type]
