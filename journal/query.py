@@ -40,6 +40,22 @@ def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None
     return None
 
 
+def _record_or_note(
+    line: bytes, offset: int, invalid: list[tuple[int, str]]
+) -> dict[str, Any] | None:
+    """The record on a line, or None after noting why it is not one in ``invalid``."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        invalid.append((offset, f"invalid JSON: {exc}"))
+        return None
+    problem = record_problem(obj)
+    if problem is not None:
+        invalid.append((offset, problem))
+        return None
+    return obj  # record_problem checked it is a dict
+
+
 def last_records(
     path: str | os.PathLike[str],
     n: int,
@@ -57,16 +73,8 @@ def last_records(
     for offset, line in lines_backwards(path, block=_BLOCK, end=end):
         if not line.strip() or (needles and not any(x in line for x in needles)):
             continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            invalid.append((offset, f"invalid JSON: {exc}"))
-            continue
-        problem = record_problem(obj)
-        if problem is not None:
-            invalid.append((offset, problem))
-            continue
-        if events and obj.get("event") not in events:
+        obj = _record_or_note(line, offset, invalid)
+        if obj is None or (events and obj.get("event") not in events):
             continue
         found.append(obj)
         if len(found) >= n:
@@ -93,14 +101,8 @@ def records_since_step(
         for offset, line in lines_backwards(path, block=_BLOCK, end=end):
             if not line.strip():
                 continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                invalid.append((offset, f"invalid JSON: {exc}"))
-                continue
-            problem = record_problem(obj)
-            if problem is not None:
-                invalid.append((offset, problem))
+            obj = _record_or_note(line, offset, invalid)
+            if obj is None:
                 continue
             if obj["step"] >= since:
                 if not events or obj.get("event") in events:

@@ -285,13 +285,12 @@ def _tokenized(
     if args.model_path is None:
         raise DataError(f"{path}: chat (messages) data needs --model-path with a tokenizer")
     model_path = Path(args.model_path)
+    settings = (path, model_path, ckpt_dir, spec.context, args.train_on_all_tokens)
     error = None
-    hit = False
+    prepared = None
     if local_rank == 0:
         try:
-            _, _, hit = chat.prepare_chat_data(
-                path, model_path, ckpt_dir, spec.context, args.train_on_all_tokens
-            )
+            prepared = chat.prepare_chat_data(*settings)
         except DataError as exc:
             error = str(exc)
     errors: list[str | None] = [None] * dist.get_world_size()
@@ -299,9 +298,7 @@ def _tokenized(
     first = next((e for e in errors if e), None)
     if first:
         raise DataError(first)
-    out, stats = chat.cached_chat_data(
-        path, model_path, ckpt_dir, spec.context, args.train_on_all_tokens
-    )
+    out, stats, hit = prepared or (*chat.cached_chat_data(*settings), False)
     if stats.dropped_too_long and dist.get_rank() == 0:
         log.warning(
             "%s: %d of %d rows are longer than max_seq_len %d after templating: dropped "

@@ -186,20 +186,27 @@ def cache_key(path: Path, model_path: Path, max_seq_len: int, train_on_all: bool
     return h.hexdigest()[:20]
 
 
+def _cache_files(
+    path: Path, model_path: Path, ckpt_dir: Path, max_seq_len: int, train_on_all: bool
+) -> tuple[Path, Path]:
+    """(tokenized rows, their stats) in the run's cache for these inputs and settings."""
+    key = cache_key(path, model_path, max_seq_len, train_on_all)
+    stem = Path(ckpt_dir) / CACHE_DIR / f"{Path(path).stem}-{key}"
+    return stem.with_suffix(".jsonl"), stem.with_suffix(".json")
+
+
 def prepare_chat_data(
     path: Path, model_path: Path, ckpt_dir: Path, max_seq_len: int, train_on_all: bool
 ) -> tuple[Path, ChatStats, bool]:
     """Tokenize ``path`` into the run's cache (once per node: call on local rank 0, then
     barrier). Returns the tokenized JSONL, the stats and whether the cache was hit."""
-    cache = Path(ckpt_dir) / CACHE_DIR
-    key = cache_key(path, model_path, max_seq_len, train_on_all)
-    out, meta = cache / f"{Path(path).stem}-{key}.jsonl", cache / f"{Path(path).stem}-{key}.json"
+    out, meta = _cache_files(path, model_path, ckpt_dir, max_seq_len, train_on_all)
     if out.is_file() and meta.is_file():
         return out, ChatStats(**json.loads(meta.read_text())), True
     rows, stats = tokenize_chat_file(
         Path(path), load_tokenizer(model_path), max_seq_len, train_on_all
     )
-    cache.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_bytes(b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows))
     os.replace(tmp, out)  # the rows first: a meta file means the rows are complete
@@ -211,7 +218,5 @@ def cached_chat_data(
     path: Path, model_path: Path, ckpt_dir: Path, max_seq_len: int, train_on_all: bool
 ) -> tuple[Path, ChatStats]:
     """What :func:`prepare_chat_data` wrote (the other ranks, after the barrier)."""
-    key = cache_key(path, model_path, max_seq_len, train_on_all)
-    cache = Path(ckpt_dir) / CACHE_DIR
-    meta = cache / f"{Path(path).stem}-{key}.json"
-    return cache / f"{Path(path).stem}-{key}.jsonl", ChatStats(**json.loads(meta.read_text()))
+    out, meta = _cache_files(path, model_path, ckpt_dir, max_seq_len, train_on_all)
+    return out, ChatStats(**json.loads(meta.read_text()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,37 @@ class ControlPoller:
 
     def take_rejected(self) -> list[Rejection]:
         out, self.rejected = self.rejected, []
+        return out
+
+    def journal(
+        self, emit: Callable[[str, dict[str, Any]], Any], step: int
+    ) -> list[dict[str, Any]]:
+        """Journal the rejections and the commands carried by this step's agreement as
+        ``control`` records; returns the applied ones' records."""
+        for rej in self.take_rejected():
+            emit(
+                "control",
+                {
+                    "command": rej.command,
+                    "id": rej.id,
+                    "source": rej.source,
+                    "accepted": False,
+                    "reason": rej.reason,
+                    "applied_at_step": None,
+                },
+            )
+        out = []
+        for cmd in self.take_applied():
+            rec = {
+                "command": cmd.command,
+                "id": cmd.id,
+                "source": cmd.source,
+                "accepted": True,
+                "reason": cmd.reason,
+                "applied_at_step": step,
+            }
+            emit("control", rec)
+            out.append(rec)
         return out
 
     def _scan(self) -> None:

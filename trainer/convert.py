@@ -67,6 +67,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trainer.build import tied_names
     from trainer.hf_model import load_transformers, save_hf_consolidated
 
     load_transformers()  # no progress bars
@@ -81,10 +82,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    duplicates = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {
-        n for n, _ in model.named_parameters()
-    }
-    save_hf_consolidated(config, tmp, model.state_dict(), torch.float32, duplicates)
+    save_hf_consolidated(config, tmp, model.state_dict(), torch.float32, tied_names(model))
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
     (tmp / _STAMP).write_text(json.dumps(_source_id(gguf)))
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -11,6 +11,7 @@ journal appends (for the overhead report).
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Any
 
 from journal.events import MICROBATCH_EVENTS
@@ -79,3 +80,19 @@ class Emitter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def failure_payload(exc: BaseException, reason: str | None = None) -> dict[str, Any]:
+    """The ``train_end`` payload of a failed attempt: the error (``reason`` when the cause
+    is known better than the exception says) and its traceback's tail."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = str(exc)
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return {
+        "status": "failed",
+        "reason": reason or f"{type(exc).__name__}: {first}",
+        "final_checkpoint": None,
+        "error_type": type(exc).__name__,
+        "error_message": message[:2000],
+        "traceback": "\n".join(tb.strip().splitlines()[-25:]),
+    }

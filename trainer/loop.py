@@ -290,33 +290,7 @@ class Trainer:
     def _journal_control(self) -> list[dict[str, Any]]:
         """Journal the commands carried by this step's reduce, and any rejections; returns
         the applied ones (rank 0; empty elsewhere)."""
-        if self.poller is None:
-            return []
-        out = []
-        for rej in self.poller.take_rejected():
-            self.j.emit(
-                "control",
-                {
-                    "command": rej.command,
-                    "id": rej.id,
-                    "source": rej.source,
-                    "accepted": False,
-                    "reason": rej.reason,
-                    "applied_at_step": None,
-                },
-            )
-        for cmd in self.poller.take_applied():
-            rec = {
-                "command": cmd.command,
-                "id": cmd.id,
-                "source": cmd.source,
-                "accepted": True,
-                "reason": cmd.reason,
-                "applied_at_step": self.state.step,
-            }
-            self.j.emit("control", rec)
-            out.append(rec)
-        return out
+        return self.poller.journal(self.j.emit, self.state.step) if self.poller is not None else []
 
     @torch.no_grad()
     def evaluate(self) -> None:

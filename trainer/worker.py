@@ -18,7 +18,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -38,7 +37,7 @@ from trainer.build import build_model, device_and_backend, load_data, model_spec
 from trainer.config import TrainingArgs, WorkerConfig
 from trainer.control_poller import ControlPoller
 from trainer.data import DataError
-from trainer.emitter import Emitter
+from trainer.emitter import Emitter, failure_payload
 from trainer.loop import RunOutcome, Trainer
 from trainer.optim import build_optimizer
 from trainer.report_inbox import ReportInbox
@@ -344,22 +343,6 @@ def _journal_cost(emitter: Emitter, trainer: Trainer) -> dict[str, Any]:
         "control_busy_steps": trainer.poll_busy_steps,  # steps that read new command files
         "control_busy_ns_per_step": trainer.poll_busy_ns / max(trainer.poll_busy_steps, 1),
         "control_ns_per_step": (trainer.poll_idle_ns + trainer.poll_busy_ns) / steps,
-    }
-
-
-def failure_payload(exc: BaseException, reason: str | None = None) -> dict[str, Any]:
-    """The ``train_end`` payload of a failed attempt: the error (``reason`` when the cause
-    is known better than the exception says) and its traceback's tail."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = str(exc)
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    return {
-        "status": "failed",
-        "reason": reason or f"{type(exc).__name__}: {first}",
-        "final_checkpoint": None,
-        "error_type": type(exc).__name__,
-        "error_message": message[:2000],
-        "traceback": "\n".join(tb.strip().splitlines()[-25:]),
     }
 
 

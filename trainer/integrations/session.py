@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from journal.lock import JournalLock
 from journal.reader import iter_events, last_record
 from journal.writer import JournalWriter
 from trainer.control_poller import BITS, ControlPoller
-from trainer.emitter import Emitter
+from trainer.emitter import Emitter, failure_payload
 
 
 class JournalSession:
@@ -120,33 +119,8 @@ class JournalSession:
         return bits, self._journal_control()
 
     def _journal_control(self) -> list[dict[str, Any]]:
-        if self.poller is None:
-            return []
-        for rej in self.poller.take_rejected():
-            self.j.emit(
-                "control",
-                {
-                    "command": rej.command,
-                    "id": rej.id,
-                    "source": rej.source,
-                    "accepted": False,
-                    "reason": rej.reason,
-                    "applied_at_step": None,
-                },
-            )
-        out = []
-        for cmd in self.poller.take_applied():
-            rec = {
-                "command": cmd.command,
-                "id": cmd.id,
-                "source": cmd.source,
-                "accepted": True,
-                "reason": cmd.reason,
-                "applied_at_step": self.j.step,
-            }
-            self.j.emit("control", rec)
-            out.append(rec)
-        return out
+        """The main process: the commands of this agreement as ``control`` records."""
+        return self.poller.journal(self.j.emit, self.j.step) if self.poller is not None else []
 
     def end(self, payload: dict[str, Any]) -> None:
         """The ``train_end`` record (once), with the bridge's measured cost; then close."""
@@ -185,23 +159,10 @@ class JournalSession:
 
         def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
             with contextlib.suppress(Exception):
-                self.end(failure_payload(kind, exc, tb))
+                self.end(failure_payload(exc))
             previous(kind, exc, tb)
 
         return hook
-
-
-def failure_payload(kind: type[BaseException], exc: BaseException, tb: Any) -> dict[str, Any]:
-    text = "".join(traceback.format_exception(kind, exc, tb))
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return {
-        "status": "failed",
-        "reason": f"{kind.__name__}: {first}",
-        "error_type": kind.__name__,
-        "error_message": str(exc)[:2000],
-        "traceback": "\n".join(text.strip().splitlines()[-25:]),
-        "final_checkpoint": None,
-    }
 
 
 def command_names(bits: int) -> list[str]:
