@@ -19,7 +19,7 @@ from tests.conftest import (
     collective_counts,
     counting_collectives,
     records,
-    train_argv,
+    train,
     train_env,
 )
 from trainer.config import TrainingArgs
@@ -195,16 +195,10 @@ def test_export_every_and_bf16_export(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     ckpt = tmp_path / "run"
-    proc = subprocess.run(
-        train_argv(
-            ckpt,
-            *("--max-steps", "6", "--save-every", "2", "--keep-last-n", "5"),
-            *("--export-every", "4", "--export-dtype", "bf16"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=train_env(),
+    proc = train(
+        ckpt,
+        *("--max-steps", "6", "--save-every", "2", "--keep-last-n", "5"),
+        *("--export-every", "4", "--export-dtype", "bf16"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     saves = {r["step"]: r["data"] for r in records(ckpt) if r["event"] == "save"}
@@ -223,13 +217,7 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
     losses = {}
     for name, extra in (("plain", ()), ("ac", ("--activation-checkpointing",))):
         ckpt = tmp_path / name
-        proc = subprocess.run(
-            train_argv(ckpt, "--max-steps", "3", *extra),
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=train_env(),
-        )
+        proc = train(ckpt, "--max-steps", "3", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
     assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
@@ -253,37 +241,17 @@ def test_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
     }
     for name, extra in runs.items():
         ckpt = tmp_path / name
-        proc = subprocess.run(
-            train_argv(ckpt, "--max-steps", "3", *extra),
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=train_env(),
-        )
+        proc = train(ckpt, "--max-steps", "3", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
     for name in ("grad_op", "replicate", "replicate_accum"):
         assert losses[name] == pytest.approx(losses["full"], rel=1e-5), name
-    proc = subprocess.run(
-        train_argv(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=train_env(),
-    )
+    proc = train(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate")
     assert proc.returncode == 0, proc.stderr[-3000:]
     begins = [r for r in records(tmp_path / "replicate") if r["event"] == "train_begin"]
     assert begins[-1]["data"]["resumed_from"].endswith("step-000003")
     # DDP computes in bf16 under autocast, its weights and AdamW state staying fp32
     ckpt = tmp_path / "replicate-bf16"
-    proc = subprocess.run(
-        train_argv(
-            ckpt, "--max-steps", "2", "--sharding", "replicate", "--mixed-precision", "bf16"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=train_env(),
-    )
+    proc = train(ckpt, "--max-steps", "2", "--sharding", "replicate", "--mixed-precision", "bf16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "optimizer state torch.float32" in (ckpt / "logs" / "rank-1.log").read_text()
