@@ -53,15 +53,30 @@ def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
 
 
 def write_step_journal(ckpt: Path, steps: int) -> None:
-    """A step-detail run: 5 records a step, a save and a control every 100 steps."""
+    """A step-detail run: 5 records a step, a save and a control every 100 steps; every
+    record valid against the schema (``validate`` finds nothing)."""
+    begin = {
+        "config": {"lr": 1e-4},
+        "world_size": 2,
+        "nnodes": 1,
+        "device_type": "cpu",
+        "journal_detail": "step",
+        "resumed_from": None,
+        "total_steps": steps,
+        "hostname": "bench",
+        "pid": 1,
+        "versions": {"torch": "2"},
+    }
     with JournalWriter(ckpt, run_id="bench") as w:
-        w.append("train_begin", {"config": {}})
+        w.append("train_begin", begin)
         for s in range(1, steps + 1):
             w.append("step_begin", step=s)
             w.append("before_optimizer_step", step=s)
             w.append("after_optimizer_step", step=s)
             w.append("log", log_payload(s), step=s)
             if s % 100 == 0:
-                w.append("save", {"checkpoint_path": f"/c/step-{s:06d}"}, step=s)
+                path = f"/c/step-{s:06d}"
+                save = {"checkpoint_path": path, "kind": ["full_state", "hf"], "duration": 1.5}
+                w.append("save", {**save, "hf_path": f"{path}/hf", "trigger": "interval"}, step=s)
                 w.append("control", {"command": "log", "id": f"c{s}", "accepted": True}, step=s)
             w.append("step_end", step=s)

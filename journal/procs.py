@@ -28,6 +28,9 @@ LAUNCHER_PID_ENV = "ILAB_LAUNCHER_PID"
 _SETPRIV = shutil.which("setpriv")  # util-linux: sets the signal, then execs the command
 _LIBC: Any = None
 WATCH_INTERVAL_S = 0.5  # how often the parent watch looks
+# How long an orphaned training worker may take to finish its step, save and end before it
+# leaves anyway (a collective may hang when other ranks are gone).
+ORPHAN_GRACE_S = 30.0
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

@@ -8,6 +8,7 @@ lines are reported with their line number and skipped; reading never stops on th
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import warnings
@@ -58,6 +59,19 @@ def record_problem(obj: Any) -> str | None:
     if type(obj.get("data", {})) is not dict:
         return "'data' is not an object"
     return None
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic GC while building many records: they are acyclic dicts, and the
+    collections triggered by allocating them walk the growing batch (a third of scan time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def parse_lines(
@@ -263,37 +277,32 @@ class JournalReader:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return batch
-        # Records are acyclic dicts: pausing the cyclic GC while building thousands of them
-        # avoids repeated collections over the growing batch (about a third of scan time).
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
         try:
-            size = os.fstat(fd).st_size
-            limit = size if max_bytes is None else min(size, self.offset + max_bytes)
-            pos = self.offset
-            carry = b""
-            # Past ``limit`` keep reading only until one complete line has been consumed.
-            while pos < size and (pos < limit or batch.offset == self.offset):
-                end = limit if pos < limit else size  # never past max_bytes unless stuck
-                chunk = os.pread(fd, min(self.chunk_size, end - pos), pos)
-                if not chunk:
-                    break
-                pos += len(chunk)
-                buf = carry + chunk if carry else chunk
-                cut = buf.rfind(b"\n") + 1
-                if cut:
-                    parse_lines(
-                        buf[:cut],
-                        batch.offset,
-                        batch.line_no,
-                        batch,
-                        newer_version=self.newer_versions,
-                    )
-                carry = buf[cut:]
+            with no_cyclic_gc():
+                size = os.fstat(fd).st_size
+                limit = size if max_bytes is None else min(size, self.offset + max_bytes)
+                pos = self.offset
+                carry = b""
+                # Past ``limit`` keep reading only until one complete line has been consumed.
+                while pos < size and (pos < limit or batch.offset == self.offset):
+                    end = limit if pos < limit else size  # never past max_bytes unless stuck
+                    chunk = os.pread(fd, min(self.chunk_size, end - pos), pos)
+                    if not chunk:
+                        break
+                    pos += len(chunk)
+                    buf = carry + chunk if carry else chunk
+                    cut = buf.rfind(b"\n") + 1
+                    if cut:
+                        parse_lines(
+                            buf[:cut],
+                            batch.offset,
+                            batch.line_no,
+                            batch,
+                            newer_version=self.newer_versions,
+                        )
+                    carry = buf[cut:]
         finally:
             os.close(fd)
-            if gc_was_enabled:
-                gc.enable()
         if carry and pos >= size:
             if final:
                 batch.line_no += 1

@@ -211,6 +211,25 @@ def workers_of(ckpt: Path) -> list[psutil.Process]:
     return out
 
 
+def still_running(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` for ``procs`` to end; return those still running. A zombie has
+    ended (it holds no memory, CPU or device, only a pid until its parent, or init, reaps it;
+    in a container init may never do so)."""
+
+    def running() -> list[psutil.Process]:
+        out = []
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    deadline = time.monotonic() + timeout
+    while (alive := running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 def max_step(ckpt: Path) -> int:
     return max((r["step"] for r in records(ckpt)), default=0)
 
@@ -242,7 +261,7 @@ def relaunch_after_killing_the_launcher(tmp_path: Path, kills: int) -> dict[str,
             job.wait()
             killed = time.monotonic()
             job = launch()  # at once, beside the killed launch's finishing workers
-            _, alive = psutil.wait_procs(old, timeout=45)
+            alive = still_running(old, timeout=45)
             assert not alive, f"orphaned workers still running: {alive}"
             orphans_gone_s.append(time.monotonic() - killed)
         assert job.wait(timeout=300) == 0

@@ -384,7 +384,16 @@ def test_records_since_step_read_backwards_match_a_full_scan(
         assert records_since_step(path, since, events)[0] == full
 
 
-_ENVELOPE = {"v": 1, "seq": 0, "run_id": "r", "attempt": 1, "ts": 1.0, "step": 0, "epoch": 0}
+_ENVELOPE = {
+    "v": 1,
+    "seq": 0,
+    "run_id": "r",
+    "attempt": 1,
+    "ts": 1.0,
+    "step": 0,
+    "epoch": 0,
+    "samples_seen": 0,
+}
 _PAYLOADS = {
     "log": {
         "loss": 1.0,
@@ -411,13 +420,15 @@ _PAYLOADS = {
 }
 
 
-@SETTINGS
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.sampled_from(sorted(_PAYLOADS)),
-            st.sampled_from([None, "drop", "null", "string", "negative"]),
-            st.sampled_from(["", "loss", "kind", "status", "batch_metrics", "seq", "step"]),
+            st.sampled_from([None, "drop", "null", "string", "negative", "float", "bool", "int"]),
+            st.sampled_from(
+                ["", "loss", "kind", "status", "batch_metrics", "seq", "step", "ts", "data"]
+            ),
         ),
         max_size=30,
     )
@@ -440,12 +451,19 @@ def test_batch_schema_check_finds_exactly_what_one_record_at_a_time_finds(
             "event": event,
             "data": copy.deepcopy(_PAYLOADS[event]),
         }
-        target = rec if key in ("seq", "step") else rec["data"]
+        target = rec if key in ("seq", "step", "ts", "data") else rec["data"]
         if how and key:
             if how == "drop":
                 target.pop(key, None)
             else:
-                target[key] = {"null": None, "string": "x", "negative": -1}[how]
+                target[key] = {
+                    "null": None,
+                    "string": "x",
+                    "negative": -1,
+                    "float": 2.0,
+                    "bool": True,
+                    "int": 1,
+                }[how]
         recs.append(rec)
     expected = []
     for i, rec in enumerate(recs):

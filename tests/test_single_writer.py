@@ -4,10 +4,12 @@ delivery beside a leftover copy of itself, and ranks that disagree on the run st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,13 @@ import pytest
 
 from tests.conftest import (
     BIN,
+    ROOT,
     cli,
     free_port,
     max_step,
     records,
     relaunch_after_killing_the_launcher,
+    still_running,
     train,
     train_argv,
     train_env,
@@ -210,3 +214,49 @@ def test_a_control_command_applies_on_both_nodes_at_the_same_step(
         assert f"control stop applied at step {step}" in text
     assert records(ckpt)[-1]["data"]["status"] == "stopped" and records(ckpt)[-1]["step"] == step
     reliability("2 nodes on loopback: stop applied on both", applied_at_step=step, nodes=2)
+
+
+def test_an_agent_that_hangs_after_its_launcher_died_is_ended(tmp_path: Path) -> None:
+    """torchrun can miss its own SIGTERM shutdown (its handler's exception landed inside
+    ``Popen.poll``, and it never reaps its workers again): the agent must still end. Here a
+    stand-in for torchrun ignores SIGTERM, starts a worker and never waits for it."""
+    agent_pid = tmp_path / "agent.pid"
+    stand_in = textwrap.dedent(
+        f"""
+        import os, signal, subprocess, sys, time
+        from pathlib import Path
+        from trainer.agent import main
+
+        def hung_torchrun():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            subprocess.Popen([sys.executable, "-c", "pass"])  # ends, never reaped
+            Path({str(agent_pid)!r}).write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)
+
+        main(hung_torchrun)
+        """
+    )
+    launcher_code = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        from journal.procs import die_with_parent
+        env = {{**os.environ, "ILAB_LAUNCHER_PID": str(os.getpid())}}
+        subprocess.Popen([sys.executable, "-c", {stand_in!r}], env=env,
+                         preexec_fn=die_with_parent)
+        time.sleep(600)
+        """
+    )
+    env = {**train_env(), "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env)
+    try:
+        pid = wait_for(lambda: agent_pid.exists() and agent_pid.read_text(), what="agent")
+        agent = psutil.Process(int(pid))
+    finally:
+        launcher.kill()
+        launcher.wait()
+    try:
+        assert not still_running([agent], timeout=30), "the agent outlived its launcher"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            agent.kill()

@@ -118,9 +118,10 @@ print(float(loss / n))
 def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None:
     ref, victim = tmp_path / "ref", tmp_path / "victim"
     args = ("--max-steps", "16", "--save-every", "4")
-    ref_proc = train(ref, *args)
-    assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
-
+    # the reference run trains while the victim's slowed steps sleep
+    ref_proc = subprocess.Popen(
+        train_argv(ref, *args), env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     job = subprocess.Popen(
         train_argv(victim, *args),
         env=train_env(step_delay=0.3),
@@ -138,6 +139,8 @@ def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None
         job.wait()
     first = records(victim)
     assert all(r["event"] != "train_end" for r in first)
+    _, ref_err = ref_proc.communicate(timeout=240)
+    assert ref_proc.returncode == 0, ref_err[-3000:]
 
     proc = train(victim, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]

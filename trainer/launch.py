@@ -57,7 +57,7 @@ class TrainingResult:
 
 
 def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={t.nproc_per_node}"]
+    cmd = [sys.executable, "-m", "trainer.agent", f"--nproc-per-node={t.nproc_per_node}"]
     if t.nnodes == 1 and not (t.rdzv_endpoint or t.master_addr):
         cmd.append("--standalone")
     else:

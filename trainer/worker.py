@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from journal.lock import JournalLock, JournalLocked
 from journal.paths import journal_path, logs_dir
-from journal.procs import die_with_parent, watch_parent
+from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
 from journal.reader import iter_events, last_record
 from journal.reports import BEST_EVENTS, BestTracker, MetricGoal, drain
 from journal.rotation import latest_checkpoint
@@ -44,7 +44,6 @@ from trainer.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
 LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
-ORPHAN_GRACE_S = 30.0
 RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
 FULL_DISK_BYTES = 1 << 20  # less free space than this after a failure: the disk is full
 
