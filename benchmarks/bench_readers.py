@@ -15,6 +15,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 from benchmarks.common import emit, write_step_journal
 
 BIN = Path(sys.executable).parent
@@ -116,9 +118,38 @@ def _full_scans(ckpt: Path) -> dict[str, Any]:
     for name in ("stats", "validate"):
         wall, mb = run([str(BIN / "ilab-journal"), name, str(ckpt), "--json"])
         out[f"{name}_huge_s"] = wall
-        out[f"{name}_huge_mb"] = mb
+        out[f"{name}_huge_mb"] = mb  # the largest single process
         out[f"{name}_huge_vs_json_loads"] = n / wall / loads_rate
+    # validate scans parts of a large journal in parallel: the memory of all its processes
+    out["validate_huge_jobs"] = _jobs(ckpt)
+    out["validate_huge_all_processes_mb"] = _peak_of_tree(
+        [str(BIN / "ilab-journal"), "validate", str(ckpt), "--json"]
+    )
     return out
+
+
+def _jobs(ckpt: Path) -> int:
+    from journal.parallel import default_jobs
+
+    return default_jobs((ckpt / "journal.jsonl").stat().st_size)
+
+
+def _peak_of_tree(argv: list[str]) -> float:
+    """Peak of the memory (MB) of a command and its child processes together, sampled every
+    20 ms (for commands that run for seconds): the sum of their proportional set sizes, so
+    pages forked children share with their parent count once."""
+    import psutil
+
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    root, peak = psutil.Process(proc.pid), 0.0
+    while proc.poll() is None:
+        total = 0
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_full_info().pss
+        peak = max(peak, total / 2**20)
+        time.sleep(0.02)
+    return peak
 
 
 if __name__ == "__main__":

@@ -266,20 +266,26 @@ def query(
 # -- stats ----------------------------------------------------------------------------------
 
 
+JOBS_OPTION = click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes that scan parts of a large journal at once "
+    "[default: one per core, at most 4, one per 16 MB].",
+)
+
+
 @main.command()
 @click.argument("dir", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@JOBS_OPTION
 @user_errors
-def stats(dir: str, as_json: bool) -> None:
+def stats(dir: str, as_json: bool, jobs: int | None) -> None:
     """Counts per event, time per phase (step, evaluate, save) and throughput."""
-    from journal.summary import JournalStats
+    from journal.summary import journal_stats
 
     path = resolve_journal(dir)
-    st = JournalStats()
-    invalid = 0
-    for records, bad in scan(path):
-        invalid += len(bad)
-        st.add_batch(records)
+    st, invalid = journal_stats(path, jobs)
     require_journal(path, sum(st.counts.values()), invalid)
     d = st.to_dict()
     d["invalid_lines"] = invalid
@@ -295,8 +301,9 @@ def stats(dir: str, as_json: bool) -> None:
 @main.command()
 @click.argument("dir", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
+@JOBS_OPTION
 @user_errors
-def validate(dir: str, as_json: bool) -> None:
+def validate(dir: str, as_json: bool, jobs: int | None) -> None:
     """Check every record against the schema, seq order and line integrity.
 
     Exit 0 when the journal is sound, 1 when anything is corrupt (invalid lines, schema
@@ -306,7 +313,7 @@ def validate(dir: str, as_json: bool) -> None:
     from journal.validate import validate_journal
 
     path = resolve_journal(dir)
-    report = validate_journal(path)
+    report = validate_journal(path, jobs=jobs)
     require_journal(path, report.records, report.invalid_lines)
     problems, warnings_, valid = report.problems, report.warnings, report.records
     ok = not problems

@@ -86,25 +86,30 @@ def parse_lines(
         objs = list(map(orjson.loads, lines))
     except orjson.JSONDecodeError:
         objs = None
-    if objs is not None:
-        good = [
-            o
-            for o in objs
-            if type(o) is dict
+    if objs is not None and _all_records(objs):
+        if objs:
+            _note_version(objs[0], newer_version)
+            _note_version(objs[-1], newer_version)
+        batch.records.extend(objs)
+        batch.offset = offset + len(buf)
+        batch.line_no = line_no + len(lines)
+        return
+    _parse_slow(lines, offset, line_no, batch, newer_version)
+
+
+def _all_records(objs: list[Any]) -> bool:
+    """Whether :func:`record_problem` finds nothing in any of ``objs`` (inlined: this runs
+    for every record of every scan)."""
+    for o in objs:
+        if not (
+            type(o) is dict
             and type(o.get("seq")) is int
             and o["seq"] >= 0
             and type(o.get("event")) is str
             and type(o.get("data", _EMPTY)) is dict
-        ]
-        if len(good) == len(objs):
-            if good:
-                _note_version(good[0], newer_version)
-                _note_version(good[-1], newer_version)
-            batch.records.extend(good)
-            batch.offset = offset + len(buf)
-            batch.line_no = line_no + len(lines)
-            return
-    _parse_slow(lines, offset, line_no, batch, newer_version)
+        ):
+            return False
+    return True
 
 
 def _note_version(obj: dict[str, Any], newer_version: list[int]) -> None:
@@ -328,16 +333,27 @@ class JournalReader:
         return batch
 
 
-def iter_batches(path: str | os.PathLike[str], *, final: bool = True) -> Iterator[ReadBatch]:
-    """Read a whole journal chunk by chunk (bounded memory)."""
-    reader = JournalReader(path)
-    while True:
+def iter_batches(
+    path: str | os.PathLike[str],
+    *,
+    final: bool = True,
+    start: int = 0,
+    end: int | None = None,
+    max_bytes: int = CHUNK_SIZE,
+) -> Iterator[ReadBatch]:
+    """Read a whole journal, or the lines in ``[start, end)`` (both line starts), batch by
+    batch in bounded memory. Line numbers count from ``start``. With ``final=False`` a file
+    that ends in a fragment gives a last batch with only ``torn_tail`` set."""
+    reader = JournalReader(path, offset=start)
+    while end is None or reader.offset < end:
         before = reader.offset
-        batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
-        if batch.records or batch.invalid:
-            yield batch
+        room = max_bytes if end is None else min(max_bytes, end - before)
+        batch = reader.read(final=final, max_bytes=room)
         if reader.offset == before:
+            if batch.torn_tail:
+                yield batch
             return
+        yield batch
 
 
 def read_all(path: str | os.PathLike[str], *, final: bool = True) -> ReadBatch:

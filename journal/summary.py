@@ -7,8 +7,10 @@ import socket
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from journal.reader import iter_batches
 from journal.reports import BEST_EVENTS, BestTracker, MetricGoal
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
@@ -225,6 +227,20 @@ class JournalStats:
             if ev in _PHASE_EVENTS:
                 self._add_phase(ev, r.get("data") or {})
 
+    def merge(self, later: JournalStats) -> None:
+        """Fold in the stats of records that come after these in the file."""
+        self.counts.update(later.counts)
+        for name, phase in later.phases.items():
+            self.phases[name].count += phase.count
+            self.phases[name].total_s += phase.total_s
+        self.tokens += later.tokens
+        self.samples += later.samples
+        self.log_time_s += later.log_time_s
+        if self.first_ts is None:
+            self.first_ts = later.first_ts
+        if later.last_ts is not None:
+            self.last_ts = later.last_ts
+
     def _add_phase(self, ev: str, data: dict[str, Any]) -> None:
         if ev == "log":
             t = data.get("elapsed_time")
@@ -257,3 +273,25 @@ class JournalStats:
             "tokens_per_s": self.tokens / self.log_time_s if self.log_time_s else None,
             "samples_per_s": self.samples / self.log_time_s if self.log_time_s else None,
         }
+
+
+def scan_stats(path: Path, start: int = 0, end: int | None = None) -> tuple[JournalStats, int]:
+    """Stats of the lines in ``[start, end)`` (the whole file by default) and how many of
+    them are invalid."""
+    st, invalid = JournalStats(), 0
+    for batch in iter_batches(path, final=True, start=start, end=end):
+        invalid += len(batch.invalid)
+        st.add_batch(batch.records)
+    return st, invalid
+
+
+def journal_stats(path: Path, jobs: int | None = None) -> tuple[JournalStats, int]:
+    """Stats of a whole journal and its number of invalid lines; a large journal is scanned
+    in parts by ``jobs`` processes (see :mod:`journal.parallel`)."""
+    from journal.parallel import map_ranges
+
+    st, invalid = JournalStats(), 0
+    for part, bad in map_ranges(scan_stats, path, jobs):
+        st.merge(part)
+        invalid += bad
+    return st, invalid
