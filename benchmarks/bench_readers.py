@@ -120,11 +120,12 @@ def _full_scans(ckpt: Path) -> dict[str, Any]:
         out[f"{name}_huge_s"] = wall
         out[f"{name}_huge_mb"] = mb  # the largest single process
         out[f"{name}_huge_vs_json_loads"] = n / wall / loads_rate
-    # validate scans parts of a large journal in parallel: the memory of all its processes
-    out["validate_huge_jobs"] = _jobs(ckpt)
-    out["validate_huge_all_processes_mb"] = _peak_of_tree(
-        [str(BIN / "ilab-journal"), "validate", str(ckpt), "--json"]
-    )
+    # both scan parts of a large journal in parallel: the memory of all their processes
+    out["full_scan_jobs"] = _jobs(ckpt)
+    for name in ("stats", "validate"):
+        out[f"{name}_huge_all_processes_mb"] = _peak_of_tree(
+            [str(BIN / "ilab-journal"), name, str(ckpt), "--json"]
+        )
     return out
 
 

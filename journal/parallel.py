@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 MAX_JOBS = 4  # processes that scan parts of a large journal at once
 BYTES_PER_JOB = 16 << 20  # no extra process for less than this
+SCAN_BYTES = 1 << 20  # a full scan's batch: ~5k records (and their copies) in memory at a time
 
 
 def default_jobs(size: int) -> int:

@@ -278,8 +278,10 @@ class JournalStats:
 def scan_stats(path: Path, start: int = 0, end: int | None = None) -> tuple[JournalStats, int]:
     """Stats of the lines in ``[start, end)`` (the whole file by default) and how many of
     them are invalid."""
+    from journal.parallel import SCAN_BYTES
+
     st, invalid = JournalStats(), 0
-    for batch in iter_batches(path, final=True, start=start, end=end):
+    for batch in iter_batches(path, final=True, start=start, end=end, max_bytes=SCAN_BYTES):
         invalid += len(batch.invalid)
         st.add_batch(batch.records)
     return st, invalid

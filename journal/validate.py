@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from journal.events import SCHEMA_VERSION
-from journal.parallel import map_ranges
+from journal.parallel import SCAN_BYTES, map_ranges
 from journal.reader import iter_batches, no_cyclic_gc
-
-SCAN_BYTES = 1 << 20  # per batch: ~5k records and their checked copies at a time
 
 
 @dataclass
