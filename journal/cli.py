@@ -315,20 +315,19 @@ def validate(dir: str, as_json: bool, jobs: int | None) -> None:
     path = resolve_journal(dir)
     report = validate_journal(path, jobs=jobs)
     require_journal(path, report.records, report.invalid_lines)
-    problems, warnings_, valid = report.problems, report.warnings, report.records
-    ok = not problems
+    problems, count, valid = report.problems, report.problem_count, report.records
+    ok = report.ok
     if as_json:
-        click.echo(dumps({"ok": ok, "records": valid, "problems": problems, "warnings": warnings_}))
+        out = {"ok": ok, "records": valid, "problems": problems, "problem_count": count}
+        click.echo(dumps({**out, "warnings": report.warnings}))
     else:
-        for w in warnings_:
+        for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
         for p in problems[:50]:
             click.echo(f"error: {p}")
-        if len(problems) > 50:
-            click.echo(f"... and {len(problems) - 50} more")
-        click.echo(
-            f"{path}: {valid} records, {len(problems)} problems: {'OK' if ok else 'CORRUPT'}"
-        )
+        if count > 50:
+            click.echo(f"... and {count - 50} more")
+        click.echo(f"{path}: {valid} records, {count} problems: {'OK' if ok else 'CORRUPT'}")
     sys.exit(0 if ok else 1)
 
 

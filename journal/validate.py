@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,19 +12,37 @@ from journal.events import SCHEMA_VERSION
 from journal.parallel import SCAN_BYTES, map_ranges
 from journal.reader import iter_batches, no_cyclic_gc
 
+KEEP_PROBLEMS = 1000  # messages kept (the first ones); all are counted
+
 
 @dataclass
 class ValidationReport:
-    """What a full scan found. ``ok`` when there is no problem (warnings do not count)."""
+    """What a full scan found. ``ok`` when there is no problem (warnings do not count).
+    ``problems`` holds the first :data:`KEEP_PROBLEMS` messages, ``problem_count`` counts
+    them all (memory stays bounded on a journal that is corrupt throughout)."""
 
     records: int = 0
     invalid_lines: int = 0
     problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
     warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return self.problem_count == 0
+
+
+@dataclass
+class _Kept:
+    """The first :data:`KEEP_PROBLEMS` items of one kind, and how many there were."""
+
+    items: list[Any] = field(default_factory=list)
+    count: int = 0
+
+    def append(self, item: Any) -> None:
+        self.count += 1
+        if len(self.items) < KEEP_PROBLEMS:
+            self.items.append(item)
 
 
 class BatchValidator:
@@ -86,7 +105,7 @@ class BatchValidator:
 def _check_seqs(
     records: list[dict[str, Any]],
     prev_seq: int | None,
-    problems: list[str],
+    problems: _Kept,
     gaps: list[tuple[int, int]],
 ) -> int | None:
     """Check that seqs go up by one from ``prev_seq`` (the highest so far); note problems
@@ -134,9 +153,9 @@ class _Part:
 
     records: int = 0
     lines: int = 0
-    invalid: list[tuple[int, str]] = field(default_factory=list)
-    schema: list[str] = field(default_factory=list)
-    order: list[str] = field(default_factory=list)
+    invalid: _Kept = field(default_factory=_Kept)  # (line number, reason)
+    schema: _Kept = field(default_factory=_Kept)
+    order: _Kept = field(default_factory=_Kept)
     gaps: list[tuple[int, int]] = field(default_factory=list)
     explained: list[tuple[int, int]] = field(default_factory=list)
     first_seq: int | None = None
@@ -163,7 +182,8 @@ def _scan(path: Path, start: int, end: int | None) -> _Part:
         for batch in iter_batches(path, final=False, start=start, end=end, max_bytes=SCAN_BYTES):
             part.torn_tail = batch.torn_tail
             part.lines = batch.line_no
-            part.invalid += [(line.line_no, line.reason) for line in batch.invalid]
+            for line in batch.invalid:
+                part.invalid.append((line.line_no, line.reason))
             recs = batch.records
             for rec, why in schema.problems(recs):
                 part.schema.append(f"seq {rec.get('seq')}: {rec.get('event')}: {why}")
@@ -218,30 +238,55 @@ def _merge(parts: list[_Part]) -> ValidationReport:
     v = parts[0].first_version
     if isinstance(v, int) and v > SCHEMA_VERSION:
         report.warnings.append(f"format version {v} is newer than {SCHEMA_VERSION}")
+
+    def note(messages: list[str], count: int) -> None:
+        report.problems += messages[: KEEP_PROBLEMS - len(report.problems)]
+        report.problem_count += count
+
     lines_before = 0
     top: int | None = None
     gaps: list[tuple[int, int]] = []
-    explained: set[int] = set()
+    explained: list[tuple[int, int]] = []
     for part in parts:
-        report.problems += [f"line {lines_before + n}: {why}" for n, why in part.invalid]
-        report.invalid_lines += len(part.invalid)
+        lines = [f"line {lines_before + n}: {why}" for n, why in part.invalid.items]
+        note(lines, part.invalid.count)
+        report.invalid_lines += part.invalid.count
         report.records += part.records
         if part.first_seq is not None:
             if top is not None and part.first_seq > top + 1:
                 gaps.append((top + 1, part.first_seq - 1))
             top = part.top_seq
         gaps += part.gaps
-        for a, b in part.explained:
-            explained.update(range(a, b + 1))
+        explained += part.explained
         if part.torn_tail:
             line = lines_before + part.lines + 1
             report.warnings.append(f"line {line}: torn final line (writer still appending?)")
         lines_before += part.lines
     for part in parts:
-        report.problems += part.schema
+        note(part.schema.items, part.schema.count)
     for part in parts:
-        report.problems += part.order
-    for a, b in gaps:
-        if not all(s in explained for s in range(a, b + 1)):
-            report.problems.append(f"seq {a}..{b} missing with no journal_gap record")
+        note(part.order.items, part.order.count)
+    ranges = _merged(explained)
+    unexplained = [g for g in gaps if not _covered(g, ranges)]
+    note(
+        [f"seq {a}..{b} missing with no journal_gap record" for a, b in unexplained],
+        len(unexplained),
+    )
     return report
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, disjoint, non-adjacent ranges covering the same seqs."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _covered(gap: tuple[int, int], ranges: list[tuple[int, int]]) -> bool:
+    """Whether one of the merged ``ranges`` holds all of ``gap``."""
+    i = bisect.bisect_right(ranges, (gap[0], float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= gap[0] and gap[1] <= ranges[i][1]

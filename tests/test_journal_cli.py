@@ -206,6 +206,27 @@ def test_validate_clean_and_corrupt(ckpt: Path) -> None:
     assert "run_id" in text and "missing with no journal_gap" in text
 
 
+def test_validate_of_a_journal_corrupt_throughout_keeps_the_first_problems_counts_all(
+    ckpt: Path,
+) -> None:
+    """Memory stays bounded: the first 1000 messages are kept, every problem is counted."""
+    from journal.validate import KEEP_PROBLEMS
+
+    write_run(ckpt, steps=2)
+    with open(ckpt / "journal.jsonl", "ab") as f:
+        f.write(b"{oops\n" * (KEEP_PROBLEMS + 500))
+    proc = cli("ilab-journal", "validate", str(ckpt), "--json")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["problem_count"] == KEEP_PROBLEMS + 500 and not out["ok"]
+    assert len(out["problems"]) == KEEP_PROBLEMS
+    assert out["problems"][0].startswith("line ")  # the first ones, in file order
+    text = cli("ilab-journal", "validate", str(ckpt))
+    assert text.returncode == 1
+    assert f"... and {KEEP_PROBLEMS + 450} more" in text.stdout
+    assert f"{KEEP_PROBLEMS + 500} problems: CORRUPT" in text.stdout
+
+
 def test_schema_is_valid_json_schema_and_accepts_records(ckpt: Path) -> None:
     proc = cli("ilab-journal", "schema")
     schema = json.loads(proc.stdout)
