@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from journal.parallel import SCAN_BYTES, map_ranges
 from journal.reader import iter_batches, no_cyclic_gc
 
 KEEP_PROBLEMS = 1000  # messages kept (the first ones); all are counted
+_SEQ = operator.itemgetter("seq")
 
 
 @dataclass
@@ -110,12 +112,13 @@ def _check_seqs(
 ) -> int | None:
     """Check that seqs go up by one from ``prev_seq`` (the highest so far); note problems
     and gaps. Returns the new highest seq. A batch without either is checked in C."""
-    seqs = [r["seq"] for r in records]
+    seqs = list(map(_SEQ, records))
     if not seqs:
         return prev_seq
-    run = seqs if prev_seq is None else [prev_seq, *seqs]
-    if run[-1] - run[0] == len(run) - 1 and all(map(operator.lt, run, run[1:])):
-        return run[-1]
+    first = seqs[0] if prev_seq is None else prev_seq + 1
+    consecutive = seqs[0] == first and seqs[-1] - first == len(seqs) - 1
+    if consecutive and all(map(operator.lt, seqs, itertools.islice(seqs, 1, None))):
+        return seqs[-1]
     for seq in seqs:
         if prev_seq is not None:
             if seq <= prev_seq:
