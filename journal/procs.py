@@ -9,6 +9,7 @@ the launcher) and reacts within a second where the signal cannot be set or was m
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -72,14 +73,31 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by
-    another process from the one we started; None when unknown or gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (Linux): field 3, the
+    state, first; None when unknown or gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by
+    another process from the one we started; None when unknown or gone."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def running_children() -> list[int]:
+    """Pids of this process's children that still run: ended ones not yet reaped (zombies)
+    are left out. Linux; elsewhere empty."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return [p for p in pids if (fields := _stat_fields(p)) and fields[0] not in ("Z", "X")]
 
 
 def watch_parent(

@@ -110,7 +110,7 @@ def kill_tree(pid: int) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    psutil.wait_procs(procs, timeout=30)
+    still_running(procs, timeout=30)
 
 
 def wait_for(pred: Any, timeout: float = 120, what: str = "condition") -> Any:

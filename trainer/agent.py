@@ -19,40 +19,21 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from journal.procs import ORPHAN_GRACE_S, watch_parent
+from journal.procs import ORPHAN_GRACE_S, running_children, watch_parent
 
 AGENT_EXIT_S = 5.0  # torchrun's own shutdown, once its workers have ended
 _POLL_S = 0.2
-
-
-def children() -> list[int]:
-    """Pids of this process's children that still run (zombies, i.e. ended but not yet
-    reaped, are left out). Linux; elsewhere empty."""
-    pids: list[int] = []
-    for task in Path("/proc/self/task").glob("*"):
-        with contextlib.suppress(OSError, ValueError):
-            pids += [int(p) for p in (task / "children").read_text().split()]
-    return [p for p in pids if _running(p)]
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def end_when_orphaned(grace_s: float = ORPHAN_GRACE_S + AGENT_EXIT_S) -> None:
     """Called once the launcher is gone: wait (at most ``grace_s``) for the workers to end,
     give the agent ``AGENT_EXIT_S`` to exit by itself, then kill what is left and exit."""
     deadline = time.monotonic() + grace_s
-    while children() and time.monotonic() < deadline:
+    while running_children() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
     time.sleep(AGENT_EXIT_S)
-    for pid in children():
+    for pid in running_children():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(128 + signal.SIGTERM)
