@@ -10,7 +10,6 @@ warm microbenchmark of the idle check.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -23,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, pct
+from benchmarks.common import bench_parser, emit, pct
 from journal import read_all, send_command
 from journal.paths import control_dir, journal_path
 from tests.conftest import wait_for
@@ -115,10 +114,7 @@ def warm_poll(tmp: Path, n: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-control-") as d:
         tmp = Path(d)
         result: dict[str, Any] = real_run(tmp, 8 if args.quick else 25)

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit
+from benchmarks.common import bench_parser, emit
 
 BIN = Path(sys.executable).parent
 READY = re.compile(r"model ready \((\w+) init\): peak host RSS (\d+) MB")
@@ -61,10 +60,7 @@ def run(workdir: Path, name: str, cfg: dict[str, Any], steps: int) -> dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     big = {"d_model": 512, "n_layers": 8} if args.quick else {"d_model": 768, "n_layers": 16}
     big_params = 12 * big["d_model"] ** 2 * big["n_layers"]
     out: dict[str, Any] = {"model_params_m": big_params / 1e6, "model_fp32_mb": big_params * 4e-6}

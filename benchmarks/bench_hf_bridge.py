@@ -5,7 +5,6 @@ all_reduce that makes every rank apply a command at the same step)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -15,14 +14,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_hf_peer import make_inputs, run_hf
-from benchmarks.common import emit
+from benchmarks.common import bench_parser, emit
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     steps, rounds = (20, 1) if args.quick else (60, 2)
     out: dict[str, Any] = {"steps": steps, "rounds": rounds}
     plain, journaled, direct = [], [], []

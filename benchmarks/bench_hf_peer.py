@@ -9,7 +9,6 @@ the final loss of each (the loss of the last step, and the mean of the last 10).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -22,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit
+from benchmarks.common import bench_parser, emit
 
 BIN = Path(sys.executable).parent
 VOCAB, SEQ, BATCH, LR, WARMUP = 512, 128, 16, 1e-3, 10
@@ -142,10 +141,7 @@ def run_ours(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     steps = 20 if args.quick else 60
     out: dict[str, Any] = {"steps": steps, "tokens_per_step": BATCH * SEQ}
     with tempfile.TemporaryDirectory(prefix="bench-hf-peer-") as tmp:

@@ -9,7 +9,6 @@ beside a plain ``json.loads`` loop over the same file. Query: wall time of the r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,7 +22,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, pct
+from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter
 from journal.reader import iter_batches
 from tests.conftest import log_payload
@@ -156,9 +155,7 @@ def bench_query(path: Path, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer appends, same 1M-record scan")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap = bench_parser(__doc__)
     ap.add_argument("--records", type=int, default=1_000_000, help="records in the scan file")
     args = ap.parse_args()
     n_append = 50_000 if args.quick else 300_000

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, pct
+from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter
 from watcher import DeliveryResult, Hook, HookOptions, Watcher
 from watcher.callbacks import CommandTarget
@@ -112,10 +111,7 @@ def command_latency(tmp: Path, n: int) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     n = 100 if args.quick else 400
     result: dict[str, Any] = {"samples": n}
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as d:

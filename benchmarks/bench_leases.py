@@ -10,7 +10,6 @@ with 100 leases.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, pct
+from benchmarks.common import bench_parser, emit, pct
 from journal import leases
 from journal.paths import checkpoints_dir
 from journal.rotation import rotate
@@ -64,10 +63,7 @@ def rotate_cost(root: Path, n_leases: int, n: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     n = 300 if args.quick else 3000
     result: dict[str, Any] = {"leases_present": 100, "samples": n}
     with tempfile.TemporaryDirectory(prefix="bench-leases-") as d:

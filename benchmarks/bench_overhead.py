@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import dataclasses
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, pct
+from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter, read_all
 from journal.lock import JournalLock
 from journal.paths import journal_path
@@ -189,10 +188,7 @@ def fault_guard_costs(tmp: Path, step_s: float, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     steps, repeats = (25, 2) if args.quick else (60, 3)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as d:

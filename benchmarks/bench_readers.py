@@ -4,7 +4,6 @@ keeps the ratio near 1; one that reads the whole file grows with it."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -17,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
-from benchmarks.common import emit, write_step_journal
+from benchmarks.common import bench_parser, emit, write_step_journal
 
 BIN = Path(sys.executable).parent
 COMMANDS = {
@@ -50,10 +49,7 @@ def best_of(args: list[str], repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     # ~5 records a step: 1k and 1M records (200k with --quick), and 5M for the full scans
     small_steps, big_steps = 200, 40_000 if args.quick else 200_000
     repeats = 2 if args.quick else 3

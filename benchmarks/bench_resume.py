@@ -5,7 +5,6 @@ same run. Goal: memory independent of the journal's size."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import tempfile
@@ -16,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import emit, write_step_journal
+from benchmarks.common import bench_parser, emit, write_step_journal
 from journal import read_all
 from trainer.config import TrainingArgs
 from trainer.worker import _open_journal
@@ -37,10 +36,7 @@ def measure(fn: Any) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = bench_parser(__doc__).parse_args()
     sizes = {"small": 200, "large": 24_000 if args.quick else 120_000}  # steps (x5+ records)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as d:
