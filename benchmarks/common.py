@@ -39,7 +39,9 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     """The options every bench takes (``run_all.py`` passes them): ``--quick`` for a
     shorter run, ``--json`` to print one JSON object. Add a bench's own options to it."""
     ap = argparse.ArgumentParser(description=doc)
-    ap.add_argument("--quick", action="store_true", help="a shorter run (make bench BENCH_ARGS=--quick)")
+    ap.add_argument(
+        "--quick", action="store_true", help="a shorter run (make bench BENCH_ARGS=--quick)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
 
