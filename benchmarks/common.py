@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from journal import JournalWriter
-from tests.conftest import log_payload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -60,6 +59,8 @@ def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
             continue
         if isinstance(v, float):
             v = f"{v:,.3f}"
+        elif isinstance(v, (list, dict)):
+            v = f"({len(v)} entries: see {RESULTS.name}/{name}.json)"
         print(f"  {k:<34} {v}")
     sys.stdout.flush()
 
@@ -67,6 +68,9 @@ def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
 def write_step_journal(ckpt: Path, steps: int) -> None:
     """A step-detail run: 5 records a step, a save and a control every 100 steps; every
     record valid against the schema (``validate`` finds nothing)."""
+    # imported here: the other benches (bench_gpu on a bare GPU machine) need no test deps
+    from tests.conftest import log_payload
+
     begin = {
         "config": {"lr": 1e-4},
         "world_size": 2,

@@ -23,6 +23,7 @@ BENCHES = [
     "bench_fsdp_memory",
     "bench_hf_peer",
     "bench_hf_bridge",
+    "bench_gpu",  # one line and skipped without a CUDA GPU
 ]
 
 

@@ -69,6 +69,9 @@ class LogData(_Open):
     samples_seen: int | None = None
     batch_metrics: BatchMetrics | None = None
     cuda_mem_allocated: int | None = Field(None, description="bytes; null on CPU")
+    cuda_max_mem_allocated: int | None = Field(
+        None, description="peak bytes allocated during the step; null on CPU"
+    )
     loss_finite: bool | None = Field(
         None, description="false when the loss was NaN/Inf (written as null)"
     )

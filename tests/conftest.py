@@ -4,11 +4,13 @@ runs, and journals written through the real writer. Tests import helpers from he
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -47,10 +49,91 @@ records_st = st.lists(
     max_size=12,
 )
 
-BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
 #: The trainer sleeps this many seconds per step (test-only knob; see trainer.loop).
 STEP_DELAY_ENV = "ILAB_TEST_STEP_DELAY"
+
+
+def _scripts_dir() -> Path:
+    """Where this interpreter's console scripts (``ilab-train``, ...) are: beside it in a
+    venv; for a system Python, the install scheme's scripts dir (/usr/local/bin, or
+    ~/.local/bin for a --user install)."""
+    candidates = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
+    with contextlib.suppress(KeyError):
+        candidates.append(Path(sysconfig.get_path("scripts", f"{os.name}_user")))
+    return next((d for d in candidates if (d / "ilab-journal").exists()), candidates[0])
+
+
+BIN = _scripts_dir()
+
+# -- GPUs: hidden from every test but those marked gpu --------------------------------------
+#
+# The suite's CPU tests run 2 gloo ranks; with a GPU visible, `--backend auto` would pick
+# NCCL and a second rank on a one-GPU machine dies in set_device. So GPUs are hidden for the
+# whole pytest process, here, at import: before anything in it can initialise CUDA (torch
+# counts devices once per process and caches the count) and before module- or session-
+# scoped fixtures start their runs (a per-test monkeypatch would come too late for those).
+# In-process code (run_training's preflight) and every subprocess that inherits os.environ
+# then see none, so the suite passes alike with 0, 1 or 8 GPUs. Tests marked gpu get the
+# machine's real value back (the autouse fixture below; `real_gpu_env` for their commands).
+REAL_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def real_gpu_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: os.environ) with the GPUs this machine really shows."""
+    out = dict(os.environ if env is None else env)
+    if REAL_CUDA_VISIBLE_DEVICES is None:
+        out.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        out["CUDA_VISIBLE_DEVICES"] = REAL_CUDA_VISIBLE_DEVICES
+    return out
+
+
+@functools.cache
+def no_gpu_reason() -> str | None:
+    """Why tests marked gpu cannot run here (None: they can). The GPUs are counted in a
+    child process with the real environment: this process must not initialise CUDA."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"needs a CUDA GPU (torch {torch.__version__} is built without CUDA)"
+    code = "import torch; print(torch.cuda.device_count())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=real_gpu_env(),
+    )
+    out = proc.stdout.split()
+    if proc.returncode != 0 or not out or not out[-1].isdigit():
+        return f"needs a CUDA GPU (counting them failed: {proc.stderr.strip()[-300:]})"
+    return None if int(out[-1]) > 0 else "needs a CUDA GPU (none is visible)"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked gpu skip, with the reason, where CUDA is absent."""
+    if item.get_closest_marker("gpu") is not None and (reason := no_gpu_reason()):
+        pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _real_gpus_for_gpu_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests marked gpu see the machine's GPUs (the rest keep them hidden, see above)."""
+    if request.node.get_closest_marker("gpu") is not None:
+        if REAL_CUDA_VISIBLE_DEVICES is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", REAL_CUDA_VISIBLE_DEVICES)
+
+
+def pythonpath() -> str:
+    """PYTHONPATH for a subprocess that imports ``tests`` or runs from a temp dir: the repo
+    first, then what was set (a GPU image may keep the project's dependencies there)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 def cli(name: str, *args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -71,7 +154,8 @@ def train_env(step_delay: float | None = None) -> dict[str, str]:
 
 
 def train_argv(ckpt: Path, *extra: str) -> list[str]:
-    """``ilab-train`` on the demo data with 2 CPU ranks."""
+    """``ilab-train`` on the demo data with 2 CPU ranks (the suite hides GPUs, see above:
+    ``--backend auto`` resolves to gloo)."""
     return [
         str(BIN / "ilab-train"),
         "--demo",
@@ -144,6 +228,7 @@ def log_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
             "num_minibatches": 2,
         },
         "cuda_mem_allocated": None,
+        "cuda_max_mem_allocated": None,
     }
 
 
@@ -326,7 +411,7 @@ def counting_collectives(args: Any, step_delay: float | None = None) -> subproce
 
     cfg = Path(args.ckpt_dir).parent / f"{Path(args.ckpt_dir).name}.json"
     cfg.write_text(WorkerConfig(args=args).model_dump_json())
-    env = {**train_env(step_delay), "PYTHONPATH": str(ROOT)}
+    env = {**train_env(step_delay), "PYTHONPATH": pythonpath()}
     return subprocess.Popen(
         [
             sys.executable,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cli, records
+from tests.conftest import ROOT, cli, pythonpath, records
 
 pytest.importorskip("accelerate")
 
@@ -62,7 +63,13 @@ def run_loop(tmp_path: Path, steps: int, stop_at: int) -> subprocess.CompletedPr
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        # a bare environment, but the suite's hidden GPUs and the PYTHONPATH it runs with
+        env={
+            "PYTHONPATH": pythonpath(),
+            "OMP_NUM_THREADS": "1",
+            "PATH": "/usr/bin:/bin",
+            "CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEVICES"],
+        },
     )
 
 

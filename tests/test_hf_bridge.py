@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cli, records, wait_for
+from tests.conftest import cli, pythonpath, records, wait_for
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -74,7 +74,12 @@ def run_hf(
     script.write_text(SCRIPT)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "STEP_DELAY": str(delay)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": pythonpath(),
+        "STEP_DELAY": str(delay),
+    }
     env["KEEP"] = str(keep or "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return subprocess.Popen(

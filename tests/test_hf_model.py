@@ -57,9 +57,9 @@ model = AutoModelForCausalLM.from_pretrained({save["data"]["hf_path"]!r}).eval()
 assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # re-tied
 val = load_jsonl(Path({str(ckpt / "demo_data" / "val.jsonl")!r}), 64)
 pl = StepPlanner(val, len(val), 4096, 1, 0, 0)
-ids, labels = pl.collate(list(range(len(val))), torch.device("cpu"))
+batch = pl.collate(list(range(len(val))), torch.device("cpu"))
 with torch.no_grad():
-    loss, n = loss_sum(model(ids).logits, labels)
+    loss, n = loss_sum(model(batch.input_ids).logits, batch.targets)
 print(float(loss / n))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -19,10 +19,10 @@ import pytest
 
 from tests.conftest import (
     BIN,
-    ROOT,
     cli,
     free_port,
     max_step,
+    pythonpath,
     records,
     relaunch_after_killing_the_launcher,
     still_running,
@@ -247,7 +247,7 @@ def test_an_agent_that_hangs_after_its_launcher_died_is_ended(tmp_path: Path) ->
         time.sleep(600)
         """
     )
-    env = {**train_env(), "PYTHONPATH": str(ROOT)}
+    env = {**train_env(), "PYTHONPATH": pythonpath()}
     launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env)
     try:
         pid = wait_for(lambda: agent_pid.exists() and agent_pid.read_text(), what="agent")

@@ -73,7 +73,8 @@ def test_payloads_carry_the_documented_fields(short_run: Path) -> None:
     for r in logs:
         assert set(LogData.model_fields) <= set(r["data"])
         assert set(BatchMetrics.model_fields) <= set(r["data"]["batch_metrics"])
-        assert r["data"]["cuda_mem_allocated"] is None
+        assert r["data"]["cuda_mem_allocated"] is None  # CPU ranks: no device memory
+        assert r["data"]["cuda_max_mem_allocated"] is None
         assert r["data"]["batch_metrics"]["total_samples"] == 64
         assert r["samples_seen"] == r["step"] * 64
     saves = [r for r in recs if r["event"] == "save"]
@@ -105,9 +106,9 @@ from trainer.data import load_jsonl, StepPlanner
 model, cfg = load_consolidated({save["data"]["checkpoint_path"]!r})
 val = load_jsonl(Path({str(short_run / "demo_data" / "val.jsonl")!r}), cfg.max_seq_len)
 pl = StepPlanner(val, len(val), 4096, 1, 0, 0)
-ids, labels = pl.collate(list(range(len(val))), torch.device("cpu"))
+batch = pl.collate(list(range(len(val))), torch.device("cpu"))
 with torch.no_grad():
-    loss, n = loss_sum(model(ids), labels)
+    loss, n = loss_sum(model(batch.input_ids), batch.targets)
 print(float(loss / n))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

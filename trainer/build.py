@@ -28,9 +28,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from trainer.attention import register_hf_attention
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
 from trainer.data import DataError, StepPlanner, load_jsonl, make_demo_data
+from trainer.kernels import Kernels, compile_blocks
 from trainer.model import VOCAB_SIZE, TinyGPT, save_consolidated
 
 log = logging.getLogger("trainer")
@@ -75,8 +77,11 @@ def model_spec(args: TrainingArgs) -> ModelSpec:
 
 
 def compute_dtype(args: TrainingArgs, device: torch.device) -> torch.dtype:
-    """bf16 when asked (any device) or on GPUs by default; fp32 otherwise."""
-    if args.mixed_precision == "bf16" or (args.mixed_precision == "auto" and device.type == "cuda"):
+    """bf16 when asked (any device) or by default on GPUs that have it (compute capability
+    8.0 and up); fp32 otherwise."""
+    if args.mixed_precision == "bf16":
+        return torch.bfloat16
+    if args.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
 
@@ -87,15 +92,18 @@ class ModelParts:
     FSDP units, and its consolidated writer given the tied parameter names."""
 
     make: Callable[[], nn.Module]
+    train_forward: Callable[[nn.Module, str], Any]  # loss forward with this loss kernel
     blocks: Callable[[Any], nn.ModuleList]
     extra_units: Callable[[Any], list[list[nn.Module]]]
     writer: Callable[[set[str]], ConsolidatedWriter]
 
 
 def build_model(
-    args: TrainingArgs, spec: ModelSpec, device: torch.device
+    args: TrainingArgs, spec: ModelSpec, device: torch.device, kernels: Kernels
 ) -> tuple[nn.Module, ConsolidatedWriter]:
-    """The model, FSDP2-sharded, its weights loaded, and how to write its consolidated copy."""
+    """The model, FSDP2-sharded, its weights loaded, and how to write its consolidated copy.
+    Its forward takes a :class:`trainer.data.Batch`'s ``model_kwargs()`` and returns the
+    summed loss (through the loss kernel ``kernels.loss``)."""
     parts = _model_parts(args, spec)
     meta = args.model_init == "meta"
     if meta:
@@ -108,8 +116,11 @@ def build_model(
             tie()
     else:  # every rank builds (and initializes) the whole model
         model = parts.make().to(device)
+    parts.train_forward(model, kernels.loss)
     write = parts.writer(tied_names(model))
     blocks = parts.blocks(model)
+    if kernels.compile:  # before the checkpoint wrapper and FSDP: their hooks stay eager
+        compile_blocks(blocks)
     if args.activation_checkpointing:  # inside the FSDP units, as torchtitan does
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             checkpoint_wrapper,
@@ -161,10 +172,12 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
             hf_shard_units,
             save_hf_consolidated,
         )
+        from trainer.lm_head import with_loss_forward
 
         path, config = Path(args.model_path), spec.hf_config
         return ModelParts(
-            make=partial(build_hf_model, path, config),
+            make=partial(build_hf_model, path, config, register_hf_attention()),
+            train_forward=with_loss_forward,
             blocks=hf_decoder_layers,
             extra_units=hf_shard_units,
             writer=lambda tied: partial(
@@ -175,6 +188,7 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
     cfg["dtype"] = str(spec.export_dtype).removeprefix("torch.")
     return ModelParts(
         make=partial(TinyGPT, args.model),
+        train_forward=lambda m, loss: setattr(m.head, "impl", loss),
         blocks=lambda m: m.blocks,
         extra_units=lambda m: m.shard_units(),
         writer=lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
@@ -240,7 +254,13 @@ def _save_builtin(
 
 
 def load_data(
-    args: TrainingArgs, spec: ModelSpec, ckpt_dir: Path, rank: int, world: int, local_rank: int
+    args: TrainingArgs,
+    spec: ModelSpec,
+    ckpt_dir: Path,
+    rank: int,
+    world: int,
+    local_rank: int,
+    pack_kernel: str | None = None,
 ) -> tuple[StepPlanner, StepPlanner | None, dict[str, Any]]:
     """Training and validation planners, and what the data holds (for train_begin).
     Samples are cut to the model's context; a token id outside its vocabulary is a
@@ -261,10 +281,10 @@ def load_data(
     samples = load_jsonl(Path(data_path), spec.context, spec.vocab_size)
     val = load_jsonl(Path(val_path), spec.context, spec.vocab_size) if val_path else None
     planner = StepPlanner(
-        samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed
+        samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed, pack_kernel
     )
     val_planner = (
-        StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed)
+        StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed, pack_kernel)
         if val and len(val) >= world
         else None
     )

@@ -35,9 +35,9 @@ from typing import Any
 import orjson
 
 from trainer.data import DataError
+from trainer.fused_loss import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant")
-IGNORE_INDEX = -100
 CACHE_DIR = "data_cache"
 
 

@@ -44,6 +44,9 @@ TRAIN_FIELDS = {
     "export_every": "export_every",
     "export_dtype": "export_dtype",
     "pg_timeout": "pg_timeout_s",
+    "packing": "packing",
+    "fused_loss": "fused_loss",
+    "compile": "compile",
 }
 MODEL_FIELDS = {
     "d_model": "d_model",
@@ -205,6 +208,24 @@ def _errors(exc: ValidationError) -> str:
     help="Seconds a collective may wait, e.g. for rank 0's export at a save (default 1800).",
 )
 @click.option(
+    "--packing",
+    type=click.Choice(["auto", "on", "off"]),
+    help="Padding-free micro-batches: whole samples in one row, attention kept within each "
+    "sample, --max-batch-len counts real tokens (auto: on with CUDA + bf16, where "
+    "variable-length flash attention runs).",
+)
+@click.option(
+    "--fused-loss",
+    type=click.Choice(["auto", "off", "chunked", "liger"]),
+    help="Output layer + cross-entropy without full-vocabulary fp32 logits (auto: liger "
+    "where installed on CUDA, else chunked; off: plain logits).",
+)
+@click.option(
+    "--compile",
+    type=click.Choice(["auto", "on", "off"]),
+    help="torch.compile each transformer block (auto: on with CUDA).",
+)
+@click.option(
     "--backend",
     type=click.Choice(["auto", "gloo", "nccl"]),
     help="auto: NCCL with GPUs, else gloo.",
@@ -260,8 +281,9 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
         raise click.UsageError(str(exc)) from None
     try:
         result = run_training(targs, trun, echo=not quiet)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+    except ConfigError as exc:  # one line, no usage banner: the options parsed fine
+        click.echo(f"ilab-train: {exc}", err=True)
+        sys.exit(2)
     except RunDirBusy as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(3)

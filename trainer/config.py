@@ -165,6 +165,24 @@ class TrainingArgs(BaseModel):
         description="dtype of the consolidated model (auto: the dtype an HF config declares, "
         "fp32 for the built-in model)",
     )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="padding-free micro-batches: whole samples back to back in one row "
+        "(position ids restart per sample, attention stays within each sample) and the "
+        "max_batch_len budget counts real tokens; auto: on where variable-length flash "
+        "attention runs (CUDA with bf16), off elsewhere",
+    )
+    fused_loss: Literal["auto", "off", "chunked", "liger"] = Field(
+        "auto",
+        description="output layer + cross-entropy without full-vocabulary fp32 logits: "
+        "chunked (torch) or liger (liger-kernel, CUDA); off: plain logits; auto: liger "
+        "where installed on CUDA, else chunked",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile each transformer block (regional compilation); auto: "
+        "on with CUDA, off on CPU",
+    )
     pg_timeout_s: float = Field(
         1800.0,
         gt=0,
@@ -253,23 +271,9 @@ class WorkerConfig(BaseModel):
 
 
 class ConfigError(ValueError):
-    """The configuration cannot work on this machine (one clear line, before launching)."""
+    """The configuration cannot work on this machine (one clear line, before launching).
 
-
-def check_runtime(args: TrainingArgs) -> None:
-    """Fail before any worker starts when the settings cannot work here.
-
-    Called by the launcher on each node: ``--backend nccl`` without a visible GPU would
-    otherwise end every worker in a traceback before the journal is written.
-    """
-    if args.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "--backend nccl needs CUDA GPUs and none is visible on this machine "
-                "(use --backend gloo, or auto to pick NCCL only when GPUs are there)"
-            )
+    Raised by the launcher's checks in :mod:`trainer.preflight`."""
 
 
 def load_config_file(path: Path) -> dict[str, Any]:

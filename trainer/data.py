@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import torch
 
+from trainer.attention import Pack
 from trainer.model import EOS_ID, IGNORE_INDEX, encode
 
 #: Input id on padding: valid in every vocabulary. Padding follows the tokens of a causal
@@ -150,13 +151,42 @@ class StepPlan:
     global_length: int
 
 
+@dataclass
+class Batch:
+    """One micro-batch on the device, ready for the model's forward.
+
+    ``targets[i]`` is the label of the token after position ``i`` within the same sample
+    (-100 where there is no loss: prompts, the last token of each sample, padding), so the
+    loss is a plain per-position cross-entropy and no label crosses a sample boundary in a
+    packed row. ``position_ids`` and ``pack`` are set for packed rows only."""
+
+    input_ids: torch.Tensor  # (rows, T)
+    targets: torch.Tensor  # (rows, T)
+    loss_tokens: int  # positions with a target, known on the host
+    position_ids: torch.Tensor | None = None
+    pack: Pack | None = None
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """The forward's keyword arguments (the model returns the summed loss)."""
+        kw: dict[str, Any] = {"input_ids": self.input_ids, "targets": self.targets}
+        if self.pack is not None:
+            kw["position_ids"] = self.position_ids
+            kw.update(self.pack.model_kwargs())
+        return kw
+
+
 class StepPlanner:
     """Seeded, distributed, token-budget batching with gradient accumulation.
 
     Each epoch is a fixed permutation of the dataset (seed + epoch). A step takes the next
     ``batch_size`` samples (the last partial batch is dropped), splits them across ranks
-    balancing tokens, and packs each rank's share into micro-batches of at most
-    ``max_batch_len`` padded tokens. Ranks with fewer micro-batches get padding passes.
+    balancing tokens, and packs each rank's share into micro-batches within the
+    ``max_batch_len`` token budget. Ranks with fewer micro-batches get padding passes.
+
+    Padded (``pack_kernel`` None): a micro-batch is a rectangle of rows padded to its
+    longest sample, and the budget counts padded tokens. Packed (``pack_kernel`` names the
+    attention kernel, see :mod:`trainer.attention`): a micro-batch is one row of whole
+    samples back to back, no padding, and the budget counts real tokens.
     """
 
     def __init__(
@@ -167,6 +197,7 @@ class StepPlanner:
         world_size: int,
         rank: int,
         seed: int,
+        pack_kernel: str | None = None,
     ) -> None:
         if batch_size > len(samples) and batch_size != len(samples):
             raise DataError(
@@ -186,6 +217,7 @@ class StepPlanner:
         self.loss_tokens = [s.loss_tokens for s in samples]
         self.batch_size, self.max_batch_len = batch_size, max_batch_len
         self.world_size, self.rank, self.seed = world_size, rank, seed
+        self.pack_kernel = pack_kernel
         self.steps_per_epoch = len(samples) // batch_size
         self._perm_epoch: int | None = None
         self._perm: list[int] = []
@@ -212,7 +244,8 @@ class StepPlanner:
             r = min(range(self.world_size), key=lambda k: (load[k], len(shares[k]), k))
             shares[r].append(idx)
             load[r] += self.lengths[idx]
-        packed = [self._pack(share) for share in shares]
+        pack = self._pack_tokens if self.pack_kernel else self._pack_padded
+        packed = [pack(share) for share in shares]
         n_micro = max(len(p) for p in packed)
         mine = packed[self.rank] + [[] for _ in range(n_micro - len(packed[self.rank]))]
         return StepPlan(
@@ -222,7 +255,7 @@ class StepPlanner:
             global_length=sum(self.lengths[i] for i in batch),
         )
 
-    def _pack(self, share: list[int]) -> list[list[int]]:
+    def _pack_padded(self, share: list[int]) -> list[list[int]]:
         """Greedy packing of length-sorted samples under the padded-token budget."""
         out: list[list[int]] = []
         cur: list[int] = []
@@ -238,27 +271,61 @@ class StepPlanner:
             out.append(cur)
         return out
 
-    def collate(
-        self, indices: list[int], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ``input_ids`` and ``labels`` (-100 on padding) for a micro-batch."""
-        if not indices:  # padding pass: one token, no loss
-            return (
-                torch.full((1, 2), PAD_INPUT, dtype=torch.long, device=device),
-                torch.full((1, 2), IGNORE_INDEX, dtype=torch.long, device=device),
-            )
-        width = max(self.lengths[i] for i in indices)
-        rows_ids, rows_labels = [], []
-        for i in indices:
-            s = self.samples[i]
+    def _pack_tokens(self, share: list[int]) -> list[list[int]]:
+        """First-fit decreasing under the real-token budget: few, full micro-batches."""
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for idx in sorted(share, key=lambda i: (-self.lengths[i], i)):
+            n = self.lengths[idx]
+            k = next((b for b, free in enumerate(room) if free >= n), len(bins))
+            if k == len(bins):
+                bins.append([])
+                room.append(self.max_batch_len)
+            bins[k].append(idx)
+            room[k] -= n
+        return bins
+
+    def collate(self, indices: list[int], device: torch.device) -> Batch:
+        """The micro-batch ``indices`` on ``device``: one packed row, or rows right-padded
+        to the longest (-100 targets on padding). An empty list is a padding pass: two
+        tokens, no loss (so every rank runs the same number of passes)."""
+        rows = [self.samples[i] for i in indices] or [_PADDING_PASS]
+        if self.pack_kernel:
+            ids = [t for s in rows for t in s.input_ids]
+            targets = [t for s in rows for t in _targets(s.labels)]
+            lengths = [len(s.input_ids) for s in rows]
+            positions = [p for n in lengths for p in range(n)]
+            ids_t, targets_t, pos_t = _to_device([[ids], [targets], [positions]], device)
+            pack = Pack.build(lengths, self.pack_kernel, device)
+            return Batch(ids_t, targets_t, _count(targets), pos_t, pack)
+        width = max(len(s.input_ids) for s in rows)
+        rows_ids, rows_targets = [], []
+        for s in rows:
             pad = width - len(s.input_ids)
             rows_ids.append(s.input_ids + [PAD_INPUT] * pad)
-            rows_labels.append(s.labels + [IGNORE_INDEX] * pad)
-        # Pinned host memory + non-blocking copies: on CUDA the copy overlaps and the host
-        # does not wait for the GPU at every micro-batch.
-        pinned = device.type == "cuda"
-        batch = torch.tensor([rows_ids, rows_labels], dtype=torch.long)
-        if pinned:
-            batch = batch.pin_memory()
-        batch = batch.to(device, non_blocking=pinned)
-        return batch[0], batch[1]
+            rows_targets.append(_targets(s.labels) + [IGNORE_INDEX] * pad)
+        ids_t, targets_t = _to_device([rows_ids, rows_targets], device)
+        return Batch(ids_t, targets_t, sum(_count(t) for t in rows_targets))
+
+
+_PADDING_PASS = Sample([PAD_INPUT, PAD_INPUT], [IGNORE_INDEX, IGNORE_INDEX])
+
+
+def _targets(labels: list[int]) -> list[int]:
+    """Next-token targets of one sample: its labels shifted left, nothing after its end."""
+    return [*labels[1:], IGNORE_INDEX]
+
+
+def _count(targets: list[int]) -> int:
+    return sum(1 for t in targets if t != IGNORE_INDEX)
+
+
+def _to_device(planes: list[list[list[int]]], device: torch.device) -> list[torch.Tensor]:
+    """Same-shaped int planes as one host tensor, copied once. Pinned host memory and a
+    non-blocking copy on CUDA: the copy overlaps and the host does not wait for the GPU at
+    every micro-batch."""
+    pinned = device.type == "cuda"
+    batch = torch.tensor(planes, dtype=torch.long)
+    if pinned:
+        batch = batch.pin_memory()
+    return list(batch.to(device, non_blocking=pinned).unbind(0))

@@ -66,14 +66,19 @@ def declared_dtype(config: Any) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else torch.float32
 
 
-def build_hf_model(model_path: Path, config: Any | None = None) -> nn.Module:
-    """The whole model in fp32: pretrained weights when the dir has them, else random init."""
+def build_hf_model(
+    model_path: Path, config: Any | None = None, attn_implementation: str | None = None
+) -> nn.Module:
+    """The whole model in fp32: pretrained weights when the dir has them, else random init.
+    ``attn_implementation`` (e.g. :data:`trainer.attention.HF_ATTENTION`) must be registered
+    with transformers first."""
     tf = load_transformers()
+    kw: dict[str, Any] = {"dtype": torch.float32}
+    if attn_implementation is not None:
+        kw["attn_implementation"] = attn_implementation
     if has_weights(model_path):
-        return tf.AutoModelForCausalLM.from_pretrained(
-            model_path, local_files_only=True, dtype=torch.float32
-        )
-    return tf.AutoModelForCausalLM.from_config(config or hf_config(model_path), dtype=torch.float32)
+        return tf.AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, **kw)
+    return tf.AutoModelForCausalLM.from_config(config or hf_config(model_path), **kw)
 
 
 def hf_decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -25,7 +25,8 @@ from journal.query import find_last
 from journal.reader import JournalReader
 from journal.reports import drain
 from journal.writer import JournalWriter
-from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig, check_runtime
+from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.preflight import preflight
 from watcher.callbacks import callable_name
 
 
@@ -118,8 +119,8 @@ def run_training(
     before launching, :class:`trainer.config.ConfigError` when the settings cannot work here
     and :class:`RunDirBusy` when another launch holds the checkpoint dir.
     """
-    check_runtime(train_args)
     t = torchrun_args or TorchrunArgs()
+    preflight(train_args, t, env)  # before the lock, the directory or any worker
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
     train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
     # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node

@@ -39,9 +39,8 @@ from trainer.control_poller import ControlPoller
 from trainer.data import StepPlan, StepPlanner
 from trainer.decisions import EndReason, decide, export_decision
 from trainer.emitter import Emitter
-from trainer.model import loss_sum
 from trainer.report_inbox import ReportInbox
-from trainer.step_metrics import StepMetrics, log_payload
+from trainer.step_metrics import StepMetrics, log_payload, reset_peak_memory
 
 log = logging.getLogger("trainer")
 
@@ -136,6 +135,7 @@ class Trainer:
 
     def train_step(self) -> RunOutcome | None:
         """One optimizer step; returns a RunOutcome when the run must end here."""
+        reset_peak_memory(self.device)  # the log's cuda_max_mem_allocated is this step's peak
         st = self.state
         t0 = time.perf_counter()
         st.step += 1
@@ -175,7 +175,7 @@ class Trainer:
         tokens_acc = torch.zeros((), device=self.device)
         n_micro = len(plan.micro_batches)
         for i, mb in enumerate(plan.micro_batches):
-            ids, labels = self.planner.collate(mb, self.device)
+            batch = self.planner.collate(mb, self.device)
             info = {"micro_batch": i, "num_micro_batches": n_micro, "samples": len(mb)}
             hold = self.sync_last_only and i < n_micro - 1  # opt-in: reduce at the last pass
             ddp_sync: Any = contextlib.nullcontext()
@@ -184,7 +184,7 @@ class Trainer:
             with ddp_sync:
                 j.emit_micro("before_forward", info)
                 with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast_bf16):
-                    loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
+                    loss = self.model(**batch.model_kwargs())  # summed over its targets
                 j.emit_micro("after_forward", info)
                 if self.sync_last_only and not self.ddp:
                     cast(FSDPModule, self.model).set_requires_gradient_sync(not hold)
@@ -192,7 +192,7 @@ class Trainer:
                 (loss * scale).backward()
                 j.emit_micro("after_backward", info)
             loss_acc += loss.detach()
-            tokens_acc += n_tok
+            tokens_acc += batch.loss_tokens
         return loss_acc, tokens_acc
 
     def _optimizer_step(self) -> torch.Tensor:
@@ -301,9 +301,9 @@ class Trainer:
         plan = self.val_planner.plan_indices(list(range(len(self.val_planner.samples))))
         acc = torch.zeros(2, device=self.device)
         for mb in plan.micro_batches:
-            ids, labels = self.val_planner.collate(mb, self.device)
-            loss, n_tok = loss_sum(_logits(self.model(ids)), labels)
-            acc += torch.stack([loss.float(), n_tok.float()])
+            batch = self.val_planner.collate(mb, self.device)
+            acc[0] += self.model(**batch.model_kwargs()).float()
+            acc[1] += batch.loss_tokens
         dist.all_reduce(acc)
         self.model.train()
         total, n = acc.tolist()
@@ -358,7 +358,3 @@ class Trainer:
         if self.last_saved_step != self.state.step:
             return None
         return str(checkpoints_dir(self.args.ckpt_dir) / step_dir_name(self.state.step))
-
-
-def _logits(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out

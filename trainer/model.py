@@ -8,18 +8,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.attention import attend
 from trainer.config import ModelConfig
+from trainer.fused_loss import IGNORE_INDEX
+from trainer.lm_head import LossHead
 
 PAD_ID = 256
 EOS_ID = 257
 VOCAB_SIZE = 258
-IGNORE_INDEX = -100
 
 
 def encode(text: str) -> list[int]:
@@ -45,14 +47,12 @@ class Block(nn.Module):
         )
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **attention: Any) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        y = attend(q, k, v, dropout=self.dropout if self.training else 0.0, **attention)
+        x = x + self.proj(y.reshape(b, t, c))
         return x + self.mlp(self.ln2(x))
 
 
@@ -66,7 +66,7 @@ class TinyGPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False)
+        self.head = LossHead(nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False))
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
@@ -81,13 +81,34 @@ class TinyGPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        t = input_ids.shape[1]
-        pos = torch.arange(t, device=input_ids.device)
-        x = self.tok_emb(input_ids) + self.pos_emb(pos)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        **_unused: Any,
+    ) -> torch.Tensor:
+        """Logits, or with ``targets`` (next-token labels, -100 = none) the summed loss.
+        ``position_ids`` and the attention keywords describe a packed row (see
+        :mod:`trainer.attention`)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.tok_emb(input_ids) + self.pos_emb(position_ids)
+        attention = {
+            "attention_mask": attention_mask,
+            "cu_seqlens": cu_seq_lens_q,
+            "max_len": max_length_q,
+        }
         for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+            x = block(x, **attention)
+        return cast(torch.Tensor, self.head(self.ln_f(x), targets))
+
+    def get_output_embeddings(self) -> LossHead:
+        """The output layer (HF's name for it): where the loss kernel is set."""
+        return self.head
 
     def shard_units(self) -> list[list[nn.Module]]:
         """Groups FSDP shards as units of their own besides the blocks (so the root unit
@@ -95,17 +116,17 @@ class TinyGPT(nn.Module):
         return [[self.tok_emb, self.pos_emb], [self.ln_f, self.head]]
 
 
-def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token cross-entropy and the number of loss-counted tokens."""
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
+def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy of ``logits`` against next-token ``targets`` (a
+    :class:`trainer.data.Batch`'s: already shifted, -100 = no loss) and the number of
+    loss-counted tokens. For models that return logits (an exported checkpoint)."""
     loss = F.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.shape[-1]),
-        shift_labels.reshape(-1),
+        logits.float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
-    return loss, (shift_labels != IGNORE_INDEX).sum()
+    return loss, (targets != IGNORE_INDEX).sum()
 
 
 # -- consolidated checkpoints (loadable without torchrun) ----------------------------------

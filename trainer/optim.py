@@ -23,10 +23,13 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], 
 
 
 def build_optimizer(
-    model: torch.nn.Module, args: TrainingArgs, total_steps: int
+    model: torch.nn.Module, args: TrainingArgs, total_steps: int, fused: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the (sharded) parameters, with warmup then cosine decay."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    """AdamW over the (sharded) parameters, with warmup then cosine decay. ``fused``: one
+    CUDA kernel for every parameter's update (no per-parameter launches)."""
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused or None
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(args.warmup_steps, total_steps, args.min_lr_ratio)
     )

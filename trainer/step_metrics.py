@@ -52,5 +52,24 @@ def log_payload(
             "grad_accum_steps": len(plan.micro_batches),
             "num_minibatches": len(plan.micro_batches),
         },
-        "cuda_mem_allocated": torch.cuda.memory_allocated() if device.type == "cuda" else None,
+        **device_memory(device),
     }
+
+
+def device_memory(device: torch.device) -> dict[str, int | None]:
+    """The ``log`` record's memory fields: bytes allocated now and the step's peak (since
+    :func:`reset_peak_memory` at its start); None off CUDA."""
+    if device.type != "cuda":
+        return {"cuda_mem_allocated": None, "cuda_max_mem_allocated": None}
+    return {
+        "cuda_mem_allocated": torch.cuda.memory_allocated(device),
+        "cuda_max_mem_allocated": torch.cuda.max_memory_allocated(device),
+    }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the step's peak-memory count (call first thing in each step): the ``log``
+    record's ``cuda_max_mem_allocated`` is then that step's peak, what a run is sized by,
+    not the peak since start-up. No-op off CUDA."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

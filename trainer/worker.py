@@ -33,11 +33,19 @@ from journal.reports import BEST_EVENTS, BestTracker, MetricGoal, drain
 from journal.rotation import latest_checkpoint
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
-from trainer.build import build_model, device_and_backend, load_data, model_spec, total_steps
+from trainer.build import (
+    build_model,
+    compute_dtype,
+    device_and_backend,
+    load_data,
+    model_spec,
+    total_steps,
+)
 from trainer.config import TrainingArgs, WorkerConfig
 from trainer.control_poller import ControlPoller
 from trainer.data import DataError
 from trainer.emitter import Emitter, failure_payload
+from trainer.kernels import choose_kernels
 from trainer.loop import RunOutcome, Trainer
 from trainer.optim import build_optimizer
 from trainer.report_inbox import ReportInbox
@@ -200,13 +208,17 @@ def run_worker(cfg: WorkerConfig) -> int:
         resume_from = _agree(cfg, rank, world, resume_from)
         torch.manual_seed(args.seed)
         spec = model_spec(args)
-        planner, val_planner, data_info = load_data(args, spec, ckpt_dir, rank, world, local_rank)
+        kernels = choose_kernels(args, device, compute_dtype(args, device))
+        planner, val_planner, data_info = load_data(
+            args, spec, ckpt_dir, rank, world, local_rank, kernels.pack_kernel
+        )
         n_samples = data_info.pop("train_samples")
-        model, write_consolidated = build_model(args, spec, device)
+        model, write_consolidated = build_model(args, spec, device, kernels)
         model.train()
         log.info("model ready (%s init): peak host RSS %d MB", args.model_init, _peak_rss_mb())
+        log.info("kernels: %s", kernels)
         total = total_steps(args, planner.steps_per_epoch, rank)
-        opt, sched = build_optimizer(model, args, total)
+        opt, sched = build_optimizer(model, args, total, fused=kernels.fused_adamw)
         state = ckpt.TrainerState()
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, model, opt, sched)
@@ -250,6 +262,7 @@ def run_worker(cfg: WorkerConfig) -> int:
                 "resumed_from": str(resume_from) if resume_from else None,
                 "total_steps": total,
                 "steps_per_epoch": planner.steps_per_epoch,
+                "kernels": kernels.record(),
                 "train_samples": n_samples,
                 **({"data": data_info} if data_info else {}),
                 "hostname": socket.gethostname(),

@@ -21,7 +21,7 @@ from typing import Any
 from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
 
 #: log fields written as train/<name> (plus any other top-level number)
-_SKIP = frozenset({"loss_finite", "cuda_mem_allocated", "samples_seen"})
+_SKIP = frozenset({"loss_finite", "cuda_mem_allocated", "cuda_max_mem_allocated", "samples_seen"})
 
 
 class TensorBoardExport(TrainerCallback):
