@@ -61,7 +61,7 @@ test-all: $(READY)
 torture: $(READY)
 	OMP_NUM_THREADS=1 ILAB_RELIABILITY_TABLE=benchmarks/results/reliability.json \
 		$(PY) -m pytest -q tests/test_torture_runs.py tests/test_single_writer.py \
-		tests/test_full_disk.py $(PYTEST_ARGS)
+		tests/test_full_disk.py tests/test_watcher_hardening.py $(PYTEST_ARGS)
 
 demo: $(READY)
 	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)

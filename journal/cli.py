@@ -13,12 +13,20 @@ from typing import Any
 import click
 import orjson
 
-from journal.cli_common import UserError, dumps, require_journal, scan, user_errors
+from journal.cli_common import UserError, dumps, require_journal, user_errors
+from journal.cli_read import (
+    check_events,
+    echo_value,
+    journal_to_follow,
+    print_records,
+    show_all,
+    unknown_event,
+)
 from journal.cli_write import control, lease, prune, release, report
-from journal.format import print_records_table, stats_text, status_text
+from journal.events import EVENTS
+from journal.format import holder_text, printable, stats_text, status_text
 from journal.lock import run_holder
-from journal.paths import resolve_journal
-from journal.reader import InvalidLine
+from journal.paths import JOURNAL_NAME, resolve_journal
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -60,20 +68,28 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     Exit codes (for cron/CI):
       0 completed    1 failed      2 usage error (bad DIR, not a journal)
       3 running      4 stopped     5 interrupted
+      3 starting     (the launcher holds DIR, no record written yet)
       6 stale        (no record for --stale-after seconds, or the trainer
                       process is gone on this host, and no train_end)
       7 empty        (journal exists but holds no record yet)
     """
     from journal.index import summarize
-    from journal.summary import STATE_EXIT_CODES
+    from journal.summary import STATE_EXIT_CODES, RunSummary
 
-    path = resolve_journal(dir)
-    folded = summarize(path, use_index=not full)
-    summ, invalid = folded.summarizer, folded.invalid
-    require_journal(path, summ.s.records, invalid)
-    s = summ.result(stale_after=stale_after)
-    s.invalid_lines = invalid
-    s.holder = run_holder(path.parent)
+    given = Path(dir)
+    if given.is_dir() and not (given / JOURNAL_NAME).exists() and (held := run_holder(given)):
+        # A launch in progress that has not written its journal yet: starting, not an error
+        path, s = given / JOURNAL_NAME, RunSummary(holder=held)
+    else:
+        path = resolve_journal(dir)
+        folded = summarize(path, use_index=not full)
+        summ, invalid = folded.summarizer, folded.invalid
+        require_journal(path, summ.s.records, invalid)
+        s = summ.result(stale_after=stale_after)
+        s.invalid_lines = invalid
+        s.holder = run_holder(path.parent)
+    if s.state == "empty" and s.holder:
+        s.state, s.reason = "starting", f"held by {holder_text(s.holder)}"
     if as_json:
         click.echo(dumps({**s.to_dict(), "journal": str(path)}))
     else:
@@ -110,7 +126,7 @@ def show(
     path = resolve_journal(dir)
     wanted = set(events)
     if since_step is None and last_n is None:
-        _show_all(path, wanted, as_json)
+        show_all(path, wanted, as_json)
         return
     # Read backwards from the end: the cost follows what is printed, not the file.
     if since_step is not None:
@@ -126,31 +142,8 @@ def show(
             require_journal(path, len(newest), len(bad_lines))
     for offset, reason in bad_lines:
         click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
-    _print_records(newest, as_json)
-
-
-def _show_all(path: Path, wanted: set[str], as_json: bool) -> None:
-    out: list[dict[str, Any]] = []
-    valid = 0
-    skipped: list[InvalidLine] = []
-    for records, bad in scan(path):
-        valid += len(records)
-        skipped.extend(bad)
-        out.extend(r for r in records if not wanted or r.get("event") in wanted)
-    require_journal(path, valid, len(skipped))
-    for line in skipped:
-        click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
-    _print_records(out, as_json)
-
-
-def _print_records(records: list[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        w = sys.stdout.buffer
-        for rec in records:
-            w.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
-        w.flush()
-        return
-    print_records_table(records)
+    check_events(wanted, newest)
+    print_records(newest, as_json)
 
 
 # -- tail -----------------------------------------------------------------------------------
@@ -185,7 +178,7 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
     """
     from journal.live import follow_journal
 
-    path = resolve_journal(dir, must_exist=not follow)
+    path = journal_to_follow(dir) if follow else resolve_journal(dir)
     try:
         code = follow_journal(path, follow=follow, first_n=n, interval=interval, as_json=as_json)
     except KeyboardInterrupt:
@@ -249,18 +242,20 @@ def query(
         if picked is None:
             click.echo(f"the best checkpoint has no field {field_name!r}", err=True)
             sys.exit(1)
-        click.echo(picked if isinstance(picked, str) else dumps(picked))
+        echo_value(picked if isinstance(picked, str) else dumps(picked))
         return
     assert event is not None
     rec = find_last(path, event) if which == "last" else find_first(path, event)
     if rec is None:
+        if event not in EVENTS:
+            raise UserError(unknown_event(event))
         click.echo(f"no {event!r} record in {path}", err=True)
         sys.exit(1)
     value: Any = rec if field_name is None else get_field(rec, field_name)
     if is_missing(value):
         click.echo(f"{event!r} record seq {rec['seq']} has no field {field_name!r}", err=True)
         sys.exit(1)
-    click.echo(value if isinstance(value, str) else dumps(value))
+    echo_value(value if isinstance(value, str) else dumps(value))
 
 
 # -- stats ----------------------------------------------------------------------------------
@@ -322,9 +317,9 @@ def validate(dir: str, as_json: bool, jobs: int | None) -> None:
         click.echo(dumps({**out, "warnings": report.warnings}))
     else:
         for w in report.warnings:
-            click.echo(f"warning: {w}", err=True)
+            click.echo(f"warning: {printable(w)}", err=True)
         for p in problems[:50]:
-            click.echo(f"error: {p}")
+            click.echo(f"error: {printable(p)}")
         if count > 50:
             click.echo(f"... and {count - 50} more")
         click.echo(f"{path}: {valid} records, {count} problems: {'OK' if ok else 'CORRUPT'}")

@@ -42,7 +42,7 @@ def control(
     """
     from journal.control import InvalidCommand, send_command
 
-    p = ckpt_dir_of(dir)
+    p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
     try:
@@ -81,12 +81,14 @@ def report(
 
     Values are numbers, true/false, or text. The report becomes a "report" record in the
     journal: right away when training is over, else at the trainer's next step boundary.
-    With --keep-best the named metric must be a number.
+    With --keep-best the named metric must be a number. --checkpoint must be a checkpoint
+    of this run (its path, or its name: step-000040); a path elsewhere is refused.
     """
     from journal.query import find_last
     from journal.reports import InvalidReport, MetricGoal, Report, parse_assignments, submit_report
 
     path = resolve_journal(dir)
+    _run_dir(str(path.parent))
     try:
         values = parse_assignments(metrics)
     except InvalidReport as exc:
@@ -106,12 +108,15 @@ def report(
                 f"{goal.metric}={value!r}: the run keeps the best checkpoint by {goal}, "
                 "so this metric must be a number"
             )
-    rid = submit_report(
-        path.parent,
-        Report(values, checkpoint_path=checkpoint, step=step),
-        source=source,
-        delivery_id=os.environ.get("ILAB_DELIVERY_ID") or None,
-    )
+    try:
+        rid = submit_report(
+            path.parent,
+            Report(values, checkpoint_path=checkpoint, step=step),
+            source=source,
+            delivery_id=os.environ.get("ILAB_DELIVERY_ID") or None,
+        )
+    except InvalidReport as exc:  # a checkpoint of another run, a report over 64 KiB
+        raise UserError(str(exc)) from None
     click.echo(rid)
 
 
@@ -136,7 +141,7 @@ def prune(dir: str) -> None:
     from journal.lock import lock_holder
     from journal.rotation import prune_finished_run
 
-    ckpt_dir = resolve_journal(dir).parent
+    ckpt_dir = _run_dir(str(resolve_journal(dir).parent))
     if lock_holder(ckpt_dir):
         click.echo(f"{ckpt_dir}: a trainer is writing; it rotates at its next save", err=True)
         return
@@ -149,10 +154,10 @@ def prune(dir: str) -> None:
 @click.argument("checkpoint")
 @click.option(
     "--ttl",
-    type=click.FloatRange(min=1),
+    type=float,
     default=3600.0,
     show_default=True,
-    help="Seconds until the lease expires unless released.",
+    help="Seconds until the lease expires unless released (1 to 2592000, i.e. 30 days).",
 )
 @user_errors
 def lease(dir: str, checkpoint: str, ttl: float) -> None:
@@ -162,9 +167,11 @@ def lease(dir: str, checkpoint: str, ttl: float) -> None:
     the id on, and have the job run `ilab-journal release DIR ID` when done. CHECKPOINT is
     a checkpoint directory of the run or its name (step-000040).
     """
-    from journal.leases import LeaseError, acquire
+    from journal.leases import MAX_TTL_S, LeaseError, acquire
 
-    ckpt_dir = ckpt_dir_of(dir)
+    if not 1 <= ttl <= MAX_TTL_S:  # also false for nan: every lease must end
+        raise UserError(f"--ttl {ttl:g}: expected 1 to {MAX_TTL_S:.0f} seconds (30 days)")
+    ckpt_dir = _run_dir(dir)
     try:
         held = acquire(ckpt_dir, checkpoint, ttl=ttl)
     except LeaseError as exc:
@@ -182,6 +189,16 @@ def release(dir: str, lease_id: str) -> None:
     from journal.leases import release as release_lease
 
     try:
-        release_lease(ckpt_dir_of(dir), lease_id)
+        release_lease(_run_dir(dir), lease_id)
     except LeaseError as exc:
         raise UserError(str(exc)) from None
+
+
+def _run_dir(dir: str) -> Path:
+    """The run dir a write command drops files into: refused (one line, exit 2) when another
+    user could steer it (journal.rundir)."""
+    from journal.rundir import check_run_dir
+
+    path = ckpt_dir_of(dir)
+    check_run_dir(path)
+    return path

@@ -18,6 +18,7 @@ import orjson
 
 from journal.events import CONTROL_COMMANDS
 from journal.files import atomic_write
+from journal.inbox import MAX_NAME_CHARS, clip
 from journal.paths import control_dir
 
 COMMAND_FILE_SUFFIX = ".json"
@@ -82,7 +83,11 @@ def send_command(
     source: str | None = None,
     command_id: str | None = None,
 ) -> str:
-    """Write a command file atomically; return its id. Creates the control dir (0o750)."""
+    """Write a command file atomically; return its id. Creates the control dir (0o750).
+
+    A ``reason`` over 4096 characters (a ``source`` over 256) is cut, saying so: the
+    command file stays small enough for the trainer to read it (64 KiB at most).
+    """
     if isinstance(command, Control):
         reason = command.reason if reason is None else reason
         command = command.command
@@ -90,13 +95,14 @@ def send_command(
     cdir = control_dir(ckpt_dir)
     cdir.mkdir(mode=0o750, parents=True, exist_ok=True)
     cid = command_id or new_command_id()
-    if not cid or "/" in cid or cid.startswith("."):
+    # 200 bytes: the file name (id + .json) must fit the file system's 255
+    if not cid or "/" in cid or cid.startswith(".") or len(cid.encode()) > 200:
         raise InvalidCommand(f"invalid command id {cid!r}")
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
-        "source": source or f"{socket.gethostname()}:{os.getpid()}",
-        "reason": reason,
+        "source": clip(source or f"{socket.gethostname()}:{os.getpid()}", MAX_NAME_CHARS),
+        "reason": None if reason is None else clip(reason),
         "ts": time.time(),
     }
     atomic_write(

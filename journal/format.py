@@ -1,4 +1,9 @@
-"""How records look to people: timestamps, numbers and one-line payload digests."""
+"""How records look to people: timestamps, numbers and one-line payload digests.
+
+Text from records (and lock files) is data, never instructions to the terminal: control
+characters are shown as escapes (:func:`printable`) and rich never reads it as markup (it
+gets :class:`rich.text.Text`, not a markup string).
+"""
 
 from __future__ import annotations
 
@@ -15,11 +20,28 @@ if TYPE_CHECKING:
     from journal.summary import RunSummary
 
 
+#: C0 and C1 control characters, DEL, and the invisible marks that reorder or break text
+#: (bidi overrides, line separators): shown as ``\x1b`` / ``\u202e`` instead of obeyed.
+_CONTROLS: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    c: f"\\u{c:04x}"
+    for c in (0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: escape sequences, carriage returns, bells and
+    bidi overrides from a record are shown, not executed."""
+    return text.translate(_CONTROLS)
+
+
 def fmt_ts(ts: Any) -> str:
     """Local wall-clock time of a record, to the millisecond."""
-    if not isinstance(ts, (int, float)):
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
         return "-"
-    return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+    try:
+        return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):  # a number, but no date
+        return fmt_num(ts)
 
 
 def fmt_num(v: Any) -> str:
@@ -56,6 +78,7 @@ def print_records_table(records: Iterable[dict[str, Any]]) -> None:
     """``ilab-journal show``: one row per record (rich; failed train_end in red)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col, just in (
@@ -71,7 +94,7 @@ def print_records_table(records: Iterable[dict[str, Any]]) -> None:
     for rec in records:
         event = str(rec.get("event"))
         failed = event == "train_end" and (rec.get("data") or {}).get("status") == "failed"
-        table.add_row(
+        cells = (
             str(rec.get("seq")),
             fmt_ts(rec.get("ts")),
             str(rec.get("attempt", "")),
@@ -79,8 +102,8 @@ def print_records_table(records: Iterable[dict[str, Any]]) -> None:
             str(rec.get("epoch", "")),
             event,
             summarize_data(event, rec.get("data") or {}),
-            style="red" if failed else None,
         )
+        table.add_row(*(Text(printable(c)) for c in cells), style="red" if failed else None)
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # pipes and files: do not wrap rows at 80 columns
@@ -92,7 +115,7 @@ def stats_text(d: dict[str, Any]) -> str:
     order = {e: i for i, e in enumerate(EVENTS)}
     lines = ["events:"]
     for ev, c in sorted(d["counts"].items(), key=lambda kv: order.get(kv[0], 99)):
-        lines.append(f"  {ev:<24}{c:>10}")
+        lines.append(f"  {printable(ev):<24}{c:>10}")
     lines.append("phases:            count     total s      mean s")
     for ph, v in d["phases"].items():
         lines.append(f"  {ph:<14}{v['count']:>9}{v['total_s']:>12.3f}{v['mean_s']:>12.4f}")
@@ -106,23 +129,36 @@ def stats_text(d: dict[str, Any]) -> str:
 
 def status_text(s: RunSummary, path: Path) -> str:
     """``ilab-journal status`` for people: one aligned ``name  value`` row per fact."""
-    progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
-    ago = f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""
-    rows = [
-        ("state", s.state + (f" ({s.reason})" if s.reason else "")),
-        ("run", f"{s.run_id} attempt {s.attempt}"),
-        ("step", f"{progress}  epoch {s.epoch}  samples {s.samples_seen}"),
-        ("loss", fmt_num(s.last_loss) if s.last_loss is not None else "-"),
-        ("val_loss", fmt_num(s.last_val_loss) if s.last_val_loss is not None else "-"),
-        ("checkpoint", s.last_checkpoint or "-"),
-        *_best_and_report_rows(s),
-        ("last record", fmt_ts(s.last_ts) + ago),
-        *([("held by", describe(s.holder))] if s.holder else []),
-        ("journal", f"{path} ({s.records} records, {s.invalid_lines} invalid lines)"),
-    ]
-    if s.error:
-        rows.insert(1, ("error", s.error))
-    return "\n".join(f"{k:>12}  {v}" for k, v in rows)
+    rows = [("state", s.state + (f" ({s.reason})" if s.reason else ""))]
+    if s.run_id is not None or s.records:  # nothing to say about a run without records
+        progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
+        ago = f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""
+        rows += [
+            *([("error", s.error)] if s.error else []),
+            ("run", f"{s.run_id} attempt {s.attempt}"),
+            ("step", f"{progress}  epoch {s.epoch}  samples {s.samples_seen}"),
+            ("loss", fmt_num(s.last_loss) if s.last_loss is not None else "-"),
+            ("val_loss", fmt_num(s.last_val_loss) if s.last_val_loss is not None else "-"),
+            ("checkpoint", s.last_checkpoint or "-"),
+            *_best_and_report_rows(s),
+            ("last record", fmt_ts(s.last_ts) + ago),
+        ]
+    if s.holder and s.state != "starting":  # "starting" names the holder already
+        rows.append(("held by", holder_text(s.holder)))
+    if path.exists():
+        rows.append(("journal", f"{path} ({s.records} records, {s.invalid_lines} invalid lines)"))
+    else:
+        rows.append(("journal", f"{path} (not created yet)"))
+    return "\n".join(f"{k:>12}  {printable(str(v))}" for k, v in rows)
+
+
+def holder_text(info: dict[str, Any]) -> str:
+    """Who holds a lock, from its file: ``launcher pid 4242 on host-a since 09:12:03``
+    (whatever the file holds, one line)."""
+    try:
+        return describe(info)
+    except (TypeError, ValueError, OverflowError, OSError):  # a lock file we did not write
+        return f"pid {info.get('pid', '?')}"
 
 
 def _best_and_report_rows(s: RunSummary) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,13 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write
+from journal.lines import open_for_reading
 from journal.paths import INDEX_NAME
 from journal.reader import CHUNK_SIZE, JournalReader
 from journal.summary import Summarizer
 
-VERSION = 1
+VERSION = 2  # 2: folded only records whose fields have the right types (journal/fields.py)
+MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
 
 
 @dataclass
@@ -45,29 +48,51 @@ def index_path(journal: Path) -> Path:
 
 def _fingerprint(journal: Path) -> str | None:
     try:
-        with open(journal, "rb") as f:
-            first = f.readline(4096)
+        fd = open_for_reading(journal)
     except OSError:
         return None
+    try:
+        first = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    nl = first.find(b"\n")
+    first = first[: nl + 1] if nl >= 0 else first
     return hashlib.sha1(first).hexdigest()[:16] if first.endswith(b"\n") else None
 
 
 def load(journal: Path) -> Folded | None:
     """The index of ``journal`` if it can be trusted, else None."""
     try:
-        raw: Any = orjson.loads(index_path(journal).read_bytes())
+        raw: Any = orjson.loads(_read_small(index_path(journal)))
         if raw.get("version") != VERSION or raw.get("fingerprint") != _fingerprint(journal):
             return None
         offset = int(raw["offset"])
-        with open(journal, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if offset > size or (offset and os.pread(f.fileno(), 1, offset - 1) != b"\n"):
+        fd = open_for_reading(journal)
+        try:
+            size = os.fstat(fd).st_size
+            if offset > size or (offset and os.pread(fd, 1, offset - 1) != b"\n"):
                 return None
+        finally:
+            os.close(fd)
         return Folded(
             Summarizer.from_state(raw["state"]), offset, int(raw["line_no"]), int(raw["invalid"])
         )
-    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
         return None
+
+
+def _read_small(path: Path) -> bytes:
+    """A regular file's bytes, if it is small; never blocks (a FIFO there is refused)."""
+    fd = open_for_reading(path)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            raise ValueError(f"{path}: not an index")
+        return os.pread(fd, MAX_INDEX_BYTES, 0)
+    finally:
+        os.close(fd)
 
 
 def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:

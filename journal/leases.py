@@ -14,10 +14,13 @@ hosts sharing a checkpoint dir are expected to run NTP.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +28,18 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write, json_files
+from journal.inbox import RejectedFile, move_aside, read_json_object, refusal
 from journal.paths import checkpoint_root, checkpoint_step, leases_dir
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TTL_S = 60.0
+#: The longest lease: one that is never released still ends (30 days).
+MAX_TTL_S = 30 * 86400.0
+_CLOCK_SLACK_S = 86400.0  # hosts' clocks differ a little: a day more is still a lease
+#: Told about each refused lease file, with the payload of the ``control`` record that
+#: journals it (see :func:`journal.inbox.refusal`).
+OnReject = Callable[[dict[str, Any]], Any]
 _SEP = "--"
 _SUFFIX = ".json"
 
@@ -62,6 +74,17 @@ def checkpoint_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathL
     return p.name
 
 
+def check_ttl(ttl: float) -> float:
+    """``ttl`` if a lease of that many seconds ends (finite, more than 0, at most
+    :data:`MAX_TTL_S`); raises LeaseError otherwise."""
+    if not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and 0 < ttl <= MAX_TTL_S):
+        raise LeaseError(
+            f"ttl {ttl!r}: a lease lasts more than 0 and at most {MAX_TTL_S:.0f} seconds "
+            "(30 days), so that one never released still ends"
+        )
+    return float(ttl)
+
+
 def _path(ckpt_dir: str | os.PathLike[str], checkpoint: str, lease_id: str) -> Path:
     return leases_dir(ckpt_dir) / f"{checkpoint}{_SEP}{lease_id}{_SUFFIX}"
 
@@ -74,7 +97,9 @@ def acquire(
     holder: str | None = None,
     must_exist: bool = True,
 ) -> Lease:
-    """Lease a checkpoint for ``ttl`` seconds (renew to keep it); returns the lease."""
+    """Lease a checkpoint for ``ttl`` seconds (renew to keep it); returns the lease. Raises
+    LeaseError for a checkpoint not of this run, or a ttl :func:`check_ttl` refuses."""
+    ttl = check_ttl(ttl)
     name = checkpoint_name(ckpt_dir, checkpoint)
     if must_exist and not (checkpoint_root(ckpt_dir, name) / name).is_dir():
         raise LeaseError(f"{checkpoint}: no such checkpoint in {checkpoint_root(ckpt_dir, name)}")
@@ -91,7 +116,11 @@ def acquire(
 
 
 def renew(ckpt_dir: str | os.PathLike[str], lease: Lease) -> Lease:
-    """Push the expiry ``lease.ttl`` seconds from now; raises LeaseError if it is gone."""
+    """Push the expiry ``lease.ttl`` seconds from now; raises LeaseError if it is gone.
+
+    The check and the rewrite are two steps: a holder that may release the same lease from
+    another thread must not run both at once (the watcher's LeaseKeeper holds its lock
+    across a renewal, so a renewal never brings back a lease released meanwhile)."""
     path = _path(ckpt_dir, lease.checkpoint, lease.id)
     if not path.exists():
         raise LeaseError(f"lease {lease.id} is gone (expired and cleaned, or released)")
@@ -119,19 +148,35 @@ def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return json_files(leases_dir(ckpt_dir))
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
+def _lease(path: Path) -> tuple[float, dict[str, Any]]:
+    """When the lease in ``path`` ends, and the lease. Raises RejectedFile for a file that
+    is not a lease (not a regular file, over 64 KiB, malformed, no finite ``expires``) and
+    FileNotFoundError for one released meanwhile. Lease files are written by rename, so a
+    complete name always holds a complete lease."""
+    obj = read_json_object(path)
+    expires = obj.get("expires")
+    if (
+        not isinstance(expires, (int, float))
+        or isinstance(expires, bool)
+        or not math.isfinite(expires)
+    ):
+        shown = orjson.dumps(expires)[:40].decode(errors="replace")
+        raise RejectedFile(f"expires must be a Unix time, not {shown}")
+    return float(expires), obj
 
 
-def leased(ckpt_dir: str | os.PathLike[str], names: set[str], now: float | None = None) -> set[str]:
+def leased(
+    ckpt_dir: str | os.PathLike[str],
+    names: set[str],
+    now: float | None = None,
+    *,
+    on_reject: OnReject | None = None,
+) -> set[str]:
     """Which of the checkpoints ``names`` hold an unexpired lease. One directory listing
     (plain strings: rotation calls this on every save); only the leases of those checkpoints
-    are read. Expired leases found on the way are removed. An unreadable lease file counts
-    as a lease (it may be mid-rename)."""
+    are read. Expired leases found on the way are removed. A file that is not a lease (a
+    FIFO, a symlink, over 64 KiB, no finite ``expires``) holds nothing: it is moved to
+    ``leases/rejected/`` and ``on_reject`` gets the record that journals it."""
     now = time.time() if now is None else now
     d = leases_dir(ckpt_dir)
     try:
@@ -144,12 +189,19 @@ def leased(ckpt_dir: str | os.PathLike[str], names: set[str], now: float | None 
         if name not in names or name in out or not entry.endswith(_SUFFIX):
             continue
         path = d / entry
-        obj = _read(path)
-        if obj is None or not isinstance(obj.get("expires"), (int, float)):
-            if path.exists():
-                out.add(name)
+        try:
+            expires, _ = _lease(path)
+            if expires > now + MAX_TTL_S + _CLOCK_SLACK_S:  # no lease is taken for that long
+                raise RejectedFile(f"expires {expires:.0f}, beyond the 30-day limit")
+        except FileNotFoundError:
+            continue  # released meanwhile
+        except RejectedFile as exc:
+            log.warning("refusing lease file %s: %s", path, exc)
+            record = refusal(path, str(exc), move_aside(path))
+            if on_reject is not None:
+                on_reject(record)
             continue
-        if obj["expires"] > now:
+        if expires > now:
             out.add(name)
         else:
             path.unlink(missing_ok=True)
@@ -157,21 +209,24 @@ def leased(ckpt_dir: str | os.PathLike[str], names: set[str], now: float | None 
 
 
 def active(ckpt_dir: str | os.PathLike[str], now: float | None = None) -> list[Lease]:
-    """Every unexpired lease (for ``status`` and people)."""
+    """Every unexpired lease (for ``status`` and people); files that are not leases are
+    skipped (and left alone: rotation moves them aside)."""
     now = time.time() if now is None else now
     out = []
     for path in _files(ckpt_dir):
-        obj = _read(path)
-        if obj is None or not isinstance(obj.get("expires"), (int, float)):
+        try:
+            expires, obj = _lease(path)
+        except (FileNotFoundError, RejectedFile):
             continue
-        if obj["expires"] > now:
+        if expires > now:
+            ttl = obj.get("ttl")
             out.append(
                 Lease(
                     str(obj.get("id")),
                     str(obj.get("checkpoint")),
                     str(obj.get("holder")),
-                    float(obj["expires"]),
-                    float(obj.get("ttl", 0)),
+                    expires,
+                    float(ttl) if isinstance(ttl, (int, float)) else 0.0,
                 )
             )
     return sorted(out, key=lambda lease: lease.checkpoint)

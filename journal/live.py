@@ -10,15 +10,16 @@ from typing import Any
 import orjson
 
 from journal import index
-from journal.format import fmt_ts, summarize_data
+from journal.format import fmt_ts, printable, summarize_data
 from journal.query import last_records
 from journal.reader import JournalReader
 from journal.summary import STATE_EXIT_CODES, Summarizer
 
 
 def _line(rec: dict[str, Any]) -> str:
+    """One record as one line of plain text (control characters shown, not obeyed)."""
     ev = str(rec.get("event"))
-    return (
+    return printable(
         f"{fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
         f"{summarize_data(ev, rec.get('data') or {})}"
     )
@@ -43,7 +44,10 @@ def follow_journal(
         else (lambda r: print(_line(r)))
     )
     if not follow:  # the newest records only: read backwards, the cost follows N
-        for rec in last_records(path, first_n)[0] if first_n > 0 else []:
+        records, bad = last_records(path, first_n) if first_n > 0 else ([], [])
+        for offset, reason in reversed(bad):
+            print(f"warning: {path}: byte {offset}: skipped: {reason}", file=sys.stderr)
+        for rec in records:
             emit(rec)
         sys.stdout.flush()
         return 0
@@ -102,7 +106,7 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
         if s.last_val_loss is not None:
             parts.append(f"val_loss {s.last_val_loss:.4f}")
         parts.append(f"ckpt {s.last_checkpoint or '-'}")
-        return Text("  ".join(parts))
+        return Text(printable("  ".join(parts)))
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
         while not summ.ended:
@@ -113,10 +117,11 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
                 if ev == "log":
                     tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
                 if ev in _SHOWN:
-                    console.print(_line(rec))
+                    console.print(Text(_line(rec)))  # Text: never read as markup
             progress.update(task, total=summ.s.total_steps or None, completed=summ.s.last_step)
             live.update(Group(progress, status_line()))
             if not batch.records:
                 time.sleep(interval)
-    console.print(f"run ended: {summ.s.state}" + (f" ({summ.s.reason})" if summ.s.reason else ""))
+    reason = f" ({summ.s.reason})" if summ.s.reason else ""
+    console.print(Text(printable(f"run ended: {summ.s.state}{reason}")))
     return STATE_EXIT_CODES.get(summ.s.state, 1)

@@ -12,6 +12,7 @@ a clean release empties it, so a non-empty file found by a new holder means the 
 died holding it (a warning). Where ``flock`` is not shared between hosts (some network file
 systems), the run lock's holder also rewrites a heartbeat every few seconds: a lock whose
 file names another host with a fresh heartbeat counts as held even when ``flock`` says free.
+A lock file is never opened through a symlink or as a FIFO (see :mod:`journal.rundir`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -30,6 +32,7 @@ from typing import Any
 import orjson
 
 from journal.paths import lock_path, run_lock_path
+from journal.rundir import make_dir, open_no_follow
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,13 @@ class FileLock:
         return self._fd >= 0
 
     def try_acquire(self) -> bool:
-        """Take the lock if it is free; never waits."""
+        """Take the lock if it is free; never waits. Raises
+        :class:`~journal.rundir.UnsafeRunDir` for a lock file that is a symlink, not a
+        regular file, or someone else's (never followed, never written)."""
         if self.held:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        make_dir(self.path.parent)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -177,13 +182,13 @@ def _alive_elsewhere(info: dict[str, Any], now: float | None = None) -> bool:
 
 def holder(path: Path) -> dict[str, Any] | None:
     """Who holds the lock file ``path`` now (host, pid, role, since), or None when free."""
-    if not path.exists():
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # never through a symlink, never blocked by a FIFO planted in its place
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         info = _read_info(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -16,6 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from journal.lines import next_line_start, open_for_reading
+
 T = TypeVar("T")
 
 MAX_JOBS = 4  # processes that scan parts of a large journal at once
@@ -52,13 +54,15 @@ def line_starts(path: Path, size: int, jobs: int) -> list[int]:
     starts = [0]
     if jobs <= 1:
         return starts
-    with open(path, "rb") as f:
+    fd = open_for_reading(path)
+    try:
         for k in range(1, jobs):
-            f.seek(max(k * size // jobs - 1, starts[-1]))
-            f.readline()  # to just past the next newline
-            pos = f.tell()
+            # just past the next newline, found in bounded memory (a line may be huge)
+            pos = next_line_start(fd, max(k * size // jobs - 1, starts[-1]), size)
             if starts[-1] < pos < size:
                 starts.append(pos)
+    finally:
+        os.close(fd)
     return starts
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from journal.lines import LongLine, too_long_reason
 from journal.reader import JournalReader, iter_events, lines_backwards, record_problem
 from journal.reports import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 
@@ -25,7 +26,7 @@ def _match(line: bytes, needle: bytes, event: str) -> dict[str, Any] | None:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if type(obj) is dict and obj.get("event") == event and type(obj.get("seq")) is int:
+    if type(obj) is dict and obj.get("event") == event and record_problem(obj) is None:
         return obj
     return None
 
@@ -44,6 +45,9 @@ def _record_or_note(
     line: bytes, offset: int, invalid: list[tuple[int, str]]
 ) -> dict[str, Any] | None:
     """The record on a line, or None after noting why it is not one in ``invalid``."""
+    if isinstance(line, LongLine):
+        invalid.append((offset, too_long_reason(line.length)))
+        return None
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -71,6 +75,9 @@ def last_records(
     found: list[dict[str, Any]] = []
     invalid: list[tuple[int, str]] = []
     for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+        if isinstance(line, LongLine):  # unread, so it may be of any event: report it
+            _record_or_note(line, offset, invalid)
+            continue
         if not line.strip() or (needles and not any(x in line for x in needles)):
             continue
         obj = _record_or_note(line, offset, invalid)
@@ -99,12 +106,12 @@ def records_since_step(
     while True:
         jump: int | None = None
         for offset, line in lines_backwards(path, block=_BLOCK, end=end):
-            if not line.strip():
+            if not line.strip() and not isinstance(line, LongLine):
                 continue
             obj = _record_or_note(line, offset, invalid)
             if obj is None:
                 continue
-            if obj["step"] >= since:
+            if obj.get("step", 0) >= since:
                 if not events or obj.get("event") in events:
                     found.append(obj)
             elif obj.get("event") != "train_begin":  # the rest of this attempt is older

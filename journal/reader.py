@@ -3,7 +3,9 @@
 Reads complete lines from a byte offset. A final fragment without ``\\n`` is a record still
 being written: the reader stops before it and reports the offset to resume from, unless the
 caller says the file is finished (then the fragment is reported as an invalid line). Invalid
-lines are reported with their line number and skipped; reading never stops on them.
+lines (not JSON, not a record, fields of the wrong type: journal/fields.py, longer than
+:data:`~journal.lines.MAX_LINE_BYTES`) are reported with their line number and skipped;
+reading never stops on them, and costs time linear in the bytes read.
 """
 
 from __future__ import annotations
@@ -20,10 +22,21 @@ from typing import Any
 import orjson
 
 from journal.events import SCHEMA_VERSION
+from journal.fields import all_records, record_problem
+from journal.lines import (
+    MAX_LINE_BYTES,
+    SNIPPET,
+    Carry,
+    LongLine,
+    lines_backwards,
+    open_for_reading,
+    too_long_reason,
+)
+
+__all__ = ["LongLine", "lines_backwards", "record_problem"]  # re-exported: used from here
 
 CHUNK_SIZE = 4 * 1024 * 1024
-_SNIPPET = 80
-_EMPTY: dict[str, Any] = {}
+_SNIPPET = SNIPPET
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,20 +58,7 @@ class ReadBatch:
     offset: int = 0  # resume here next time (just past the last complete line)
     line_no: int = 0  # lines consumed so far (complete lines up to ``offset``)
     torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
-
-
-def record_problem(obj: Any) -> str | None:
-    """Cheap envelope check: the reason an object is not a record, or None when it is."""
-    if type(obj) is not dict:
-        return "not a JSON object"
-    seq = obj.get("seq")
-    if type(seq) is not int or seq < 0:
-        return "missing or invalid 'seq'"
-    if type(obj.get("event")) is not str:
-        return "missing or invalid 'event'"
-    if type(obj.get("data", {})) is not dict:
-        return "'data' is not an object"
-    return None
+    tail_bytes: int = 0  # how many, when ``torn_tail``
 
 
 @contextlib.contextmanager
@@ -82,11 +82,11 @@ def parse_lines(
     lines.pop()  # the empty piece after the final newline
     # Fast path: parse every line in C; fall back to line-by-line only for a chunk that has
     # a bad line, so clean journals pay no per-line Python overhead for error handling.
-    try:
-        objs = list(map(orjson.loads, lines))
-    except orjson.JSONDecodeError:
-        objs = None
-    if objs is not None and _all_records(objs):
+    objs = None
+    if len(buf) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
+        with contextlib.suppress(orjson.JSONDecodeError):  # a bad line: the slow path
+            objs = list(map(orjson.loads, lines))
+    if objs is not None and all_records(objs):
         if objs:
             _note_version(objs[0], newer_version)
             _note_version(objs[-1], newer_version)
@@ -95,21 +95,6 @@ def parse_lines(
         batch.line_no = line_no + len(lines)
         return
     _parse_slow(lines, offset, line_no, batch, newer_version)
-
-
-def _all_records(objs: list[Any]) -> bool:
-    """Whether :func:`record_problem` finds nothing in any of ``objs`` (inlined: this runs
-    for every record of every scan)."""
-    for o in objs:
-        if not (
-            type(o) is dict
-            and type(o.get("seq")) is int
-            and o["seq"] >= 0
-            and type(o.get("event")) is str
-            and type(o.get("data", _EMPTY)) is dict
-        ):
-            return False
-    return True
 
 
 def _note_version(obj: dict[str, Any], newer_version: list[int]) -> None:
@@ -128,6 +113,11 @@ def _parse_slow(
         pos += len(line) + 1
         if not line or line.isspace():
             continue
+        if len(line) > MAX_LINE_BYTES:
+            batch.invalid.append(
+                InvalidLine(line_no, start, too_long_reason(len(line)), line[:_SNIPPET])
+            )
+            continue
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -143,47 +133,6 @@ def _parse_slow(
             batch.invalid.append(InvalidLine(line_no, start, reason, line[:_SNIPPET]))
     batch.offset = pos
     batch.line_no = line_no
-
-
-def lines_backwards(
-    path: str | os.PathLike[str],
-    *,
-    block: int = 1 << 20,
-    include_tail: bool = False,
-    end: int | None = None,
-) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for each line from the end of the file (or from byte ``end``)
-    towards its start, without the newline. Text after the last newline (a torn tail) is
-    yielded only with ``include_tail``. Reads ``block`` bytes at a time, so stopping early
-    costs O(what was read), not O(file). A missing file yields nothing."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (a generator: closed by the with below)
-    except FileNotFoundError:
-        return
-    with f:
-        size = f.seek(0, os.SEEK_END)
-        end = size if end is None else min(end, size)
-        carry = b""  # the start of a line whose beginning lies in an earlier block
-        tail_pending = True  # the piece that ends at the end of the file is still ahead
-        while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            buf = f.read(end - start) + carry
-            pieces = buf.split(b"\n")
-            carry = pieces.pop(0) if start > 0 else b""
-            pos = start + len(carry) + 1 if start > 0 else 0
-            offsets = []
-            for piece in pieces:
-                offsets.append(pos)
-                pos += len(piece) + 1
-            for i in range(len(pieces) - 1, -1, -1):
-                if tail_pending:
-                    tail_pending = False
-                    if include_tail and pieces[i]:
-                        yield offsets[i], pieces[i]
-                    continue
-                yield offsets[i], pieces[i]
-            end = start
 
 
 def last_record(
@@ -207,26 +156,30 @@ def last_record(
 def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict[str, Any]]:
     """Complete records of ``events``, in file order, in bounded memory: a line is parsed
     only when it contains one of the event names (a byte test), so scanning a journal for
-    its rare records costs little more than reading it."""
+    its rare records costs little more than reading it. Lines over the limit are skipped
+    unread."""
     needles = [f'"{e}"'.encode() for e in events]
     try:
-        f = open(path, "rb")  # noqa: SIM115 (a generator: closed by the with below)
+        fd = open_for_reading(path)
     except FileNotFoundError:
         return
-    with f:
-        carry = b""
-        while chunk := f.read(CHUNK_SIZE):
-            buf = carry + chunk
-            cut = buf.rfind(b"\n") + 1
-            carry = buf[cut:]
-            for start in _lines_with(buf, cut, needles):
-                line = buf[start : buf.index(b"\n", start)]
+    try:
+        carry, pos = Carry(), 0
+        while chunk := os.pread(fd, CHUNK_SIZE, pos):
+            pos += len(chunk)
+            _, buf = carry.feed(chunk)
+            for start in _lines_with(buf, len(buf), needles):
+                stop = buf.index(b"\n", start)
+                if stop - start > MAX_LINE_BYTES:
+                    continue
                 try:
-                    obj = orjson.loads(line)
+                    obj = orjson.loads(buf[start:stop])
                 except orjson.JSONDecodeError:
                     continue
                 if type(obj) is dict and obj.get("event") in events and record_problem(obj) is None:
                     yield obj
+    finally:
+        os.close(fd)
 
 
 def _lines_with(buf: bytes, end: int, needles: list[bytes]) -> list[int]:
@@ -246,7 +199,7 @@ def end_of_complete_lines(path: str | os.PathLike[str]) -> int:
     """Byte offset just past the last ``\\n`` (0 if none or no file): where a reader that
     wants only new records starts. Reads backwards from the end, not the whole file."""
     for offset, line in lines_backwards(path, block=64 * 1024):
-        return offset + len(line) + 1
+        return offset + (line.length if isinstance(line, LongLine) else len(line)) + 1
     return 0
 
 
@@ -270,24 +223,28 @@ class JournalReader:
         self.chunk_size = chunk_size
         self.newer_versions: list[int] = []
         self._warned_version = False
+        # A torn tail over the limit, as (its offset, bytes measured, first bytes): the next
+        # read goes on measuring from there instead of reading it all again.
+        self._long_tail: tuple[int, int, bytes] | None = None
 
     def read(self, *, final: bool = False, max_bytes: int | None = None) -> ReadBatch:
         """Read complete records from the current offset and advance past them.
 
         ``final=True`` means the writer is done: a trailing fragment is reported as an
-        invalid line and consumed instead of waited for.
+        invalid line and consumed instead of waited for. A line over the limit is reported
+        as an invalid line without being loaded.
         """
         batch = ReadBatch(offset=self.offset, line_no=self.line_no)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_for_reading(self.path)
         except FileNotFoundError:
             return batch
+        carry = Carry()
         try:
             with no_cyclic_gc():
                 size = os.fstat(fd).st_size
                 limit = size if max_bytes is None else min(size, self.offset + max_bytes)
-                pos = self.offset
-                carry = b""
+                pos = self._resume_long_tail(carry, size)
                 # Past ``limit`` keep reading only until one complete line has been consumed.
                 while pos < size and (pos < limit or batch.offset == self.offset):
                     end = limit if pos < limit else size  # never past max_bytes unless stuck
@@ -295,33 +252,21 @@ class JournalReader:
                     if not chunk:
                         break
                     pos += len(chunk)
-                    buf = carry + chunk if carry else chunk
-                    cut = buf.rfind(b"\n") + 1
-                    if cut:
+                    long, buf = carry.feed(chunk)
+                    if long is not None:
+                        _skip(batch, long.length, too_long_reason(long.length), long.head)
+                    if buf:
                         parse_lines(
-                            buf[:cut],
+                            buf,
                             batch.offset,
                             batch.line_no,
                             batch,
                             newer_version=self.newer_versions,
                         )
-                    carry = buf[cut:]
         finally:
             os.close(fd)
-        if carry and pos >= size:
-            if final:
-                batch.line_no += 1
-                batch.invalid.append(
-                    InvalidLine(
-                        batch.line_no,
-                        batch.offset,
-                        "torn final line (no newline)",
-                        carry[:_SNIPPET],
-                    )
-                )
-                batch.offset += len(carry)
-            else:
-                batch.torn_tail = True
+        if carry.size and pos >= size:
+            self._torn_tail(batch, carry, pos, final=final)
         self.offset, self.line_no = batch.offset, batch.line_no
         if self.newer_versions and not self._warned_version:
             self._warned_version = True
@@ -331,6 +276,36 @@ class JournalReader:
                 stacklevel=2,
             )
         return batch
+
+    def _resume_long_tail(self, carry: Carry, size: int) -> int:
+        """Where to start reading: past what an earlier read measured of a torn tail over
+        the limit that is still where it was, else the offset."""
+        hint, self._long_tail = self._long_tail, None
+        if hint is None or hint[0] != self.offset or size < hint[1]:
+            return self.offset
+        carry.size, carry.head = hint[1] - hint[0], hint[2]
+        return hint[1]
+
+    def _torn_tail(self, batch: ReadBatch, carry: Carry, pos: int, *, final: bool) -> None:
+        """The bytes after the last newline: an invalid line once the writer is done, else
+        a record still being written (remembered, when over the limit, to read on later)."""
+        if final:
+            reason = "torn final line (no newline)"
+            if carry.too_long:
+                reason = f"{reason}, {too_long_reason(carry.size)}"
+            _skip(batch, carry.size - 1, reason, carry.head)  # -1: it has no newline
+        else:
+            batch.torn_tail, batch.tail_bytes = True, carry.size
+            if carry.too_long:
+                self._long_tail = (batch.offset, pos, carry.head)
+
+
+def _skip(batch: ReadBatch, length: int, reason: str, head: bytes) -> None:
+    """Report the ``length``-byte line at the batch's offset (and its newline) as invalid
+    and move past it."""
+    batch.line_no += 1
+    batch.invalid.append(InvalidLine(batch.line_no, batch.offset, reason, head))
+    batch.offset += length + 1
 
 
 def iter_batches(

@@ -10,6 +10,10 @@ Storage keeps the journal's single writer. A reporter writes its report as one f
 Whoever releases the lock checks the inbox once more and, if files are left, takes the lock
 again to journal them: every report file is journaled by a holder that took the lock after
 the file was written, so none is stranded. ``report`` records are then read like any other.
+
+A file that is not a valid report (see :mod:`journal.inbox` for what is read at all, and
+:func:`check_payload`) is refused: journaled once as a ``control`` record naming no command
+and moved to ``reports/rejected/``; the reports beside it are journaled as usual.
 """
 
 from __future__ import annotations
@@ -22,20 +26,57 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeGuard
+from typing import Any
 
 import orjson
 
+from journal.best import (  # noqa: F401  (re-exported: importers know them from here)
+    BEST_EVENTS,
+    BestCheckpoint,
+    BestTracker,
+    MetricGoal,
+    checkpoint_key,
+)
 from journal.files import atomic_write, json_files
+from journal.inbox import (
+    MAX_FILE_BYTES,
+    MAX_NAME_CHARS,
+    RejectedFile,
+    move_aside,
+    read_json_object,
+    refusal,
+)
 from journal.lock import JournalLock, JournalLocked
-from journal.paths import PROCESSED_DIR_NAME, checkpoint_step, reports_dir
+from journal.paths import (
+    CHECKPOINTS_DIR_NAME,
+    CONTROL_DIR_NAME,
+    LEASES_DIR_NAME,
+    LOGS_DIR_NAME,
+    PROCESSED_DIR_NAME,
+    REPORTS_DIR_NAME,
+    WATCH_DIR_NAME,
+    checkpoint_root,
+    checkpoint_step,
+    checkpoints_dir,
+    reports_dir,
+)
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 Append = Callable[[str, dict[str, Any]], Any]
+#: The run dir's own directories: never a checkpoint.
+_RUN_DIRS = frozenset(
+    {
+        CHECKPOINTS_DIR_NAME,
+        CONTROL_DIR_NAME,
+        LEASES_DIR_NAME,
+        LOGS_DIR_NAME,
+        REPORTS_DIR_NAME,
+        WATCH_DIR_NAME,
+    }
+)
 
 
 class InvalidReport(ValueError):
@@ -72,10 +113,12 @@ class Report:
         )
 
 
-def check_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     """Names like ``accuracy`` or ``judge/score``; JSON scalar values. Raises InvalidReport."""
     if not metrics:
         raise InvalidReport("a report needs at least one metric (name=value)")
+    if not isinstance(metrics, Mapping):
+        raise InvalidReport("metrics must be a JSON object of name: value")
     out = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or not _NAME.match(name):
@@ -116,116 +159,44 @@ def _scalar(raw: str) -> Any:
     return value
 
 
-# -- best checkpoint ------------------------------------------------------------------------
+# -- which checkpoint -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MetricGoal:
-    """``accuracy:max`` / ``val_loss:min``: which metric makes a checkpoint the best."""
+def run_checkpoint(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> str:
+    """The full path of a checkpoint of this run, given as a path or a bare name; raises
+    :class:`InvalidReport` for anything else.
 
-    metric: str
-    mode: Literal["max", "min"]
-
-    @classmethod
-    def parse(cls, text: str) -> MetricGoal:
-        metric, sep, mode = text.rpartition(":")
-        if not sep or not metric or mode not in ("max", "min"):
-            raise ValueError(f"{text!r}: expected METRIC:max or METRIC:min (e.g. val_loss:min)")
-        return cls(metric, "max" if mode == "max" else "min")
-
-    def __str__(self) -> str:
-        return f"{self.metric}:{self.mode}"
-
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.mode == "max" else a < b
-
-
-@dataclass
-class BestCheckpoint:
-    checkpoint_path: str
-    metric: str
-    value: float
-    step: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-#: Records that can change which checkpoint is the best.
-BEST_EVENTS = frozenset({"evaluate", "save", "report", "checkpoint_removed"})
-
-
-@dataclass
-class BestTracker:
-    """Folds journal records into the best surviving checkpoint for one goal.
-
-    Values come from ``report`` records (per checkpoint) and from ``evaluate`` records (a
-    step's validation belongs to the checkpoint saved at that step). Checkpoints journaled
-    as removed drop out.
+    A checkpoint of the run is ``step-NNNNNN`` in its ``checkpoints/`` (HF Trainer's
+    ``checkpoint-N`` in the run dir itself), or, for bridges that name theirs freely, an
+    existing directory inside the run dir. A relative path is taken from the current
+    directory. Whether it was rotated away is the journal's business: see BestTracker.
     """
-
-    goal: MetricGoal
-    _values: dict[str, tuple[float, str, int | None]] = field(default_factory=dict)
-    _pending_eval: dict[int, float] = field(default_factory=dict)
-
-    def add(self, rec: Mapping[str, Any]) -> None:
-        event, data = rec.get("event"), rec.get("data") or {}
-        if event == "report":
-            value = (data.get("metrics") or {}).get(self.goal.metric)
-            path = data.get("checkpoint_path")
-            if _is_number(value) and isinstance(path, str):
-                self._values[_key(path)] = (float(value), path, data.get("step"))
-        elif event == "evaluate":
-            value = data.get(self.goal.metric)
-            if _is_number(value):
-                self._pending_eval[int(rec.get("step", 0))] = float(value)
-        elif event == "save":
-            step = int(rec.get("step", 0))
-            path = data.get("checkpoint_path")
-            if step in self._pending_eval and isinstance(path, str):
-                self._values.setdefault(_key(path), (self._pending_eval.pop(step), path, step))
-            # validations before this save belong to no checkpoint: forget them
-            self._pending_eval = {s: v for s, v in self._pending_eval.items() if s > step}
-        elif event == "checkpoint_removed" and isinstance(data.get("checkpoint_path"), str):
-            self._values.pop(_key(data["checkpoint_path"]), None)
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "goal": str(self.goal),
-            "values": {k: list(v) for k, v in self._values.items()},
-            "pending_eval": {str(k): v for k, v in self._pending_eval.items()},
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> BestTracker:
-        tracker = cls(MetricGoal.parse(state["goal"]))
-        tracker._values = {k: (float(v[0]), str(v[1]), v[2]) for k, v in state["values"].items()}
-        tracker._pending_eval = {int(k): float(v) for k, v in state["pending_eval"].items()}
-        return tracker
-
-    def best(self) -> BestCheckpoint | None:
-        top: tuple[float, str, int | None] | None = None
-        for entry in self._values.values():
-            if top is None or self.goal.better(entry[0], top[0]):
-                top = entry
-        if top is None:
-            return None
-        return BestCheckpoint(top[1], self.goal.metric, top[0], top[2])
-
-
-def _is_number(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _key(path: str) -> str:
-    """Checkpoints are named step-NNNNNN inside one run: the name identifies them."""
-    name = Path(path).name
-    return name if checkpoint_step(name) is not None else os.path.normpath(path)
-
-
-def checkpoint_key(path: str) -> str:
-    """The identity :class:`BestTracker` uses for a checkpoint path."""
-    return _key(path)
+    run, given = Path(ckpt_dir), Path(checkpoint)
+    name = given.name
+    if checkpoint_step(name) is not None and str(given.parent) in ("", "."):
+        given = checkpoint_root(run, name) / name  # a bare name
+    where = Path(os.path.abspath(given))
+    try:  # the parent resolved: checkpoints/ may be a symlink to other storage
+        parent, real_run = where.parent.resolve(), run.resolve()
+        roots = {real_run, checkpoints_dir(run).resolve()}
+        home = checkpoint_root(run, name).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise InvalidReport(f"{checkpoint}: {exc}") from None
+    if checkpoint_step(name) is not None:
+        ok = parent == home
+    else:
+        ok = (
+            any(r == parent or r in parent.parents for r in roots)
+            and where.is_dir()
+            and not name.startswith(".")
+            and (parent != real_run or name not in _RUN_DIRS)
+        )
+    if not ok:
+        raise InvalidReport(
+            f"{checkpoint}: not a checkpoint of {ckpt_dir} "
+            f"(expected {checkpoints_dir(run)}/step-NNNNNN or its name)"
+        )
+    return str(where)
 
 
 # -- submission and ingestion ---------------------------------------------------------------
@@ -234,6 +205,7 @@ def checkpoint_key(path: str) -> str:
 def report_payload(
     report: Report, *, source: str | None, delivery_id: str | None
 ) -> dict[str, Any]:
+    """The JSON object of a report file (and of its ``report`` record)."""
     return {
         "id": f"{time.time_ns():x}-{uuid.uuid4().hex[:8]}",
         "checkpoint_path": report.checkpoint_path,
@@ -252,11 +224,23 @@ def submit_report(
     source: str | None = None,
     delivery_id: str | None = None,
 ) -> str:
-    """Hand a report to the journal (see the module docstring); returns its id."""
+    """Hand a report to the journal (see the module docstring); returns its id.
+
+    Raises :class:`InvalidReport` when its checkpoint is not one of this run or when it is
+    too large for the inbox (64 KiB: fewer or shorter metrics); nothing is written then.
+    """
     payload = report_payload(report, source=source, delivery_id=delivery_id)
+    if report.checkpoint_path is not None:
+        payload["checkpoint_path"] = run_checkpoint(ckpt_dir, report.checkpoint_path)
+    body = orjson.dumps(payload)
+    if len(body) > MAX_FILE_BYTES:
+        raise InvalidReport(
+            f"report too large: {len(body)} bytes, over the {MAX_FILE_BYTES // 1024} KiB "
+            "limit (fewer or shorter metrics)"
+        )
     inbox = reports_dir(ckpt_dir)
     inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-    atomic_write(inbox / f"{payload['id']}.json", orjson.dumps(payload))
+    atomic_write(inbox / f"{payload['id']}.json", body)
     drain(ckpt_dir, role="report")
     return str(payload["id"])
 
@@ -266,27 +250,76 @@ def pending(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return json_files(reports_dir(ckpt_dir))
 
 
-def ingest(ckpt_dir: str | os.PathLike[str], append: Append) -> int:
+def check_payload(ckpt_dir: str | os.PathLike[str], obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``report`` record payload of a report file's object, with exactly the documented
+    fields (others are dropped); raises :class:`InvalidReport` naming the first bad one."""
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_NAME_CHARS:
+        raise InvalidReport(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
+    metrics = check_metrics(obj.get("metrics"))
+    step = obj.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise InvalidReport("step must be a non-negative integer or null")
+    reported_at = obj.get("reported_at")
+    if (
+        not isinstance(reported_at, (int, float))
+        or isinstance(reported_at, bool)
+        or not math.isfinite(reported_at)
+    ):
+        raise InvalidReport("reported_at must be a Unix time (a number)")
+    out: dict[str, Any] = {"id": rid, "checkpoint_path": None, "step": step, "metrics": metrics}
+    checkpoint = obj.get("checkpoint_path")
+    if checkpoint is not None:
+        if not isinstance(checkpoint, str):
+            raise InvalidReport("checkpoint_path must be a string or null")
+        out["checkpoint_path"] = run_checkpoint(ckpt_dir, checkpoint)
+    for key in ("source", "delivery_id"):
+        value = obj.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_NAME_CHARS):
+            raise InvalidReport(f"{key} must be a string of at most {MAX_NAME_CHARS} characters")
+        out[key] = value
+    out["reported_at"] = float(reported_at)
+    return out
+
+
+def ingest(
+    ckpt_dir: str | os.PathLike[str], append: Append, handled: set[str] | None = None
+) -> int:
     """Journal every pending report through ``append`` (the caller holds the journal lock)
-    and archive its file; returns how many were journaled."""
+    and archive its file; returns how many were journaled.
+
+    A file that is not a valid report (not a regular file, over 64 KiB, malformed, for a
+    checkpoint of another run) is refused: journaled once as a ``control`` record naming no
+    command, and moved to ``reports/rejected/``. ``handled`` (names already journaled by
+    this process, that could not be moved) keeps such a file from being journaled again.
+    """
     done = 0
+    handled = set() if handled is None else handled
     processed = reports_dir(ckpt_dir) / PROCESSED_DIR_NAME
     for path in pending(ckpt_dir):
+        if path.name in handled:
+            continue
+        source: Any = None
         try:
-            payload = orjson.loads(path.read_bytes())
-            if not isinstance(payload, dict):
-                raise ValueError("not a JSON object")
-            check_metrics(payload.get("metrics") or {})
-        except (OSError, ValueError) as exc:
-            log.warning("skipping report file %s: %s", path, exc)
-            payload = None
-        if payload is not None:
-            append("report", payload)
-            done += 1
-        processed.mkdir(mode=0o750, exist_ok=True)
+            obj = read_json_object(path)
+            source = obj.get("source")
+            payload = check_payload(ckpt_dir, obj)
+        except FileNotFoundError:
+            continue  # taken by another holder of the lock meanwhile
+        except (RejectedFile, InvalidReport) as exc:
+            log.warning("refusing report file %s: %s", path, exc)
+            moved = move_aside(path)
+            if moved is None:
+                handled.add(path.name)
+            append("control", refusal(path, str(exc), moved, source))
+            continue
+        append("report", payload)
+        done += 1
         try:
+            processed.mkdir(mode=0o750, exist_ok=True)
             os.replace(path, processed / path.name)
         except OSError as exc:
+            handled.add(path.name)
             log.warning("cannot archive %s: %s", path, exc)
     return done
 
@@ -296,8 +329,9 @@ def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> N
     file and after releasing the lock. When the lock is busy its holder journals them."""
     from journal.writer import JournalWriter  # the writer imports nothing from here
 
+    handled: set[str] = set()
     for _ in range(rounds):
-        if not pending(ckpt_dir):
+        if not [p for p in pending(ckpt_dir) if p.name not in handled]:
             return
         lock = JournalLock(ckpt_dir, role=role)
         try:
@@ -308,6 +342,6 @@ def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> N
             return
         try:
             with JournalWriter(ckpt_dir, join=True) as w:
-                ingest(ckpt_dir, w.append_at_last_position)
+                ingest(ckpt_dir, w.append_at_last_position, handled)
         finally:
             lock.release()

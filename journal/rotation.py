@@ -70,7 +70,11 @@ def rotate(
     candidates = [p for p in found[:-keep_last_n] if p.name not in keep]
     if not candidates:
         return []
-    held = leases.leased(ckpt_dir, {p.name for p in candidates})
+
+    def refused(rec: dict[str, Any]) -> None:  # a bad lease file: journaled, moved aside
+        emit("control", rec)
+
+    held = leases.leased(ckpt_dir, {p.name for p in candidates}, on_reject=refused)
     removed = []
     for path in candidates:
         if path.name in held:
@@ -78,7 +82,7 @@ def rotate(
             continue
         aside = path.with_name(REMOVING_PREFIX + path.name)
         os.rename(path, aside)
-        if leases.leased(ckpt_dir, {path.name}):  # leased after the first look: it stays
+        if leases.leased(ckpt_dir, {path.name}, on_reject=refused):  # leased since: it stays
             os.rename(aside, path)
             continue
         emit("checkpoint_removed", {"checkpoint_path": str(path), "reason": _why(keep_last_n)})

@@ -143,6 +143,11 @@ class JournalGapData(_Open):
     first_seq: int
     last_seq: int
     error: str
+    cause: str | None = Field(
+        default=None,
+        description="absent after I/O errors; journal_deleted or journal_replaced: the file was "
+        "deleted or replaced during the run and this record starts the new one",
+    )
 
 
 PAYLOAD_MODELS: dict[str, type[_Open]] = {

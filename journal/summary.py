@@ -19,6 +19,7 @@ STATE_EXIT_CODES: dict[str, int] = {
     "failed": 1,
     # 2 is reserved for usage errors (click's convention).
     "running": 3,
+    "starting": 3,  # the launcher holds the directory, no record yet: running soon
     "stopped": 4,
     "interrupted": 5,
     "stale": 6,
@@ -61,13 +62,13 @@ class RunSummary:
 
 def _pid_gone(hostname: str | None, pid: int | None) -> bool:
     """True only when we can tell for sure: same host and no such process."""
-    if not hostname or not pid or hostname != socket.gethostname():
+    if not hostname or not pid or pid < 0 or hostname != socket.gethostname():
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except (PermissionError, OverflowError):  # not ours, or no pid at all
         return False
     return False
 
@@ -249,8 +250,8 @@ class JournalStats:
                 self.phases["step"].total_s += t
                 self.log_time_s += t
                 bm = data.get("batch_metrics") or {}
-                self.tokens += int(bm.get("total_length") or 0)
-                self.samples += int(bm.get("total_samples") or 0)
+                self.tokens += _count(bm.get("total_length"))
+                self.samples += _count(bm.get("total_samples"))
         else:
             d = data.get("duration")
             if isinstance(d, (int, float)):
@@ -273,6 +274,11 @@ class JournalStats:
             "tokens_per_s": self.tokens / self.log_time_s if self.log_time_s else None,
             "samples_per_s": self.samples / self.log_time_s if self.log_time_s else None,
         }
+
+
+def _count(v: Any) -> int:
+    """A count from a record: numbers only (bridges may write anything there)."""
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 
 def scan_stats(path: Path, start: int = 0, end: int | None = None) -> tuple[JournalStats, int]:

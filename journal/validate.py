@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.events import SCHEMA_VERSION
+from journal.lines import MAX_LINE_BYTES, too_long_reason
 from journal.parallel import SCAN_BYTES, map_ranges
 from journal.reader import iter_batches, no_cyclic_gc
 
@@ -165,6 +166,7 @@ class _Part:
     top_seq: int | None = None  # the highest seq
     first_version: Any = None
     torn_tail: bool = False
+    tail_bytes: int = 0
 
 
 _SCHEMA: BatchValidator | None = None  # built once per process (forked workers inherit it)
@@ -183,7 +185,7 @@ def _scan(path: Path, start: int, end: int | None) -> _Part:
     part = _Part()
     with no_cyclic_gc():
         for batch in iter_batches(path, final=False, start=start, end=end, max_bytes=SCAN_BYTES):
-            part.torn_tail = batch.torn_tail
+            part.torn_tail, part.tail_bytes = batch.torn_tail, batch.tail_bytes
             part.lines = batch.line_no
             for line in batch.invalid:
                 part.invalid.append((line.line_no, line.reason))
@@ -263,7 +265,10 @@ def _merge(parts: list[_Part]) -> ValidationReport:
         explained += part.explained
         if part.torn_tail:
             line = lines_before + part.lines + 1
-            report.warnings.append(f"line {line}: torn final line (writer still appending?)")
+            if part.tail_bytes > MAX_LINE_BYTES:  # no record is that long: not one being written
+                note([f"line {line}: torn final line, {too_long_reason(part.tail_bytes)}"], 1)
+            else:
+                report.warnings.append(f"line {line}: torn final line (writer still appending?)")
         lines_before += part.lines
     for part in parts:
         note(part.schema.items, part.schema.count)

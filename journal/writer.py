@@ -3,6 +3,10 @@
 One ``os.write`` of one orjson-encoded line per record on an ``O_APPEND`` descriptor: a record
 is either wholly in the file or (after a crash mid-write) a torn final fragment that readers
 skip. Only durable events are fsynced, so the hot path costs about one syscall.
+
+The journal is opened without following a symlink, in a directory only its owner can write
+(:mod:`journal.rundir`). A journal deleted or replaced during the run is noticed and started
+again (:mod:`journal.recreate`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from journal import index
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.paths import JOURNAL_NAME, RESERVE_NAME
 from journal.reader import last_record
+from journal.recreate import OPEN_FLAGS, RecreatesJournal, first_seq, identity
+from journal.rundir import check_run_dir, make_dir, open_no_follow
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ def _ends_clean(path: Path) -> bool:
         return size == 0 or os.pread(f.fileno(), 1, size - 1) == b"\n"
 
 
-class JournalWriter:
+class JournalWriter(RecreatesJournal):
     """Append lifecycle records to ``<ckpt_dir>/journal.jsonl``.
 
     Args:
@@ -73,6 +79,10 @@ class JournalWriter:
             fills up, it is released so the last records (``train_end``) still land. Any
             writer releases a reserve it finds (one a killed trainer left, too).
 
+    Raises :class:`~journal.rundir.UnsafeRunDir` when the journal is a symlink, not a
+    regular file (a character device such as ``/dev/null`` is accepted), or someone else's,
+    or its directory could be steered by someone else.
+
     Not thread-safe: one writer per file, in one thread (rank 0 of the trainer).
     """
 
@@ -92,7 +102,8 @@ class JournalWriter:
         p = Path(path)
         is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
         self.path = p if is_file else p / JOURNAL_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path.parent)
+        check_run_dir(self.path.parent)
         self.on_error = on_error
         self.keep_index = keep_index
         self.durable_events = durable_events
@@ -100,22 +111,32 @@ class JournalWriter:
         self._gap: tuple[int, int, str] | None = None  # first seq, last seq, error text
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        self._mode = mode
+        self._fd = open_no_follow(self.path, OPEN_FLAGS, mode, devices=True)
+        self._ident = identity(self._fd)
+        self._next_check = 0.0
+        self._reopen_failed = False
         self._reserve = self.path.with_name(RESERVE_NAME)
         self._own_reserve = False
         self._make_reserve(reserve_bytes)
         self._init_from_tail(resume, join, run_id)
+        self._first_seq = first_seq(self.path, self.seq)
+
+    def _adopt_tail(self) -> dict[str, Any] | None:
+        """The file's last record; a torn final fragment (a crash mid-write) is terminated
+        so readers skip it as one bad line."""
+        last = last_record(self.path, include_tail=True)
+        if not _ends_clean(self.path):
+            self._write_bytes(b"\n")
+        return last
 
     def _init_from_tail(self, resume: bool, join: bool, run_id: str | None) -> None:
-        last = last_record(self.path, include_tail=True)
+        last = self._adopt_tail()
         # The envelope position of the last record (for records written out of band).
         self._last_position = tuple(
             v if last and isinstance(v := last.get(k), int) else 0
             for k in ("step", "epoch", "samples_seen")
         )
-        if not _ends_clean(self.path):
-            # A crash left a torn fragment: terminate it so readers skip it as one bad line.
-            self._write_bytes(b"\n")
         self.seq = last["seq"] + 1 if last else 0
         if (resume or join) and last and isinstance(last.get("run_id"), str):
             self.run_id = run_id or last["run_id"]
@@ -145,11 +166,14 @@ class JournalWriter:
         five; ``data`` must not be mutated after a deferred append. Durable events are never
         deferred.
         """
+        now = time.time()
+        if ts is None:
+            ts = now
+        durable = event in self.durable_events
+        if durable or (not defer and now >= self._next_check):
+            self._check_path(now, step, epoch, samples_seen)
         seq = self.seq
         self.seq = seq + 1
-        if ts is None:
-            ts = time.time()
-        durable = event in self.durable_events
         if not self._pending and not defer and self._gap is None and not self._torn:
             # Fast path (nothing pending, no earlier failure): one dumps, one write.
             line = self._encode(seq, ts, event, step, epoch, samples_seen, data)

@@ -98,3 +98,39 @@ def test_a_stop_command_reaches_the_loop_through_poll_control(tmp_path: Path) ->
     end = recs[-1]
     assert end["data"]["status"] == "stopped"
     assert end["step"] == control[0]["data"]["applied_at_step"]
+
+
+def test_two_ranks_in_the_docs_shape_journal_once_and_stop_together(tmp_path: Path) -> None:
+    """docs/integrations.md's loop as written (the tracker made before ``Accelerator()``,
+    no ``cpu=True``) under torchrun with 2 CPU ranks: Accelerate then calls every rank its
+    main process; the journal still has one writer (rank 0 of the process group), and a
+    stop sent by rank 0 ends both ranks at the same step."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        LOOP.replace(
+            "Accelerator(cpu=True, log_with=journal)", "Accelerator(log_with=journal)"
+        ).replace(
+            "if step == stop_at:", "if step == stop_at and torch.distributed.get_rank() == 0:"
+        )
+    )
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+            *(str(script), str(run), "100000", "3"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stops = [line for line in proc.stdout.splitlines() if line.startswith("stopped at")]
+    assert len(stops) == 2 and stops[0] == stops[1] and stops[0].endswith(" stop"), stops
+    recs = records(run)
+    assert [r["event"] for r in recs].count("train_begin") == 1
+    assert cli("ilab-journal", "validate", str(run)).returncode == 0
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
+    assert f"stopped at {end['step']} stop" == stops[0]

@@ -12,7 +12,7 @@ import pytest
 from journal import Control, JournalWriter
 from tests.conftest import cli
 from watcher.builtins import DivergenceDetector, EarlyStopping, parse_builtin
-from watcher.callbacks import CallbackSpecError, Event
+from watcher.callbacks import CallbackSpecError, Event, hooked_methods
 
 
 def ev(name: str, step: int, run_id: str = "r1", **data: Any) -> Event:
@@ -173,3 +173,77 @@ def test_early_stopping_on_a_metric_that_never_appears_warns_once(ckpt: Path) ->
     assert proc.returncode == 0, proc.stderr
     warning = "'val_acc' is not in evaluate records (they have: duration, val_loss, val_num_tokens)"
     assert proc.stderr.count(warning) == 1, proc.stderr
+
+
+# -- a metric the run's configuration never produces (issue 18, item 15) -------------------
+
+
+def begin(config: dict[str, Any], run_id: str = "r1") -> dict[str, Any]:
+    return {"event": "train_begin", "seq": 0, "run_id": run_id, "data": {"config": config}}
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"data_path": "t.jsonl", "val_data_path": None, "eval_every": None}, "no validation"),
+        ({"data_path": "t.jsonl", "val_data_path": None, "eval_every": 50}, "no validation"),
+        ({"demo": True, "val_data_path": None, "eval_every": None}, "no eval_every"),
+        ({"val_data_path": "v.jsonl", "eval_every": None}, "no eval_every"),
+        ({"val_data_path": "v.jsonl", "eval_every": 50}, None),
+        ({"demo": True, "val_data_path": None, "eval_every": 50}, None),
+        # A bridge's train_begin (HF Trainer's arguments): not ilab-train's settings.
+        ({"output_dir": "out", "eval_strategy": "steps", "eval_steps": 50}, None),
+    ],
+)
+def test_early_stopping_on_val_loss_warns_when_the_run_does_not_evaluate(
+    caplog: pytest.LogCaptureFixture, config: dict[str, Any], says: str | None
+) -> None:
+    cb = EarlyStopping(metric="val_loss")
+    rec = begin(config)
+    event = Event.from_record(rec, "/ck", "d0")
+    with caplog.at_level("WARNING", logger="watcher"):
+        assert cb.on_train_begin(event, **rec["data"]) is None
+        cb.on_train_begin(event, **rec["data"])  # a second look at the same run: no repeat
+    warnings = [r.getMessage() for r in caplog.records]
+    if says is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and says in warnings[0] and "val_loss" in warnings[0]
+
+
+def test_a_watcher_started_after_train_begin_warns_from_history(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cb = EarlyStopping(metric="val_loss")
+    with caplog.at_level("WARNING", logger="watcher"):
+        cb.restore_state(
+            [
+                begin({"val_data_path": None, "eval_every": None}, "old"),
+                begin({"demo": True, "val_data_path": None, "eval_every": None}, "new"),
+            ]
+        )
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "no eval_every" in warning  # the newest run's configuration counts
+
+
+def test_metrics_from_log_or_report_records_do_not_look_at_the_config() -> None:
+    assert set(hooked_methods(EarlyStopping(metric="val_loss"))) == {"train_begin", "evaluate"}
+    assert set(hooked_methods(EarlyStopping(metric="accuracy", mode="max"))) == {"report"}
+    assert set(hooked_methods(DivergenceDetector())) == {"log"}
+
+
+def test_ilab_watch_early_stopping_warns_once_at_start_for_a_run_without_evaluation(
+    ckpt: Path,
+) -> None:
+    with JournalWriter(ckpt) as w:  # ilab-train's settings: no validation data, no eval_every
+        config = {"data_path": "train.jsonl", "val_data_path": None, "eval_every": None}
+        w.append("train_begin", {"config": config})
+        w.append("train_end", {"status": "completed"})
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--early-stopping", "metric=val_loss")
+    assert proc.returncode == 0, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if "val_loss" in x]
+    assert len(lines) == 1 and "no validation data" in lines[0], proc.stderr
+    # Reading train_begin adds a hook, not a new default cursor name: a watcher restarted
+    # after an upgrade finds the cursor it saved before (else it would deliver everything
+    # again).
+    assert "cursor 'evaluate-watcher-builtins-EarlySt-6b81a17d'" in proc.stderr

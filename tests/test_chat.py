@@ -179,7 +179,7 @@ def test_rows_over_max_seq_len_are_dropped_and_counted(
         tokenize_chat_file(write_rows(tmp_path / "long.jsonl", [long, long]), tok, 64, False)
 
 
-def test_bad_chat_row_in_a_run_is_one_error_and_train_end_failed(
+def test_a_bad_chat_row_is_one_line_before_any_worker_starts(
     tmp_path: Path, tiny_smol: Path
 ) -> None:
     rows = [conversation(i) for i in range(8)]
@@ -187,11 +187,11 @@ def test_bad_chat_row_in_a_run_is_one_error_and_train_end_failed(
     data = write_rows(tmp_path / "chat.jsonl", rows)
     ckpt = tmp_path / "run"
     proc = chat_train(ckpt, tiny_smol, data, "--max-steps", "1")
-    assert proc.returncode == 1
+    # found by the launcher's data check, before any worker starts: a usage error
+    assert proc.returncode == 2
     assert f"{data}:5: no assistant message" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    end = records(ckpt)[-1]
-    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    assert not (ckpt / "journal.jsonl").exists()
 
 
 @pytest.mark.slow

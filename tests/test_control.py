@@ -103,7 +103,11 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
             assert rec["data"]["accepted"] is False and why in rec["data"]["reason"]
         # A control dir others can write is refused (once), then works again after chmod.
         cdir.chmod(0o777)
-        cid = send(ckpt, "save")
+        refused = cli("ilab-journal", "control", "save", str(ckpt))
+        assert refused.returncode == 2 and "writable by its group and others" in refused.stderr
+        cid = "unsafe-save"  # what another user could still drop there by hand
+        (cdir / f".{cid}.tmp").write_text(json.dumps({"command": "save"}))
+        os.rename(cdir / f".{cid}.tmp", cdir / f"{cid}.json")
         wait_for(
             lambda: any(
                 r["event"] == "control"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tests.conftest import (
     train,
     train_env,
 )
-from trainer.config import TrainingArgs
+from trainer.config import TrainingArgs, WorkerConfig
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -128,14 +129,31 @@ def test_max_seq_len_caps_hf_samples(tmp_path: Path) -> None:
 
 
 def test_token_id_outside_the_vocabulary_is_one_error_on_every_rank(tmp_path: Path) -> None:
+    """The launcher refuses it before launch (test_train_cli); the workers check again
+    against the loaded model (a launcher that could not read the config, workers started
+    by other means): one error on every rank, train_end failed, no hang in a collective."""
     model = tiny_llama(tmp_path / "llama")
     data = token_rows(tmp_path / "train.jsonl", 8, 20, bad_line=3)
     ckpt = tmp_path / "run"
-    proc = hf_train(ckpt, model, data, "--max-steps", "2", timeout=120)  # a hang fails here
-    assert proc.returncode == 1
     message = f"{data}:3: token id {VOCAB + 7} >= vocabulary size {VOCAB}"
-    assert message in proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
+    proc = hf_train(ckpt, model, data, "--max-steps", "2", timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"ilab-train: {message}"
+    args = TrainingArgs(
+        ckpt_dir=ckpt, model_path=model, data_path=data, max_steps=2, effective_batch_size=4
+    )
+    cfg = tmp_path / "worker.json"
+    cfg.write_text(WorkerConfig(args=args).model_dump_json())
+    workers = subprocess.run(  # torchrun itself, no launcher; a hang fails at the timeout
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+            *("-m", "trainer.worker", str(cfg)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=train_env(),
+    )
+    assert workers.returncode != 0
     for rank in (0, 1):
         assert message in (ckpt / "logs" / f"rank-{rank}.log").read_text()
     end = records(ckpt)[-1]

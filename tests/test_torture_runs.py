@@ -17,7 +17,18 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, cli, kill_tree, records, train, train_argv, train_env, write_run
+from tests.conftest import (
+    BIN,
+    cli,
+    kill_tree,
+    max_step,
+    records,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+    write_run,
+)
 from tests.test_single_writer import relaunch_after_killing_the_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
@@ -129,4 +140,87 @@ def test_watcher_killed_20_times_mid_delivery(ckpt: Path, tmp_path: Path, reliab
         deliveries=len(finished),
         lost=0,
         runs_started=started,
+    )
+
+
+def plant_hostile(ckpt: Path, tag: str, first_lease_step: int) -> dict[str, list[str]]:
+    """In each inbox: a FIFO, a symlink to /dev/zero, a 256 MiB sparse file and a malformed
+    payload (leases: one per checkpoint rotation will look at). Returns the names per dir."""
+    from tests.test_inbox import plant
+
+    names: dict[str, list[str]] = {"control": [], "reports": [], "leases": []}
+    malformed = {
+        "control": b'{"command": ["stop"]}',
+        "reports": b'{"id": "e", "metrics": [1]}',
+        "leases": b'{"id": "x", "checkpoint": "step-000002", "expires": null}',
+    }
+    kinds = ("fifo", "zero", "sparse", "malformed")
+    for inbox in names:
+        for i, kind in enumerate(kinds):
+            if inbox == "leases":  # checkpoints saved (every 2 steps) and rotated after this
+                name = f"step-{first_lease_step + 2 * i:06d}--{tag}-{kind}.json"
+            else:
+                name = f"{tag}-{kind}.json"
+            if kind == "zero":
+                (ckpt / inbox).mkdir(mode=0o750, parents=True, exist_ok=True)
+                (ckpt / inbox / name).symlink_to("/dev/zero")
+            else:
+                plant(
+                    ckpt / inbox,
+                    name,
+                    "file" if kind == "malformed" else kind,
+                    malformed[inbox],
+                    ckpt,
+                )
+            names[inbox].append(name)
+    return names
+
+
+def test_hostile_files_in_every_inbox_during_a_run(tmp_path: Path, reliability: Any) -> None:
+    """FIFOs, symlinks to /dev/zero, 256 MiB files and malformed payloads in control/,
+    reports/ and leases/, before the launch and while training: the run completes at its
+    planned step, rotation is not held up by any of them, every one is moved aside, each
+    command and report file is journaled once, and `ilab-journal report` keeps working."""
+    ckpt = tmp_path / "run"
+    ckpt.mkdir(mode=0o750)
+    early = plant_hostile(ckpt, "early", first_lease_step=2)
+    args = ("--max-steps", "16", "--save-every", "2", "--keep-last-n", "1")
+    job = subprocess.Popen(
+        train_argv(ckpt, *args),
+        env=train_env(step_delay=0.2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: max_step(ckpt) >= 3, what="step 3")
+        late = plant_hostile(ckpt, "late", first_lease_step=8)
+        _, err = job.communicate(timeout=400)
+    finally:
+        kill_tree(job.pid)
+    assert job.returncode == 0, err[-3000:]
+    recs = records(ckpt)
+    assert recs[-1]["data"]["status"] == "completed" and recs[-1]["step"] == 16
+    assert sorted(p.name for p in (ckpt / "checkpoints").iterdir()) == ["step-000016"]
+    refused = [r["data"] for r in recs if r["event"] == "control" and not r["data"]["accepted"]]
+    for inbox in ("control", "reports", "leases"):
+        names = early[inbox] + late[inbox]
+        assert sorted(os.listdir(ckpt / inbox / "rejected")) == sorted(names), inbox
+        if inbox == "leases":
+            continue  # rotation refuses them without journaling (see journal.leases.leased)
+        for name in names:
+            if inbox == "control":  # a command file's refusal carries its id (the stem)
+                hits = [d for d in refused if d["id"] == name.removesuffix(".json")]
+            else:
+                hits = [d for d in refused if f"reports/{name}" in d["reason"]]
+            assert len(hits) == 1, (inbox, name, hits)
+    (ckpt / "reports" / "after.json").write_bytes(b'{"id": "a", "metrics": "x"}')
+    proc = cli("ilab-journal", "report", str(ckpt), "--step", "16", "accuracy=0.5")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (ckpt / "reports" / "rejected" / "after.json").exists()
+    reliability(
+        "FIFO, symlink to /dev/zero, 256 MiB, malformed in control/ reports/ leases/",
+        files=sum(len(v) for v in (*early.values(), *late.values())),
+        refused=len(refused),
+        ended="completed at step 16",
     )

@@ -84,3 +84,76 @@ def test_a_failure_while_setting_up_the_worker_is_journaled(tmp_path: Path) -> N
     end = records(ckpt)[-1]
     assert end["event"] == "train_end" and end["data"]["status"] == "failed"
     assert "needs CUDA" in end["data"]["reason"]
+
+
+BAD_DATA = {
+    "empty": ("", "{path}: no samples"),
+    "bad_json": ('{"input_ids": [1, 2]}\n{"input_ids": [1,\n', "{path}:2: not valid JSON"),
+    "not_a_list": ('{"input_ids": "1 2 3"}\n', "{path}:1: 'input_ids' must be a non-empty list"),
+    "vocabulary": ('{"input_ids": [1, 2, 258]}\n', "{path}:1: token id 258 >= vocabulary size 258"),
+    "chat_role": (
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}\n',
+        "{path}:1: message 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATA)
+def test_bad_data_is_one_line_before_any_worker_starts(tmp_path: Path, case: str) -> None:
+    """The launcher checks every row with the workers' own checks: one line naming
+    file:line, exit 2, nothing launched (no torchrun traceback, no run dir)."""
+    text, message = BAD_DATA[case]
+    data = tmp_path / "train.jsonl"
+    data.write_text(text)
+    model = tmp_path / "model"  # the chat check needs a model with a tokenizer, not its files
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 512}')
+    extra = ["--model-path", str(model)] if case == "chat_role" else []
+    run = tmp_path / "run"
+    proc = cli("ilab-train", "--data", str(data), "--ckpt-dir", str(run), *extra, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("ilab-train: " + message.format(path=data)), line
+    assert not run.exists()
+
+
+def test_a_failure_inside_the_workers_reaches_the_console_as_one_line(tmp_path: Path) -> None:
+    """A mistake only the workers can find (here a micro-batch budget below the longest
+    sample): each rank's one line and the launcher's, no traceback or torchrun report on
+    the console; the launch log keeps them."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]}\n' * 70)
+    run = tmp_path / "run"
+    argv = ["--data", str(data), "--ckpt-dir", str(run), "--nproc-per-node", "2"]
+    proc = cli("ilab-train", *argv, "--max-batch-len", "8", timeout=240, env=train_env())
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert (
+        "Traceback" not in console and "ChildFailedError" not in console and "=====" not in console
+    )
+    why = "max_batch_len 8 is shorter than the longest sample (12 tokens)"
+    assert f"[rank0] data error: {why}" in proc.stdout
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"ilab-train: training failed: DataError: {why}")
+    )
+    [log] = (run / "logs").glob("launch-*.log")
+    assert "ChildFailedError" in log.read_text()  # the whole story stays in the log
+
+
+def test_settings_that_do_less_than_they_say_warn_at_start(tmp_path: Path) -> None:
+    from trainer.data_check import DataSummary, start_warnings
+
+    args = TrainingArgs(ckpt_dir=tmp_path, demo=True, max_steps=200)
+    [line] = start_warnings(args, DataSummary(6000, chat=False))
+    assert line == (
+        "--max-steps 200 is more than 1 epoch(s) of 93 steps (6000 samples / batch size 64): "
+        "training ends at step 93 (raise --num-epochs to train longer)"
+    )
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input_ids": [1, 2]}\n')
+    args = TrainingArgs(ckpt_dir=tmp_path, data_path=data, eval_every=5, effective_batch_size=1)
+    [line] = start_warnings(args, DataSummary(1, chat=False))
+    assert line.startswith("--eval-every 5 has no validation data to evaluate")
+    assert start_warnings(args.model_copy(update={"eval_every": None}), DataSummary(1, False)) == []

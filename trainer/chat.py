@@ -34,8 +34,7 @@ from typing import Any
 
 import orjson
 
-from trainer.data import DataError
-from trainer.fused_loss import IGNORE_INDEX
+from trainer.rows import IGNORE_INDEX, DataError
 
 ROLES = ("system", "user", "assistant")
 CACHE_DIR = "data_cache"

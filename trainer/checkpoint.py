@@ -2,11 +2,12 @@
 
 Layout of ``<ckpt_dir>/checkpoints/step-000040/``::
 
-    full_state/   DCP shards of model + optimizer, scheduler.pt, rng_rank<r>.pt, trainer_state.json
+    full_state/   DCP shards of model + optimizer, scheduler.json, rng_rank<r>.pt, trainer_state.json
     hf/           model.safetensors + config.json (load without torchrun: trainer.model.load_consolidated)
 
 Everything is written under ``.tmp-step-000040`` and renamed by rank 0 after a barrier, so a
-``step-*`` directory that exists is complete on every rank.
+``step-*`` directory that exists is complete on every rank. Loading runs no code from the
+files: JSON, tensors and plain data only (:mod:`trainer.checkpoint_files`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from torch.distributed.checkpoint.state_dict import (
 
 from journal.files import fsync_dir
 from journal.paths import checkpoints_dir, step_dir_name
+from journal.rundir import make_dir
+from trainer.checkpoint_files import (
+    SafeLoadPlanner,
+    SafeReader,
+    read_rng_state,
+    read_scheduler_state,
+    write_scheduler_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,7 @@ def save_checkpoint(
     name = step_dir_name(state.step)
     tmp, final = root / f".tmp-{name}", root / name
     if rank == 0:
+        make_dir(root)  # writable by us alone, whatever the umask: resume loads from it
         for stale in root.glob(".tmp-step-*"):  # left by a crash or a full disk
             shutil.rmtree(stale, ignore_errors=True)
         (tmp / "full_state").mkdir(parents=True)
@@ -82,7 +92,7 @@ def save_checkpoint(
             write_consolidated(tmp / "hf", full)
         kinds.append("hf")
     if rank == 0:
-        torch.save(scheduler.state_dict(), tmp / "full_state" / "scheduler.pt")
+        write_scheduler_state(tmp / "full_state", scheduler.state_dict())
         (tmp / "full_state" / "trainer_state.json").write_text(json.dumps(asdict(state)))
     dist.barrier()  # every rank's shards and RNG files are on disk
     if rank == 0:
@@ -96,18 +106,26 @@ def save_checkpoint(
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> TrainerState:
-    """Collective: restore model, optimizer, scheduler and this rank's RNG from ``path``."""
+    """Collective: restore model, optimizer, scheduler and this rank's RNG from ``path``.
+    Raises :class:`~trainer.checkpoint_files.CheckpointError` for a file that holds more than tensors and data."""
     full = path / "full_state"
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(full))
+    reader, planner = SafeReader(full), SafeLoadPlanner(full)
+    try:
+        dcp.load(state, storage_reader=reader, planner=planner)
+    except Exception:
+        refused = reader.refused or planner.refused  # DCP wraps it in its own exception
+        if refused is not None:
+            raise refused from None
+        raise
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
-    scheduler.load_state_dict(torch.load(full / "scheduler.pt", weights_only=False))
+    scheduler.load_state_dict(read_scheduler_state(full))
     rng_file = full / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.exists():  # absent when resuming on a different world size
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(read_rng_state(rng_file))
     return TrainerState(**json.loads((full / "trainer_state.json").read_text()))
 
 
@@ -118,7 +136,7 @@ def _rng_state() -> dict[str, Any]:
     return st
 
 
-def _set_rng_state(st: dict[str, Any]) -> None:
+def _set_rng_state(st: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(st["cpu"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state(st["cuda"])

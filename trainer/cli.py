@@ -10,6 +10,7 @@ import click
 from pydantic import ValidationError
 
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, load_config_file
+from trainer.rows import DataError
 
 # CLI option -> TrainingArgs field (options left at None are not passed).
 TRAIN_FIELDS = {
@@ -281,7 +282,7 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
         raise click.UsageError(str(exc)) from None
     try:
         result = run_training(targs, trun, echo=not quiet)
-    except ConfigError as exc:  # one line, no usage banner: the options parsed fine
+    except (ConfigError, DataError) as exc:  # one line, no usage banner: options parsed
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(2)
     except RunDirBusy as exc:

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from journal.control import COMMAND_FILE_SUFFIX
 from journal.events import CONTROL_COMMANDS
+from journal.inbox import (
+    MAX_NAME_CHARS,
+    REJECTED_DIR_NAME,
+    RejectedFile,
+    clip,
+    move_aside,
+    read_json_object,
+)
 from journal.paths import PROCESSED_DIR_NAME, control_dir
 from trainer.dir_watch import DirWatch
 
@@ -45,6 +51,7 @@ class Rejection:
     command: str | None
     source: str | None
     reason: str
+    malformed: bool = False  # not a command at all: its file goes to control/rejected/
 
 
 class ControlPoller:
@@ -161,6 +168,8 @@ class ControlPoller:
         for name in names[:MAX_FILES_PER_POLL]:
             path = self.dir / name
             cmd_or_rej = self._parse(path)
+            if cmd_or_rej is None:
+                continue  # gone meanwhile
             cid = cmd_or_rej.id
             if cid is not None and cid in self.seen:
                 self._archive(path)  # applied before (e.g. before a resume): never again
@@ -169,35 +178,43 @@ class ControlPoller:
                 self.seen.add(cid)
             if isinstance(cmd_or_rej, Command):
                 self.pending.append(cmd_or_rej)
+                self._archive(path)
+            elif cmd_or_rej.malformed:
+                moved = move_aside(path)
+                where = f"moved to control/{REJECTED_DIR_NAME}/" if moved else "left in place"
+                cmd_or_rej.reason = clip(f"{cmd_or_rej.reason}; {where}")
+                log.warning("refusing command file %s: %s", path, cmd_or_rej.reason)
+                self.rejected.append(cmd_or_rej)
             else:
                 self.rejected.append(cmd_or_rej)
-            self._archive(path)
+                self._archive(path)
         if len(names) > MAX_FILES_PER_POLL:
             self.watch.changed = True  # more to read next step
 
-    def _parse(self, path: Path) -> Command | Rejection:
+    def _parse(self, path: Path) -> Command | Rejection | None:
+        """The command in a file, or why it is refused; None when the file is gone. Only a
+        regular file of at most 64 KiB is read (never a FIFO, never through a symlink)."""
         stem = path.name.removesuffix(COMMAND_FILE_SUFFIX)
         try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            return Rejection(stem, None, None, f"unreadable command file: {exc.strerror}")
-        try:
-            obj: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return Rejection(stem, None, None, f"invalid JSON: {exc}")
-        if not isinstance(obj, dict):
-            return Rejection(stem, None, None, "command file must hold a JSON object")
+            obj = read_json_object(path)
+        except FileNotFoundError:
+            return None
+        except RejectedFile as exc:
+            return Rejection(stem, None, None, f"command file refused: {exc}", malformed=True)
         given_id = obj.get("id")
-        cid: str = given_id if isinstance(given_id, str) and given_id else stem
+        cid = (
+            given_id if isinstance(given_id, str) and 0 < len(given_id) <= MAX_NAME_CHARS else stem
+        )
         command, source, reason = obj.get("command"), obj.get("source"), obj.get("reason")
-        source = source if isinstance(source, str) else None
-        reason = reason if isinstance(reason, str) else None
-        if command not in BITS:
+        source = clip(source, MAX_NAME_CHARS) if isinstance(source, str) else None
+        reason = clip(reason) if isinstance(reason, str) else None  # a 50 MB reason: a few KB
+        if not isinstance(command, str) or command not in BITS:  # a list is not even hashable
             return Rejection(
                 cid,
-                command if isinstance(command, str) else None,
+                clip(command, MAX_NAME_CHARS) if isinstance(command, str) else None,
                 source,
-                f"unknown command {command!r}; expected one of {', '.join(BITS)}",
+                clip(f"unknown command {command!r}; expected one of {', '.join(BITS)}"),
+                malformed=True,
             )
         ts = obj.get("ts")
         if self.not_before is not None and isinstance(ts, (int, float)) and ts < self.not_before:

@@ -20,15 +20,19 @@ import orjson
 import torch
 
 from trainer.attention import Pack
-from trainer.model import EOS_ID, IGNORE_INDEX, encode
+from trainer.rows import (
+    EOS_ID,
+    IGNORE_INDEX,
+    DataError,
+    encode,
+    json_object,
+    numbered_lines,
+    token_row,
+)
 
 #: Input id on padding: valid in every vocabulary. Padding follows the tokens of a causal
 #: model and its labels are -100, so its value never changes a loss.
 PAD_INPUT = 0
-
-
-class DataError(ValueError):
-    """Bad training data; the message names the file and line."""
 
 
 @dataclass
@@ -46,40 +50,12 @@ def load_jsonl(path: Path, max_seq_len: int, vocab_size: int | None = None) -> l
     """Read ``{"input_ids": [...], "labels": [...]}`` or ``{"text": ...}`` lines.
 
     Sequences longer than ``max_seq_len`` are truncated. Raises :class:`DataError` naming
-    ``path:line`` for anything malformed.
+    ``path:line`` for anything malformed (the checks: :func:`trainer.rows.token_row`).
     """
     samples: list[Sample] = []
-    try:
-        raw_lines = Path(path).read_bytes().splitlines()
-    except OSError as exc:
-        raise DataError(f"{path}: {exc.strerror}") from None
-    for n, raw in enumerate(raw_lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not valid JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{n}: expected a JSON object")
-        if "input_ids" in obj:
-            ids = obj["input_ids"]
-            labels = obj.get("labels", ids)
-        elif isinstance(obj.get("text"), str):
-            ids = [*encode(obj["text"]), EOS_ID]
-            labels = ids
-        else:
-            raise DataError(f"{path}:{n}: needs 'input_ids' (and optional 'labels') or 'text'")
-        if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)):
-            raise DataError(f"{path}:{n}: 'input_ids' must be a non-empty list of token ids")
-        if vocab_size is not None and max(ids) >= vocab_size:
-            raise DataError(f"{path}:{n}: token id {max(ids)} >= vocabulary size {vocab_size}")
-        if not (isinstance(labels, list) and len(labels) == len(ids)):
-            raise DataError(f"{path}:{n}: 'labels' must be a list as long as 'input_ids'")
-        if not all(type(x) is int and (x == IGNORE_INDEX or x >= 0) for x in labels):
-            raise DataError(f"{path}:{n}: 'labels' must be token ids or -100")
-        if vocab_size is not None and max(labels) >= vocab_size:
-            raise DataError(f"{path}:{n}: label {max(labels)} >= vocabulary size {vocab_size}")
+    for n, raw in numbered_lines(path):
+        where = f"{path}:{n}"
+        ids, labels = token_row(json_object(raw, where), where, vocab_size)
         samples.append(Sample(ids[:max_seq_len], labels[:max_seq_len]))
     if not samples:
         raise DataError(f"{path}: no samples")

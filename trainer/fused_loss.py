@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: The label of positions without a loss (prompts, padding); PyTorch's and HF's convention.
-IGNORE_INDEX = -100
+from trainer.rows import IGNORE_INDEX
 
 IMPLS = ("plain", "chunked", "liger")
 REQUESTS = ("auto", "off", *IMPLS)

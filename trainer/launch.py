@@ -24,8 +24,11 @@ from journal.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.query import find_last
 from journal.reader import JournalReader
 from journal.reports import drain
+from journal.rundir import UnsafeRunDir, check_run_dir, make_dir
 from journal.writer import JournalWriter
-from trainer.config import TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.console import ConsoleFilter
+from trainer.data_check import check_data, start_warnings
 from trainer.preflight import preflight
 from watcher.callbacks import callable_name
 
@@ -85,6 +88,7 @@ def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
     """Copy worker output to the launch log and the console. A full disk or a closed
     console stops that copy (said once), never the draining: workers must not block."""
     to_log, to_echo = True, echo is not None
+    console = ConsoleFilter()  # no tracebacks on the console: they stay in the log
     for line in iter(src.readline, b""):
         if to_log:
             try:
@@ -94,9 +98,10 @@ def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
                 to_log = False
                 if echo is not None:
                     echo.write(f"ilab-train: cannot write the launch log any more: {exc}\n")
-        if to_echo and echo is not None:
+        text = line.decode("utf-8", errors="replace")
+        if to_echo and echo is not None and console.show(text):
             try:
-                echo.write(line.decode("utf-8", errors="replace"))
+                echo.write(text)
                 echo.flush()
             except (OSError, ValueError):
                 to_echo = False
@@ -116,11 +121,19 @@ def run_training(
     after ``train_end`` and its deliveries (bounded by ``callback_grace_s``).
 
     Raises :class:`TrainingFailed` when the run fails (the message names the log file);
-    before launching, :class:`trainer.config.ConfigError` when the settings cannot work here
-    and :class:`RunDirBusy` when another launch holds the checkpoint dir.
+    before launching, :class:`trainer.rows.DataError` (naming ``file:line``) when a data file
+    is malformed, :class:`trainer.config.ConfigError` when the settings cannot work here
+    or the checkpoint dir could be steered by another user, and :class:`RunDirBusy` when
+    another launch holds the checkpoint dir.
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
+    try:  # a dir someone else could steer: refused before anything is read or written there
+        check_run_dir(train_args.ckpt_dir)
+    except UnsafeRunDir as exc:
+        raise ConfigError(str(exc)) from None
+    for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
+        print(f"ilab-train: warning: {warning}", file=sys.stderr)
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
     train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
     # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node
@@ -167,13 +180,14 @@ def _launch(
     env: dict[str, str] | None,
 ) -> TrainingResult:
     logs = logs_dir(ckpt_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    make_dir(logs)  # the workers read their config from here: nobody else writes it
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
     cfg_path.write_text(worker_config(train_args).model_dump_json())
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
     journal = journal_path(ckpt_dir)
-    start_offset = journal.stat().st_size if journal.exists() else 0
+    before = journal.stat() if journal.exists() else None
+    start_offset = before.st_size if before else 0
 
     watcher = None
     if train_args.has_callbacks():
@@ -206,6 +220,10 @@ def _launch(
         rc = _wait(proc)
         pump.join(timeout=10)
 
+    if journal.exists() and before is not None:
+        now = journal.stat()
+        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino) or now.st_size < start_offset:
+            start_offset = 0  # deleted and recreated during the run (journal_gap): read it all
     records = (
         JournalReader(journal, offset=start_offset).read(final=True).records
         if journal.exists()

@@ -16,21 +16,8 @@ from torch import nn
 
 from trainer.attention import attend
 from trainer.config import ModelConfig
-from trainer.fused_loss import IGNORE_INDEX
 from trainer.lm_head import LossHead
-
-PAD_ID = 256
-EOS_ID = 257
-VOCAB_SIZE = 258
-
-
-def encode(text: str) -> list[int]:
-    """Byte-level tokenizer: UTF-8 bytes are the token ids."""
-    return list(text.encode("utf-8"))
-
-
-def decode(ids: list[int]) -> str:
-    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+from trainer.rows import EOS_ID, IGNORE_INDEX, PAD_ID, VOCAB_SIZE, decode, encode
 
 
 class Block(nn.Module):

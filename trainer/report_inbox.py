@@ -18,6 +18,9 @@ class ReportInbox:
     def __init__(self, ckpt_dir: Path, emit: Callable[[str, dict[str, Any]], Any]) -> None:
         self.ckpt_dir = ckpt_dir
         self._emit = emit
+        # Files journaled but left in place (they could not be archived or moved aside):
+        # not journaled again at every step boundary.
+        self._handled: set[str] = set()
         self.watch = DirWatch(reports_dir(ckpt_dir), name="ilab-report-watch")
 
     def start(self) -> None:
@@ -28,9 +31,10 @@ class ReportInbox:
             self.ingest_now()
 
     def ingest_now(self) -> None:
-        """Journal every pending report now (before rotation and before train_end)."""
+        """Journal every pending report now (before rotation and before train_end); a
+        malformed file is refused and moved aside (see :func:`journal.reports.ingest`)."""
         self.watch.changed = False
-        ingest(self.ckpt_dir, self._emit)
+        ingest(self.ckpt_dir, self._emit, self._handled)
         self.watch.scanned()
 
     def close(self) -> None:

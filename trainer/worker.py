@@ -31,6 +31,7 @@ from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
 from journal.reader import iter_events, last_record
 from journal.reports import BEST_EVENTS, BestTracker, MetricGoal, drain
 from journal.rotation import latest_checkpoint
+from journal.rundir import make_dir
 from journal.writer import JournalWriter
 from trainer import checkpoint as ckpt
 from trainer.build import (
@@ -62,7 +63,7 @@ class RunMismatch(RuntimeError):
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
     logs = logs_dir(ckpt_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    make_dir(logs)
     fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     fh = logging.FileHandler(logs / f"rank-{rank}.log")
     fh.setFormatter(fmt)

@@ -50,13 +50,24 @@ class _MetricCallback(TrainerCallback):
             raise CallbackSpecError(f"action must be 'stop' or 'abort', not {action!r}")
         self.metric = metric
         self.event = _event_for(metric)
-        self.subscribed_events = (self.event,)  # only that event's hook is delivered
+        # Only that event's hook is delivered; an evaluate metric also reads train_begin,
+        # whose configuration says whether evaluate records will come at all.
+        self.subscribed_events: tuple[str, ...] = (self.event,)
+        self.context_events: tuple[str, ...] = ()
+        if self.event == "evaluate":
+            self.subscribed_events = ("train_begin", self.event)
+            self.context_events = ("train_begin",)
         self.action: Action = action
         self.run_id: str | None = None
         self.fired = False
         self.warned_missing = False
+        self.config_checked: set[str | None] = set()  # run ids whose config was looked at
 
     # TrainerCallback hooks: only the one matching the metric's event is active.
+    def on_train_begin(self, event: Event, **data: Any) -> None:
+        if self.event == "evaluate":
+            self._check_config(event.run_id, data.get("config"))
+
     def on_log(self, event: Event, **data: Any) -> Control | None:
         return self._on(event.run_id, data, live=True) if self.event == "log" else None
 
@@ -70,10 +81,42 @@ class _MetricCallback(TrainerCallback):
 
     def restore_state(self, records: list[dict[str, Any]]) -> None:
         # A condition already met in history counts as acted upon: no second command.
+        begin: dict[str, Any] | None = None
         for rec in records:
             if rec.get("event") == self.event:
                 data = _values(self.event, rec.get("data") or {})
                 self._on(rec.get("run_id"), data, live=False)
+            elif rec.get("event") == "train_begin":
+                begin = rec
+        if begin is not None and self.event == "evaluate":  # the newest run's settings
+            self._check_config(begin.get("run_id"), (begin.get("data") or {}).get("config"))
+
+    def _check_config(self, run_id: Any, config: Any) -> None:
+        """Warn once per run when its configuration means the metric will not come: no
+        validation data (never), or no ``eval_every`` (only on ``control evaluate``). Only
+        ilab-train's configuration is judged (it always has both keys): a bridge's run
+        (HF Trainer, Accelerate) evaluates by settings of its own."""
+        key = run_id if isinstance(run_id, str) else None
+        if not isinstance(config, dict) or key in self.config_checked:
+            return
+        if "eval_every" not in config or "val_data_path" not in config:
+            return
+        self.config_checked.add(key)
+        name = type(self).__name__
+        if not (config.get("val_data_path") or config.get("demo")):
+            log.warning(
+                "%s: the run has no validation data (val_data_path / --val-data), so %r "
+                "never comes and it cannot act",
+                name,
+                self.metric,
+            )
+        elif not config.get("eval_every"):
+            log.warning(
+                "%s: the run has no eval_every (--eval-every), so %r comes only when "
+                "someone sends 'ilab-journal control evaluate'",
+                name,
+                self.metric,
+            )
 
     def _on(self, run_id: str | None, data: dict[str, Any], *, live: bool) -> Control | None:
         if run_id != self.run_id:  # a fresh run in the same directory: start over

@@ -16,10 +16,12 @@ from journal.events import EVENTS
 from journal.fsinfo import needs_polling
 from journal.leases import DEFAULT_TTL_S
 from journal.paths import JOURNAL_NAME, watch_dir
+from journal.rundir import UnsafeRunDir, check_run_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
+from watcher.text import PrintableFormatter
 
 _SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
 
@@ -50,6 +52,9 @@ def _parse_queue(values: tuple[str, ...]) -> dict[str | None, QueuePolicy]:
 
 
 def default_name(hooks: list[Hook]) -> str:
+    """A cursor name from the hooks (context hooks left out: adding one to a built-in
+    must not make an upgraded watcher start over under a new name)."""
+    hooks = [h for h in hooks if not h.context] or hooks
     digest = hashlib.sha1("\n".join(sorted(h.id for h in hooks)).encode()).hexdigest()[:8]
     first = hooks[0]
     stem = "".join(c if c.isalnum() else "-" for c in Path(first.label.split()[0]).name)[:24].strip(
@@ -166,7 +171,7 @@ def default_name(hooks: list[Hook]) -> str:
 )
 @click.option(
     "--lease-ttl",
-    type=click.FloatRange(min=1),
+    type=click.FloatRange(min=1, max=30 * 86400),  # inf and nan refused: a lease must end
     default=DEFAULT_TTL_S,
     show_default=True,
     metavar="SECONDS",
@@ -210,8 +215,9 @@ def main(
     CMD is a .py script (run with this Python), an executable, or a command line split
     like a shell would but run without one. {name} placeholders take an envelope or payload
     field and stay one argument each: --on-save 'python eval.py --ckpt {checkpoint_path}'.
-    Each run also gets the record as JSON on stdin and ILAB_* environment variables
-    (ILAB_EVENT, ILAB_STEP, ILAB_CKPT_DIR, ILAB_CHECKPOINT_PATH, ILAB_DELIVERY_ID, ...).
+    Each run also gets the record as JSON in $ILAB_EVENT_FILE and on stdin (and in
+    $ILAB_EVENT_JSON up to 64 KiB) and ILAB_* environment variables (ILAB_EVENT,
+    ILAB_STEP, ILAB_CKPT_DIR, ILAB_CHECKPOINT_PATH, ILAB_DELIVERY_ID, ...).
     Every event has --on-<event> (e.g. --on-step-end); --on EVENT CMD works for all.
 
     \b
@@ -227,7 +233,9 @@ def main(
     2 usage error, 130 interrupted.
     """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="ilab-watch: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
+    logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
     journal = dir / JOURNAL_NAME if dir.suffix != ".jsonl" else dir
     ckpt_dir = journal.parent
@@ -285,6 +293,10 @@ def main(
         )
     if not ckpt_dir.exists():
         click.echo(f"ilab-watch: waiting for {ckpt_dir} to appear", err=True)
+    try:  # it writes leases, reports and control files there, and kills what it recorded
+        check_run_dir(ckpt_dir)
+    except UnsafeRunDir as exc:
+        raise click.UsageError(str(exc)) from None
     from watcher.report import ConsoleReporter
 
     name = name or default_name(hooks)
@@ -321,9 +333,14 @@ def main(
     n_skipped = sum(1 for o in watcher.results if o.status == "skipped")
     if not quiet:
         skipped = f", {n_skipped} skipped (checkpoint removed)" if n_skipped else ""
+        lost = watcher.completions.unrecorded
+        where = (
+            f"the results of {lost} deliveries could not be saved in {watcher.results_path}"
+            if lost
+            else f"results in {watcher.results_path}"
+        )
         click.echo(
-            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed{skipped}; "
-            f"results in {watcher.results_path}",
+            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed{skipped}; {where}",
             err=True,
         )
     sys.exit(code)

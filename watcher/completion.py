@@ -8,6 +8,7 @@ restart neither loses nor repeats work.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -17,13 +18,16 @@ from pathlib import Path
 import orjson
 
 from watcher.cursor import Cursor, CursorState
-from watcher.delivery import Batch, Delivery, DeliveryResult
+from watcher.delivery import Batch, Delivery, DeliveryResult, state_write_failed
 
 Reporter = Callable[[DeliveryResult], None]
 
 
 class Completions:
-    """Thread-safe record of finished deliveries; saves the cursor after each change."""
+    """Thread-safe record of finished deliveries; saves the cursor after each change.
+
+    A results file or cursor that cannot be written (full disk, read-only state dir) is
+    said once through ``notice`` and counted in ``unrecorded``; delivery goes on."""
 
     def __init__(
         self,
@@ -42,6 +46,7 @@ class Completions:
         self.state = CursorState()
         self.results: list[DeliveryResult] = []
         self.failed = 0
+        self.unrecorded = 0  # results that could not be appended to the results file
         self._batches: deque[Batch] = deque()
         self._lock = threading.Lock()
 
@@ -71,12 +76,29 @@ class Completions:
             d.batch.pending -= 1
             self.state.done.setdefault(d.hook.id, set()).add(d.record["seq"])
         if self.results_path is not None:
-            self.results_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.results_path, "ab") as f:
-                f.write(orjson.dumps(asdict(out), option=orjson.OPT_APPEND_NEWLINE))
+            self._append_result(self.results_path, out)
         if self.reporter is not None and out.status != "coalesced":
-            self.reporter(out)
+            try:
+                self.reporter(out)
+            except Exception as exc:  # the console must not stop deliveries
+                self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
         self.advance()
+
+    def _append_result(self, path: Path, out: DeliveryResult) -> None:
+        line = orjson.dumps(asdict(out), option=orjson.OPT_APPEND_NEWLINE)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            try:
+                view = memoryview(line)
+                while view:  # a short write (disk full) raises on the next one
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with self._lock:
+                self.unrecorded += 1
+            self._notice(state_write_failed(path.parent, exc))
 
     def advance(self) -> None:
         """Move the durable cursor past every leading batch whose deliveries are all done."""
@@ -102,4 +124,5 @@ class Completions:
             try:
                 self.cursor.save(snapshot)
             except OSError as exc:
-                self._notice(f"cannot save cursor {self.cursor.path}: {exc}")
+                where = self.cursor.path.parent if self.cursor.path else Path(".")
+                self._notice(state_write_failed(where, exc))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import string
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from watcher.callbacks import CommandTarget
@@ -26,6 +29,29 @@ class Delivery:
     batch: Batch
     delivery_id: str  # stable across restarts: run id, seq and hook
     lease: str | None = None  # the checkpoint lease held while a save is queued or running
+
+    @property
+    def file_stem(self) -> str:
+        """The delivery id as a file name: the run id in it comes from the record, so it
+        may hold ``/``, ``..`` or be very long (then a hash keeps it unique)."""
+        did = self.delivery_id
+        safe = "".join(c if c in _NAME_CHARS else "_" for c in did)
+        if safe == did and len(did) <= 100:
+            return did
+        return f"{safe[:60]}-{hashlib.sha1(did.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
+
+
+def state_write_failed(where: Path, exc: OSError) -> str:
+    """The one line said when the watcher's own state cannot be written (the same for
+    every file in ``where``, so that it is said once)."""
+    return (
+        f"cannot write to {where}: {exc.strerror or exc}; deliveries go on, but their "
+        "results, logs and cursor are not saved there until it can be written "
+        "(a restart may repeat deliveries)"
+    )
 
 
 @dataclass

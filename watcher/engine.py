@@ -26,10 +26,11 @@ from journal.query import ended_before
 from journal.reports import checkpoint_key
 from journal.rotation import prune_finished_run
 from watcher.callbacks import callable_name
+from watcher.command import end_leftovers
 from watcher.completion import Completions, Reporter
 from watcher.cursor import Cursor, CursorState
 from watcher.delivery import Delivery, DeliveryResult
-from watcher.execute import Executor, end_leftovers
+from watcher.execute import Executor
 from watcher.follow import JournalFollower, StartAt
 from watcher.hooks import Hook
 from watcher.leasing import LeaseKeeper
@@ -108,12 +109,17 @@ class Watcher:
             stop=self._stop,
             removed=self._checkpoint_removed,
             running_dir=state_dir / f"{name}.running" if state_dir else None,
+            notice=self._notice,
         )
+        self._executor = executor
         self._running_dir = executor.running_dir
         self._leases = LeaseKeeper(journal.parent, ttl=lease_ttl, holder=f"watcher:{name}")
         self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
         self._removed_cond = threading.Condition()
-        self._queues = {id(h): HookQueue(h, executor.deliver, self._complete) for h in hooks}
+        self._queues = {
+            id(h): HookQueue(h, executor.deliver, self._complete, notice=self._notice)
+            for h in hooks
+        }
 
     @property
     def results(self) -> list[DeliveryResult]:
@@ -235,7 +241,10 @@ class Watcher:
             self._leases.release(d.lease)
             if self.saw_end or self._final.is_set() or not self.follow:
                 # No trainer rotates any more: apply its policy now (a no-op if one writes).
-                prune_finished_run(self.journal.parent, role=f"watcher:{self.name}")
+                try:
+                    prune_finished_run(self.journal.parent, role=f"watcher:{self.name}")
+                except Exception as exc:  # rotation is the trainer's job; delivery goes on
+                    self._notice(f"cannot apply the run's rotation policy: {exc}")
         self.completions.complete(d, out)
         self._follower.waker.wake()
 
@@ -245,6 +254,7 @@ class Watcher:
             for d in queue.close():
                 self._complete(d, DeliveryResult.of(d, "abandoned", error="watcher stopped"))
         self._leases.stop()
+        self._executor.close()
 
     # -- checkpoints: leases and removals ------------------------------------------------
 

@@ -1,18 +1,18 @@
 """Running one delivery: an external command in its own process group, or a Python callable.
 
 Both get the same retry loop (doubling backoff, capped at 60 s) and report into one
-:class:`DeliveryResult`. Commands see the record as JSON on stdin and as ``ILAB_*``
-environment variables, and may write results as a JSON object to ``$ILAB_REPORT``;
-callables get ``(event, **payload)`` and may return ``Control``s and ``Report``s.
+:class:`DeliveryResult`. Commands see the record as JSON in the file ``$ILAB_EVENT_FILE``
+(also their stdin, and ``$ILAB_EVENT_JSON`` when small) and as ``ILAB_*`` environment
+variables, and may write results as a JSON object to ``$ILAB_REPORT`` (see
+:mod:`watcher.command`); callables get ``(event, **payload)`` and may return ``Control``s
+and ``Report``s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
-import subprocess
+import shutil
 import tempfile
 import threading
 import time
@@ -24,21 +24,27 @@ from typing import Any
 import orjson
 
 from journal.control import Control, send_command
-from journal.files import atomic_write, json_files
-from journal.procs import spawn_dying_with_us, start_time
+from journal.files import atomic_write
+from journal.inbox import RejectedFile, read_file
+from journal.procs import start_time
 from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
-from watcher.delivery import Delivery, DeliveryResult
+from watcher.command import command_env, log_text, run_command
+from watcher.delivery import Delivery, DeliveryResult, state_write_failed
 
 log = logging.getLogger("watcher")
 
+#: Output kept in the results file per stream (the delivery log keeps 64 KiB).
 TAIL_BYTES = 2000
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
+#: The most a command may write to ``$ILAB_REPORT``.
+REPORT_FILE_MAX_BYTES = 64 * 1024
 
 
 class Executor:
     """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early;
-    ``removed(d)`` says whether a save delivery's checkpoint is already gone (skipped)."""
+    ``removed(d)`` says whether a save delivery's checkpoint is already gone (skipped);
+    ``notice`` says (once) that the state dir cannot be written."""
 
     def __init__(
         self,
@@ -49,6 +55,7 @@ class Executor:
         stop: threading.Event,
         removed: Callable[[Delivery], bool] = lambda d: False,
         running_dir: Path | None = None,
+        notice: Callable[[str], None] = log.warning,
     ) -> None:
         self.journal = journal
         self.ckpt_dir = str(journal.parent)
@@ -57,7 +64,9 @@ class Executor:
         self.stop = stop
         self.removed = removed
         self.running_dir = running_dir
-        self._reports: Path | None = None
+        self.notice = notice
+        self._scratch: Path | None = None  # <state>/<name>.reports: event and report files
+        self._tmp_scratch: Path | None = None  # the same in the system's temp dir (fallback)
         self._running_ready = False
 
     def deliver(self, d: Delivery) -> DeliveryResult:
@@ -84,6 +93,12 @@ class Executor:
         out.end_ts = time.time()
         return out
 
+    def close(self) -> None:
+        """Remove the scratch dir made in the system's temp dir, if one was needed."""
+        if self._tmp_scratch is not None:
+            shutil.rmtree(self._tmp_scratch, ignore_errors=True)
+            self._tmp_scratch = None
+
     # -- commands ------------------------------------------------------------------------
 
     def _values(self, d: Delivery) -> dict[str, Any]:
@@ -94,26 +109,6 @@ class Executor:
         values.update(ckpt_dir=self.ckpt_dir, delivery_id=d.delivery_id, journal=str(self.journal))
         return values
 
-    def _env(self, d: Delivery, payload: bytes) -> dict[str, str]:
-        rec = d.record
-        env = dict(os.environ)
-        for k, v in (rec.get("data") or {}).items():
-            if isinstance(v, (str, int, float, bool)) or v is None:
-                env[f"ILAB_{k.upper()}"] = "" if v is None else str(v)
-        env.update(
-            ILAB_EVENT=str(rec.get("event")),
-            ILAB_STEP=str(rec.get("step", 0)),
-            ILAB_EPOCH=str(rec.get("epoch", 0)),
-            ILAB_RUN_ID=str(rec.get("run_id", "")),
-            ILAB_SEQ=str(rec["seq"]),
-            ILAB_ATTEMPT=str(rec.get("attempt", 1)),
-            ILAB_CKPT_DIR=self.ckpt_dir,
-            ILAB_JOURNAL=str(self.journal),
-            ILAB_DELIVERY_ID=d.delivery_id,
-            ILAB_EVENT_JSON=payload.decode(),
-        )
-        return env
-
     def _run_command(
         self, target: CommandTarget, d: Delivery, out: DeliveryResult, attempt: int
     ) -> None:
@@ -121,87 +116,90 @@ class Executor:
         argv = target.render(self._values(d))
         timeout = d.hook.options.timeout
         timeout = DEFAULT_COMMAND_TIMEOUT_S if timeout is None else timeout
-        report_file = self._report_dir() / f"{d.delivery_id}-a{attempt}.json"
+        stem = f"{d.file_stem}-a{attempt}"
+        try:
+            event_file = self._scratch_file(f"{stem}.event.json", payload)
+        except OSError as exc:
+            out.status, out.exit_code = "failed", None
+            out.error = f"cannot write the record for the command: {exc.strerror or exc}"
+            return
+        report_file = event_file.with_name(f"{stem}.json")
         report_file.unlink(missing_ok=True)  # a killed predecessor's attempt must not count
-        env = self._env(d, payload)
+        env = command_env(
+            d.record,
+            payload,
+            event_file,
+            ckpt_dir=self.ckpt_dir,
+            journal=str(self.journal),
+            delivery_id=d.delivery_id,
+        )
         env["ILAB_REPORT"] = str(report_file)
         try:
-            self._spawn_and_wait(argv, env, payload, timeout, d, out, attempt)
+            ran = run_command(
+                argv, env, event_file, timeout, lambda pid: self._mark_running(pid, d)
+            )
+            out.status, out.exit_code, out.error = ran.status, ran.exit_code, ran.error
+            out.stdout_tail = ran.stdout.data[-TAIL_BYTES:].decode("utf-8", "replace")
+            out.stderr_tail = ran.stderr.data[-TAIL_BYTES:].decode("utf-8", "replace")
+            if ran.exit_code is not None and self.logs_dir is not None:
+                name = f"{d.record['seq']:08d}-{d.hook.event}-{d.hook.short_id}-a{attempt}.log"
+                out.log_path = self._write_state(
+                    self.logs_dir / name, log_text(argv, ran.stdout, ran.stderr)
+                )
             if out.status == "ok" and report_file.exists():
                 self._report_from_file(report_file, d, out)
         finally:
+            event_file.unlink(missing_ok=True)
             report_file.unlink(missing_ok=True)
 
-    def _report_dir(self) -> Path:
-        """Where commands write ``$ILAB_REPORT`` (made once: a delivery pays no mkdir)."""
-        if self._reports is None:
-            base = self.running_dir.with_suffix(".reports") if self.running_dir else None
-            if base is None:
-                self._reports = Path(tempfile.mkdtemp(prefix="ilab-reports-"))
-            else:
-                base.mkdir(parents=True, exist_ok=True)
-                self._reports = base
-        return self._reports
+    def _scratch_file(self, name: str, data: bytes) -> Path:
+        """Write a file a command reads (its record) in the state dir, or in the system's
+        temp dir when the state dir cannot be written (a full or read-only disk)."""
+        if self.running_dir is not None:
+            try:
+                if self._scratch is None:
+                    base = self.running_dir.with_suffix(".reports")
+                    base.mkdir(parents=True, exist_ok=True)  # once: a delivery pays no mkdir
+                    self._scratch = base
+                path = self._scratch / name
+                atomic_write(path, data, durable=False)  # read once, by a live command
+                return path
+            except OSError as exc:
+                self.notice(state_write_failed(self.running_dir.parent, exc))
+        if self._tmp_scratch is None:
+            self._tmp_scratch = Path(tempfile.mkdtemp(prefix="ilab-watch-"))
+        path = self._tmp_scratch / name
+        atomic_write(path, data, durable=False)
+        return path
 
-    def _spawn_and_wait(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        payload: bytes,
-        timeout: float,
-        d: Delivery,
-        out: DeliveryResult,
-        attempt: int,
-    ) -> None:
-        run_argv, preexec = spawn_dying_with_us(argv)  # it ends with the watcher, kill -9 too
+    def _write_state(self, path: Path, data: bytes) -> str | None:
+        """Write a file of the watcher's state; None (said once) when it cannot be."""
         try:
-            proc = subprocess.Popen(
-                run_argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # its own process group: a timeout kills it whole
-                preexec_fn=preexec,
-            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
         except OSError as exc:
-            out.status, out.exit_code = "failed", None
-            out.error = f"cannot start {argv[0]}: {exc.strerror}"
-            return
-        marker = self._mark_running(proc.pid, d)
-        try:
-            stdout, stderr = proc.communicate(payload, timeout=timeout)
-            out.status = "ok" if proc.returncode == 0 else "failed"
-            out.error = None if proc.returncode == 0 else f"exit code {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            stdout, stderr = proc.communicate()
-            out.status = "timeout"
-            out.error = f"timed out after {timeout:g}s (process group killed)"
-        if marker is not None:
-            marker.unlink(missing_ok=True)
-        out.exit_code = proc.returncode
-        out.stdout_tail = stdout[-TAIL_BYTES:].decode("utf-8", "replace")
-        out.stderr_tail = stderr[-TAIL_BYTES:].decode("utf-8", "replace")
-        if self.logs_dir is not None:
-            self.logs_dir.mkdir(parents=True, exist_ok=True)
-            name = f"{d.record['seq']:08d}-{d.hook.event}-{d.hook.short_id}-a{attempt}.log"
-            lp = self.logs_dir / name
-            head = b"$ " + " ".join(argv).encode()
-            lp.write_bytes(head + b"\n--- stdout\n" + stdout + b"\n--- stderr\n" + stderr)
-            out.log_path = str(lp)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)  # a part of it, on a full disk
+            self.notice(state_write_failed(path.parent.parent, exc))
+            return None
+        return str(path)
 
     def _mark_running(self, pid: int, d: Delivery) -> Path | None:
         """Note a running command's process group, so that a watcher restarted after a
         ``kill -9`` ends it before running the delivery again (never two at once)."""
         if self.running_dir is None:
             return None
-        if not self._running_ready:
-            self.running_dir.mkdir(parents=True, exist_ok=True)
-            self._running_ready = True
-        marker = self.running_dir / f"{d.delivery_id}.json"
-        # not fsynced: no process outlives a reboot, so neither need this
-        atomic_write(marker, orjson.dumps({"pgid": pid, "start": start_time(pid)}), durable=False)
+        marker = self.running_dir / f"{d.file_stem}.json"
+        try:
+            if not self._running_ready:
+                self.running_dir.mkdir(parents=True, exist_ok=True)
+                self._running_ready = True
+            # not fsynced: no process outlives a reboot, so neither need this
+            data = orjson.dumps({"pgid": pid, "start": start_time(pid)})
+            atomic_write(marker, data, durable=False)
+        except OSError as exc:
+            self.notice(state_write_failed(self.running_dir.parent, exc))
+            return None
         return marker
 
     # -- callables -----------------------------------------------------------------------
@@ -255,7 +253,10 @@ class Executor:
                 cid = send_command(self.ckpt_dir, item, source=source)
                 out.control = [*(out.control or []), f"{item.command}:{cid}"]
             elif isinstance(item, Report):
-                self._submit(item, d, out)
+                try:
+                    self._submit(item, d, out)
+                except InvalidReport as exc:  # e.g. a checkpoint outside the run
+                    out.status, out.error = "failed", f"report: {exc}"
 
     def _submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
         """A report for the delivered event's checkpoint unless it names another one."""
@@ -269,46 +270,13 @@ class Executor:
         out.reports = [*(out.reports or []), rid]
 
     def _report_from_file(self, path: Path, d: Delivery, out: DeliveryResult) -> None:
-        """A command wrote a JSON object of metrics to ``$ILAB_REPORT``."""
+        """A command wrote a JSON object of metrics to ``$ILAB_REPORT`` (a regular file of
+        at most 64 KiB: not a FIFO, a symlink or a flood)."""
         try:
-            metrics = orjson.loads(path.read_bytes())
+            metrics = orjson.loads(read_file(path, REPORT_FILE_MAX_BYTES))
             if not isinstance(metrics, dict):
                 raise InvalidReport("expected a JSON object of name: value")
-            report = Report(metrics)
-        except (OSError, orjson.JSONDecodeError, InvalidReport) as exc:
-            out.status, out.error = "failed", f"$ILAB_REPORT: {exc}"
-            return
-        self._submit(report, d, out)
-
-
-def end_leftovers(running_dir: Path) -> int:
-    """Kill the process groups of commands a previous watcher left running (it died
-    mid-delivery); returns how many. A pid since reused by another process is left alone."""
-    ended = 0
-    for marker in json_files(running_dir):
-        try:
-            info = orjson.loads(marker.read_bytes())
-            pgid, started = int(info["pgid"]), info.get("start")
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            marker.unlink(missing_ok=True)
-            continue
-        if (started is not None and start_time(pgid) == started) or start_time(pgid) is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-                ended += 1
-        marker.unlink(missing_ok=True)
-    return ended
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, then SIGKILL it if it has not exited within 3 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=3)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            self._submit(Report(metrics), d, out)
+        except (OSError, orjson.JSONDecodeError, InvalidReport, RejectedFile) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            out.status, out.error = "failed", f"$ILAB_REPORT: {why}"

@@ -44,6 +44,9 @@ class Hook:
     target: CommandTarget | Callable[..., Any]
     options: HookOptions = field(default_factory=HookOptions)
     label: str = ""
+    #: Reads records for context only (a built-in checking train_begin's configuration):
+    #: left out of ilab-watch's default cursor name, which so stays what it was without it.
+    context: bool = False
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -74,13 +77,16 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
 
 
 def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
-    """One hook per ``on_<event>`` method the object implements (class-based callbacks)."""
+    """One hook per ``on_<event>`` method the object implements (class-based callbacks);
+    events in its ``context_events`` make context hooks."""
     methods = hooked_methods(obj)
     if not methods:
         raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
     name = callable_name(type(obj))
+    context = set(getattr(obj, "context_events", ()))
     return [
-        Hook(ev, meth, options_for(ev), label=f"{name}.on_{ev}") for ev, meth in methods.items()
+        Hook(ev, meth, options_for(ev), label=f"{name}.on_{ev}", context=ev in context)
+        for ev, meth in methods.items()
     ]
 
 

@@ -26,6 +26,12 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._usable = True
+        try:
+            leases.check_ttl(ttl)
+        except LeaseError as exc:  # every take would fail: say it once, not per save
+            self._usable = False
+            log.warning("checkpoints are not leased: %s", exc)
 
     def take(self, checkpoint_path: str) -> str | None:
         """Lease a checkpoint of this run; None for paths that are not one (or on errors)."""
@@ -43,6 +49,7 @@ class LeaseKeeper:
         return lease.id
 
     def release(self, lease_id: str) -> None:
+        """End a lease (a renewal of it in progress finishes first, then the file goes)."""
         with self._lock:
             lease = self._held.pop(lease_id, None)
         if lease is not None:
@@ -52,6 +59,9 @@ class LeaseKeeper:
                 log.warning("cannot release the lease on %s: %s", lease.checkpoint, exc)
 
     def start(self) -> None:
+        """Start the renewal thread (none for a ttl no lease can have: nothing to renew)."""
+        if not self._usable:
+            return
         self._thread = threading.Thread(target=self._renew, name="ilab-leases", daemon=True)
         self._thread.start()
 
@@ -65,16 +75,23 @@ class LeaseKeeper:
         for lease_id in ids:
             self.release(lease_id)
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+    def renew_held(self) -> None:
+        """Renew every lease held now. Each renewal (its check and its rewrite) runs under
+        the lock that :meth:`release` takes: a delivery that completes meanwhile waits for
+        it and then removes the file, so a renewal never brings back a released lease (one
+        that did outlived ``--keep-last-n``: nobody renewed or released it again)."""
+        with self._lock:
+            ids = list(self._held)
+        for lease_id in ids:
             with self._lock:
-                held = list(self._held.values())
-            for lease in held:
+                lease = self._held.get(lease_id)
+                if lease is None:
+                    continue  # released since the list was taken
                 try:
-                    new = leases.renew(self.ckpt_dir, lease)
+                    self._held[lease_id] = leases.renew(self.ckpt_dir, lease)
                 except (LeaseError, OSError) as exc:
                     log.warning("lease on %s lost: %s", lease.checkpoint, exc)
-                    continue
-                with self._lock:
-                    if lease.id in self._held:
-                        self._held[lease.id] = new
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self.renew_held()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -12,17 +13,29 @@ from watcher.hooks import Hook
 Deliver = Callable[[Delivery], DeliveryResult]
 Complete = Callable[[Delivery, DeliveryResult], None]
 
+log = logging.getLogger("watcher")
+
 
 class HookQueue:
     """Pending deliveries of one hook and the threads that run them.
 
     With the ``latest`` policy a new delivery replaces every pending one (recorded as
     ``coalesced``): a hook on ``log`` runs for the newest record, never falls behind.
+
+    Nothing that goes wrong while recording a delivery (a full disk, a record nobody
+    expected) ends a worker: ``notice`` says so in one line and the hook goes on.
     """
 
-    def __init__(self, hook: Hook, deliver: Deliver, complete: Complete) -> None:
+    def __init__(
+        self,
+        hook: Hook,
+        deliver: Deliver,
+        complete: Complete,
+        *,
+        notice: Callable[[str], None] = log.error,
+    ) -> None:
         self.hook = hook
-        self._deliver, self._complete = deliver, complete
+        self._deliver, self._complete_fn, self._notice = deliver, complete, notice
         self._queue: deque[Delivery] = deque()
         self._cond = threading.Condition()
         self._running = 0
@@ -74,3 +87,12 @@ class HookQueue:
             finally:
                 with self._cond:  # idle only once the completion (and cursor) is recorded
                     self._running -= 1
+
+    def _complete(self, d: Delivery, out: DeliveryResult) -> None:
+        try:
+            self._complete_fn(d, out)
+        except Exception as exc:
+            self._notice(
+                f"{self.hook.label}: recording the {d.hook.event} delivery of seq "
+                f"{d.record['seq']} failed ({type(exc).__name__}: {exc}); the hook goes on"
+            )

@@ -1,4 +1,10 @@
-"""Console output of deliveries: one line each, failures in red with the log path."""
+"""Console output of deliveries: one line each, failures in red with the log path.
+
+Everything in a line that comes from a record or a callback (paths, hook labels, errors,
+output) is printed as plain text, never as rich markup, with control characters escaped:
+``[/wiki]`` in a checkpoint path is shown as written, and a callback's NUL bytes or
+terminal escapes never reach the terminal.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import threading
 
 from watcher.delivery import DeliveryResult
 from watcher.hooks import HIGH_RATE_EVENTS
+from watcher.text import last_line, printable
 
 
 class ConsoleReporter:
@@ -22,7 +29,10 @@ class ConsoleReporter:
     def __call__(self, out: DeliveryResult) -> None:
         """quiet: failures only; default: also successes of commands on low-rate events
         (save, evaluate, ...) with their last output line, and of callables that acted
-        (returned a Control or Report); verbose: everything, with output tails."""
+        (returned a Control or Report); verbose: everything, with output tails. A failure's
+        line ends with the last line its command wrote to stderr."""
+        from rich.text import Text
+
         if self.quiet and not out.failed:
             return
         if (
@@ -38,27 +48,34 @@ class ConsoleReporter:
             return
         dur = f"{out.duration:.2f}s" if out.duration is not None else "-"
         tries = f", {out.attempts} attempts" if out.attempts > 1 else ""
-        head = f"{out.event} step {out.step} seq {out.seq}: {out.hook}"
+        head = printable(f"{out.event} step {out.step} seq {out.seq}: {out.hook}")
+        error = printable(str(out.error))
+        lines: list[Text] = []
+        if out.status == "skipped":
+            lines.append(Text(f"- {head} skipped ({error})", style="yellow"))
+        elif out.failed:
+            why = last_line(out.stderr_tail)
+            msg = f"✗ {head} {out.status} ({error}{tries}, {dur})"
+            msg += f": {why}" if why else ""
+            msg += f" log: {printable(out.log_path)}" if out.log_path else ""
+            lines.append(Text(msg, style="red"))
+            if out.stderr_tail and not out.log_path:
+                tail = printable(out.stderr_tail.rstrip()[-800:], newlines=True)
+                lines.append(Text(tail, style="red"))
+        else:
+            ctl = f" -> control {', '.join(out.control)}" if out.control else ""
+            ctl += f" -> {len(out.reports)} report(s)" if out.reports else ""
+            lines.append(
+                Text.assemble(("✓", "green"), printable(f" {head} ok ({dur}{tries}){ctl}"))
+            )
+        if out.status != "skipped" and out.stdout_tail and out.stdout_tail.strip():
+            text = (
+                printable(out.stdout_tail.rstrip(), newlines=True)
+                if self.verbose
+                else last_line(out.stdout_tail, keep_end=True)
+            )
+            lines.append(Text(f"  {text}"))
         with self._lock:
-            if out.status == "skipped":
-                self.console.print(f"[yellow]- {head} skipped ({out.error})[/yellow]")
-                return
-            if out.failed:
-                where = f" log: {out.log_path}" if out.log_path else ""
-                self.console.print(
-                    f"[red]✗ {head} {out.status} ({out.error}{tries}, {dur}){where}[/red]"
-                )
-                if out.stderr_tail and not out.log_path:
-                    self.console.print(f"[red]{out.stderr_tail.rstrip()[-800:]}[/red]")
-            else:
-                ctl = f" -> control {', '.join(out.control)}" if out.control else ""
-                ctl += f" -> {len(out.reports)} report(s)" if out.reports else ""
-                self.console.print(f"[green]✓[/green] {head} ok ({dur}{tries}){ctl}")
-            if out.stdout_tail and out.stdout_tail.strip():
-                text = (
-                    out.stdout_tail.rstrip()
-                    if self.verbose
-                    else out.stdout_tail.strip().splitlines()[-1]
-                )
-                self.console.print(f"  {text}", markup=False)
+            for line in lines:
+                self.console.print(line)
         sys.stderr.flush()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate.state import PartialState
 from accelerate.tracking import GeneralTracker
 
@@ -58,9 +59,13 @@ class JournalTracker(GeneralTracker):
 
     def start(self) -> None:
         state = PartialState()
+        # The writer is rank 0 of the process group once one exists. Accelerate's own notion
+        # can disagree: an Accelerator made without cpu=True on a machine with no GPU runs
+        # "not distributed" under torchrun, and every rank then calls itself the main one.
+        main = dist.get_rank() == 0 if dist.is_initialized() else state.is_main_process
         self.s = JournalSession(
             self.ckpt_dir,
-            main=state.is_main_process,
+            main=main,
             device=torch.device(state.device),
             role="accelerate",
         )

@@ -1,0 +1,147 @@
+"""The best checkpoint by a metric (``keep_best``, ``query --best``, ``status``): folded from
+``report`` records (per checkpoint) and ``evaluate`` records (a step's validation belongs to
+the checkpoint saved at that step), among checkpoints not journaled as removed."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeGuard
+
+from journal.paths import checkpoint_step
+
+
+@dataclass(frozen=True)
+class MetricGoal:
+    """``accuracy:max`` / ``val_loss:min``: which metric makes a checkpoint the best."""
+
+    metric: str
+    mode: Literal["max", "min"]
+
+    @classmethod
+    def parse(cls, text: str) -> MetricGoal:
+        """``"accuracy:max"`` -> MetricGoal; raises ValueError with the expected form."""
+        metric, sep, mode = text.rpartition(":")
+        if not sep or not metric or mode not in ("max", "min"):
+            raise ValueError(f"{text!r}: expected METRIC:max or METRIC:min (e.g. val_loss:min)")
+        return cls(metric, "max" if mode == "max" else "min")
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.mode}"
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether value ``a`` beats ``b`` for this goal."""
+        return a > b if self.mode == "max" else a < b
+
+
+@dataclass
+class BestCheckpoint:
+    checkpoint_path: str
+    metric: str
+    value: float
+    step: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+#: Records that can change which checkpoint is the best.
+BEST_EVENTS = frozenset({"evaluate", "save", "report", "checkpoint_removed"})
+
+
+@dataclass
+class BestTracker:
+    """Folds journal records into the best surviving checkpoint for one goal.
+
+    Values come from ``report`` records (per checkpoint) and from ``evaluate`` records (a
+    step's validation belongs to the checkpoint saved at that step). Checkpoints journaled
+    as removed drop out, and a report that comes for one afterwards does not bring it back
+    (until a ``save`` writes a checkpoint of that name again).
+    """
+
+    goal: MetricGoal
+    _values: dict[str, tuple[float, str, int | None]] = field(default_factory=dict)
+    _pending_eval: dict[int, float] = field(default_factory=dict)
+    _removed: set[str] = field(default_factory=set)
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        """Fold one record (any event; only :data:`BEST_EVENTS` matter)."""
+        event, data = rec.get("event"), rec.get("data")
+        if not isinstance(data, Mapping):
+            return
+        if event == "report":
+            metrics = data.get("metrics")
+            value = metrics.get(self.goal.metric) if isinstance(metrics, Mapping) else None
+            path = data.get("checkpoint_path")
+            if _is_number(value) and isinstance(path, str) and _key(path) not in self._removed:
+                step = data.get("step")
+                self._values[_key(path)] = (float(value), path, step if _is_int(step) else None)
+        elif event == "evaluate":
+            value, step = data.get(self.goal.metric), rec.get("step", 0)
+            if _is_number(value) and _is_int(step):
+                self._pending_eval[step] = float(value)
+        elif event == "save":
+            step, path = rec.get("step", 0), data.get("checkpoint_path")
+            if not _is_int(step):
+                return
+            if isinstance(path, str):
+                self._removed.discard(_key(path))  # a fresh checkpoint of that name
+                if step in self._pending_eval:
+                    self._values.setdefault(_key(path), (self._pending_eval.pop(step), path, step))
+            # validations before this save belong to no checkpoint: forget them
+            self._pending_eval = {s: v for s, v in self._pending_eval.items() if s > step}
+        elif event == "checkpoint_removed" and isinstance(data.get("checkpoint_path"), str):
+            key = _key(data["checkpoint_path"])
+            self._values.pop(key, None)
+            self._removed.add(key)
+
+    def to_state(self) -> dict[str, Any]:
+        """What was folded, as JSON types (the journal index stores it)."""
+        return {
+            "goal": str(self.goal),
+            "values": {k: list(v) for k, v in self._values.items()},
+            "pending_eval": {str(k): v for k, v in self._pending_eval.items()},
+            "removed": sorted(self._removed),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> BestTracker:
+        """The inverse of :meth:`to_state` (KeyError for a state written before removals
+        were kept: the index is then rebuilt)."""
+        tracker = cls(MetricGoal.parse(state["goal"]))
+        tracker._values = {k: (float(v[0]), str(v[1]), v[2]) for k, v in state["values"].items()}
+        tracker._pending_eval = {int(k): float(v) for k, v in state["pending_eval"].items()}
+        tracker._removed = {str(k) for k in state["removed"]}
+        return tracker
+
+    def best(self) -> BestCheckpoint | None:
+        """The best surviving checkpoint, or None when none has a value."""
+        top: tuple[float, str, int | None] | None = None
+        for entry in self._values.values():
+            if top is None or self.goal.better(entry[0], top[0]):
+                top = entry
+        if top is None:
+            return None
+        return BestCheckpoint(top[1], self.goal.metric, top[0], top[2])
+
+
+def _is_number(v: Any) -> TypeGuard[int | float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _key(path: str) -> str:
+    """Checkpoints are named step-NNNNNN inside one run: the name identifies them."""
+    name = Path(path).name
+    return name if checkpoint_step(name) is not None else os.path.normpath(path)
+
+
+def checkpoint_key(path: str) -> str:
+    """The identity :class:`BestTracker` uses for a checkpoint path."""
+    return _key(path)

@@ -1,0 +1,84 @@
+"""What ``ilab-journal``'s reading commands (show, tail, query) share beyond
+journal/cli_common.py: printing records, event names given by the user, the journal that
+``tail -f`` waits for, and values printed for scripts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from journal.cli_common import UserError, require_journal, scan
+from journal.events import EVENTS
+from journal.format import print_records_table, printable
+from journal.paths import JOURNAL_NAME, resolve_journal
+from journal.reader import InvalidLine
+
+
+def show_all(path: Path, wanted: set[str], as_json: bool) -> None:
+    """``show`` without --last/--since-step: every record (of ``wanted`` events, if any),
+    each skipped line named on stderr."""
+    out: list[dict[str, Any]] = []
+    valid = 0
+    skipped: list[InvalidLine] = []
+    for records, bad in scan(path):
+        valid += len(records)
+        skipped.extend(bad)
+        out.extend(r for r in records if not wanted or r.get("event") in wanted)
+    require_journal(path, valid, len(skipped))
+    for line in skipped:
+        click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
+    check_events(wanted, out)
+    print_records(out, as_json)
+
+
+def check_events(wanted: set[str] | tuple[str, ...], found: list[dict[str, Any]]) -> None:
+    """An event name that is not one of ours and matched no record is a typo: exit 2. (A
+    name we do not know that the journal holds is a newer writer's event: shown.)"""
+    seen = {r.get("event") for r in found}
+    unknown = sorted(e for e in wanted if e not in EVENTS and e not in seen)
+    if unknown:
+        raise UserError(unknown_event(unknown[0]))
+
+
+def unknown_event(name: str) -> str:
+    """One line for an event name we do not know, with the nearest known one."""
+    import difflib
+
+    close = difflib.get_close_matches(name, EVENTS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return printable(f"unknown event {name!r}: {hint}events are {', '.join(EVENTS)}")
+
+
+def print_records(records: list[dict[str, Any]], as_json: bool) -> None:
+    """Records as JSONL (exactly as recorded) or as a table for people."""
+    if as_json:
+        w = sys.stdout.buffer
+        for rec in records:
+            w.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+        w.flush()
+        return
+    print_records_table(records)
+
+
+def journal_to_follow(dir: str) -> Path:
+    """The journal ``tail -f`` follows: DIR's (or DIR itself, a file or a ``*.jsonl`` path).
+    One that does not exist yet is waited for, with one line saying so."""
+    given = Path(dir)
+    is_file = given.is_file() or (not given.exists() and given.suffix == ".jsonl")
+    path = given if is_file else given / JOURNAL_NAME
+    if path.exists():
+        return resolve_journal(path)
+    click.echo(f"waiting for {path} (the run has not started yet; Ctrl-C to stop)", err=True)
+    return path
+
+
+def echo_value(text: str) -> None:
+    """A value for a script, exactly as recorded; on a terminal, control characters are
+    shown instead (a record's text never drives the terminal, as ``ls`` does for names).
+    Not ``click.echo``: it would drop what looks like a colour code from the value."""
+    sys.stdout.write((printable(text) if sys.stdout.isatty() else text) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,95 @@
+"""The launcher's look at the data before any worker starts.
+
+A data mistake found inside the workers reaches the user through torchrun, after process
+groups and models are set up. Found here it is one line naming ``file:line`` (``ilab-train``
+exits 2). The rows are checked with the workers' own checks (:mod:`trainer.rows`, and the
+structure of chat rows from :mod:`trainer.chat`) without torch; what only a tokenizer can
+tell (a chat template that is not prefix-stable, rows too long after templating) is still
+found by the workers. The row counts also give the warnings of settings that silently do
+less than they say.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer import chat
+from trainer.config import TrainingArgs
+from trainer.rows import VOCAB_SIZE, DataError, json_object, numbered_lines, token_row
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What the launcher knows of the data: rows per file (chat rows before templating)."""
+
+    train_rows: int
+    chat: bool  # chat rows: some may still be dropped as too long after templating
+
+
+def vocab_size(args: TrainingArgs) -> int | None:
+    """The model's vocabulary size, where it can be read without loading anything (None:
+    the workers check token ids against the loaded model)."""
+    if args.model_path is None:
+        return VOCAB_SIZE
+    try:
+        config = json.loads((Path(args.model_path) / "config.json").read_text())
+        value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_file(path: Path, vocab: int | None, has_tokenizer: bool) -> tuple[int, bool]:
+    """Check every row of a data file; returns (rows, whether they are chat rows). Raises
+    :class:`DataError` naming ``file:line`` at the first bad row."""
+    is_chat = chat.is_chat_file(path)
+    if is_chat and not has_tokenizer:
+        raise DataError(f"{path}: chat (messages) data needs --model-path with a tokenizer")
+    rows = 0
+    for n, raw in numbered_lines(path):
+        where = f"{path}:{n}"
+        obj = json_object(raw, where)
+        if is_chat:
+            chat.check_messages(obj, where)
+        else:
+            token_row(obj, where, vocab)
+        rows += 1
+    if not rows:
+        raise DataError(f"{path}: no samples")
+    return rows, is_chat
+
+
+def check_data(args: TrainingArgs) -> DataSummary:
+    """Check the training and validation files (the demo's are generated: nothing to check)."""
+    vocab = vocab_size(args)
+    has_tokenizer = args.model_path is not None
+    if args.val_data_path is not None:
+        check_file(Path(args.val_data_path), vocab, has_tokenizer)
+    if args.demo or args.data_path is None:
+        return DataSummary(args.demo_samples, chat=False)
+    rows, is_chat = check_file(Path(args.data_path), vocab, has_tokenizer)
+    return DataSummary(rows, is_chat)
+
+
+def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
+    """Settings that silently do less than they say, one line each."""
+    out = []
+    if args.eval_every is not None and args.val_data_path is None and not args.demo:
+        out.append(
+            f"--eval-every {args.eval_every} has no validation data to evaluate: no evaluate "
+            "records will be written (give --val-data FILE)"
+        )
+    steps_per_epoch = data.train_rows // args.effective_batch_size
+    epoch_steps = steps_per_epoch * args.num_epochs
+    if args.max_steps and steps_per_epoch and args.max_steps > epoch_steps:
+        # chat rows too long after templating are dropped by the workers: fewer steps still
+        most = "at most " if data.chat else ""
+        out.append(
+            f"--max-steps {args.max_steps} is more than {args.num_epochs} epoch(s) of "
+            f"{most}{steps_per_epoch} steps ({data.train_rows} samples / batch size "
+            f"{args.effective_batch_size}): training ends at step {most}{epoch_steps} "
+            "(raise --num-epochs to train longer)"
+        )
+    return out
