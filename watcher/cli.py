@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import signal
@@ -20,6 +19,7 @@ from journal.rundir import UnsafeRunDir, check_run_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
+from watcher.export import every_record
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
 from watcher.text import PrintableFormatter
 
@@ -63,6 +63,32 @@ def default_name(hooks: list[Hook]) -> str:
     return f"{first.event}-{stem}-{digest}"
 
 
+def _exporters(
+    ckpt_dir: Path,
+    tensorboard_dir: Path | None,
+    mlflow_uri: str | None,
+    mlflow_log_artifacts: bool,
+    wandb: bool,
+) -> list[Any]:
+    """The experiment-tracker exporters the options ask for (CallbackSpecError: unusable)."""
+    out: list[Any] = []
+    if tensorboard_dir is not None:
+        from watcher.tensorboard import TensorBoardExport
+
+        out.append(TensorBoardExport(tensorboard_dir))
+    if mlflow_uri is not None:
+        from watcher.mlflow_export import MlflowExport
+
+        out.append(MlflowExport(mlflow_uri or None, log_artifacts=mlflow_log_artifacts))
+    elif mlflow_log_artifacts:
+        raise CallbackSpecError("--mlflow-log-artifacts needs --mlflow")
+    if wandb:
+        from watcher.wandb_export import WandbExport
+
+        out.append(WandbExport(ckpt_dir))
+    return out
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("dir", type=click.Path(path_type=Path))
 @_event_options
@@ -104,6 +130,29 @@ def default_name(hooks: list[Hook]) -> str:
     help="Write loss, lr, grad_norm, throughput, val_* and reported metrics as TensorBoard "
     "scalars (and save/control/train_end as text) to LOGDIR, live or with --replay; "
     "restarts add no duplicate points. Needs the tensorboard package.",
+)
+@click.option(
+    "--mlflow",
+    "mlflow_uri",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[TRACKING_URI]",
+    help="Write params, metrics, checkpoint paths and the run status to MLflow (one run per "
+    "journal run; default URI: $MLFLOW_TRACKING_URI); restarts add no duplicate points. "
+    "Needs the mlflow package.",
+)
+@click.option(
+    "--mlflow-log-artifacts",
+    is_flag=True,
+    help="With --mlflow: also copy each checkpoint into the run's artifacts (default: its path).",
+)
+@click.option(
+    "--wandb",
+    "wandb",
+    is_flag=True,
+    help="Write config, metrics and the run status to Weights & Biases (offline unless "
+    "WANDB_MODE=online; run dirs in DIR/wandb, for `wandb sync`). Needs the wandb package.",
 )
 @click.option("--name", default=None, help="Cursor identity (default: derived from the hooks).")
 @click.option(
@@ -193,6 +242,9 @@ def main(
     early_stopping: str | None,
     divergence: str | None,
     tensorboard_dir: Path | None,
+    mlflow_uri: str | None,
+    mlflow_log_artifacts: bool,
+    wandb: bool,
     name: str | None,
     state_dir: Path | None,
     start: str,
@@ -269,19 +321,16 @@ def main(
             hooks.extend(hooks_for_object(obj, options_for))
             if callable(getattr(obj, "restore_state", None)):
                 consumers.append(obj)
-        if tensorboard_dir is not None:
-            from watcher.tensorboard import TensorBoardExport
-
-            def every_record(event: str) -> HookOptions:  # points, not the latest only
-                return dataclasses.replace(options_for(event), queue="all")
-
-            hooks.extend(hooks_for_object(TensorBoardExport(tensorboard_dir), every_record))
+        for exporter in _exporters(
+            ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb
+        ):
+            hooks.extend(hooks_for_object(exporter, every_record(options_for)))
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
     if not hooks:
         raise click.UsageError(
-            "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ or "
-            "--tensorboard LOGDIR"
+            "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
+            "--tensorboard LOGDIR, --mlflow or --wandb"
         )
 
     if poll is None and (fstype := needs_polling(journal.parent)):

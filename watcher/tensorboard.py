@@ -5,10 +5,10 @@ Scalars at the record's step, with the record's time as wall time: ``train/*`` f
 ``evaluate``, ``report/*`` from reports (at the reported checkpoint's step). ``save``,
 ``control`` and ``train_end`` become text (``events/*``). Works live and with ``--replay``.
 
-Idempotent across watcher restarts: delivery is at-least-once (a watcher killed between
-writing and saving its cursor delivers again), so the exporter first reads what LOGDIR
-already holds and skips a point it has already written: same tag, step and wall time. A
-resumed run's repeated steps have other times, so they are kept, as TensorBoard shows them.
+Idempotent across watcher restarts (see watcher/export.py): the exporter first reads what
+LOGDIR already holds and skips a point it has already written: same tag, step and wall
+time. A resumed run's repeated steps have other times, so they are kept, as TensorBoard
+shows them.
 Needs the ``tensorboard`` package (``pip install 'ilab-journal[tensorboard]'``).
 """
 
@@ -18,13 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
-
-#: log fields written as train/<name> (plus any other top-level number)
-_SKIP = frozenset({"loss_finite", "cuda_mem_allocated", "cuda_max_mem_allocated", "samples_seen"})
+from watcher.callbacks import CallbackSpecError, Event
+from watcher.export import MetricsExport
 
 
-class TensorBoardExport(TrainerCallback):
+class TensorBoardExport(MetricsExport):
     """Writes the journal's metrics and milestones to TensorBoard event files in ``logdir``."""
 
     def __init__(self, logdir: str | Path) -> None:
@@ -40,17 +38,7 @@ class TensorBoardExport(TrainerCallback):
         self._seen = _written(self.logdir)
         self._writer = EventFileWriter(str(self.logdir))
 
-    # -- hooks ---------------------------------------------------------------------------
-
-    def on_log(self, event: Event, **data: Any) -> None:
-        self._scalars("train", event, {k: v for k, v in data.items() if k not in _SKIP})
-
-    def on_evaluate(self, event: Event, **data: Any) -> None:
-        self._scalars("eval", event, data)
-
-    def on_report(self, event: Event, **data: Any) -> None:
-        step = data.get("step") if isinstance(data.get("step"), int) else event.step
-        self._scalars("report", event, data.get("metrics") or {}, step=step)
+    # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
 
     def on_save(self, event: Event, **data: Any) -> None:
         why = f" ({data['trigger']})" if data.get("trigger") else ""
@@ -67,18 +55,12 @@ class TensorBoardExport(TrainerCallback):
 
     # -- writing -------------------------------------------------------------------------
 
-    def _scalars(
-        self, prefix: str, event: Event, values: dict[str, Any], step: int | None = None
-    ) -> None:
+    def write_scalars(self, prefix: str, values: dict[str, float], step: int, event: Event) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        at = event.step if step is None else step
-        fresh = [
-            Summary.Value(tag=f"{prefix}/{k}", simple_value=float(v))
-            for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        ]
-        self._write(fresh, at, event.ts)
+        self._write(
+            [Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step, event.ts
+        )
 
     def _text(self, tag: str, event: Event, text: str) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata

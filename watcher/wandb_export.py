@@ -1,0 +1,143 @@
+"""``ilab-watch DIR --wandb``: the journal as Weights & Biases runs.
+
+One W&B run per journal ``run_id`` (the W&B run id is the journal's), so a resume, a
+restarted watcher and a replay all continue the same run. Offline unless ``WANDB_MODE``
+says ``online``: wandb writes ``<WANDB_DIR or DIR>/wandb/offline-run-<time>-<run_id>/``,
+which ``wandb sync`` uploads. The config is ``train_begin``'s; metrics are the exporters'
+shared ``train/*``, ``eval/*`` and ``report/*`` (watcher/export.py), each with its own x
+axis (``train/step``, ``eval/step``, ``report/step``: a report for an earlier checkpoint
+arrives after later steps, which W&B's single step counter would drop), and the record's
+time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary; ``train_end``
+sets ``ilab/status`` and finishes the run (exit code 0 completed or stopped, 1 failed,
+5 interrupted, as ``ilab-train``'s).
+
+No duplicates: each watcher start makes a new run directory for the same id, so the
+exporter first reads the history of every earlier one (watcher/wandb_log.py) and skips a
+row it holds (same prefix, step and time). Needs the ``wandb`` package
+(``ilab-journal[wandb]``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from watcher.callbacks import CallbackSpecError, Event
+from watcher.export import MetricsExport
+from watcher.wandb_log import history_rows, run_files
+
+DEFAULT_PROJECT = "ilab-journal"
+_EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}
+
+
+class WandbExport(MetricsExport):
+    """Writes the journal's runs to W&B run directories (offline by default).
+
+    Args:
+        ckpt_dir: the run's directory; run directories go under ``ckpt_dir/wandb`` unless
+            ``WANDB_DIR`` is set.
+        project: W&B project (default: ``WANDB_PROJECT``, else ``ilab-journal``).
+
+    Raises:
+        CallbackSpecError: wandb is not installed, ``WANDB_MODE`` is neither offline nor
+            online, or the directory cannot be written.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, *, project: str | None = None) -> None:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise CallbackSpecError(
+                "--wandb needs the wandb package: pip install 'ilab-journal[wandb]'"
+            ) from None
+        self.mode = os.environ.get("WANDB_MODE") or "offline"
+        if self.mode not in ("offline", "online"):
+            raise CallbackSpecError(f"--wandb: WANDB_MODE={self.mode!r}; use offline or online")
+        self.root = Path(os.environ.get("WANDB_DIR") or ckpt_dir)
+        self.project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        try:
+            (self.root / "wandb").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CallbackSpecError(f"--wandb: cannot write {self.root / 'wandb'}: {exc}") from None
+        self._lock = threading.Lock()  # hooks of different events run in different threads
+        self._run: Any = None
+        self._run_id: str | None = None
+        self._seen: set[tuple[str, int, float]] = set()  # (prefix, step, time)
+
+    # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
+
+    def on_train_begin(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._open(event).config.update(data.get("config") or {}, allow_val_change=True)
+
+    def on_save(self, event: Event, **data: Any) -> None:
+        path = data.get("checkpoint_path")
+        if isinstance(path, str):
+            with self._lock:
+                run = self._open(event)
+                run.summary[f"checkpoint/{Path(path).name}"] = path
+                run.summary["ilab/last_checkpoint"] = path
+
+    def on_train_end(self, event: Event, **data: Any) -> None:
+        status = str(data.get("status"))
+        with self._lock:
+            run = self._open(event)
+            run.summary["ilab/status"] = status
+            if data.get("reason"):
+                run.summary["ilab/reason"] = str(data["reason"])
+            run.finish(exit_code=_EXIT_CODES.get(status, 1))
+            self._run = None  # a later record (a report) opens it again
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write_scalars(self, prefix: str, values: dict[str, float], step: int, event: Event) -> None:
+        with self._lock:
+            run = self._open(event)
+            if (prefix, step, event.ts) in self._seen:
+                return
+            run.log({**values, f"{prefix}/step": step, "_timestamp": event.ts})
+            self._seen.add((prefix, step, event.ts))
+
+    def _open(self, event: Event) -> Any:
+        """The W&B run of the event's journal run (a new one finishes the previous)."""
+        import wandb
+
+        if self._run is not None and self._run_id == event.run_id:
+            return self._run
+        if self._run is not None:
+            self._run.finish()
+        self._seen = _logged(self.root, event.run_id)
+        self._run_id = event.run_id
+        self._run = wandb.init(
+            id=event.run_id,
+            project=self.project,
+            name=f"{Path(event.ckpt_dir).name}-{event.run_id}",
+            dir=str(self.root),
+            mode="online" if self.mode == "online" else "offline",
+            resume="allow",
+            settings=wandb.Settings(
+                console="off",
+                silent=True,
+                x_disable_stats=True,
+                save_code=False,
+                disable_git=True,
+                x_save_requirements=False,
+            ),
+        )
+        for prefix in ("train", "eval", "report"):
+            self._run.define_metric(f"{prefix}/step")
+            self._run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
+        return self._run
+
+
+def _logged(root: Path, run_id: str) -> set[tuple[str, int, float]]:
+    """(prefix, step, time) of every row earlier run directories of ``run_id`` hold."""
+    seen = set()
+    for f in run_files(root, run_id):
+        for row in history_rows(f):
+            for key, value in row.items():
+                if key.endswith("/step") and isinstance(value, int):
+                    seen.add((key[: -len("/step")], value, row.get("_timestamp")))
+    return seen  # type: ignore[return-value]
