@@ -238,8 +238,15 @@ def _errors(exc: ValidationError) -> str:
 @click.option("--rdzv-endpoint", help="host:port of the c10d rendezvous (multi-node).")
 @click.option("--master-addr", help="Static rendezvous address (instead of --rdzv-endpoint).")
 @click.option("--master-port", type=int, help="Static rendezvous port.")
+@click.option(
+    "--report-to",
+    "report_to",
+    metavar="TRACKER,...",
+    help="Experiment trackers fed from the journal while training: tensorboard, mlflow "
+    "($MLFLOW_TRACKING_URI), wandb (offline unless WANDB_MODE=online), comma-separated.",
+)
 @click.option("--quiet", is_flag=True, help="Do not echo worker output (it still goes to logs/).")
-def main(config: Path | None, quiet: bool, **opts: Any) -> None:
+def main(config: Path | None, quiet: bool, report_to: str | None, **opts: Any) -> None:
     """Train with FSDP under torchrun, journaling every lifecycle event.
 
     \b
@@ -271,6 +278,8 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
     for opt, fld in TORCHRUN_FIELDS.items():
         if opts.get(opt) is not None:
             torchrun_base[fld] = opts[opt]
+    if report_to is not None:  # a comma-separated list; TrainingArgs checks the names
+        base["report_to"] = [t.strip() for t in report_to.split(",") if t.strip()]
     if "ckpt_dir" not in base:
         raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
     try:

@@ -189,6 +189,14 @@ class TrainingArgs(BaseModel):
         description="collective timeout: ranks wait this long for rank 0's export at a save",
     )
 
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        description="experiment trackers fed from the journal by the launcher's embedded "
+        "watcher: tensorboard (<ckpt_dir>/tensorboard), mlflow ($MLFLOW_TRACKING_URI), "
+        "wandb (offline unless WANDB_MODE=online; <ckpt_dir>/wandb); one that cannot work "
+        "is a warning, and training goes on",
+    )
+
     # -- flat callback API (never sent to the workers) --------------------------------------
     callbacks: list[Any] = Field(default_factory=list, exclude=True)
     callback_grace_s: float = Field(

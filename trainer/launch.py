@@ -190,7 +190,12 @@ def _launch(
     start_offset = before.st_size if before else 0
 
     watcher = None
-    if train_args.has_callbacks():
+    exporters = []
+    if train_args.report_to:
+        from watcher.embedded import start_exporters
+
+        exporters = start_exporters(ckpt_dir, list(train_args.report_to))
+    if train_args.has_callbacks() or exporters:
         from watcher.embedded import EmbeddedWatcher
 
         watcher = EmbeddedWatcher(
@@ -198,6 +203,7 @@ def _launch(
             hooks=train_args.hooks(),
             callbacks=train_args.callbacks,
             start_offset=start_offset,
+            exporters=exporters,
         )
         watcher.start()
 

@@ -19,7 +19,7 @@ from journal.rundir import UnsafeRunDir, check_run_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
-from watcher.export import every_record
+from watcher.export import close_all, every_record, make_exporter
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
 from watcher.text import PrintableFormatter
 
@@ -71,22 +71,21 @@ def _exporters(
     wandb: bool,
 ) -> list[Any]:
     """The experiment-tracker exporters the options ask for (CallbackSpecError: unusable)."""
-    out: list[Any] = []
-    if tensorboard_dir is not None:
-        from watcher.tensorboard import TensorBoardExport
-
-        out.append(TensorBoardExport(tensorboard_dir))
-    if mlflow_uri is not None:
-        from watcher.mlflow_export import MlflowExport
-
-        out.append(MlflowExport(mlflow_uri or None, log_artifacts=mlflow_log_artifacts))
-    elif mlflow_log_artifacts:
+    if mlflow_log_artifacts and mlflow_uri is None:
         raise CallbackSpecError("--mlflow-log-artifacts needs --mlflow")
-    if wandb:
-        from watcher.wandb_export import WandbExport
-
-        out.append(WandbExport(ckpt_dir))
-    return out
+    wanted = {"tensorboard": tensorboard_dir is not None, "mlflow": mlflow_uri is not None}
+    wanted["wandb"] = wandb
+    return [
+        make_exporter(
+            name,
+            ckpt_dir,
+            tensorboard_dir=tensorboard_dir,
+            mlflow_uri=mlflow_uri or None,
+            mlflow_log_artifacts=mlflow_log_artifacts,
+        )
+        for name, on in wanted.items()
+        if on
+    ]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -306,6 +305,7 @@ def main(
 
     hooks: list[Hook] = []
     consumers: list[Any] = []
+    exporters: list[Any] = []
     try:
         pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
         for event, cmd in pairs:
@@ -376,6 +376,7 @@ def main(
             err=True,
         )
     code = watcher.run()
+    close_all(exporters)
     if interrupted:
         sys.exit(130)
     n_ok = sum(1 for o in watcher.results if o.status == "ok")

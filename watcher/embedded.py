@@ -3,19 +3,24 @@
 It is the same engine as ``ilab-watch``, running on a thread of the launching process. It
 delivers only the records of this launch (from the journal's size at launch time) and keeps
 its cursor in memory; results still go to ``<ckpt_dir>/watch/embedded.results.jsonl``.
+It also runs the experiment-tracker exporters of ``TrainingArgs.report_to``
+(:func:`start_exporters`), so a user gets them without a second process.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from journal.paths import journal_path, watch_dir
+from watcher.callbacks import CallbackSpecError
 from watcher.delivery import DeliveryResult
 from watcher.engine import Watcher
+from watcher.export import close_all, every_record, make_exporter
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
 
 log = logging.getLogger("watcher")
@@ -41,6 +46,21 @@ def _log_result(out: DeliveryResult) -> None:
         )
 
 
+def start_exporters(ckpt_dir: Path, names: list[str]) -> list[Any]:
+    """The exporters of ``report_to`` that can work here. One that cannot (its package is
+    missing, the tracking server does not answer) is one warning line: training goes on."""
+    out = []
+    for name in names:
+        try:
+            out.append(make_exporter(name, ckpt_dir))
+        except CallbackSpecError as exc:
+            print(
+                f"ilab-train: warning: --report-to {name}: {exc}; training goes on without it",
+                file=sys.stderr,
+            )
+    return out
+
+
 class EmbeddedWatcher:
     """Delivers one launch's records to in-process callbacks, on a thread of the launcher.
 
@@ -50,6 +70,8 @@ class EmbeddedWatcher:
         callbacks: callback objects with ``on_<event>`` methods.
         start_offset: the journal's size at launch: earlier records are not delivered (but
             are given to ``restore_state``).
+        exporters: experiment-tracker exporters (:func:`start_exporters`): every record
+            goes to them, not only the newest pending one; closed when the watcher is done.
     """
 
     def __init__(
@@ -59,12 +81,16 @@ class EmbeddedWatcher:
         hooks: dict[str, list[Any]],
         callbacks: list[Any],
         start_offset: int,
+        exporters: list[Any] | None = None,
     ) -> None:
+        self.exporters = list(exporters or [])
         built: list[Hook] = [
             hook_for(event, spec, HookOptions()) for event, specs in hooks.items() for spec in specs
         ]
         for obj in callbacks:
             built.extend(hooks_for_object(obj, lambda ev: HookOptions()))
+        for exporter in self.exporters:
+            built.extend(hooks_for_object(exporter, every_record(lambda ev: HookOptions())))
         self.watcher = Watcher(
             journal_path(ckpt_dir),
             built,
@@ -99,6 +125,7 @@ class EmbeddedWatcher:
             log.warning("callbacks still running after %.0fs grace; abandoning them", grace_s)
             self.watcher.request_stop()
             self._thread.join(10)
+        close_all(self.exporters)
         return summarize(self.watcher.hooks, self.watcher.results)
 
 

@@ -14,11 +14,15 @@ so they are kept.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from watcher.callbacks import Event, TrainerCallback
+from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
 from watcher.hooks import HookOptions
+
+log = logging.getLogger("watcher")
 
 #: log fields that are not metrics (plus any value that is not a number)
 SKIP_LOG_FIELDS = frozenset(
@@ -54,6 +58,45 @@ def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], H
     return lambda event: dataclasses.replace(options_for(event), queue="all")
 
 
+def make_exporter(
+    name: str,
+    ckpt_dir: Path,
+    *,
+    tensorboard_dir: Path | None = None,
+    mlflow_uri: str | None = None,
+    mlflow_log_artifacts: bool = False,
+) -> MetricsExport:
+    """The exporter called ``name`` (one of :data:`TRACKERS`) for the run in ``ckpt_dir``.
+
+    TensorBoard writes to ``tensorboard_dir`` (default ``ckpt_dir/tensorboard``); MLflow
+    to ``mlflow_uri`` (default ``$MLFLOW_TRACKING_URI``); W&B under ``ckpt_dir/wandb``.
+    Raises :class:`watcher.callbacks.CallbackSpecError` (one line) when it cannot work:
+    its package is missing, the tracking server does not answer, ...
+    """
+    if name == "tensorboard":
+        from watcher.tensorboard import TensorBoardExport
+
+        return TensorBoardExport(tensorboard_dir or ckpt_dir / "tensorboard")
+    if name == "mlflow":
+        from watcher.mlflow_export import MlflowExport
+
+        return MlflowExport(mlflow_uri, log_artifacts=mlflow_log_artifacts)
+    if name == "wandb":
+        from watcher.wandb_export import WandbExport
+
+        return WandbExport(ckpt_dir)
+    raise CallbackSpecError(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
+
+
+def close_all(exporters: list[Any]) -> None:
+    """Close each exporter (the watcher is done); a failure is one logged line."""
+    for exporter in exporters:
+        try:
+            exporter.close()
+        except Exception as exc:
+            log.error("closing %s failed: %s", type(exporter).__name__, exc)
+
+
 class MetricsExport(TrainerCallback):
     """Base of the exporters: turns ``log``, ``evaluate`` and ``report`` records into named
     scalars at a step and hands them to :meth:`write_scalars`."""
@@ -84,3 +127,6 @@ class MetricsExport(TrainerCallback):
         """Write ``values`` (``{"train/loss": 0.5, ...}``) at ``step``, with the record's
         time ``event.ts``, skipping what the target already holds."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and finish (the watcher is done); the default has nothing to do."""

@@ -8,8 +8,9 @@ shared ``train/*``, ``eval/*`` and ``report/*`` (watcher/export.py), each with i
 axis (``train/step``, ``eval/step``, ``report/step``: a report for an earlier checkpoint
 arrives after later steps, which W&B's single step counter would drop), and the record's
 time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary; ``train_end``
-sets ``ilab/status`` and finishes the run (exit code 0 completed or stopped, 1 failed,
-5 interrupted, as ``ilab-train``'s).
+sets ``ilab/status``, and the run is finished when the watcher is done (:meth:`close`) with
+that ending's exit code (0 completed or stopped, 1 failed, 5 interrupted, as
+``ilab-train``'s).
 
 No duplicates: each watcher start makes a new run directory for the same id, so the
 exporter first reads the history of every earlier one (watcher/wandb_log.py) and skips a
@@ -63,6 +64,7 @@ class WandbExport(MetricsExport):
             raise CallbackSpecError(f"--wandb: cannot write {self.root / 'wandb'}: {exc}") from None
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._run: Any = None
+        self._exit_code = 0
         self._run_id: str | None = None
         self._seen: set[tuple[str, int, float]] = set()  # (prefix, step, time)
 
@@ -87,8 +89,18 @@ class WandbExport(MetricsExport):
             run.summary["ilab/status"] = status
             if data.get("reason"):
                 run.summary["ilab/reason"] = str(data["reason"])
-            run.finish(exit_code=_EXIT_CODES.get(status, 1))
-            self._run = None  # a later record (a report) opens it again
+            # finished by close(): hooks of other events may still deliver earlier records
+            self._exit_code = _EXIT_CODES.get(status, 1)
+
+    def close(self) -> None:
+        """Finish the open W&B run (the watcher is done), with the last ending's exit code."""
+        with self._lock:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._run is not None:
+            self._run.finish(exit_code=self._exit_code)
+        self._run, self._exit_code = None, 0
 
     # -- writing -------------------------------------------------------------------------
 
@@ -106,8 +118,7 @@ class WandbExport(MetricsExport):
 
         if self._run is not None and self._run_id == event.run_id:
             return self._run
-        if self._run is not None:
-            self._run.finish()
+        self._finish()  # the previous journal run's
         self._seen = _logged(self.root, event.run_id)
         self._run_id = event.run_id
         self._run = wandb.init(
