@@ -232,6 +232,44 @@ def log_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
     }
 
 
+def write_steps(w: JournalWriter, first: int, last: int) -> None:
+    """Steps ``first..last`` of a run: a log record each; every 4th step also evaluate,
+    save (``/c/checkpoints/step-N``) and a report (accuracy step/100). The exporters' tests
+    read these back from TensorBoard, MLflow and W&B."""
+    for s in range(first, last + 1):
+        w.append(
+            "log",
+            {"loss": 10.0 / s, "lr": 0.001, "grad_norm": 1.5, "tokens_per_s": 100.0 * s},
+            step=s,
+        )
+        if s % 4 == 0:
+            w.append(
+                "evaluate", {"val_loss": 5.0 / s, "val_num_tokens": 10, "duration": 0.1}, step=s
+            )
+            path = f"/c/checkpoints/step-{s:06d}"
+            w.append(
+                "save",
+                {
+                    "checkpoint_path": path,
+                    "kind": ["full_state"],
+                    "duration": 0.1,
+                    "trigger": "interval",
+                },
+                step=s,
+            )
+            w.append(
+                "report",
+                {
+                    "id": f"r{s}",
+                    "checkpoint_path": path,
+                    "step": s,
+                    "metrics": {"accuracy": s / 100},
+                    "reported_at": 1.0,
+                },
+                step=s,
+            )
+
+
 def write_run(
     ckpt: Path,
     steps: int = 10,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter
-from tests.conftest import BIN, cli, kill_tree, wait_for
+from tests.conftest import BIN, cli, kill_tree, wait_for, write_steps
 
 ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -26,41 +26,6 @@ def read_back(logdir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[st
         t: [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(t)] for t in tags["tensors"]
     }
     return scalars, texts
-
-
-def write_steps(w: JournalWriter, first: int, last: int) -> None:
-    for s in range(first, last + 1):
-        w.append(
-            "log",
-            {"loss": 10.0 / s, "lr": 0.001, "grad_norm": 1.5, "tokens_per_s": 100.0 * s},
-            step=s,
-        )
-        if s % 4 == 0:
-            w.append(
-                "evaluate", {"val_loss": 5.0 / s, "val_num_tokens": 10, "duration": 0.1}, step=s
-            )
-            path = f"/c/checkpoints/step-{s:06d}"
-            w.append(
-                "save",
-                {
-                    "checkpoint_path": path,
-                    "kind": ["full_state"],
-                    "duration": 0.1,
-                    "trigger": "interval",
-                },
-                step=s,
-            )
-            w.append(
-                "report",
-                {
-                    "id": f"r{s}",
-                    "checkpoint_path": path,
-                    "step": s,
-                    "metrics": {"accuracy": s / 100},
-                    "reported_at": 1.0,
-                },
-                step=s,
-            )
 
 
 def test_replay_writes_scalars_and_text_at_the_right_steps(tmp_path: Path) -> None:

@@ -47,23 +47,42 @@ def _payloads(data: bytes) -> Iterator[bytes]:
             yield bytes(parts)
 
 
-def history_rows(wandb_file: Path) -> list[dict[str, Any]]:
-    """Every history row logged to one run directory's ``.wandb`` file, as plain dicts
-    (``_step``, ``_timestamp`` and the logged keys)."""
+def records(wandb_file: Path) -> list[Any]:
+    """Every ``wandb_internal_pb2.Record`` of one run directory's ``.wandb`` file."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    rows = []
+    out = []
     for raw in _payloads(wandb_file.read_bytes()):
         rec = pb.Record()  # type: ignore[attr-defined]
         rec.ParseFromString(raw)
-        if rec.WhichOneof("record_type") != "history":
-            continue
-        row = {}
-        for item in rec.history.item:
-            key = item.key or "/".join(item.nested_key)
-            row[key] = json.loads(item.value_json) if item.value_json else None
-        rows.append(row)
-    return rows
+        out.append(rec)
+    return out
+
+
+def _items(items: Any) -> dict[str, Any]:
+    return {
+        (i.key or "/".join(i.nested_key)): json.loads(i.value_json) if i.value_json else None
+        for i in items
+    }
+
+
+def history_rows(wandb_file: Path) -> list[dict[str, Any]]:
+    """Every history row logged to one run directory's ``.wandb`` file, as plain dicts
+    (``_step``, ``_timestamp`` and the logged keys)."""
+    return [
+        _items(r.history.item)
+        for r in records(wandb_file)
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+def summary(wandb_file: Path) -> dict[str, Any]:
+    """The run summary as the file's summary updates leave it."""
+    out: dict[str, Any] = {}
+    for r in records(wandb_file):
+        if r.WhichOneof("record_type") == "summary":
+            out.update(_items(r.summary.update))
+    return out
 
 
 def run_files(root: Path, run_id: str) -> list[Path]:

@@ -1,0 +1,244 @@
+"""``ilab-watch --mlflow`` and ``ilab-train --report-to mlflow``: the journal read back from a
+real MLflow tracking server (``mlflow server`` on loopback, sqlite backend) and from a file
+store with MLflow's own client: one run per journal run, params, metric series with no
+duplicate step after a watcher is killed and restarted, reports, checkpoints, status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import JournalWriter
+from tests.conftest import (
+    BIN,
+    cli,
+    free_port,
+    kill_tree,
+    records,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+    write_steps,
+)
+from watcher.callbacks import CallbackSpecError
+
+mlflow_tracking = pytest.importorskip("mlflow.tracking")
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on a free loopback port (sqlite backend store)."""
+    d = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(d / "server.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            *(str(BIN / "mlflow"), "server"),
+            *("--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}"),
+            *("--artifacts-destination", str(d / "artifacts")),
+            *("--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: proc.poll() is not None or _healthy(uri), 240, "the MLflow server")
+        assert proc.poll() is None, (d / "server.log").read_text()[-2000:]
+        yield uri
+    finally:
+        kill_tree(proc.pid)
+        log.close()
+
+
+def only_run(client: Any, experiment: str) -> Any:
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment!r}"
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return runs[0]
+
+
+def series(client: Any, run: Any, key: str) -> list[tuple[int, float]]:
+    history = client.get_metric_history(run.info.run_id, key)
+    return sorted((m.step, m.value) for m in history)
+
+
+def test_demo_reports_to_mlflow_and_a_restarted_watcher_adds_no_duplicates(
+    server: str, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "run"
+    client = mlflow_tracking.MlflowClient(server)
+    env = {**train_env(step_delay=0.3), "MLFLOW_TRACKING_URI": server}
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "12", "--save-every", "4", "--report-to", "mlflow"),
+        env={**env, "MLFLOW_EXPERIMENT_NAME": "embedded"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watch_env = {**os.environ, "MLFLOW_EXPERIMENT_NAME": "watcher"}
+
+    def watcher() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [str(BIN / "ilab-watch"), str(ckpt), "--mlflow", server],
+            env=watch_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def watcher_losses() -> int:
+        exp = client.get_experiment_by_name("watcher")
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        return len(series(client, runs[0], "train/loss")) if runs else 0
+
+    w = watcher()
+    try:
+        wait_for(lambda: watcher_losses() >= 3, 240, "3 loss points from ilab-watch --mlflow")
+    finally:
+        kill_tree(w.pid)  # kill -9 mid-run: its cursor may lag behind what it wrote
+    w = watcher()  # the restart, still live
+    try:
+        assert job.wait(timeout=300) == 0, job.stderr.read() if job.stderr else ""
+        assert w.wait(timeout=120) == 0  # it ends after train_end
+    finally:
+        job.kill()
+        w.kill()
+    for step in (4, 8, 12):  # reports written after the end reach the watcher on a replay
+        proc = cli(
+            "ilab-journal",
+            "report",
+            str(ckpt),
+            f"accuracy={step / 20}",
+            "--checkpoint",
+            f"step-{step:06d}",
+        )
+        assert proc.returncode == 0, proc.stderr
+    proc = cli("ilab-watch", str(ckpt), "--mlflow", server, "--replay", env=watch_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+    logged = {r["step"]: r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"}
+    run_id = records(ckpt)[0]["run_id"]
+    for experiment in ("embedded", "watcher"):
+        run = only_run(client, experiment)
+        assert run.data.tags["ilab.run_id"] == run_id
+        losses = series(client, run, "train/loss")
+        assert [s for s, _ in losses] == list(range(1, 13))  # each step once
+        assert losses == [(s, pytest.approx(v)) for s, v in sorted(logged.items())]
+        assert run.data.params["max_steps"] == "12" and run.data.params["save_every"] == "4"
+        assert run.data.params["model.d_model"] == "128"
+        assert run.info.status == "FINISHED" and run.data.tags["ilab.status"] == "completed"
+        assert run.data.tags["checkpoint.step-000008"] == str(ckpt / "checkpoints/step-000008")
+    watched = only_run(client, "watcher")
+    assert series(client, watched, "report/accuracy") == [
+        (4, pytest.approx(0.2)),
+        (8, pytest.approx(0.4)),
+        (12, pytest.approx(0.6)),
+    ]
+
+
+def test_replay_into_a_file_store_continues_one_run_across_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, store = tmp_path / "run", tmp_path / "mlruns"
+    kept = ckpt / "checkpoints" / "step-000009"
+    kept.mkdir(parents=True)
+    (kept / "weights.txt").write_text("w")
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"lr": 0.001, "model": {"d_model": 8}}, "world_size": 2})
+        write_steps(w, 1, 5)
+        w.append("train_end", {"status": "interrupted", "reason": "SIGTERM"}, step=5)
+    with JournalWriter(ckpt, resume=True) as w:  # attempt 2: same run_id, steps 5.. again
+        w.append("train_begin", {"config": {"lr": 0.002, "max_steps": 9}, "world_size": 2})
+        write_steps(w, 5, 9)
+        w.append(
+            "save", {"checkpoint_path": str(kept), "kind": ["full_state"], "duration": 0.1}, step=9
+        )
+        w.append("train_end", {"status": "completed"}, step=9)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind it
+    for name, extra in (("first", ["--mlflow-log-artifacts"]), ("again", [])):
+        proc = cli(
+            "ilab-watch", str(ckpt), "--replay", "--mlflow", store.as_uri(), "--name", name, *extra
+        )
+        assert proc.returncode == 0, proc.stderr
+    client = mlflow_tracking.MlflowClient(store.as_uri())
+    run = only_run(client, "ilab-journal")
+    # step 5 twice: once per attempt (other times), the replay added nothing
+    assert [s for s, _ in series(client, run, "train/loss")] == [1, 2, 3, 4, 5, 5, 6, 7, 8, 9]
+    assert [s for s, _ in series(client, run, "eval/val_loss")] == [4, 8]
+    assert series(client, run, "report/accuracy") == [
+        (4, pytest.approx(0.04)),
+        (8, pytest.approx(0.08)),
+    ]
+    # MLflow params cannot change: the first attempt's value stays, new keys are added
+    assert run.data.params == {
+        "lr": "0.001",
+        "model.d_model": "8",
+        "world_size": "2",
+        "max_steps": "9",
+    }
+    assert run.data.tags["ilab.attempt"] == "2"
+    assert run.data.tags["checkpoint.step-000004"] == "/c/checkpoints/step-000004"
+    assert run.info.status == "FINISHED"
+    files = client.list_artifacts(run.info.run_id, "checkpoints/step-000009")
+    assert [Path(f.path).name for f in files] == ["weights.txt"]
+
+
+def test_an_unreachable_tracking_server_is_one_line(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+    uri = f"http://127.0.0.1:{free_port()}"
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow", uri)
+    assert proc.returncode == 2
+    assert f"cannot reach the MLflow tracking server at {uri}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow-log-artifacts")
+    assert proc.returncode == 2 and "--mlflow-log-artifacts needs --mlflow" in proc.stderr
+
+
+def test_without_the_mlflow_package_the_message_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from watcher.mlflow_export import MlflowExport
+
+    for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what an environment without it sees
+    with pytest.raises(CallbackSpecError, match=r"pip install 'ilab-journal\[mlflow\]'"):
+        MlflowExport("http://127.0.0.1:1")
+
+
+def test_report_to_trackers_that_cannot_work_warns_and_trains_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = tmp_path / "run"
+    uri = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("WANDB_MODE", "sideways")
+    proc = train(ckpt, "--max-steps", "2", "--report-to", "mlflow,wandb")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "--report-to" in ln]
+    assert len(warnings) == 2, proc.stderr
+    assert f"--report-to mlflow: cannot reach the MLflow tracking server at {uri}" in warnings[0]
+    assert warnings[1].startswith("ilab-train: warning: --report-to wandb:")
+    assert "Traceback" not in proc.stderr
+    assert records(ckpt)[-1]["data"]["status"] == "completed"
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", str(ckpt), "--report-to", "neptune")
+    assert proc.returncode == 2 and "--report-to" in proc.stderr and "Traceback" not in proc.stderr
