@@ -1,0 +1,106 @@
+"""``ilab-watch --wandb`` in W&B's offline mode: the run directories it writes (what
+``wandb sync`` uploads) read back from their transaction logs, with no duplicate row after a
+watcher is killed and restarted, or a replay."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import JournalWriter
+from tests.conftest import BIN, cli, kill_tree, records, wait_for, write_steps
+from watcher.wandb_log import history_rows, run_files, summary
+from watcher.wandb_log import records as wandb_records
+
+pytest.importorskip("wandb")
+
+
+def rows(ckpt: Path) -> list[dict[str, Any]]:
+    """Every history row of the journal run, over all its run directories."""
+    run_id = records(ckpt)[0]["run_id"]
+    return [row for f in run_files(ckpt, run_id) for row in history_rows(f)]
+
+
+def points(ckpt: Path, key: str) -> list[tuple[int, float]]:
+    prefix = key.split("/")[0]
+    return sorted((r[f"{prefix}/step"], r[key]) for r in rows(ckpt) if key in r)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_live_export_survives_a_kill_9_and_a_replay_without_duplicates(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    w = JournalWriter(ckpt)
+    w.append("train_begin", {"config": {"lr": 0.001, "model": {"d_model": 8}}})
+    write_steps(w, 1, 6)
+    watcher = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(ckpt), "--wandb"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: len(points(ckpt, "train/loss")) == 6, 90, "6 loss rows written live")
+    finally:
+        kill_tree(watcher.pid)  # kill -9: the cursor may lag behind what was written
+    write_steps(w, 7, 10)
+    w.append("train_end", {"status": "completed"}, step=10)
+    w.close()
+    proc = cli("ilab-watch", str(ckpt), "--wandb", timeout=120)  # the restart
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("ilab-watch", str(ckpt), "--wandb", "--replay", "--name", "again", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+    assert points(ckpt, "train/loss") == [(s, pytest.approx(10.0 / s)) for s in range(1, 11)]
+    assert [s for s, _ in points(ckpt, "train/tokens_per_s")] == list(range(1, 11))
+    assert points(ckpt, "eval/val_loss") == [(4, pytest.approx(1.25)), (8, pytest.approx(0.625))]
+    assert points(ckpt, "report/accuracy") == [(4, pytest.approx(0.04)), (8, pytest.approx(0.08))]
+    run_id = records(ckpt)[0]["run_id"]
+    dirs = run_files(ckpt, run_id)
+    assert all(f.parent.name.startswith("offline-run-") for f in dirs)  # for `wandb sync`
+    last = summary(dirs[1])  # the restart's: it saw train_end and the last checkpoint
+    assert last["ilab/status"] == "completed"
+    assert last["ilab/last_checkpoint"] == "/c/checkpoints/step-000008"
+    exits = [
+        r.exit.exit_code
+        for f in dirs[1:2]
+        for r in wandb_records(f)
+        if r.WhichOneof("record_type") == "exit"
+    ]
+    assert exits == [0]
+
+
+def test_report_to_wandb_from_ilab_train(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            str(BIN / "ilab-train"),
+            *("--demo", "--ckpt-dir", str(ckpt), "--nproc-per-node", "1", "--quiet"),
+            *("--max-steps", "4", "--save-every", "2", "--report-to", "wandb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    logged = [(r["step"], r["data"]["loss"]) for r in records(ckpt) if r["event"] == "log"]
+    assert points(ckpt, "train/loss") == [(s, pytest.approx(v)) for s, v in logged]
+    assert [s for s, _ in logged] == [1, 2, 3, 4]
+    (only,) = run_files(ckpt, records(ckpt)[0]["run_id"])
+    assert summary(only)["ilab/status"] == "completed"
+
+
+def test_a_bad_mode_is_one_line(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--wandb", env={"WANDB_MODE": "sideways"})
+    assert proc.returncode == 2
+    assert "WANDB_MODE='sideways'; use offline or online" in proc.stderr
+    assert "Traceback" not in proc.stderr
