@@ -228,7 +228,7 @@ def query(
         raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
     path = resolve_journal(dir)
     if best is not None:
-        from journal.reports import MetricGoal
+        from journal.best import MetricGoal
 
         try:
             goal = MetricGoal.parse(best)

@@ -41,6 +41,14 @@ def checkpoint_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def checkpoint_key(path: str) -> str:
+    """A checkpoint's identity inside one run (best-checkpoint tracking, the watcher's
+    removal notes): its ``step-NNNNNN`` name, which stays the same however the run dir is
+    spelled; the normalized path for checkpoints named otherwise."""
+    name = Path(path).name
+    return name if checkpoint_step(name) is not None else os.path.normpath(path)
+
+
 def checkpoint_root(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
     """The directory that holds a checkpoint of this name: ``checkpoints/`` for ilab-train's,
     the run dir itself for HF Trainer's ``checkpoint-N``."""

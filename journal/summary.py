@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.best import BEST_EVENTS, BestTracker, MetricGoal
 from journal.reader import iter_batches
-from journal.reports import BEST_EVENTS, BestTracker, MetricGoal
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
 STATE_EXIT_CODES: dict[str, int] = {

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from journal.leases import DEFAULT_TTL_S
-from journal.paths import checkpoint_root
+from journal.paths import checkpoint_key, checkpoint_root
 from journal.query import ended_before
-from journal.reports import checkpoint_key
 from journal.rotation import prune_finished_run
 from watcher.callbacks import callable_name
 from watcher.command import end_leftovers
