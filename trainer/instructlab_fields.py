@@ -189,8 +189,8 @@ TRAIN_RULES: dict[str, Rule] = {
     ),
     "mock_data": refused(False, "not supported: give real data (or ilab-train --demo)"),
     "mock_data_len": ignored(0, "only read with mock_data, which is refused"),
-    "deepspeed_options": mapped(
-        (), DEEPSPEED_NOOP, _deepspeed, "refused unless every option is at its default"
+    "deepspeed_options": Rule(
+        "refused", DEEPSPEED_NOOP, (), _deepspeed, "refused unless every option is at its default"
     ),
     "fsdp_options": mapped(
         ("sharding",),
