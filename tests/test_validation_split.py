@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,33 @@ def test_the_same_split_in_every_process() -> None:
 def test_nothing_left_to_train_on_is_a_data_error() -> None:
     with pytest.raises(DataError, match="none left to train on"):
         held_out(1, 0.5, 0)
+
+
+def test_start_warnings_know_the_held_out_samples(tmp_path: Path) -> None:
+    from trainer.config import TrainingArgs
+    from trainer.data_check import DataSummary, start_warnings
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "x"}\n')
+
+    def warnings(**kw: object) -> list[str]:
+        args = TrainingArgs.model_validate({"ckpt_dir": tmp_path, "data_path": data, **kw})
+        return start_warnings(args, DataSummary(100, chat=False))
+
+    # eval_every has data to evaluate: no "no validation data" warning
+    assert warnings(validation_split=0.1, eval_every=5) == []
+    assert "nothing evaluates on it" in warnings(validation_split=0.1)[0]
+    # 90 samples train (10 held out): 5 steps of 16, not 6
+    assert (
+        "of 5 steps (90 samples"
+        in warnings(validation_split=0.1, eval_every=5, effective_batch_size=16, max_steps=9)[0]
+    )
+    with pytest.raises(ValueError, match="validation_split or val_data_path, not both"):
+        TrainingArgs.model_validate(
+            {
+                "ckpt_dir": tmp_path,
+                "data_path": data,
+                "val_data_path": data,
+                "validation_split": 0.1,
+            }
+        )
