@@ -89,6 +89,12 @@ def _errors(exc: ValidationError) -> str:
     help="JSON or YAML file of TrainingArgs fields (plus an optional 'torchrun' mapping); flags override it.",
 )
 @click.option(
+    "--instructlab-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML (or JSON) of InstructLab's run_training settings: torch_args and train_args "
+    "mappings with instructlab-training's field names (docs/instructlab.md); flags override it.",
+)
+@click.option(
     "--ckpt-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Checkpoints, journal.jsonl, control/ and logs/ go here.",
@@ -239,7 +245,7 @@ def _errors(exc: ValidationError) -> str:
 @click.option("--master-addr", help="Static rendezvous address (instead of --rdzv-endpoint).")
 @click.option("--master-port", type=int, help="Static rendezvous port.")
 @click.option("--quiet", is_flag=True, help="Do not echo worker output (it still goes to logs/).")
-def main(config: Path | None, quiet: bool, **opts: Any) -> None:
+def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **opts: Any) -> None:
     """Train with FSDP under torchrun, journaling every lifecycle event.
 
     \b
@@ -255,7 +261,9 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
 
     base: dict[str, Any] = {}
-    if config is not None:
+    if instructlab_config is not None:
+        base = _instructlab_base(instructlab_config, config)
+    elif config is not None:
         try:
             base = load_config_file(config)
         except ValueError as exc:
@@ -302,6 +310,21 @@ def main(config: Path | None, quiet: bool, **opts: Any) -> None:
         err=True,
     )
     sys.exit(EXIT_CODES.get(result.status, 1))
+
+
+def _instructlab_base(path: Path, config: Path | None) -> dict[str, Any]:
+    """``--instructlab-config``: the mapped settings as a ``--config`` mapping (flags still
+    override them); a field that cannot run here is one line naming it (exit 2)."""
+    from trainer.instructlab import from_config
+
+    if config is not None:
+        raise click.UsageError("give --config or --instructlab-config, not both")
+    try:
+        targs, trun = from_config(path)
+    except ConfigError as exc:
+        click.echo(f"ilab-train: {exc}", err=True)
+        sys.exit(2)
+    return {**targs.data_dict(), "torchrun": trun.model_dump(exclude_none=True)}
 
 
 if __name__ == "__main__":

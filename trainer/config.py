@@ -213,6 +213,26 @@ class TrainingArgs(BaseModel):
     on_report: CallbackField = Field(None, exclude=True)
     on_checkpoint_removed: CallbackField = Field(None, exclude=True)
 
+    # -- InstructLab parity (docs/instructlab.md) --------------------------------------------
+    validation_split: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="hold out this fraction of the training data (rounded up to whole samples, "
+        "the same samples on every rank and every resume, chosen by seed) and evaluate on it "
+        "every eval_every steps; 0 holds nothing out; not together with val_data_path",
+    )
+    save_samples: int | None = Field(
+        None,
+        ge=1,
+        description="checkpoint every N training samples, counted as InstructLab counts them: "
+        "at the first step boundary at or past each multiple of N (beside save_every)",
+    )
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's beta1 and beta2 (each in [0, 1))"
+    )
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW's epsilon")
+
     @field_validator("keep_best")
     @classmethod
     def _goal(cls, v: str | None) -> str | None:
@@ -228,6 +248,10 @@ class TrainingArgs(BaseModel):
             )
         if self.data_path is not None and not self.demo and not Path(self.data_path).is_file():
             raise ValueError(f"training data file {self.data_path} does not exist")
+        if self.validation_split and self.val_data_path is not None:
+            raise ValueError("give validation_split or val_data_path, not both")
+        if not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ValueError(f"adam_betas must each be in [0, 1), got {self.adam_betas}")
         if self.val_data_path is not None and not Path(self.val_data_path).is_file():
             raise ValueError(f"validation data file {self.val_data_path} does not exist")
         if self.model_path is not None:

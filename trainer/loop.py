@@ -155,7 +155,9 @@ class Trainer:
         applied = self._journal_control()
         if self.reports is not None:
             self.reports.poll()
-        act = decide(st.step, m.commands, m.interrupted, self.args)
+        act = decide(
+            st.step, m.commands, m.interrupted, self.args, st.samples_seen, plan.global_samples
+        )
         if act.log:
             self._log(plan, m, elapsed)
         if act.evaluate:
