@@ -1,10 +1,9 @@
 """``ilab-train``'s options, generated from the fields of the pydantic models.
 
 Every field of :class:`TrainingArgs` (its nested :class:`ModelConfig` included) and of
-:class:`TorchrunArgs` is one option, the way HfArgumentParser and torchtitan's CLI build
-theirs: the flag is the field's name with dashes, ``Literal`` becomes ``click.Choice``,
-``bool`` a flag, the field's description is the help and click shows the field's default.
-What differs from that rule is in :data:`OVERRIDES`; the fields no flag sets are in
+:class:`TorchrunArgs` is one option: the flag is the field's name with dashes, ``Literal``
+becomes ``click.Choice``, ``bool`` a flag, the field's description is the help and click
+shows the field's default. What differs from that rule is in :data:`OVERRIDES`; the fields no flag sets are in
 :data:`CONFIG_ONLY`, each with its reason. A value reaches the model only when its flag was
 given on the command line, so a ``--config`` file's value stands unless a flag overrides it.
 """
@@ -143,13 +142,13 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
 def _option(path: str, info: FieldInfo, section: str | None) -> FieldOption:
     over = OVERRIDES.get(path, Override())
     flag = over.flag or "--" + path.rsplit(".", 1)[-1].replace("_", "-")
-    ptype, is_flag = _click_type(info.annotation)
+    ptype, is_flag = (over.type, False) if over.type else _click_type(info.annotation)
     default = None if info.is_required() else info.get_default(call_default_factory=True)
     decl = flag
     if is_flag and default:  # a flag that is on unless switched off: --x/--no-x
         decl = f"{flag}/--no-{flag[2:]}"
     attrs = {
-        "type": over.type or ptype,
+        "type": ptype,
         "is_flag": is_flag,
         "default": default,
         "show_default": True,
