@@ -13,6 +13,7 @@ import torch
 
 from journal import JournalWriter, send_command
 from journal.paths import checkpoints_dir, journal_path
+from journal.reports import Report, submit_report
 from journal.rundir import make_dir
 from tests.conftest import records, write_run
 from trainer.checkpoint import TrainerState
@@ -196,3 +197,23 @@ def test_other_ranks_write_nothing_and_take_no_lock(ckpt: Path) -> None:
     assert j.poll_control() == 0 and j.lock is None
     j.close()
     assert not journal_path(ckpt).exists()
+
+
+def test_a_bridge_journals_reports_and_commands_at_its_step_boundary(ckpt: Path) -> None:
+    """What HF's on_step_end and Accelerate's poll_control call: one agreement (one rank
+    here), then the commands and the reports that came in, at the step the loop is at."""
+    j = RunJournal(ckpt, main=True, role="hf-trainer")
+    j.open(resume=False)
+    j.follow(Where(step=3))
+    hf_checkpoint = ckpt / "checkpoint-3"
+    hf_checkpoint.mkdir()
+    submit_report(ckpt, Report({"accuracy": 0.5}, checkpoint_path=hf_checkpoint))
+    send_command(ckpt, "stop")
+    try:
+        bits, applied = j.agree(torch.device("cpu"))
+    finally:
+        j.close()
+    assert bits == STOP and [c["command"] for c in applied] == ["stop"]
+    got = {r["event"]: r for r in records(ckpt)}
+    assert got["report"]["data"]["metrics"] == {"accuracy": 0.5}
+    assert got["report"]["step"] == got["control"]["step"] == 3
