@@ -1,8 +1,9 @@
 """Worker entry point, run by torchrun on every rank: ``python -m trainer.worker CONFIG.json``.
 
-Sets up the process group, model (FSDP2 ``fully_shard`` per block, one code path for CPU/gloo
-and GPU/NCCL), data, optimizer and journal, runs the loop, and guarantees a ``train_end``
-record on every exit path Python can see.
+Opens the run journal (:class:`trainer.run_journal.RunJournal`), builds what the rank trains
+with in one step (:func:`trainer.startup.build_run`: process group, model with FSDP2
+``fully_shard`` per block, one code path for CPU/gloo and GPU/NCCL, data, optimizer, resumed
+state), runs the loop, and guarantees a ``train_end`` record on every exit path Python can see.
 """
 
 from __future__ import annotations
