@@ -31,8 +31,6 @@ from typing import Any
 
 import orjson
 
-# Re-exported for trainer/, which imports them from here (their home is journal.best).
-from journal.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal  # noqa: F401
 from journal.files import atomic_write, json_files
 from journal.inbox import (
     MAX_FILE_BYTES,
