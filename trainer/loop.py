@@ -67,7 +67,7 @@ class Trainer:
         self.planner, self.val_planner = built.planner, built.val_planner
         self.state, self.total_steps = built.state, built.total_steps
         self.write_consolidated = built.write_consolidated
-        self.j = journal
+        self.journal = journal
         journal.follow(self.state)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_saved_step = self.state.step if self.state.step else -1
@@ -93,7 +93,7 @@ class Trainer:
         st, a = self.state, self.args
         steps_per_epoch = self.planner.steps_per_epoch
         while st.step < self.total_steps and st.epoch < a.num_epochs:
-            self.j.emit(
+            self.journal.emit(
                 "epoch_begin",
                 {"steps_in_epoch": steps_per_epoch, "start_step_in_epoch": st.step_in_epoch},
             )
@@ -102,7 +102,7 @@ class Trainer:
                 if outcome is not None:
                     return outcome
             if st.step_in_epoch >= steps_per_epoch:  # the epoch is complete
-                self.j.emit("epoch_end", {"epoch": st.epoch})
+                self.journal.emit("epoch_end", {"epoch": st.epoch})
                 st.epoch, st.step_in_epoch = st.epoch + 1, 0
                 if a.save_at_epoch_end and self.last_saved_step != st.step:
                     self.save("epoch_end")
@@ -118,19 +118,19 @@ class Trainer:
         st = self.state
         t0 = time.perf_counter()
         st.step += 1
-        self.j.emit("step_begin")
+        self.journal.emit("step_begin")
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
-        m = self._all_reduce(loss_local, tokens_local, grad_norm, self.j.poll_control())
+        m = self._all_reduce(loss_local, tokens_local, grad_norm, self.journal.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
         if self.step_delay:
             time.sleep(self.step_delay)
         elapsed = time.perf_counter() - t0
         self.step_time_s += elapsed
-        applied = self.j.journal_control()
-        self.j.poll_reports()
+        applied = self.journal.journal_control()
+        self.journal.poll_reports()
         act = decide(
             st.step, m.commands, m.interrupted, self.args, st.samples_seen, plan.global_samples
         )
@@ -140,14 +140,14 @@ class Trainer:
             self.evaluate()
         if act.save:
             self.save(act.save, ending=act.end)
-        self.j.emit("step_end", {"loss": m.loss})
+        self.journal.emit("step_end", {"loss": m.loss})
         return self._ending(act.end, applied) if act.end else None
 
     # -- the parts of a step ---------------------------------------------------------------
 
     def _forward_backward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Every micro-batch of this rank; returns its (loss sum, loss-token count)."""
-        j = self.j
+        j = self.journal
         scale = self.world / max(plan.global_loss_tokens, 1)  # FSDP averages grads over ranks
         loss_acc = torch.zeros((), device=self.device)
         tokens_acc = torch.zeros((), device=self.device)
@@ -175,7 +175,7 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         """Clip, step, schedule, zero_grad; returns the (pre-clip) total grad norm."""
-        self.j.emit("before_optimizer_step")
+        self.journal.emit("before_optimizer_step")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
@@ -185,7 +185,7 @@ class Trainer:
             self.precision_checked = True
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        self.j.emit("after_optimizer_step")
+        self.journal.emit("after_optimizer_step")
         return grad_norm
 
     def _all_reduce(
@@ -194,7 +194,7 @@ class Trainer:
         """The step's single reduction: metrics, plus control bits and signals for free.
         Rank 0 alone contributes the bits and the (already global) grad norm."""
         is0 = 1.0 if self.rank == 0 else 0.0
-        self.flags_host[0] = 1.0 if self.j.interrupted else 0.0
+        self.flags_host[0] = 1.0 if self.journal.interrupted else 0.0
         self.flags_host[1] = float(commands) * is0
         flags = self.flags_host.to(self.device, non_blocking=True)
         vec = torch.cat(
@@ -214,7 +214,7 @@ class Trainer:
 
     def _log(self, plan: StepPlan, m: StepMetrics, elapsed: float) -> None:
         lr = self.sched.get_last_lr()[0]
-        self.j.emit("log", log_payload(plan, m, elapsed, lr, self.state.samples_seen, self.device))
+        self.journal.emit("log", log_payload(plan, m, elapsed, lr, self.state.samples_seen, self.device))
         if self.rank == 0:
             log.info(
                 "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
@@ -229,7 +229,7 @@ class Trainer:
     def _ending(self, end: EndReason, applied: list[dict[str, Any]]) -> RunOutcome:
         st = self.state
         if end == "interrupt":
-            sig = self.j.interrupted[0] if self.j.interrupted else "signal on another rank"
+            sig = self.journal.interrupted[0] if self.journal.interrupted else "signal on another rank"
             return RunOutcome("interrupted", f"{sig} at step {st.step}", self._final_path())
         cmd = next((c for c in applied if c["command"] == end), {})
         why = f"{end} command" + (f": {cmd['reason']}" if cmd.get("reason") else "")
@@ -258,7 +258,7 @@ class Trainer:
         self.model.train()
         total, n = acc.tolist()
         val_loss = total / n if n else None
-        self.j.emit(
+        self.journal.emit(
             "evaluate",
             {"val_loss": val_loss, "val_num_tokens": int(n), "duration": time.perf_counter() - t0},
         )
@@ -272,7 +272,7 @@ class Trainer:
     def save(self, why: str, ending: EndReason | None = None) -> None:
         """Collective checkpoint; then rank 0 journals it and rotates older ones."""
         t0 = time.perf_counter()
-        self.state.run_id = self.j.run_id or self.state.run_id
+        self.state.run_id = self.journal.run_id or self.state.run_id
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
@@ -283,7 +283,7 @@ class Trainer:
             write_consolidated=self.write_consolidated if export else None,
         )
         self.last_saved_step = self.state.step
-        self.j.emit(
+        self.journal.emit(
             "save",
             {
                 "checkpoint_path": str(path),
@@ -298,7 +298,7 @@ class Trainer:
             log.info(
                 "saved %s (%s)%s", path, why, f"; export skipped: {skipped}" if skipped else ""
             )
-            self.j.rotate(self.args.keep_last_n)  # keeps the best (reports counted first)
+            self.journal.rotate(self.args.keep_last_n)  # keeps the best (reports counted first)
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:

@@ -51,7 +51,7 @@ class JournalTracker(GeneralTracker):
         super().__init__()
         self.ckpt_dir = Path(ckpt_dir)
         self.total_steps = total_steps
-        self.j: RunJournal | None = None
+        self.run_journal: RunJournal | None = None
         self.device = torch.device("cpu")
         #: The loop's position as far as it told us (the step of its last call): the
         #: journal follows it.
@@ -61,7 +61,7 @@ class JournalTracker(GeneralTracker):
 
     @property
     def tracker(self) -> RunJournal | None:
-        return self.j
+        return self.run_journal
 
     def start(self) -> None:
         state = PartialState()
@@ -70,17 +70,17 @@ class JournalTracker(GeneralTracker):
         # "not distributed" under torchrun, and every rank then calls itself the main one.
         main = dist.get_rank() == 0 if dist.is_initialized() else state.is_main_process
         self.device = torch.device(state.device)
-        self.j = RunJournal(self.ckpt_dir, main=main, role="accelerate")
-        self.j.catch_signals()
-        self.j.open(resume=False)
-        self.j.fail_on_uncaught_exception()
-        self.j.follow(self.where)
+        self.run_journal = RunJournal(self.ckpt_dir, main=main, role="accelerate")
+        self.run_journal.catch_signals()
+        self.run_journal.open(resume=False)
+        self.run_journal.fail_on_uncaught_exception()
+        self.run_journal.follow(self.where)
 
     def _journal(self) -> RunJournal:
-        if self.j is None:
+        if self.run_journal is None:
             self.start()
-        assert self.j is not None
-        return self.j
+        assert self.run_journal is not None
+        return self.run_journal
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._journal().begin(

@@ -86,7 +86,7 @@ class JournalCallback(TrainerCallback):
             raise ValueError(f"keep_last_n must be >= 1 (or None to keep all), not {keep_last_n}")
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.keep_last_n = keep_last_n
-        self.j: RunJournal | None = None
+        self._run_journal: RunJournal | None = None
         self.position: HFPosition | None = None
         self.device = torch.device("cpu")
         self.abort = False
@@ -94,21 +94,21 @@ class JournalCallback(TrainerCallback):
 
     @property
     def journal(self) -> RunJournal:
-        assert self.j is not None, "on_train_begin has not run"
-        return self.j
+        assert self._run_journal is not None, "on_train_begin has not run"
+        return self._run_journal
 
     # -- start and end -----------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.device = torch.device(args.device)
-        self.j = RunJournal(
+        self._run_journal = RunJournal(
             self.ckpt_dir or args.output_dir, main=state.is_world_process_zero, role="hf-trainer"
         )
-        self.j.catch_signals()
-        self.j.open(resume=bool(kw.get("resume_from_checkpoint")))
-        self.j.fail_on_uncaught_exception()
+        self.journal.catch_signals()
+        self.journal.open(resume=bool(kw.get("resume_from_checkpoint")))
+        self.journal.fail_on_uncaught_exception()
         self.position = HFPosition(state)
-        self.j.follow(self.position)
+        self.journal.follow(self.position)
         if args.save_total_limit and state.is_world_process_zero:
             log.warning(
                 "save_total_limit=%s: HF's rotation may delete a checkpoint an eval is still "
@@ -116,7 +116,7 @@ class JournalCallback(TrainerCallback):
                 "leased ones",
                 args.save_total_limit,
             )
-        self.j.begin(
+        self.journal.begin(
             args.to_dict(),
             total_steps=state.max_steps,
             device_type=self.device.type,
