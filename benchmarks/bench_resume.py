@@ -17,8 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, write_step_journal
 from journal import read_all
-from trainer.config import TrainingArgs
-from trainer.worker import _open_journal
+from trainer.run_journal import RunJournal
 
 
 def measure(fn: Any) -> tuple[float, float]:
@@ -43,11 +42,11 @@ def main() -> None:
         for name, steps in sizes.items():
             ckpt = Path(d) / name
             write_step_journal(ckpt, steps)
-            targs = TrainingArgs(ckpt_dir=ckpt, demo=True, keep_best="val_loss:min")
 
-            def ours(targs: TrainingArgs = targs, ckpt: Path = ckpt) -> None:
-                emitter, _ = _open_journal(targs, ckpt, 0, True)
-                emitter.close()
+            def ours(ckpt: Path = ckpt) -> None:
+                journal = RunJournal(ckpt, main=True, role="trainer", keep_best="val_loss:min")
+                journal.open(resume=True)  # as after finding a checkpoint to resume from
+                journal.close()
 
             def old(ckpt: Path = ckpt) -> None:
                 read_all(ckpt / "journal.jsonl")

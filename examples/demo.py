@@ -90,10 +90,10 @@ def main() -> int:
 def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> None:
     """Everything below comes from the journal: evaluate and report records per checkpoint,
     rotation, the best checkpoint, and how training ended."""
+    from journal.best import MetricGoal
     from journal.paths import journal_path, logs_dir, watch_dir
     from journal.query import find_best
     from journal.reader import read_all
-    from journal.reports import MetricGoal
 
     path = journal_path(run)
     recs = read_all(path).records

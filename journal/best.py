@@ -5,13 +5,11 @@ the checkpoint saved at that step), among checkpoints not journaled as removed."
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
-from journal.paths import checkpoint_step
+from journal.paths import checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,10 @@ class BestTracker:
             metrics = data.get("metrics")
             value = metrics.get(self.goal.metric) if isinstance(metrics, Mapping) else None
             path = data.get("checkpoint_path")
-            if _is_number(value) and isinstance(path, str) and _key(path) not in self._removed:
-                step = data.get("step")
-                self._values[_key(path)] = (float(value), path, step if _is_int(step) else None)
+            if _is_number(value) and isinstance(path, str):
+                key, step = checkpoint_key(path), data.get("step")
+                if key not in self._removed:
+                    self._values[key] = (float(value), path, step if _is_int(step) else None)
         elif event == "evaluate":
             value, step = data.get(self.goal.metric), rec.get("step", 0)
             if _is_number(value) and _is_int(step):
@@ -88,13 +87,14 @@ class BestTracker:
             if not _is_int(step):
                 return
             if isinstance(path, str):
-                self._removed.discard(_key(path))  # a fresh checkpoint of that name
+                key = checkpoint_key(path)
+                self._removed.discard(key)  # a fresh checkpoint of that name
                 if step in self._pending_eval:
-                    self._values.setdefault(_key(path), (self._pending_eval.pop(step), path, step))
+                    self._values.setdefault(key, (self._pending_eval.pop(step), path, step))
             # validations before this save belong to no checkpoint: forget them
             self._pending_eval = {s: v for s, v in self._pending_eval.items() if s > step}
         elif event == "checkpoint_removed" and isinstance(data.get("checkpoint_path"), str):
-            key = _key(data["checkpoint_path"])
+            key = checkpoint_key(data["checkpoint_path"])
             self._values.pop(key, None)
             self._removed.add(key)
 
@@ -134,14 +134,3 @@ def _is_number(v: Any) -> TypeGuard[int | float]:
 
 def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _key(path: str) -> str:
-    """Checkpoints are named step-NNNNNN inside one run: the name identifies them."""
-    name = Path(path).name
-    return name if checkpoint_step(name) is not None else os.path.normpath(path)
-
-
-def checkpoint_key(path: str) -> str:
-    """The identity :class:`BestTracker` uses for a checkpoint path."""
-    return _key(path)

@@ -26,7 +26,7 @@ from journal.cli_write import control, lease, prune, release, report
 from journal.events import EVENTS
 from journal.format import holder_text, printable, stats_text, status_text
 from journal.lock import run_holder
-from journal.paths import JOURNAL_NAME, resolve_journal
+from journal.paths import resolve_journal
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -76,15 +76,15 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     from journal.index import summarize
     from journal.summary import STATE_EXIT_CODES, RunSummary
 
-    given = Path(dir)
-    if given.is_dir() and not (given / JOURNAL_NAME).exists() and (held := run_holder(given)):
+    given, path = Path(dir), resolve_journal(dir, must_exist=False)
+    if given.is_dir() and not path.exists() and (held := run_holder(given)):
         # A launch in progress that has not written its journal yet: starting, not an error
-        path, s = given / JOURNAL_NAME, RunSummary(holder=held)
+        s = RunSummary(holder=held)
     else:
         path = resolve_journal(dir)
         folded = summarize(path, use_index=not full)
         summ, invalid = folded.summarizer, folded.invalid
-        require_journal(path, summ.s.records, invalid)
+        require_journal(path, summ.summary.records, invalid)
         s = summ.result(stale_after=stale_after)
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
@@ -228,7 +228,7 @@ def query(
         raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
     path = resolve_journal(dir)
     if best is not None:
-        from journal.reports import MetricGoal
+        from journal.best import MetricGoal
 
         try:
             goal = MetricGoal.parse(best)

@@ -14,7 +14,7 @@ import orjson
 from journal.cli_common import UserError, require_journal, scan
 from journal.events import EVENTS
 from journal.format import print_records_table, printable
-from journal.paths import JOURNAL_NAME, resolve_journal
+from journal.paths import resolve_journal
 from journal.reader import InvalidLine
 
 
@@ -67,9 +67,7 @@ def print_records(records: list[dict[str, Any]], as_json: bool) -> None:
 def journal_to_follow(dir: str) -> Path:
     """The journal ``tail -f`` follows: DIR's (or DIR itself, a file or a ``*.jsonl`` path).
     One that does not exist yet is waited for, with one line saying so."""
-    given = Path(dir)
-    is_file = given.is_file() or (not given.exists() and given.suffix == ".jsonl")
-    path = given if is_file else given / JOURNAL_NAME
+    path = resolve_journal(dir, must_exist=False)
     if path.exists():
         return resolve_journal(path)
     click.echo(f"waiting for {path} (the run has not started yet; Ctrl-C to stop)", err=True)

@@ -84,8 +84,9 @@ def report(
     With --keep-best the named metric must be a number. --checkpoint must be a checkpoint
     of this run (its path, or its name: step-000040); a path elsewhere is refused.
     """
+    from journal.best import MetricGoal
     from journal.query import find_last
-    from journal.reports import InvalidReport, MetricGoal, Report, parse_assignments, submit_report
+    from journal.reports import InvalidReport, Report, parse_assignments, submit_report
 
     path = resolve_journal(dir)
     _run_dir(str(path.parent))

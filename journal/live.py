@@ -74,7 +74,7 @@ def _follow_plain(reader: JournalReader, summ: Summarizer, emit: Any, interval: 
         sys.stdout.flush()
         if not batch.records:
             time.sleep(interval)  # a person's view: polling is plenty
-    return STATE_EXIT_CODES.get(summ.s.state, 1)
+    return STATE_EXIT_CODES.get(summ.summary.state, 1)
 
 
 def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> int:
@@ -91,11 +91,13 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
         TimeElapsedColumn(),
         console=console,
     )
-    task = progress.add_task("train", total=summ.s.total_steps or None, completed=summ.s.last_step)
+    task = progress.add_task(
+        "train", total=summ.summary.total_steps or None, completed=summ.summary.last_step
+    )
     tput: dict[str, Any] = {}
 
     def status_line() -> Text:
-        s = summ.s
+        s = summ.summary
         parts = [f"state {s.state}"]
         if s.last_loss is not None:
             parts.append(f"loss {s.last_loss:.4f}")
@@ -118,10 +120,12 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
                     tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
                 if ev in _SHOWN:
                     console.print(Text(_line(rec)))  # Text: never read as markup
-            progress.update(task, total=summ.s.total_steps or None, completed=summ.s.last_step)
+            progress.update(
+                task, total=summ.summary.total_steps or None, completed=summ.summary.last_step
+            )
             live.update(Group(progress, status_line()))
             if not batch.records:
                 time.sleep(interval)
-    reason = f" ({summ.s.reason})" if summ.s.reason else ""
-    console.print(Text(printable(f"run ended: {summ.s.state}{reason}")))
-    return STATE_EXIT_CODES.get(summ.s.state, 1)
+    reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
+    console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))
+    return STATE_EXIT_CODES.get(summ.summary.state, 1)

@@ -41,6 +41,14 @@ def checkpoint_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def checkpoint_key(path: str) -> str:
+    """A checkpoint's identity inside one run (best-checkpoint tracking, the watcher's
+    removal notes): its ``step-NNNNNN`` name, which stays the same however the run dir is
+    spelled; the normalized path for checkpoints named otherwise."""
+    name = Path(path).name
+    return name if checkpoint_step(name) is not None else os.path.normpath(path)
+
+
 def checkpoint_root(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
     """The directory that holds a checkpoint of this name: ``checkpoints/`` for ilab-train's,
     the run dir itself for HF Trainer's ``checkpoint-N``."""
@@ -99,27 +107,28 @@ def run_lock_path(ckpt_dir: str | os.PathLike[str]) -> Path:
 
 
 def ckpt_dir_of(path: str | os.PathLike[str]) -> Path:
-    """A checkpoint dir given as itself or as its journal file."""
-    p = Path(path)
-    return p.parent if p.name == JOURNAL_NAME and not p.is_dir() else p
+    """A checkpoint dir given as itself or as its journal file (see :func:`resolve_journal`)."""
+    return resolve_journal(path, must_exist=False).parent
 
 
 def resolve_journal(path: str | os.PathLike[str], *, must_exist: bool = True) -> Path:
     """Accept a checkpoint dir or a journal file path; return the journal file path.
 
-    Raises :class:`JournalNotFound` with a message fit for a user when it is missing,
-    unreadable or obviously not a journal.
+    Every command and API that takes a user's path asks here. Raises
+    :class:`JournalNotFound` with a message fit for a user when it is missing, unreadable or
+    obviously not a journal. With ``must_exist=False`` (a writer, or a follower of a run
+    that has not started) nothing is checked: a directory, or a missing path that does not
+    end in ``.jsonl``, is a run dir; anything else is the journal itself.
     """
     p = Path(path)
+    if not must_exist:
+        is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
+        return p if is_file else p / JOURNAL_NAME
     if p.is_dir():
         p = p / JOURNAL_NAME
-        if not must_exist:
-            return p
         if not p.exists():
             raise JournalNotFound(f"{path}: no {JOURNAL_NAME} in this directory (not started yet?)")
     elif not p.exists():
-        if not must_exist and p.parent.is_dir():
-            return p
         raise JournalNotFound(f"{path}: no such file or directory")
     if not p.is_file():
         raise JournalNotFound(f"{p}: not a regular file")

@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
+from journal.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 from journal.lines import LongLine, too_long_reason
 from journal.reader import JournalReader, iter_events, lines_backwards, record_problem
-from journal.reports import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
 
 _BLOCK = 1 << 20
 _MISSING = object()

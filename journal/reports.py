@@ -31,13 +31,6 @@ from typing import Any
 
 import orjson
 
-from journal.best import (  # noqa: F401  (re-exported: importers know them from here)
-    BEST_EVENTS,
-    BestCheckpoint,
-    BestTracker,
-    MetricGoal,
-    checkpoint_key,
-)
 from journal.files import atomic_write, json_files
 from journal.inbox import (
     MAX_FILE_BYTES,
@@ -61,6 +54,7 @@ from journal.paths import (
     checkpoints_dir,
     reports_dir,
 )
+from journal.writer import JournalWriter
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +321,6 @@ def ingest(
 def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> None:
     """Journal pending reports if nobody writes the journal now; call after writing a report
     file and after releasing the lock. When the lock is busy its holder journals them."""
-    from journal.writer import JournalWriter  # the writer imports nothing from here
-
     handled: set[str] = set()
     for _ in range(rounds):
         if not [p for p in pending(ckpt_dir) if p.name not in handled]:

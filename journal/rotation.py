@@ -120,8 +120,8 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     """Rotate a run that no trainer is writing, by the policy of its last ``train_begin``
     (``keep_last_n``, ``keep_best``), journaling each deletion. Does nothing while a trainer
     holds the journal: it rotates at its next save."""
+    from journal.best import MetricGoal
     from journal.query import find_best, find_last
-    from journal.reports import MetricGoal
     from journal.writer import JournalWriter
 
     begin = find_last(journal_path(ckpt_dir), "train_begin")

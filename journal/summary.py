@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.best import BEST_EVENTS, BestTracker, MetricGoal
 from journal.reader import iter_batches
-from journal.reports import BEST_EVENTS, BestTracker, MetricGoal
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
 STATE_EXIT_CODES: dict[str, int] = {
@@ -81,13 +81,13 @@ class Summarizer:
     """Incrementally folds records into a :class:`RunSummary` (used by status and tail)."""
 
     def __init__(self) -> None:
-        self.s = RunSummary()
+        self.summary = RunSummary()
         self.ended = False
         self._best: BestTracker | None = None
         self._best_run: str | None = None
 
     def add(self, rec: dict[str, Any]) -> None:
-        s = self.s
+        s = self.summary
         s.records += 1
         event = rec.get("event")
         data = rec.get("data") or {}
@@ -134,14 +134,14 @@ class Summarizer:
 
     def to_state(self) -> dict[str, Any]:
         """Everything folded so far, as JSON types (the journal index stores it)."""
-        s = {k: v for k, v in self.s.to_dict().items() if k not in _DERIVED}
+        s = {k: v for k, v in self.summary.to_dict().items() if k not in _DERIVED}
         best = self._best.to_state() if self._best is not None else None
         return {"summary": s, "ended": self.ended, "best": best, "best_run": self._best_run}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Summarizer:
         summ = cls()
-        summ.s = RunSummary(**state["summary"])
+        summ.summary = RunSummary(**state["summary"])
         summ.ended = bool(state["ended"])
         summ._best = BestTracker.from_state(state["best"]) if state.get("best") else None
         summ._best_run = state.get("best_run")
@@ -150,18 +150,19 @@ class Summarizer:
     def _track_best(self, run_id: str | None, keep_best: Any) -> None:
         """A new run, or a changed goal, starts a new best (a resume keeps its history)."""
         same_run = run_id == self._best_run
-        if same_run and keep_best == self.s.keep_best:
+        if same_run and keep_best == self.summary.keep_best:
             return
-        self._best_run, self.s.keep_best = run_id, keep_best if isinstance(keep_best, str) else None
+        self._best_run = run_id
+        self.summary.keep_best = keep_best if isinstance(keep_best, str) else None
         self._best = None
-        if self.s.keep_best:
+        if self.summary.keep_best:
             try:
-                self._best = BestTracker(MetricGoal.parse(self.s.keep_best))
+                self._best = BestTracker(MetricGoal.parse(self.summary.keep_best))
             except ValueError:
-                self.s.keep_best = None
+                self.summary.keep_best = None
 
     def result(self, *, stale_after: float | None = None, now: float | None = None) -> RunSummary:
-        s = self.s
+        s = self.summary
         best = self._best.best() if self._best is not None else None
         s.best_checkpoint = best.to_dict() if best else None
         if s.state == "running" and s.last_ts is not None:

@@ -24,7 +24,7 @@ import orjson
 
 from journal import index
 from journal.events import DURABLE_EVENTS, SCHEMA_VERSION
-from journal.paths import JOURNAL_NAME, RESERVE_NAME
+from journal.paths import RESERVE_NAME, resolve_journal
 from journal.reader import last_record
 from journal.recreate import OPEN_FLAGS, RecreatesJournal, first_seq, identity
 from journal.rundir import check_run_dir, make_dir, open_no_follow
@@ -99,9 +99,7 @@ class JournalWriter(RecreatesJournal):
         reserve_bytes: int = 0,
         keep_index: bool = True,
     ) -> None:
-        p = Path(path)
-        is_file = (p.suffix == ".jsonl" or p.exists()) and not p.is_dir()
-        self.path = p if is_file else p / JOURNAL_NAME
+        self.path = resolve_journal(path, must_exist=False)
         make_dir(self.path.parent)
         check_run_dir(self.path.parent)
         self.on_error = on_error

@@ -77,3 +77,37 @@ def test_export_decision(
         assert got == expected
     off = TrainingArgs(ckpt_dir=tmp_path, demo=True, save_hf=False)
     assert export_decision(off, step, 10, why, ending) == (False, None)  # type: ignore[arg-type]
+
+
+def saves_at(a: TrainingArgs, batch: int, steps: int) -> list[int]:
+    """The steps ``decide`` saves at over a run of ``steps`` steps of ``batch`` samples."""
+    out = []
+    for step in range(1, steps + 1):
+        if decide(step, 0, False, a, samples_seen=step * batch, step_samples=batch).save:
+            out.append(step)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("save_samples", "batch", "expected"),
+    [
+        (16, 8, [2, 4, 6, 8]),  # a multiple of the batch: exactly at each multiple
+        (20, 8, [3, 5, 8]),  # 24 >= 20, 40 >= 40, 64 >= 60: the first boundary past each
+        (5, 8, [1, 2, 3, 4, 5, 6, 7, 8]),  # smaller than a batch: once per step, not twice
+        (100, 8, []),  # never reached in 64 samples
+    ],
+)
+def test_save_samples_saves_at_the_first_step_boundary_past_each_multiple(
+    save_samples: int, batch: int, expected: list[int]
+) -> None:
+    assert saves_at(args(save_samples=save_samples), batch, 8) == expected
+
+
+def test_save_samples_beside_save_every_and_under_abort() -> None:
+    a = args(save_samples=20, save_every=2)
+    assert saves_at(a, 8, 6) == [2, 3, 4, 5, 6]
+    # abort still never saves, even when the samples count is due
+    assert decide(3, ABORT, False, a, samples_seen=24, step_samples=8).save is None
+    # resumed mid-run: the count carries on from the checkpoint's samples_seen
+    assert decide(8, 0, False, args(save_samples=20), 64, 8).save == "interval"
+    assert decide(9, 0, False, args(save_samples=20), 72, 8).save is None

@@ -101,6 +101,7 @@ def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path
     recs = records(out)
     events = [r["event"] for r in recs]
     assert events[0] == "train_begin" and recs[0]["data"]["world_size"] == 2
+    assert {"python", "torch", "transformers"} <= set(recs[0]["data"]["versions"])
     for ev in (
         "epoch_begin",
         "step_begin",

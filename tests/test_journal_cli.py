@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from journal import JournalWriter, read_all
+from journal.paths import ckpt_dir_of, resolve_journal
 from tests.conftest import cli, write_run
 
 
@@ -313,3 +314,22 @@ def test_help_on_every_command() -> None:
     ]:
         proc = cli("ilab-journal", *([cmd] if cmd else []), "--help")
         assert proc.returncode == 0 and "Usage" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "journal"),
+    [
+        ("run", "run/journal.jsonl"),  # a run dir
+        ("run/journal.jsonl", "run/journal.jsonl"),  # its journal
+        ("run/copy.log", "run/copy.log"),  # an existing file, whatever its name
+        ("later", "later/journal.jsonl"),  # a run dir that is not there yet
+        ("later/other.jsonl", "later/other.jsonl"),  # a journal that is not there yet
+    ],
+)
+def test_a_user_path_names_one_journal_everywhere(tmp_path: Path, given: str, journal: str) -> None:
+    """The writer, ``tail -f``, ``ilab-watch`` and the write commands all read a path given
+    before the run starts as resolve_journal does: a journal, or the run dir that holds it."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "copy.log").write_text("")
+    assert resolve_journal(tmp_path / given, must_exist=False) == tmp_path / journal
+    assert ckpt_dir_of(tmp_path / given) == (tmp_path / journal).parent

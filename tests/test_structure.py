@@ -6,6 +6,7 @@ import ast
 import inspect
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,97 @@ ALLOWED = {"journal": {"journal"}, "watcher": {"journal", "watcher"}, "trainer":
 MAX_MODULE_LINES = 400
 
 
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``root``, subpackages included, by dotted name."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, lazy (in a function) ones too, except those under
+    ``if TYPE_CHECKING:``: they never run, so they cannot make a cycle at import time."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in _import_nodes(child))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _import_nodes(node)
+
+
+def _imported(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The dotted names an import statement of module ``name`` (at ``path``) may load:
+    ``from pkg import mod`` names ``pkg.mod`` as well as ``pkg``."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, one level up per extra dot
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        anchor = package[: len(package) - node.level + 1]
+        base = ".".join([*anchor, *([node.module] if node.module else [])])
+    return [base, *(f"{base}.{a.name}" for a in node.names)]
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy imports included).
+
+    ``from pkg import mod`` is an edge to ``pkg.mod``; ``from pkg import name`` (not a
+    module) one to ``pkg`` itself, whose ``__init__`` runs the imports it holds."""
+    modules = _modules(root, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in _import_nodes(ast.parse(path.read_text())):
+            names = _imported(name, path, node)
+            if isinstance(node, ast.Import):
+                deps.update(n for n in names if n in modules)
+                continue
+            deps.update(n for n in names[1:] if n in modules)
+            if not all(n in modules for n in names[1:]):  # a name from the package itself
+                deps.update(names[:1])
+        graph[name] = (deps & modules.keys()) - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The sets of modules that import each other, directly or round a loop (the strongly
+    connected components of more than one module), each sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return sorted(cycles)
+
+
 def _imports(path: Path) -> set[str]:
     """Top-level project packages a module imports, anywhere in it (lazy imports too)."""
-    out = set()
+    out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(a.name.split(".")[0] for a in node.names)
@@ -34,13 +123,48 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_import_direction(package: str) -> None:
-    """journal imports nothing of ours, watcher only journal, trainer both."""
+    """journal imports nothing of ours, watcher only journal, trainer both (subpackages
+    such as trainer/integrations/ included)."""
     bad = {
         str(p.relative_to(ROOT)): sorted(_imports(p) - ALLOWED[package])
-        for p in (ROOT / package).glob("*.py")
+        for p in _modules(ROOT, package).values()
         if _imports(p) - ALLOWED[package]
     }
     assert not bad, bad
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_import_cycles_inside_a_package(package: str) -> None:
+    """No module of a package imports one that imports it back, at the top or lazily in a
+    function (a lazy import only hides the cycle); ``if TYPE_CHECKING:`` imports are left
+    out: they never run."""
+    assert import_cycles(import_graph(ROOT, package)) == []
+
+
+def test_the_cycle_check_finds_lazy_and_relative_cycles(tmp_path: Path) -> None:
+    """The check itself can fail: a tiny package with a lazy cycle in a subpackage, a
+    cycle through relative imports, and a TYPE_CHECKING-only import that is none."""
+    files = {
+        "pkg/__init__.py": "def f():\n    from pkg.h import VALUE\n",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "def f():\n    from pkg.sub.c import x\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/c.py": "import pkg.a\nx = 1\n",
+        "pkg/d.py": "from .e import y\n",
+        "pkg/e.py": "from . import d\ny = 2\n",
+        "pkg/f.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import g\n",
+        "pkg/g.py": "from pkg.f import TYPE_CHECKING\n",
+        "pkg/h.py": "from pkg import i, VALUE\n",  # VALUE comes from pkg/__init__.py
+        "pkg/i.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert import_cycles(import_graph(tmp_path, "pkg")) == [
+        ["pkg", "pkg.h"],
+        ["pkg.a", "pkg.b", "pkg.sub.c"],
+        ["pkg.d", "pkg.e"],
+    ]
 
 
 def test_workers_do_not_load_the_watcher() -> None:
@@ -58,7 +182,7 @@ def test_modules_stay_small() -> None:
     sizes = {
         str(p.relative_to(ROOT)): len(p.read_text().splitlines())
         for pkg in ALLOWED
-        for p in (ROOT / pkg).glob("*.py")
+        for p in _modules(ROOT, pkg).values()
     }
     assert {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES} == {}
 

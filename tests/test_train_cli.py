@@ -22,6 +22,8 @@ from trainer.config import TrainingArgs, WorkerConfig
         (["--demo", "--nnodes", "2"], "needs rdzv_endpoint"),
         (["--demo", "--journal-detail", "loud"], "Invalid value for '--journal-detail'"),
         (["--demo", "--keep-best", "accuracy"], "--keep-best: 'accuracy': expected METRIC:max"),
+        (["--demo", "--model-path", "/nonexistent"], "Path '/nonexistent' does not exist"),
+        (["--demo", "--dropout", "1"], "--dropout: Input should be less than 1"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:

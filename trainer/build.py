@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from trainer import validation_split
 from trainer.attention import register_hf_attention
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
@@ -280,6 +281,11 @@ def load_data(
         val_path, info["val_chat"] = _tokenized(args, spec, Path(val_path), ckpt_dir, local_rank)
     samples = load_jsonl(Path(data_path), spec.context, spec.vocab_size)
     val = load_jsonl(Path(val_path), spec.context, spec.vocab_size) if val_path else None
+    if args.validation_split:  # held out of the training data instead (a demo's val too)
+        info["validation_split"] = validation_split.describe(
+            len(samples), args.validation_split, args.seed
+        )
+        samples, val = validation_split.split(samples, args.validation_split, args.seed)
     planner = StepPlanner(
         samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed, pack_kernel
     )

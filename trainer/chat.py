@@ -49,7 +49,8 @@ class ChatStats:
 
 
 def is_chat_file(path: Path) -> bool:
-    """Whether the first non-empty row of a JSONL file holds ``messages``."""
+    """Whether the first non-empty row of a JSONL file holds ``messages`` and no tokens (a
+    row with ``input_ids`` is already tokenized, whatever else it keeps)."""
     try:
         with open(path, "rb") as f:
             for raw in f:
@@ -58,7 +59,7 @@ def is_chat_file(path: Path) -> bool:
                         row = orjson.loads(raw)
                     except orjson.JSONDecodeError:
                         return False
-                    return isinstance(row, dict) and "messages" in row
+                    return isinstance(row, dict) and "messages" in row and "input_ids" not in row
     except OSError:
         return False
     return False

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
-from journal.reports import MetricGoal
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
@@ -27,12 +27,14 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    d_model: int = Field(128, ge=8)
-    n_layers: int = Field(4, ge=1)
-    n_heads: int = Field(4, ge=1)
-    d_ff: int | None = Field(None, description="MLP width; default 4 * d_model")
-    max_seq_len: int = Field(64, ge=4)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    d_model: int = Field(128, ge=8, description="Built-in model width.")
+    n_layers: int = Field(4, ge=1, description="Built-in model depth.")
+    n_heads: int = Field(4, ge=1, description="Built-in model attention heads.")
+    d_ff: int | None = Field(None, description="Built-in model MLP width (default: 4 * d_model).")
+    max_seq_len: int = Field(
+        64, ge=4, description="Built-in model context in tokens (the training max_seq_len sets it)."
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Built-in model dropout.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -48,13 +50,17 @@ class TorchrunArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nproc_per_node: int = Field(1, ge=1, description="worker processes on this node (GPUs)")
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    rdzv_id: str | None = None
-    rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous")
-    master_addr: str | None = None
-    master_port: int | None = Field(None, ge=1, le=65535)
+    nproc_per_node: int = Field(1, ge=1, description="Worker processes on this node (one per GPU).")
+    nnodes: int = Field(1, ge=1, description="Number of nodes.")
+    node_rank: int = Field(0, ge=0, description="This node's rank.")
+    rdzv_id: str | None = Field(None, description="Rendezvous id (multi-node).")
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the c10d rendezvous (multi-node)."
+    )
+    master_addr: str | None = Field(
+        None, description="Static rendezvous address (instead of --rdzv-endpoint)."
+    )
+    master_port: int | None = Field(None, ge=1, le=65535, description="Static rendezvous port.")
 
     @model_validator(mode="after")
     def _check(self) -> TorchrunArgs:
@@ -74,133 +80,175 @@ class TrainingArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    ckpt_dir: Path = Field(description="checkpoints, journal.jsonl, control/ and logs/ live here")
+    ckpt_dir: Path = Field(description="Checkpoints, journal.jsonl, control/ and logs/ go here.")
     data_path: Path | None = Field(
         None,
-        description="training JSONL: input_ids[/labels], text, or chat messages (tokenized "
-        "with the model's chat template; needs model_path)",
+        description="Training JSONL: input_ids (+labels), text, or chat messages (tokenized "
+        "with the model's chat template: needs a model path).",
     )
-    val_data_path: Path | None = Field(None, description="validation JSONL (optional)")
-    demo: bool = Field(False, description="generate the built-in arithmetic demo data")
-    demo_samples: int = Field(6000, ge=64, description="demo training samples")
+    val_data_path: Path | None = Field(None, description="Validation JSONL.")
+    validation_split: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Hold out this fraction of the training data and evaluate on it every "
+        "--eval-every steps: rounded up to whole samples, chosen by the seed, the same on every "
+        "rank and resume; 0 holds nothing out; not together with --val-data.",
+    )
+    demo: bool = Field(False, description="Built-in model and generated arithmetic demo data.")
+    demo_samples: int = Field(6000, ge=64, description="Generated demo training samples.")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     model_path: Path | None = Field(
         None,
-        description="local HF causal LM dir, or a .gguf file (converted once into "
-        "<ckpt_dir>/model); needs the 'hf' extra; nothing is downloaded",
+        description="Local Hugging Face causal LM directory, or a .gguf file (converted once "
+        "into CKPT_DIR/model). Needs the 'hf' extra ('llm' for .gguf); nothing is downloaded.",
     )
     train_on_all_tokens: bool = Field(
-        False, description="chat data: loss on every token, not only the assistant's"
+        False, description="Chat data: loss on every token (default: only the assistant's replies)."
     )
     activation_checkpointing: bool = Field(
-        False, description="recompute each block's activations in backward (less memory)"
+        False,
+        description="Recompute each block's activations in backward: less memory, ~1/3 more "
+        "compute.",
     )
 
-    num_epochs: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
-    effective_batch_size: int = Field(64, ge=1, description="samples per optimizer step, all ranks")
-    max_batch_len: int = Field(2048, ge=8, description="token budget of one micro-batch per rank")
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(10, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    max_grad_norm: float = Field(1.0, gt=0)
-    seed: int = 42
+    num_epochs: int = Field(1, ge=1, description="Epochs over the data.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    effective_batch_size: int = Field(
+        64, ge=1, description="Effective batch size: samples per optimizer step over all ranks."
+    )
+    max_batch_len: int = Field(2048, ge=8, description="Token budget of one micro-batch per rank.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's beta1 and beta2, each in [0, 1)."
+    )
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW's epsilon.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Where the cosine decay ends, as a fraction of the peak lr."
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this norm.")
+    seed: int = Field(42, description="Seed for init and data order.")
 
-    log_every: int = Field(1, ge=1, description="steps between log records")
-    eval_every: int | None = Field(None, ge=1, description="steps between validations")
-    save_every: int | None = Field(None, ge=1, description="steps between checkpoints")
-    save_at_epoch_end: bool = True
-    save_final: bool = Field(True, description="checkpoint at the end unless one was just saved")
-    save_hf: bool = Field(True, description="also write a consolidated model (safetensors)")
-    keep_last_n: int | None = Field(3, ge=1, description="checkpoints kept (None keeps all)")
+    log_every: int = Field(1, ge=1, description="Steps between log records.")
+    eval_every: int | None = Field(
+        None, ge=1, description="Steps between validations (default: never)."
+    )
+    save_every: int | None = Field(
+        None, ge=1, description="Steps between checkpoints (default: epoch end and final)."
+    )
+    save_samples: int | None = Field(
+        None,
+        ge=1,
+        description="Checkpoint every N training samples, as InstructLab counts them: at the "
+        "first step boundary at or past each multiple of N (beside --save-every).",
+    )
+    save_at_epoch_end: bool = Field(True, description="Checkpoint at the end of every epoch.")
+    save_final: bool = Field(True, description="Checkpoint at the end unless one was just saved.")
+    save_hf: bool = Field(
+        True, description="Also write a consolidated model (safetensors) at a save."
+    )
+    keep_last_n: int | None = Field(
+        3, ge=1, description="Newest checkpoints to keep (null in a config file keeps all)."
+    )
     keep_best: str | None = Field(
         None,
-        description="METRIC:max|min (e.g. accuracy:max, val_loss:min): rotation also keeps "
-        "the best checkpoint by this metric, from reports or evaluate records",
+        description="Also keep the best checkpoint by a reported or evaluate metric, as "
+        "METRIC:max|min, e.g. accuracy:max or val_loss:min.",
     )
-    resume: Literal["auto", "never"] = "auto"
+    resume: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: continue from the latest complete checkpoint in the checkpoint "
+        "dir; never: start from scratch.",
+    )
 
-    journal_detail: Literal["step", "microbatch", "off"] = "step"
+    journal_detail: Literal["step", "microbatch", "off"] = Field(
+        "step",
+        description="step: every event but the per-micro-batch ones; microbatch: those too; "
+        "off: no journal.",
+    )
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        description="Experiment trackers fed from the journal while training, comma-separated: "
+        "tensorboard (CKPT_DIR/tensorboard), mlflow ($MLFLOW_TRACKING_URI), wandb (offline "
+        "unless WANDB_MODE=online; CKPT_DIR/wandb). One that cannot work is a warning; "
+        "training goes on.",
+    )
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto",
-        description="compute dtype; weights, grads and optimizer state stay fp32 (auto: bf16 "
-        "on GPUs, fp32 on CPU)",
+        description="Compute dtype; weights, grads and optimizer state stay fp32 (auto: bf16 "
+        "on GPUs, fp32 on CPU).",
     )
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Collectives backend (auto: NCCL with GPUs, else gloo)."
+    )
 
     # -- scale: what a multi-GPU fine-tune of a large model needs (docs/gpu.md) ------------
     max_seq_len: int | None = Field(
         None,
         ge=4,
-        description="longest sample in tokens (longer ones are truncated); default: the "
-        "model's context (max_position_embeddings of an HF model, model.max_seq_len)",
+        description="Longest sample in tokens; longer ones are truncated (default: the "
+        "model's context: max_position_embeddings of an HF model, model.max_seq_len of the "
+        "built-in one).",
     )
     sharding: Literal["full", "grad_op", "hybrid", "replicate"] = Field(
         "full",
-        description="what FSDP shards: full (params, grads, optimizer state over every rank), "
-        "grad_op (params stay gathered from forward to backward), hybrid (shard within a "
-        "node, replicate across nodes), replicate (a whole copy per rank: DDP)",
+        description="full: params, grads and optimizer state sharded over all ranks; "
+        "grad_op: params stay gathered between forward and backward; hybrid: shard within a "
+        "node, replicate across nodes; replicate: a whole copy per rank, DDP (small models).",
     )
     reduce_grads: Literal["every_micro_batch", "last_micro_batch"] = Field(
         "every_micro_batch",
-        description="when gradients are reduce-scattered: every micro-batch keeps them "
-        "sharded (memory of a large model); last_micro_batch holds unsharded grads until the "
-        "last micro-batch (fewer collectives, for small models)",
+        description="Reduce-scatter gradients after every micro-batch (grads stay sharded: "
+        "the memory of a large model) or only after the last one (fewer collectives, "
+        "unsharded grads held: small models only).",
     )
     model_init: Literal["meta", "full"] = Field(
         "meta",
         description="meta: build on the meta device, shard, then load the weights sharded "
-        "(rank 0 reads them and broadcasts); full: every rank builds the whole model first",
+        "(rank 0 reads them and broadcasts); full: every rank builds the whole model first.",
     )
     export_every: int | None = Field(
         None,
         ge=1,
-        description="write the consolidated model at saves whose step is a multiple of this "
-        "and at the final save (default: every save); never at a save on interrupt",
+        description="Write the consolidated model only at saves whose step is a multiple of "
+        "N, and at the final save (default: every save); never at a save on interrupt.",
     )
     export_dtype: Literal["auto", "bf16", "fp32"] = Field(
         "auto",
-        description="dtype of the consolidated model (auto: the dtype an HF config declares, "
-        "fp32 for the built-in model)",
+        description="dtype of the consolidated model (auto: what the HF config declares; "
+        "fp32 for the built-in model).",
     )
     packing: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="padding-free micro-batches: whole samples back to back in one row "
-        "(position ids restart per sample, attention stays within each sample) and the "
-        "max_batch_len budget counts real tokens; auto: on where variable-length flash "
-        "attention runs (CUDA with bf16), off elsewhere",
+        description="Padding-free micro-batches: whole samples back to back in one row "
+        "(position ids restart per sample, attention stays within each sample) and "
+        "max_batch_len counts real tokens (auto: on with CUDA + bf16, where variable-length "
+        "flash attention runs).",
     )
     fused_loss: Literal["auto", "off", "chunked", "liger"] = Field(
         "auto",
-        description="output layer + cross-entropy without full-vocabulary fp32 logits: "
-        "chunked (torch) or liger (liger-kernel, CUDA); off: plain logits; auto: liger "
-        "where installed on CUDA, else chunked",
+        description="Output layer + cross-entropy without full-vocabulary fp32 logits: "
+        "chunked (torch) or liger (liger-kernel, CUDA); off: plain logits; auto: liger where "
+        "installed on CUDA, else chunked.",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="torch.compile each transformer block (regional compilation); auto: "
-        "on with CUDA, off on CPU",
+        description="torch.compile each transformer block (regional compilation; auto: on "
+        "with CUDA).",
     )
     pg_timeout_s: float = Field(
         1800.0,
         gt=0,
-        description="collective timeout: ranks wait this long for rank 0's export at a save",
-    )
-
-    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
-        default_factory=list,
-        description="experiment trackers fed from the journal by the launcher's embedded "
-        "watcher: tensorboard (<ckpt_dir>/tensorboard), mlflow ($MLFLOW_TRACKING_URI), "
-        "wandb (offline unless WANDB_MODE=online; <ckpt_dir>/wandb); one that cannot work "
-        "is a warning, and training goes on",
+        description="Seconds a collective may wait, e.g. for rank 0's export at a save.",
     )
 
     # -- flat callback API (never sent to the workers) --------------------------------------
     callbacks: list[Any] = Field(default_factory=list, exclude=True)
     callback_grace_s: float = Field(
-        120.0, ge=0, description="total time run_training waits for callbacks after train_end"
+        120.0, ge=0, description="Total time run_training waits for callbacks after train_end."
     )
     on_train_begin: CallbackField = Field(None, exclude=True)
     on_epoch_begin: CallbackField = Field(None, exclude=True)
@@ -236,6 +284,10 @@ class TrainingArgs(BaseModel):
             )
         if self.data_path is not None and not self.demo and not Path(self.data_path).is_file():
             raise ValueError(f"training data file {self.data_path} does not exist")
+        if self.validation_split and self.val_data_path is not None:
+            raise ValueError("give validation_split or val_data_path, not both")
+        if not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ValueError(f"adam_betas must each be in [0, 1), got {self.adam_betas}")
         if self.val_data_path is not None and not Path(self.val_data_path).is_file():
             raise ValueError(f"validation data file {self.val_data_path} does not exist")
         if self.model_path is not None:

@@ -37,6 +37,11 @@ assert set(BITS) == set(CONTROL_COMMANDS)
 MAX_FILES_PER_POLL = 64
 
 
+def command_names(bits: int) -> list[str]:
+    """The command names in a bit mask, in a fixed order."""
+    return [name for name, bit in BITS.items() if bits & bit]
+
+
 @dataclass
 class Command:
     command: str

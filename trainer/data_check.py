@@ -18,6 +18,7 @@ from pathlib import Path
 from trainer import chat
 from trainer.config import TrainingArgs
 from trainer.rows import VOCAB_SIZE, DataError, json_object, numbered_lines, token_row
+from trainer.validation_split import held_out, held_out_count
 
 
 @dataclass(frozen=True)
@@ -70,25 +71,38 @@ def check_data(args: TrainingArgs) -> DataSummary:
     if args.demo or args.data_path is None:
         return DataSummary(args.demo_samples, chat=False)
     rows, is_chat = check_file(Path(args.data_path), vocab, has_tokenizer)
+    if args.validation_split and not is_chat:  # chat rows may still drop: the workers check
+        held_out(rows, args.validation_split, args.seed)  # DataError: nothing left to train on
     return DataSummary(rows, is_chat)
 
 
 def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
     """Settings that silently do less than they say, one line each."""
     out = []
-    if args.eval_every is not None and args.val_data_path is None and not args.demo:
+    if (
+        args.eval_every is not None
+        and args.val_data_path is None
+        and not args.demo
+        and not args.validation_split
+    ):
         out.append(
             f"--eval-every {args.eval_every} has no validation data to evaluate: no evaluate "
             "records will be written (give --val-data FILE)"
         )
-    steps_per_epoch = data.train_rows // args.effective_batch_size
+    if args.validation_split and args.eval_every is None:
+        out.append(
+            f"--validation-split {args.validation_split} holds data out but nothing evaluates "
+            "on it: give --eval-every N"
+        )
+    train_rows = data.train_rows - held_out_count(data.train_rows, args.validation_split)
+    steps_per_epoch = train_rows // args.effective_batch_size
     epoch_steps = steps_per_epoch * args.num_epochs
     if args.max_steps and steps_per_epoch and args.max_steps > epoch_steps:
         # chat rows too long after templating are dropped by the workers: fewer steps still
         most = "at most " if data.chat else ""
         out.append(
             f"--max-steps {args.max_steps} is more than {args.num_epochs} epoch(s) of "
-            f"{most}{steps_per_epoch} steps ({data.train_rows} samples / batch size "
+            f"{most}{steps_per_epoch} steps ({train_rows} samples / batch size "
             f"{args.effective_batch_size}): training ends at step {most}{epoch_steps} "
             "(raise --num-epochs to train longer)"
         )

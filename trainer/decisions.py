@@ -6,7 +6,8 @@ Precedence, as HF documents ``TrainerControl``:
 - **Ending**: ``abort`` > ``stop`` > an interrupt (SIGTERM/SIGINT on any rank). The run ends
   at this boundary with the first that applies.
 - **Saving**: ``abort`` never saves, not even when a save is due or commanded. Otherwise a
-  checkpoint is written when one is due (``save_every``), commanded (``save``), or the run
+  checkpoint is written when one is due (``save_every``, or ``save_samples``: the first
+  boundary at or past each multiple of that many samples), commanded (``save``), or the run
   ends by ``stop`` or interrupt; at most one per step. Its trigger names the strongest
   reason: ``control`` (a ``save`` or ``stop`` command) > ``interrupt`` > ``interval``.
 - **Logging and validation** happen whenever due or commanded, also on the final step, and
@@ -38,14 +39,23 @@ class Actions:
     end: EndReason | None = None  # None: training goes on
 
 
-def decide(step: int, commands: int, interrupted: bool, args: TrainingArgs) -> Actions:
+def decide(
+    step: int,
+    commands: int,
+    interrupted: bool,
+    args: TrainingArgs,
+    samples_seen: int = 0,
+    step_samples: int = 0,
+) -> Actions:
     """The actions for the boundary after optimizer step ``step``.
 
     Args:
         step: the step just taken (1-based).
         commands: bit mask of the control commands applied at this boundary.
         interrupted: whether any rank received SIGTERM/SIGINT.
-        args: the schedules (``log_every``, ``eval_every``, ``save_every``).
+        args: the schedules (``log_every``, ``eval_every``, ``save_every``, ``save_samples``).
+        samples_seen: training samples seen, this step's included.
+        step_samples: the samples of this step (all ranks).
     """
     end: EndReason | None = None
     if commands & ABORT:
@@ -60,7 +70,9 @@ def decide(step: int, commands: int, interrupted: bool, args: TrainingArgs) -> A
             save = "control"
         elif interrupted:
             save = "interrupt"
-        elif args.save_every and step % args.save_every == 0:
+        elif (args.save_every and step % args.save_every == 0) or samples_due(
+            args.save_samples, samples_seen, step_samples
+        ):
             save = "interval"
     return Actions(
         log=step % args.log_every == 0 or bool(commands & LOG),
@@ -68,6 +80,15 @@ def decide(step: int, commands: int, interrupted: bool, args: TrainingArgs) -> A
         save=save,
         end=end,
     )
+
+
+def samples_due(every: int | None, samples_seen: int, step_samples: int) -> bool:
+    """Whether this step crossed (or reached) a multiple of ``every`` samples: InstructLab's
+    ``save_samples``, which with any batch size saves once per multiple, at the first step
+    boundary at or past it."""
+    if not every or step_samples <= 0:
+        return False
+    return samples_seen // every > (samples_seen - step_samples) // every
 
 
 def export_decision(

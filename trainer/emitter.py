@@ -6,16 +6,19 @@ caches, and paying that once per step instead of once per record cuts the journa
 per step about threefold. Every record keeps its own ``ts`` and ``seq``; a crash can lose at
 most the current step's intra-step records. Also measures, directly, the time spent inside
 journal appends (for the overhead report).
+
+A record's position (step, epoch, samples seen) is read from the training state it follows
+when it is emitted, so no call site can stamp a record with a stale step.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from journal.events import MICROBATCH_EVENTS
-from journal.reports import BEST_EVENTS, BestTracker
 from journal.writer import JournalWriter
 
 #: Written together with the next immediate record (step_end at the latest).
@@ -32,34 +35,56 @@ DEFERRED_EVENTS = frozenset(
 )
 
 
-class Emitter:
-    """Appends lifecycle records with the loop's current position in the envelope."""
+class Position(Protocol):
+    """Where training is: what a record's envelope says (``TrainerState`` is one)."""
 
-    def __init__(self, writer: JournalWriter | None, detail: str) -> None:
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def samples_seen(self) -> int: ...
+
+
+@dataclass
+class Where:
+    """A plain :class:`Position`: before the training state exists, or for a loop that
+    tells the step itself (the Accelerate tracker)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_seen: int = 0
+
+
+class Emitter:
+    """Appends lifecycle records with the followed state's position in the envelope."""
+
+    def __init__(
+        self, writer: JournalWriter | None, detail: str, position: Position | None = None
+    ) -> None:
         self.writer = writer
         self.detail = detail
         self.microbatch = writer is not None and detail == "microbatch"
-        self.step = 0
-        self.epoch = 0
-        self.samples_seen = 0
+        self.position: Position = Where() if position is None else position
         self.append_ns = 0  # all appends, fsync of durable records included
         self.appends = 0
         self.durable_ns = 0  # the part spent on durable (fsynced) records
         self.durable_appends = 0
-        #: With keep_best (rank 0): follows evaluate/save/report/removal records as written.
-        self.best: BestTracker | None = None
 
     def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
         w = self.writer
         if w is None:
             return
+        at = self.position
         t0 = time.perf_counter_ns()
         w.append(
             event,
             data,
-            step=self.step,
-            epoch=self.epoch,
-            samples_seen=self.samples_seen,
+            step=at.step,
+            epoch=at.epoch,
+            samples_seen=at.samples_seen,
             defer=event in DEFERRED_EVENTS,
         )
         dt = time.perf_counter_ns() - t0
@@ -68,8 +93,6 @@ class Emitter:
         if event in w.durable_events:
             self.durable_ns += dt
             self.durable_appends += 1
-        if self.best is not None and event in BEST_EVENTS:
-            self.best.add({"event": event, "data": data or {}, "step": self.step})
 
     def emit_micro(self, event: str, data: dict[str, Any]) -> None:
         """Per-micro-batch events, recorded only at ``journal_detail="microbatch"``."""

@@ -30,16 +30,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from journal.paths import checkpoints_dir, step_dir_name
-from journal.rotation import rotate
 from trainer import checkpoint as ckpt
 from trainer.build import check_fp32_master, compute_dtype
 from trainer.config import TrainingArgs
-from trainer.control_poller import BITS as CONTROL_BITS
-from trainer.control_poller import ControlPoller
-from trainer.data import StepPlan, StepPlanner
+from trainer.control_poller import command_names
+from trainer.data import StepPlan
 from trainer.decisions import EndReason, decide, export_decision
-from trainer.emitter import Emitter
-from trainer.report_inbox import ReportInbox
+from trainer.run_journal import RunJournal
+from trainer.startup import Built
 from trainer.step_metrics import StepMetrics, log_payload, reset_peak_memory
 
 log = logging.getLogger("trainer")
@@ -59,39 +57,22 @@ class RunOutcome:
 
 
 class Trainer:
-    """Holds the training state of one rank; ``run()`` trains until done, stopped or interrupted."""
+    """Holds the training state of one rank; ``run()`` trains until done, stopped or
+    interrupted. The journal follows ``state``: every record carries its position."""
 
-    def __init__(
-        self,
-        args: TrainingArgs,
-        *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        planner: StepPlanner,
-        val_planner: StepPlanner | None,
-        emitter: Emitter,
-        poller: ControlPoller | None,
-        reports: ReportInbox | None,
-        device: torch.device,
-        state: ckpt.TrainerState,
-        total_steps: int,
-        write_consolidated: ckpt.ConsolidatedWriter | None,
-        interrupted: list[str],
-    ) -> None:
-        self.args, self.model, self.opt, self.sched = args, model, optimizer, scheduler
-        self.planner, self.val_planner = planner, val_planner
-        self.j, self.poller, self.reports, self.device = emitter, poller, reports, device
-        self.state, self.total_steps = state, total_steps
-        self.write_consolidated = write_consolidated
-        self.interrupted = interrupted  # filled by the signal handler with the signal's name
+    def __init__(self, args: TrainingArgs, built: Built, journal: RunJournal) -> None:
+        self.args, self.model, self.device = args, built.model, built.device
+        model, device = built.model, built.device
+        self.opt, self.sched = built.optimizer, built.scheduler
+        self.planner, self.val_planner = built.planner, built.val_planner
+        self.state, self.total_steps = built.state, built.total_steps
+        self.write_consolidated = built.write_consolidated
+        self.journal = journal
+        journal.follow(self.state)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.last_saved_step = state.step if state.step else -1
+        self.last_saved_step = self.state.step if self.state.step else -1
         self.step_time_s = 0.0
         self.step_delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
-        # Time in control checks (rank 0): steps with nothing new vs steps handling files.
-        self.poll_idle_ns = self.poll_idle_steps = 0
-        self.poll_busy_ns = self.poll_busy_steps = 0
         # Default: reduce-scatter after every micro-batch, so grads stay sharded (a 7B model's
         # unsharded fp32 grads are +28 GB per GPU); skipping the sync is for small models.
         self.ddp = isinstance(model, DistributedDataParallel)  # --sharding replicate
@@ -112,8 +93,7 @@ class Trainer:
         st, a = self.state, self.args
         steps_per_epoch = self.planner.steps_per_epoch
         while st.step < self.total_steps and st.epoch < a.num_epochs:
-            self.sync_envelope()
-            self.j.emit(
+            self.journal.emit(
                 "epoch_begin",
                 {"steps_in_epoch": steps_per_epoch, "start_step_in_epoch": st.step_in_epoch},
             )
@@ -122,11 +102,10 @@ class Trainer:
                 if outcome is not None:
                     return outcome
             if st.step_in_epoch >= steps_per_epoch:  # the epoch is complete
-                self.j.emit("epoch_end", {"epoch": st.epoch})
+                self.journal.emit("epoch_end", {"epoch": st.epoch})
                 st.epoch, st.step_in_epoch = st.epoch + 1, 0
                 if a.save_at_epoch_end and self.last_saved_step != st.step:
                     self.save("epoch_end")
-                self.sync_envelope()
         out = RunOutcome("completed", f"reached step {st.step}")
         if a.save_final and self.last_saved_step != st.step:
             self.save("final")
@@ -139,37 +118,36 @@ class Trainer:
         st = self.state
         t0 = time.perf_counter()
         st.step += 1
-        self.sync_envelope()
-        self.j.emit("step_begin")
+        self.journal.emit("step_begin")
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
-        m = self._all_reduce(loss_local, tokens_local, grad_norm, self._poll_control())
+        m = self._all_reduce(loss_local, tokens_local, grad_norm, self.journal.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
         if self.step_delay:
             time.sleep(self.step_delay)
         elapsed = time.perf_counter() - t0
         self.step_time_s += elapsed
-        self.sync_envelope()
-        applied = self._journal_control()
-        if self.reports is not None:
-            self.reports.poll()
-        act = decide(st.step, m.commands, m.interrupted, self.args)
+        applied = self.journal.journal_control()
+        self.journal.poll_reports()
+        act = decide(
+            st.step, m.commands, m.interrupted, self.args, st.samples_seen, plan.global_samples
+        )
         if act.log:
             self._log(plan, m, elapsed)
         if act.evaluate:
             self.evaluate()
         if act.save:
             self.save(act.save, ending=act.end)
-        self.j.emit("step_end", {"loss": m.loss})
+        self.journal.emit("step_end", {"loss": m.loss})
         return self._ending(act.end, applied) if act.end else None
 
     # -- the parts of a step ---------------------------------------------------------------
 
     def _forward_backward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Every micro-batch of this rank; returns its (loss sum, loss-token count)."""
-        j = self.j
+        j = self.journal
         scale = self.world / max(plan.global_loss_tokens, 1)  # FSDP averages grads over ranks
         loss_acc = torch.zeros((), device=self.device)
         tokens_acc = torch.zeros((), device=self.device)
@@ -197,7 +175,7 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         """Clip, step, schedule, zero_grad; returns the (pre-clip) total grad norm."""
-        self.j.emit("before_optimizer_step")
+        self.journal.emit("before_optimizer_step")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
@@ -207,24 +185,8 @@ class Trainer:
             self.precision_checked = True
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        self.j.emit("after_optimizer_step")
+        self.journal.emit("after_optimizer_step")
         return grad_norm
-
-    def _poll_control(self) -> int:
-        """Rank 0: bit mask of new control commands (0 elsewhere); timed for the report."""
-        if self.poller is None:
-            return 0
-        looked = self.poller.changed
-        t = time.perf_counter_ns()
-        mask = self.poller.poll()
-        dt = time.perf_counter_ns() - t
-        if looked:
-            self.poll_busy_ns += dt
-            self.poll_busy_steps += 1
-        else:
-            self.poll_idle_ns += dt
-            self.poll_idle_steps += 1
-        return mask
 
     def _all_reduce(
         self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
@@ -232,7 +194,7 @@ class Trainer:
         """The step's single reduction: metrics, plus control bits and signals for free.
         Rank 0 alone contributes the bits and the (already global) grad norm."""
         is0 = 1.0 if self.rank == 0 else 0.0
-        self.flags_host[0] = 1.0 if self.interrupted else 0.0
+        self.flags_host[0] = 1.0 if self.journal.interrupted else 0.0
         self.flags_host[1] = float(commands) * is0
         flags = self.flags_host.to(self.device, non_blocking=True)
         vec = torch.cat(
@@ -246,13 +208,15 @@ class Trainer:
         loss_sum_all, tokens_all, n_interrupted, bits, gnorm = vec.tolist()
         m = StepMetrics(loss_sum_all, tokens_all, n_interrupted > 0, int(bits), gnorm)
         if m.commands:  # every rank logs it: the per-rank logs show they act at the same step
-            names = "+".join(n for n, b in CONTROL_BITS.items() if m.commands & b)
+            names = "+".join(command_names(m.commands))
             log.info("control %s applied at step %d", names, self.state.step)
         return m
 
     def _log(self, plan: StepPlan, m: StepMetrics, elapsed: float) -> None:
         lr = self.sched.get_last_lr()[0]
-        self.j.emit("log", log_payload(plan, m, elapsed, lr, self.state.samples_seen, self.device))
+        self.journal.emit(
+            "log", log_payload(plan, m, elapsed, lr, self.state.samples_seen, self.device)
+        )
         if self.rank == 0:
             log.info(
                 "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
@@ -267,7 +231,11 @@ class Trainer:
     def _ending(self, end: EndReason, applied: list[dict[str, Any]]) -> RunOutcome:
         st = self.state
         if end == "interrupt":
-            sig = self.interrupted[0] if self.interrupted else "signal on another rank"
+            sig = (
+                self.journal.interrupted[0]
+                if self.journal.interrupted
+                else "signal on another rank"
+            )
             return RunOutcome("interrupted", f"{sig} at step {st.step}", self._final_path())
         cmd = next((c for c in applied if c["command"] == end), {})
         why = f"{end} command" + (f": {cmd['reason']}" if cmd.get("reason") else "")
@@ -279,18 +247,6 @@ class Trainer:
         )
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def sync_envelope(self) -> None:
-        self.j.step, self.j.epoch, self.j.samples_seen = (
-            self.state.step,
-            self.state.epoch,
-            self.state.samples_seen,
-        )
-
-    def _journal_control(self) -> list[dict[str, Any]]:
-        """Journal the commands carried by this step's reduce, and any rejections; returns
-        the applied ones (rank 0; empty elsewhere)."""
-        return self.poller.journal(self.j.emit, self.state.step) if self.poller is not None else []
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -308,7 +264,7 @@ class Trainer:
         self.model.train()
         total, n = acc.tolist()
         val_loss = total / n if n else None
-        self.j.emit(
+        self.journal.emit(
             "evaluate",
             {"val_loss": val_loss, "val_num_tokens": int(n), "duration": time.perf_counter() - t0},
         )
@@ -322,7 +278,7 @@ class Trainer:
     def save(self, why: str, ending: EndReason | None = None) -> None:
         """Collective checkpoint; then rank 0 journals it and rotates older ones."""
         t0 = time.perf_counter()
-        self.state.run_id = self.j.writer.run_id if self.j.writer else self.state.run_id
+        self.state.run_id = self.journal.run_id or self.state.run_id
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
@@ -333,7 +289,7 @@ class Trainer:
             write_consolidated=self.write_consolidated if export else None,
         )
         self.last_saved_step = self.state.step
-        self.j.emit(
+        self.journal.emit(
             "save",
             {
                 "checkpoint_path": str(path),
@@ -348,11 +304,7 @@ class Trainer:
             log.info(
                 "saved %s (%s)%s", path, why, f"; export skipped: {skipped}" if skipped else ""
             )
-            if self.reports is not None:
-                self.reports.ingest_now()  # a fresh best must count before rotation
-            best = self.j.best.best() if self.j.best is not None else None
-            keep = {Path(best.checkpoint_path).name} if best else set()
-            rotate(Path(self.args.ckpt_dir), self.args.keep_last_n, keep=keep, emit=self.j.emit)
+            self.journal.rotate(self.args.keep_last_n)  # keeps the best (reports counted first)
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:

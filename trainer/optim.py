@@ -28,7 +28,12 @@ def build_optimizer(
     """AdamW over the (sharded) parameters, with warmup then cosine decay. ``fused``: one
     CUDA kernel for every parameter's update (no per-parameter launches)."""
     opt = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=fused or None
+        model.parameters(),
+        lr=args.lr,
+        betas=args.adam_betas,
+        eps=args.adam_eps,
+        weight_decay=args.weight_decay,
+        fused=fused or None,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(args.warmup_steps, total_steps, args.min_lr_ratio)

@@ -60,7 +60,8 @@ def json_object(raw: bytes, where: str) -> dict[str, Any]:
 def token_row(
     obj: dict[str, Any], where: str, vocab_size: int | None
 ) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of a ``{"input_ids", "labels"?}`` or ``{"text"}`` row, or a
+    """``(input_ids, labels)`` of a ``{"input_ids", "labels"?}`` or ``{"text"}`` row (other
+    keys, like the ``len`` of InstructLab's processed rows, are allowed), or a
     DataError naming ``where``. Token ids at or above ``vocab_size`` are errors: on CUDA
     they would be a device-side assert while the other ranks hang in a collective."""
     if "input_ids" in obj:
@@ -81,4 +82,7 @@ def token_row(
         raise DataError(f"{where}: 'labels' must be token ids or -100")
     if vocab_size is not None and max(labels) >= vocab_size:
         raise DataError(f"{where}: label {max(labels)} >= vocabulary size {vocab_size}")
+    # InstructLab's processed rows carry their length; one that disagrees is a broken file.
+    if "len" in obj and obj["len"] != len(ids):
+        raise DataError(f"{where}: 'len' is {obj['len']!r} but 'input_ids' has {len(ids)} tokens")
     return ids, labels

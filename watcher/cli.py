@@ -14,7 +14,7 @@ import click
 from journal.events import EVENTS
 from journal.fsinfo import needs_polling
 from journal.leases import DEFAULT_TTL_S
-from journal.paths import JOURNAL_NAME, watch_dir
+from journal.paths import resolve_journal, watch_dir
 from journal.rundir import UnsafeRunDir, check_run_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
@@ -288,7 +288,7 @@ def main(
     handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
     logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
-    journal = dir / JOURNAL_NAME if dir.suffix != ".jsonl" else dir
+    journal = resolve_journal(dir, must_exist=False)  # followed, it may not exist yet
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
         raise click.UsageError(f"--replay needs an existing journal; {journal} not found")

@@ -4,6 +4,10 @@ A batch of records is opened when it is read and closed when every delivery made
 has completed. The cursor's offset is the start of the oldest open batch (or the read
 position when none is open); seqs completed inside open batches are remembered per hook so a
 restart neither loses nor repeats work.
+
+Completing a delivery releases its checkpoint lease first (see
+:class:`watcher.leasing.CheckpointGuard`), then records it and moves the cursor, then wakes
+the engine, which may be waiting for the last deliveries to finish.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import orjson
 
 from watcher.cursor import Cursor, CursorState
 from watcher.delivery import Batch, Delivery, DeliveryResult, state_write_failed
+from watcher.leasing import CheckpointGuard
+from watcher.wake import Waker
 
 Reporter = Callable[[DeliveryResult], None]
 
@@ -27,7 +33,10 @@ class Completions:
     """Thread-safe record of finished deliveries; saves the cursor after each change.
 
     A results file or cursor that cannot be written (full disk, read-only state dir) is
-    said once through ``notice`` and counted in ``unrecorded``; delivery goes on."""
+    said once through ``notice`` and counted in ``unrecorded``; delivery goes on.
+
+    The engine says how far it has read (:meth:`open_batch`, :meth:`read_to`): with no
+    batch open, the cursor moves there."""
 
     def __init__(
         self,
@@ -35,14 +44,17 @@ class Completions:
         *,
         results_path: Path | None,
         reporter: Reporter | None,
-        read_position: Callable[[], tuple[int, int]],
+        checkpoints: CheckpointGuard,
+        waker: Waker,
         notice: Callable[[str], None],
     ) -> None:
         self.cursor = cursor
         self.results_path = results_path
         self.reporter = reporter
-        self._read_position = read_position
+        self.checkpoints = checkpoints
+        self.waker = waker
         self._notice = notice
+        self._read_end = (0, 0)  # (offset, line_no) just past what the engine has read
         self.state = CursorState()
         self.results: list[DeliveryResult] = []
         self.failed = 0
@@ -55,20 +67,33 @@ class Completions:
         with self._lock:
             self._batches.clear()
             self.state = state
+            self._read_end = (state.offset, state.line_no)
 
     def is_done(self, hook_id: str, seq: int) -> bool:
         """Completed before a restart (the cursor remembers it)."""
         return seq in self.state.done.get(hook_id, ())
 
-    def open_batch(self, offset: int, line_no: int, min_seq: int, pending: int) -> Batch:
-        batch = Batch(offset, line_no, min_seq, pending)
+    def open_batch(
+        self, start: tuple[int, int], end: tuple[int, int], min_seq: int, pending: int
+    ) -> Batch:
+        """Records read from ``start`` to ``end`` (offset, line_no), from which ``pending``
+        deliveries were made."""
+        batch = Batch(*start, min_seq, pending)
         with self._lock:
             self._batches.append(batch)
+            self._read_end = end
         if not pending:
             self.advance()
         return batch
 
+    def read_to(self, end: tuple[int, int]) -> None:
+        """Read up to ``end`` with no record to deliver (only invalid lines, or nothing)."""
+        with self._lock:
+            self._read_end = end
+
     def complete(self, d: Delivery, out: DeliveryResult) -> None:
+        """A delivery finished (or was coalesced away, or abandoned at shutdown)."""
+        self.checkpoints.release(d)
         with self._lock:
             self.results.append(out)
             if out.failed:
@@ -83,6 +108,7 @@ class Completions:
             except Exception as exc:  # the console must not stop deliveries
                 self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
         self.advance()
+        self.waker.wake()
 
     def _append_result(self, path: Path, out: DeliveryResult) -> None:
         line = orjson.dumps(asdict(out), option=orjson.OPT_APPEND_NEWLINE)
@@ -113,7 +139,7 @@ class Completions:
                     k: {s for s in v if s >= floor} for k, v in self.state.done.items()
                 }
             else:
-                self.state.offset, self.state.line_no = self._read_position()
+                self.state.offset, self.state.line_no = self._read_end
                 self.state.done = {}
             snapshot = CursorState(
                 self.state.offset,

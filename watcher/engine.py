@@ -7,40 +7,36 @@ record once every delivery of it has completed (or was coalesced away by a ``lat
 queue), and completed deliveries are remembered so a restart does not repeat them.
 
 The parts, in the order a record meets them: :mod:`watcher.follow` (start position, reading,
-replaced journals), :mod:`watcher.queues` (per-hook queues), :mod:`watcher.execute` (running
-commands and callables), :mod:`watcher.completion` (results and the cursor).
+replaced journals), dispatch (here), :mod:`watcher.queues` (per-hook queues),
+:mod:`watcher.execute` (running commands and callables), :mod:`watcher.completion` (results
+and the cursor). :mod:`watcher.leasing` keeps the checkpoints of save deliveries from
+dispatch to completion. Each part is handed the parts after it, never a way back.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from journal.leases import DEFAULT_TTL_S
-from journal.paths import checkpoint_root
 from journal.query import ended_before
-from journal.reports import checkpoint_key
-from journal.rotation import prune_finished_run
 from watcher.callbacks import callable_name
 from watcher.command import end_leftovers
 from watcher.completion import Completions, Reporter
 from watcher.cursor import Cursor, CursorState
 from watcher.delivery import Delivery, DeliveryResult
 from watcher.execute import Executor
-from watcher.follow import JournalFollower, StartAt
+from watcher.follow import JournalFollower, RunProgress, StartAt
 from watcher.hooks import Hook
-from watcher.leasing import LeaseKeeper
+from watcher.leasing import CheckpointGuard
+from watcher.notices import Notices
 from watcher.queues import HookQueue
 
 log = logging.getLogger("watcher")
 
 SAFETY_POLL_S = 1.0
-#: How long a save delivery waits for the removal record of a checkpoint missing on disk.
-REMOVAL_GRACE_S = 2.0
 
 
 class Watcher:
@@ -86,12 +82,29 @@ class Watcher:
         self.name = name
         self.follow = follow
         self.stateful_callbacks = stateful_callbacks or []
-        self.notices: list[str] = []
-        self.saw_end = False
         self._start = start
         self._stop = threading.Event()
-        self._final = threading.Event()  # the writer is gone: read to the end, torn tail included
+        self._notices = Notices()
+        self._run = RunProgress(follow)
+        # follow -> dispatch -> queue -> complete: each part is handed the ones after it
         self._follower = JournalFollower(journal, poll=poll)
+        self._checkpoints = CheckpointGuard(
+            journal.parent,
+            self._run,
+            ttl=lease_ttl,
+            holder=f"watcher:{name}",
+            stop=self._stop,
+            notice=self._notices,
+        )
+        self._executor = Executor(
+            journal,
+            logs_dir=state_dir / f"{name}.logs" if state_dir else None,
+            control_source=control_source or f"watcher:{name}",
+            stop=self._stop,
+            checkpoints=self._checkpoints,
+            running_dir=state_dir / f"{name}.running" if state_dir else None,
+            notice=self._notices,
+        )
         cursor_path = state_dir / f"{name}.cursor.json" if state_dir and persist_cursor else None
         self.cursor = Cursor(cursor_path)
         self.results_path = state_dir / f"{name}.results.jsonl" if state_dir else None
@@ -99,25 +112,14 @@ class Watcher:
             self.cursor,
             results_path=self.results_path,
             reporter=reporter,
-            read_position=lambda: self._follower.position,
-            notice=self._notice,
+            checkpoints=self._checkpoints,
+            waker=self._follower.waker,
+            notice=self._notices,
         )
-        executor = Executor(
-            journal,
-            logs_dir=state_dir / f"{name}.logs" if state_dir else None,
-            control_source=control_source or f"watcher:{name}",
-            stop=self._stop,
-            removed=self._checkpoint_removed,
-            running_dir=state_dir / f"{name}.running" if state_dir else None,
-            notice=self._notice,
-        )
-        self._executor = executor
-        self._running_dir = executor.running_dir
-        self._leases = LeaseKeeper(journal.parent, ttl=lease_ttl, holder=f"watcher:{name}")
-        self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
-        self._removed_cond = threading.Condition()
         self._queues = {
-            id(h): HookQueue(h, executor.deliver, self._complete, notice=self._notice)
+            id(h): HookQueue(
+                h, self._executor.deliver, self.completions.complete, notice=self._notices
+            )
             for h in hooks
         }
 
@@ -131,6 +133,17 @@ class Watcher:
         """Deliveries that finally failed (after their retries)."""
         return self.completions.failed
 
+    @property
+    def notices(self) -> list[str]:
+        """What went wrong without stopping delivery (each said once, as a warning)."""
+        return self._notices.said
+
+    @property
+    def saw_end(self) -> bool:
+        """The run's ``train_end`` was read (and no ``train_begin`` of a resumed attempt
+        after it)."""
+        return self._run.ended
+
     # -- control from other threads -----------------------------------------------------
 
     def request_stop(self) -> None:
@@ -139,7 +152,7 @@ class Watcher:
 
     def writer_finished(self) -> None:
         """Tell a follower that no more records will come (run_training after torchrun)."""
-        self._final.set()
+        self._run.writer_gone.set()
         self._follower.waker.wake()
 
     # -- main loop ---------------------------------------------------------------------
@@ -150,21 +163,23 @@ class Watcher:
         delivery succeeded, 1 when any finally failed."""
         follower = self._follower
         follower.waker.start()
-        self._leases.start()
+        self._checkpoints.start()
         try:
             self._begin()
             waiting_at: int | None = None
             while not self._stop.is_set():
                 self._check_identity()
-                final = not self.follow or self._final.is_set()
+                final = self._run.final  # taken before the read: it reads to the end
                 before = follower.position
                 batch = follower.read(final=final)
                 for bad in batch.invalid:
-                    self._notice(
+                    self._notices(
                         f"{self.journal}:{bad.line_no}: skipped invalid line ({bad.reason})"
                     )
                 if batch.records:
-                    self._dispatch(batch.records, *before)
+                    self._dispatch(batch.records, before, follower.position)
+                else:
+                    self.completions.read_to(follower.position)
                 if self._finished(final, progressed=follower.position != before):
                     break
                 if waiting_at != follower.position[0] and self._idle():
@@ -182,22 +197,23 @@ class Watcher:
             return False
         # Nothing new: done once train_end was seen, or the file is final (replay, or the
         # writer is gone), and every delivery has completed.
-        return (self.saw_end or final) and self._idle()
+        return (self._run.ended or final) and self._idle()
 
     def _idle(self) -> bool:
         return all(q.idle() for q in self._queues.values())
 
     def _begin(self) -> None:
-        if self._running_dir is not None and (n := end_leftovers(self._running_dir)):
-            self._notice(f"ended {n} callback process group(s) a previous watcher left running")
+        running_dir = self._executor.running_dir
+        if running_dir is not None and (n := end_leftovers(running_dir)):
+            self._notices(f"ended {n} callback process group(s) a previous watcher left running")
         saved = self.cursor.load()
         if self.cursor.warning:
-            self._notice(self.cursor.warning)
+            self._notices(self.cursor.warning)
         if saved is not None and saved.offset and not isinstance(self._start, int):
             log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
-        self.completions.reset(self._follower.start_state(self._start, saved, self._notice))
+        self.completions.reset(self._follower.start_state(self._start, saved, self._notices))
         # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
-        self.saw_end = ended_before(self.journal, self._follower.position[0])
+        self._run.ended = ended_before(self.journal, self._follower.position[0])
         if self.stateful_callbacks:
             history = self._follower.history()
             for obj in self.stateful_callbacks:
@@ -212,101 +228,38 @@ class Watcher:
             if self.completions.state.fingerprint is None:
                 self.completions.state.fingerprint = self._follower.fingerprint()
             return
-        self._notice(f"{self.journal} was {what}; reading it again from the start")
+        self._notices(f"{self.journal} was {what}; reading it again from the start")
         self.completions.reset(CursorState(fingerprint=self._follower.fingerprint()))
-        self.saw_end = False
+        self._run.ended = False
 
-    def _dispatch(self, records: list[dict[str, Any]], offset: int, line_no: int) -> None:
-        self._note_removals(records)
+    def _dispatch(
+        self, records: list[dict[str, Any]], start: tuple[int, int], end: tuple[int, int]
+    ) -> None:
+        self._checkpoints.note_removals(records)
         todo: list[tuple[Hook, dict[str, Any]]] = []
         for rec in records:
             ev = rec.get("event")
             if ev == "train_end":
-                self.saw_end = True
+                self._run.ended = True
             elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
-                self.saw_end = False
+                self._run.ended = False
             todo.extend(
                 (hook, rec)
                 for hook in self.hooks
                 if hook.event == ev and not self.completions.is_done(hook.id, rec["seq"])
             )
-        batch = self.completions.open_batch(offset, line_no, records[0]["seq"], len(todo))
+        batch = self.completions.open_batch(start, end, records[0]["seq"], len(todo))
         for hook, rec in todo:
             did = f"{rec.get('run_id', '')}-{rec['seq']}-{hook.short_id}"
-            d = Delivery(hook, rec, batch, did, lease=self._lease_for(rec))
-            self._queues[id(hook)].submit(d)
-
-    def _complete(self, d: Delivery, out: DeliveryResult) -> None:
-        if d.lease is not None:
-            self._leases.release(d.lease)
-            if self.saw_end or self._final.is_set() or not self.follow:
-                # No trainer rotates any more: apply its policy now (a no-op if one writes).
-                try:
-                    prune_finished_run(self.journal.parent, role=f"watcher:{self.name}")
-                except Exception as exc:  # rotation is the trainer's job; delivery goes on
-                    self._notice(f"cannot apply the run's rotation policy: {exc}")
-        self.completions.complete(d, out)
-        self._follower.waker.wake()
+            lease = self._checkpoints.lease_for(rec)
+            self._queues[id(hook)].submit(Delivery(hook, rec, batch, did, lease=lease))
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()
         for queue in self._queues.values():
             for d in queue.close():
-                self._complete(d, DeliveryResult.of(d, "abandoned", error="watcher stopped"))
-        self._leases.stop()
+                self.completions.complete(
+                    d, DeliveryResult.of(d, "abandoned", error="watcher stopped")
+                )
+        self._checkpoints.stop()
         self._executor.close()
-
-    # -- checkpoints: leases and removals ------------------------------------------------
-
-    def _lease_for(self, rec: dict[str, Any]) -> str | None:
-        """A save whose checkpoint is still there is leased until its delivery completes."""
-        path = (rec.get("data") or {}).get("checkpoint_path")
-        if rec.get("event") != "save" or not isinstance(path, str):
-            return None
-        with self._removed_cond:
-            if checkpoint_key(path) in self._removed:
-                return None
-        return self._leases.take(path)
-
-    def _note_removals(self, records: list[dict[str, Any]]) -> None:
-        """Remember which checkpoints are gone before dispatching the batch's saves (a later
-        save of the same step brings one back)."""
-        with self._removed_cond:
-            for rec in records:
-                path = (rec.get("data") or {}).get("checkpoint_path")
-                if not isinstance(path, str):
-                    continue
-                if rec.get("event") == "checkpoint_removed":
-                    self._removed.add(checkpoint_key(path))
-                elif rec.get("event") == "save":
-                    self._removed.discard(checkpoint_key(path))
-            self._removed_cond.notify_all()
-
-    def _checkpoint_removed(self, d: Delivery) -> bool:
-        """Whether a save delivery's checkpoint is already removed (it is then skipped).
-
-        A checkpoint of this run that is missing on disk while the trainer still writes may
-        have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
-        checkpoint to come back: rotation puts back one that got leased meanwhile)."""
-        path = (d.record.get("data") or {}).get("checkpoint_path")
-        if d.hook.event != "save" or not isinstance(path, str):
-            return False
-        key = checkpoint_key(path)
-        live = self.follow and not self.saw_end and not self._final.is_set()
-        deadline = time.monotonic() + REMOVAL_GRACE_S
-        with self._removed_cond:
-            while key not in self._removed and live and not os.path.exists(path):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set() or not self._is_run_checkpoint(path):
-                    break
-                self._removed_cond.wait(min(left, 0.1))
-            return key in self._removed
-
-    def _is_run_checkpoint(self, path: str) -> bool:
-        root = checkpoint_root(self.journal.parent, os.path.basename(path))
-        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(root)
-
-    def _notice(self, msg: str) -> None:
-        if msg not in self.notices:
-            self.notices.append(msg)
-            log.warning(msg)

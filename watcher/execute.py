@@ -31,6 +31,7 @@ from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
 from watcher.command import command_env, log_text, run_command
 from watcher.delivery import Delivery, DeliveryResult, state_write_failed
+from watcher.leasing import CheckpointGuard
 
 log = logging.getLogger("watcher")
 
@@ -43,7 +44,7 @@ REPORT_FILE_MAX_BYTES = 64 * 1024
 
 class Executor:
     """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early;
-    ``removed(d)`` says whether a save delivery's checkpoint is already gone (skipped);
+    ``checkpoints`` says whether a save delivery's checkpoint is already gone (skipped);
     ``notice`` says (once) that the state dir cannot be written."""
 
     def __init__(
@@ -53,7 +54,7 @@ class Executor:
         logs_dir: Path | None,
         control_source: str,
         stop: threading.Event,
-        removed: Callable[[Delivery], bool] = lambda d: False,
+        checkpoints: CheckpointGuard,
         running_dir: Path | None = None,
         notice: Callable[[str], None] = log.warning,
     ) -> None:
@@ -62,7 +63,7 @@ class Executor:
         self.logs_dir = logs_dir
         self.control_source = control_source
         self.stop = stop
-        self.removed = removed
+        self.checkpoints = checkpoints
         self.running_dir = running_dir
         self.notice = notice
         self._scratch: Path | None = None  # <state>/<name>.reports: event and report files
@@ -72,7 +73,7 @@ class Executor:
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
         opts = d.hook.options
-        if self.removed(d):
+        if self.checkpoints.removed(d):
             path = (d.record.get("data") or {}).get("checkpoint_path")
             return DeliveryResult.of(d, "skipped", error=f"checkpoint {path} was removed")
         out = DeliveryResult.of(d, "failed", start_ts=time.time())

@@ -4,6 +4,7 @@ The start position is a saved cursor when there is one, else the start of the fi
 current end (``"now"``), or an explicit byte offset (the embedded watcher, which delivers
 only its own launch's records). A journal that shrank below the read position, or whose
 inode changed, was truncated or replaced: reading starts over from its beginning.
+:class:`RunProgress` says whether more records can come.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,3 +96,24 @@ class JournalFollower:
             return None
         self.reader = JournalReader(self.journal)
         return "replaced" if replaced else "truncated"
+
+
+@dataclass
+class RunProgress:
+    """How far the followed run is, as the delivery threads see it.
+
+    The engine's thread sets ``ended``; ``writer_gone`` may be set from any thread."""
+
+    follow: bool  # False: a replay, the file is all there is
+    ended: bool = False  # train_end seen, and no train_begin (a resumed attempt) after it
+    writer_gone: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def final(self) -> bool:
+        """No more records can come: read to the end, torn tail included."""
+        return not self.follow or self.writer_gone.is_set()
+
+    @property
+    def over(self) -> bool:
+        """No trainer writes this run any more (it rotates no checkpoint either)."""
+        return self.ended or self.final

@@ -1,7 +1,12 @@
-"""The watcher's checkpoint leases: a save being delivered (queued or running) keeps its
-checkpoint from rotation. Leases are renewed every ``ttl / 3`` by one thread and released
-when the delivery completes; a watcher killed with ``kill -9`` stops renewing, so its
-leases expire after ``ttl`` and rotation proceeds."""
+"""The checkpoints of the watcher's save deliveries: leases, removals and rotation.
+
+A save being delivered (queued or running) keeps its checkpoint from rotation with a lease.
+Leases are renewed every ``ttl / 3`` by one thread and released when the delivery
+completes; a watcher killed with ``kill -9`` stops renewing, so its leases expire after
+``ttl`` and rotation proceeds. A save whose checkpoint was journaled as removed is not
+leased, and its delivery is skipped. :class:`CheckpointGuard` is the one object the
+engine, the executor and completion share for all of this.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,27 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from journal import leases
 from journal.leases import Lease, LeaseError
+from journal.paths import checkpoint_key, checkpoint_root
+from journal.rotation import prune_finished_run
+from watcher.delivery import Delivery
+from watcher.follow import RunProgress
 
 log = logging.getLogger("watcher")
 
+#: How long a save delivery waits for the removal record of a checkpoint missing on disk.
+REMOVAL_GRACE_S = 2.0
+
 
 class LeaseKeeper:
+    """The lease files of one watcher, and the thread that renews them."""
+
     def __init__(self, ckpt_dir: Path, *, ttl: float, holder: str) -> None:
         self.ckpt_dir = ckpt_dir
         self.ttl = ttl
@@ -95,3 +112,108 @@ class LeaseKeeper:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             self.renew_held()
+
+
+class CheckpointGuard:
+    """The checkpoints of save deliveries, from dispatch to completion.
+
+    A save is leased when it is dispatched (unless its checkpoint is known to be removed),
+    its delivery is skipped if the checkpoint is removed by the time it runs, and the lease
+    is released when the delivery completes, queued or run. Once no trainer writes the run
+    (``run.over``), each release also applies the run's rotation policy, which no one
+    else would apply any more.
+
+    Args:
+        ckpt_dir: the run's directory.
+        run: how far the followed run is.
+        ttl: seconds a lease lives without renewal.
+        holder: who holds the leases and prunes (``watcher:<name>``).
+        stop: set when the watcher stops (ends a wait for a removal record).
+        notice: says (once) what goes wrong without stopping delivery.
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        run: RunProgress,
+        *,
+        ttl: float,
+        holder: str,
+        stop: threading.Event,
+        notice: Callable[[str], None],
+    ) -> None:
+        self.ckpt_dir = ckpt_dir
+        self.run = run
+        self.holder = holder
+        self.leases = LeaseKeeper(ckpt_dir, ttl=ttl, holder=holder)
+        self._stop = stop
+        self._notice = notice
+        self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
+        self._removed_cond = threading.Condition()
+
+    def start(self) -> None:
+        """Start renewing leases."""
+        self.leases.start()
+
+    def stop(self) -> None:
+        """Stop renewing and release every lease still held."""
+        self.leases.stop()
+
+    def note_removals(self, records: list[dict[str, Any]]) -> None:
+        """Remember which checkpoints are gone before the batch's saves are dispatched (a
+        later save of the same step brings one back)."""
+        with self._removed_cond:
+            for rec in records:
+                path = (rec.get("data") or {}).get("checkpoint_path")
+                if not isinstance(path, str):
+                    continue
+                if rec.get("event") == "checkpoint_removed":
+                    self._removed.add(checkpoint_key(path))
+                elif rec.get("event") == "save":
+                    self._removed.discard(checkpoint_key(path))
+            self._removed_cond.notify_all()
+
+    def lease_for(self, rec: dict[str, Any]) -> str | None:
+        """A save whose checkpoint is still there is leased until its delivery completes."""
+        path = (rec.get("data") or {}).get("checkpoint_path")
+        if rec.get("event") != "save" or not isinstance(path, str):
+            return None
+        with self._removed_cond:
+            if checkpoint_key(path) in self._removed:
+                return None
+        return self.leases.take(path)
+
+    def removed(self, d: Delivery) -> bool:
+        """Whether a save delivery's checkpoint is already removed (it is then skipped).
+
+        A checkpoint of this run that is missing on disk while the trainer still writes may
+        have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
+        checkpoint to come back: rotation puts back one that got leased meanwhile)."""
+        path = (d.record.get("data") or {}).get("checkpoint_path")
+        if d.hook.event != "save" or not isinstance(path, str):
+            return False
+        key = checkpoint_key(path)
+        live = not self.run.over
+        deadline = time.monotonic() + REMOVAL_GRACE_S
+        with self._removed_cond:
+            while key not in self._removed and live and not os.path.exists(path):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set() or not self._is_run_checkpoint(path):
+                    break
+                self._removed_cond.wait(min(left, 0.1))
+            return key in self._removed
+
+    def release(self, d: Delivery) -> None:
+        """A delivery completed: its checkpoint may rotate away."""
+        if d.lease is None:
+            return
+        self.leases.release(d.lease)
+        if self.run.over:  # no trainer rotates any more: apply its policy now
+            try:  # (a no-op if one writes after all)
+                prune_finished_run(self.ckpt_dir, role=self.holder)
+            except Exception as exc:  # rotation is the trainer's job; delivery goes on
+                self._notice(f"cannot apply the run's rotation policy: {exc}")
+
+    def _is_run_checkpoint(self, path: str) -> bool:
+        root = checkpoint_root(self.ckpt_dir, os.path.basename(path))
+        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(root)

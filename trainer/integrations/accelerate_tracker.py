@@ -35,7 +35,9 @@ import torch.distributed as dist
 from accelerate.state import PartialState
 from accelerate.tracking import GeneralTracker
 
-from trainer.integrations.session import JournalSession, command_names
+from trainer.control_poller import command_names
+from trainer.emitter import Where
+from trainer.run_journal import RunJournal
 
 
 class JournalTracker(GeneralTracker):
@@ -49,13 +51,17 @@ class JournalTracker(GeneralTracker):
         super().__init__()
         self.ckpt_dir = Path(ckpt_dir)
         self.total_steps = total_steps
-        self.s: JournalSession | None = None
+        self.run_journal: RunJournal | None = None
+        self.device = torch.device("cpu")
+        #: The loop's position as far as it told us (the step of its last call): the
+        #: journal follows it.
+        self.where = Where()
         self.status: str | None = None  # set by poll_control on stop/abort
         self.last_save: tuple[int, str] | None = None
 
     @property
-    def tracker(self) -> JournalSession | None:
-        return self.s
+    def tracker(self) -> RunJournal | None:
+        return self.run_journal
 
     def start(self) -> None:
         state = PartialState()
@@ -63,29 +69,33 @@ class JournalTracker(GeneralTracker):
         # can disagree: an Accelerator made without cpu=True on a machine with no GPU runs
         # "not distributed" under torchrun, and every rank then calls itself the main one.
         main = dist.get_rank() == 0 if dist.is_initialized() else state.is_main_process
-        self.s = JournalSession(
-            self.ckpt_dir,
-            main=main,
-            device=torch.device(state.device),
-            role="accelerate",
-        )
-        self.s.open()
+        self.device = torch.device(state.device)
+        self.run_journal = RunJournal(self.ckpt_dir, main=main, role="accelerate")
+        self.run_journal.catch_signals()
+        self.run_journal.open(resume=False)
+        self.run_journal.fail_on_uncaught_exception()
+        self.run_journal.follow(self.where)
 
-    def _session(self) -> JournalSession:
-        if self.s is None:
+    def _journal(self) -> RunJournal:
+        if self.run_journal is None:
             self.start()
-        assert self.s is not None
-        return self.s
+        assert self.run_journal is not None
+        return self.run_journal
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self._session().begin(values, self.total_steps, trainer="accelerate")
+        self._journal().begin(
+            values,
+            total_steps=self.total_steps,
+            device_type=self.device.type,
+            trainer="accelerate",
+        )
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        s = self._session()
+        j = self._journal()
         if step is not None:
-            s.at(step)
+            self.where.step = step
         numbers = {k: v for k, v in values.items() if isinstance(v, (int, float))}
-        s.j.emit(
+        j.emit(
             "log",
             {
                 **numbers,
@@ -96,10 +106,10 @@ class JournalTracker(GeneralTracker):
 
     def save(self, path: str | os.PathLike[str], step: int) -> None:
         """Journal a checkpoint once it is complete on disk (after ``save_state``)."""
-        s = self._session()
-        s.at(step)
+        j = self._journal()
+        self.where.step = step
         self.last_save = (step, str(Path(path).resolve()))
-        s.j.emit(
+        j.emit(
             "save",
             {
                 "checkpoint_path": str(Path(path).resolve()),
@@ -111,11 +121,11 @@ class JournalTracker(GeneralTracker):
     def poll_control(self, step: int) -> str | None:
         """Every rank, at the same step: the command to apply now (``stop``, ``abort``,
         ``save``, ``evaluate`` or ``log``; the strongest when several arrived), or None."""
-        s = self._session()
-        s.at(step)
-        bits, _ = s.agree()
+        j = self._journal()
+        self.where.step = step
+        bits, _ = j.agree(self.device)
         names = command_names(bits)
-        if s.interrupted_anywhere and "stop" not in names:
+        if j.interrupted_anywhere and "stop" not in names:
             names.append("stop")
             self.status = "interrupted"
         for strongest in ("abort", "stop", "save", "evaluate", "log"):
@@ -126,8 +136,13 @@ class JournalTracker(GeneralTracker):
         return None
 
     def finish(self) -> None:
-        s = self._session()
+        j = self._journal()
         status = self.status or "completed"
-        s.end(
-            {"status": status, "reason": f"{status} at step {s.j.step}", "final_checkpoint": None}
+        j.end(
+            {
+                "status": status,
+                "reason": f"{status} at step {self.where.step}",
+                "final_checkpoint": None,
+            }
         )
+        j.close()

@@ -40,11 +40,31 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from journal.rotation import rotate
-from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
-from trainer.integrations.session import JournalSession, command_names
+from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP, command_names
+from trainer.run_journal import RunJournal
 
 log = logging.getLogger(__name__)
+
+
+class HFPosition:
+    """HF's ``TrainerState`` as the journal's position. Inside a step (``on_step_begin`` to
+    ``on_step_end``) HF has not counted the step yet: its records carry global_step + 1."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.in_step = False
+
+    @property
+    def step(self) -> int:
+        return int(self.state.global_step) + (1 if self.in_step else 0)
+
+    @property
+    def epoch(self) -> int:
+        return int(self.state.epoch or 0)
+
+    @property
+    def samples_seen(self) -> int:
+        return 0
 
 
 class JournalCallback(TrainerCallback):
@@ -66,25 +86,29 @@ class JournalCallback(TrainerCallback):
             raise ValueError(f"keep_last_n must be >= 1 (or None to keep all), not {keep_last_n}")
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.keep_last_n = keep_last_n
-        self.s: JournalSession | None = None
+        self._run_journal: RunJournal | None = None
+        self.position: HFPosition | None = None
+        self.device = torch.device("cpu")
         self.abort = False
         self.step_t0 = time.perf_counter()
 
     @property
-    def session(self) -> JournalSession:
-        assert self.s is not None, "on_train_begin has not run"
-        return self.s
+    def journal(self) -> RunJournal:
+        assert self._run_journal is not None, "on_train_begin has not run"
+        return self._run_journal
 
     # -- start and end -----------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.s = JournalSession(
-            self.ckpt_dir or args.output_dir,
-            main=state.is_world_process_zero,
-            device=torch.device(args.device),
-            role="hf-trainer",
+        self.device = torch.device(args.device)
+        self._run_journal = RunJournal(
+            self.ckpt_dir or args.output_dir, main=state.is_world_process_zero, role="hf-trainer"
         )
-        self.s.open(resume=bool(kw.get("resume_from_checkpoint")))
+        self.journal.catch_signals()
+        self.journal.open(resume=bool(kw.get("resume_from_checkpoint")))
+        self.journal.fail_on_uncaught_exception()
+        self.position = HFPosition(state)
+        self.journal.follow(self.position)
         if args.save_total_limit and state.is_world_process_zero:
             log.warning(
                 "save_total_limit=%s: HF's rotation may delete a checkpoint an eval is still "
@@ -92,53 +116,57 @@ class JournalCallback(TrainerCallback):
                 "leased ones",
                 args.save_total_limit,
             )
-        self._at(state)
-        self.s.begin(args.to_dict(), state.max_steps, trainer="transformers.Trainer")
+        self.journal.begin(
+            args.to_dict(),
+            total_steps=state.max_steps,
+            device_type=self.device.type,
+            trainer="transformers.Trainer",
+        )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        s = self.session
-        self._at(state)
-        if s.interrupted_anywhere:
-            why = s.interrupted[0] if s.interrupted else "a signal on another rank"
+        j = self.journal
+        if j.interrupted_anywhere:
+            why = j.interrupted[0] if j.interrupted else "a signal on another rank"
             status, reason = "interrupted", f"{why} at step {state.global_step}"
         elif self.abort or (state.global_step < state.max_steps and control.should_training_stop):
             status, reason = "stopped", f"stopped at step {state.global_step}"
         else:
             status, reason = "completed", f"reached step {state.global_step}"
-        s.end(
+        j.end(
             {"status": status, "reason": reason, "final_checkpoint": self._last_ckpt(args, state)}
         )
+        j.close()
 
     # -- the step ------------------------------------------------------------------------
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._at(state)
-        self.session.j.emit("epoch_begin", {})
+        self.journal.emit("epoch_begin", {})
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._at(state)
-        self.session.j.emit("epoch_end", {"epoch": int(state.epoch or 0)})
+        self.journal.emit("epoch_end", {"epoch": int(state.epoch or 0)})
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.step_t0 = time.perf_counter()
-        self._at(state, step=state.global_step + 1)
-        self.session.j.emit("step_begin")
+        if self.position is not None:
+            self.position.in_step = True
+        self.journal.emit("step_begin")
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.session.j.emit("before_optimizer_step")
+        self.journal.emit("before_optimizer_step")
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.session.j.emit("after_optimizer_step")
+        self.journal.emit("after_optimizer_step")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        s = self.session
-        self._at(state)
-        bits, _ = s.agree()
+        j = self.journal
+        if self.position is not None:
+            self.position.in_step = False  # HF has counted the step
+        bits, _ = j.agree(self.device)
         if bits & ABORT:
             self.abort = True
             control.should_training_stop = True
             control.should_save = False
-        elif bits & STOP or s.interrupted_anywhere:
+        elif bits & STOP or j.interrupted_anywhere:
             control.should_training_stop = True
             control.should_save = True
         if not self.abort:
@@ -149,7 +177,7 @@ class JournalCallback(TrainerCallback):
             log.info(
                 "control %s applied at step %d", "+".join(command_names(bits)), state.global_step
             )
-        s.j.emit("step_end", {})
+        j.emit("step_end", {})
 
     # -- metrics and checkpoints ----------------------------------------------------------
 
@@ -159,11 +187,10 @@ class JournalCallback(TrainerCallback):
         logs = dict(logs or {})
         if "loss" not in logs:  # the end-of-training summary and eval logs go elsewhere
             return
-        self._at(state)
         elapsed = time.perf_counter() - self.step_t0
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        samples *= self.session.world
-        self.session.j.emit(
+        samples *= self.journal.world
+        self.journal.emit(
             "log",
             {
                 **{k: v for k, v in logs.items() if isinstance(v, (int, float))},
@@ -180,8 +207,7 @@ class JournalCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any
     ) -> None:
         metrics = dict(metrics or {})
-        self._at(state)
-        self.session.j.emit(
+        self.journal.emit(
             "evaluate",
             {
                 **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
@@ -192,9 +218,8 @@ class JournalCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """HF calls it after ``checkpoint-N`` is written: the checkpoint is complete."""
-        self._at(state)
         path = self._ckpt_path(args, state)
-        self.session.j.emit(
+        self.journal.emit(
             "save",
             {
                 "checkpoint_path": str(path),
@@ -204,20 +229,15 @@ class JournalCallback(TrainerCallback):
                 "trigger": "hf",
             },
         )
-        if self.keep_last_n is not None and state.is_world_process_zero:
+        if self.keep_last_n is not None:
             best = state.best_model_checkpoint
-            rotate(
-                self.session.dir,
+            self.journal.rotate(
                 self.keep_last_n,
                 keep={Path(best).name} if best else set(),
-                emit=self.session.j.emit,
                 root=Path(args.output_dir),
             )
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _at(self, state: Any, step: int | None = None) -> None:
-        self.session.at(state.global_step if step is None else step, int(state.epoch or 0))
 
     @staticmethod
     def _ckpt_path(args: Any, state: Any) -> Path:
