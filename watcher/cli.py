@@ -19,9 +19,10 @@ from journal.rundir import UnsafeRunDir, check_run_dir
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
-from watcher.export import close_all, every_record, make_exporter
+from watcher.export import close_all, every_record
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
 from watcher.text import PrintableFormatter
+from watcher.trackers import exporters_for
 
 _SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
 
@@ -61,31 +62,6 @@ def default_name(hooks: list[Hook]) -> str:
         "-"
     )
     return f"{first.event}-{stem}-{digest}"
-
-
-def _exporters(
-    ckpt_dir: Path,
-    tensorboard_dir: Path | None,
-    mlflow_uri: str | None,
-    mlflow_log_artifacts: bool,
-    wandb: bool,
-) -> list[Any]:
-    """The experiment-tracker exporters the options ask for (CallbackSpecError: unusable)."""
-    if mlflow_log_artifacts and mlflow_uri is None:
-        raise CallbackSpecError("--mlflow-log-artifacts needs --mlflow")
-    wanted = {"tensorboard": tensorboard_dir is not None, "mlflow": mlflow_uri is not None}
-    wanted["wandb"] = wandb
-    return [
-        make_exporter(
-            name,
-            ckpt_dir,
-            tensorboard_dir=tensorboard_dir,
-            mlflow_uri=mlflow_uri or None,
-            mlflow_log_artifacts=mlflow_log_artifacts,
-        )
-        for name, on in wanted.items()
-        if on
-    ]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -321,7 +297,7 @@ def main(
             hooks.extend(hooks_for_object(obj, options_for))
             if callable(getattr(obj, "restore_state", None)):
                 consumers.append(obj)
-        for exporter in _exporters(
+        for exporter in exporters_for(
             ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb
         ):
             hooks.extend(hooks_for_object(exporter, every_record(options_for)))

@@ -20,8 +20,9 @@ from journal.paths import journal_path, watch_dir
 from watcher.callbacks import CallbackSpecError
 from watcher.delivery import DeliveryResult
 from watcher.engine import Watcher
-from watcher.export import close_all, every_record, make_exporter
+from watcher.export import close_all, every_record
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
+from watcher.trackers import make_exporter
 
 log = logging.getLogger("watcher")
 

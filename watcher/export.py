@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from watcher.callbacks import CallbackSpecError, Event, TrainerCallback
+from watcher.callbacks import Event, TrainerCallback
 from watcher.hooks import HookOptions
 
 log = logging.getLogger("watcher")
@@ -28,8 +27,6 @@ log = logging.getLogger("watcher")
 SKIP_LOG_FIELDS = frozenset(
     {"loss_finite", "cuda_mem_allocated", "cuda_max_mem_allocated", "samples_seen"}
 )
-#: ``--report-to`` / ``TrainingArgs.report_to`` names
-TRACKERS = ("tensorboard", "mlflow", "wandb")
 
 
 def numbers(values: dict[str, Any]) -> dict[str, float]:
@@ -56,36 +53,6 @@ def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], H
     """Hook options that deliver every record: an exporter writes points, not only the
     newest pending one (the default for high-rate events such as ``log``)."""
     return lambda event: dataclasses.replace(options_for(event), queue="all")
-
-
-def make_exporter(
-    name: str,
-    ckpt_dir: Path,
-    *,
-    tensorboard_dir: Path | None = None,
-    mlflow_uri: str | None = None,
-    mlflow_log_artifacts: bool = False,
-) -> MetricsExport:
-    """The exporter called ``name`` (one of :data:`TRACKERS`) for the run in ``ckpt_dir``.
-
-    TensorBoard writes to ``tensorboard_dir`` (default ``ckpt_dir/tensorboard``); MLflow
-    to ``mlflow_uri`` (default ``$MLFLOW_TRACKING_URI``); W&B under ``ckpt_dir/wandb``.
-    Raises :class:`watcher.callbacks.CallbackSpecError` (one line) when it cannot work:
-    its package is missing, the tracking server does not answer, ...
-    """
-    if name == "tensorboard":
-        from watcher.tensorboard import TensorBoardExport
-
-        return TensorBoardExport(tensorboard_dir or ckpt_dir / "tensorboard")
-    if name == "mlflow":
-        from watcher.mlflow_export import MlflowExport
-
-        return MlflowExport(mlflow_uri, log_artifacts=mlflow_log_artifacts)
-    if name == "wandb":
-        from watcher.wandb_export import WandbExport
-
-        return WandbExport(ckpt_dir)
-    raise CallbackSpecError(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
 
 
 def close_all(exporters: list[Any]) -> None:
