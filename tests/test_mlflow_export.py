@@ -174,7 +174,15 @@ def test_replay_into_a_file_store_continues_one_run_across_a_resume(
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind it
     for name, extra in (("first", ["--mlflow-log-artifacts"]), ("again", [])):
         proc = cli(
-            "ilab-watch", str(ckpt), "--replay", "--mlflow", store.as_uri(), "--name", name, *extra
+            "ilab-watch",
+            str(ckpt),
+            "--replay",
+            "--mlflow",
+            store.as_uri(),
+            "--name",
+            name,
+            *extra,
+            timeout=180,  # importing mlflow alone takes seconds on a loaded machine
         )
         assert proc.returncode == 0, proc.stderr
     client = mlflow_tracking.MlflowClient(store.as_uri())
@@ -205,7 +213,7 @@ def test_an_unreachable_tracking_server_is_one_line(tmp_path: Path) -> None:
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {}})
     uri = f"http://127.0.0.1:{free_port()}"
-    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow", uri)
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow", uri, timeout=180)
     assert proc.returncode == 2
     assert f"cannot reach the MLflow tracking server at {uri}" in proc.stderr
     assert "Traceback" not in proc.stderr
