@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter
 from journal.reader import iter_batches
-from tests.conftest import log_payload
+from tests.helpers import log_payload
 
 
 def bench_append(tmp: Path, n: int, block: int = 1000) -> dict[str, float]:

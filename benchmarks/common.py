@@ -69,7 +69,7 @@ def write_step_journal(ckpt: Path, steps: int) -> None:
     """A step-detail run: 5 records a step, a save and a control every 100 steps; every
     record valid against the schema (``validate`` finds nothing)."""
     # imported here: the other benches (bench_gpu on a bare GPU machine) need no test deps
-    from tests.conftest import log_payload
+    from tests.helpers import log_payload
 
     begin = {
         "config": {"lr": 1e-4},

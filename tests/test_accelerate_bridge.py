@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cli, pythonpath, records
+from tests.helpers import ROOT, cli, pythonpath, records
 
 pytest.importorskip("accelerate")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from journal import Control, JournalWriter
-from tests.conftest import cli
+from tests.helpers import cli
 from watcher.builtins import DivergenceDetector, EarlyStopping, parse_builtin
 from watcher.callbacks import CallbackSpecError, Event, hooked_methods
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, records, train_env
+from tests.helpers import BIN, records, train_env
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.conftest import records, train
+from tests.helpers import records, train
 from trainer.checkpoint import _rng_state
 from trainer.checkpoint_files import (
     LEGACY_SCHEDULER_FILE,

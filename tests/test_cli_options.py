@@ -12,7 +12,7 @@ import click
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import cli
+from tests.helpers import cli
 from trainer.cli import main
 from trainer.cli_options import CONFIG_ONLY, FIELD_OPTIONS, FLAG_OF, apply_given
 from trainer.config import TorchrunArgs, TrainingArgs

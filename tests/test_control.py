@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 
 from journal import send_command
-from tests.conftest import (
+from tests.helpers import (
     BIN,
     ROOT,
-    STEP_DELAY_ENV,
     cli,
     collective_counts,
     counting_collectives,
@@ -30,6 +29,7 @@ from tests.conftest import (
 )
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
+from trainer.loop import STEP_DELAY_ENV
 from watcher import DivergenceDetector
 
 pytestmark = pytest.mark.dist

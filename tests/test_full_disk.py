@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cli, records, train
+from tests.helpers import cli, records, train
 
 pytestmark = pytest.mark.dist
 

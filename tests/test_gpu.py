@@ -19,7 +19,7 @@ import pytest
 
 from journal.paths import logs_dir
 from journal.schema import parse_record
-from tests.conftest import BIN, ROOT, cli, real_gpu_env, records, train_env, wait_for
+from tests.helpers import BIN, ROOT, cli, real_gpu_env, records, train_env, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.dist, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli, pythonpath, records, wait_for
+from tests.helpers import cli, pythonpath, records, wait_for
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")

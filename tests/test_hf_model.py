@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import records, train
+from tests.helpers import records, train
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ import pytest
 
 from journal import JournalWriter, leases, read_all, send_command
 from journal.reports import ingest, pending
-from tests.conftest import cli
+from tests.helpers import cli
 from trainer.control_poller import SAVE, ControlPoller
 from trainer.report_inbox import ReportInbox
 

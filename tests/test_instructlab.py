@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT, records, train_env
+from tests.helpers import BIN, ROOT, records, train_env
 from trainer.data import load_jsonl, make_demo_data
 from trainer.data_check import check_file
 from trainer.instructlab import (

@@ -11,7 +11,7 @@ import pytest
 
 from journal import JournalWriter, read_all
 from journal.paths import ckpt_dir_of, resolve_journal
-from tests.conftest import cli, write_run
+from tests.helpers import cli, write_run
 
 
 def test_status_completed_and_json(ckpt: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from journal import JournalWriter, read_all
 from journal.validate import validate_journal
-from tests.conftest import cli, records, train_argv, train_env, wait_for, write_run
+from tests.helpers import cli, records, train_argv, train_env, wait_for, write_run
 
 
 def _save(w: JournalWriter, step: int) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
 from journal.reader import iter_records
-from tests.conftest import records_st
+from tests.helpers import records_st
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -15,7 +15,7 @@ import pytest
 from journal import JournalWriteError, JournalWriter, read_all
 from journal.events import EVENTS
 from journal.schema import PAYLOAD_MODELS, parse_record
-from tests.conftest import log_payload, write_run
+from tests.helpers import log_payload, write_run
 
 SAMPLE_PAYLOADS = {
     "train_begin": {
@@ -212,7 +212,7 @@ def test_disk_full_then_recovery_records_the_gap(tmp_path: Path) -> None:
     # The partial record that fit under the limit became exactly one skipped line...
     assert len(batch.invalid) == 1
     # ...which `validate` reports, while the seq hole is explained by the gap record.
-    from tests.conftest import cli
+    from tests.helpers import cli
 
     proc = cli("ilab-journal", "validate", str(tmp_path))
     assert proc.returncode == 1

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from journal import leases
-from tests.conftest import cli
+from tests.helpers import cli
 from watcher.leasing import LeaseKeeper
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from tests.conftest import (
+from tests.helpers import (
     BIN,
     cli,
     free_port,

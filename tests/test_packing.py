@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import records, train
+from tests.helpers import records, train
 from trainer.attention import register_hf_attention
 from trainer.config import ModelConfig
 from trainer.data import Sample, StepPlanner

@@ -16,7 +16,7 @@ import pytest
 
 from journal import JournalWriter
 from journal.lock import RunLock
-from tests.conftest import BIN, cli, write_run
+from tests.helpers import BIN, cli, write_run
 
 #: The issue's examples of records with fields of the wrong type, plus two more.
 BAD_RECORDS = {

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from journal import send_command
-from tests.conftest import cli, records, train, train_argv, train_env, wait_for
+from tests.helpers import cli, records, train, train_argv, train_env, wait_for
 
 pytestmark = pytest.mark.dist
 

@@ -13,7 +13,7 @@ import pytest
 
 from journal import JournalWriter, Report, read_all, submit_report
 from journal.reports import InvalidReport, ingest, pending
-from tests.conftest import cli
+from tests.helpers import cli
 
 
 def ckpt_path(ckpt: Path, step: int) -> str:

@@ -15,7 +15,7 @@ import pytest
 from journal import JournalWriter, leases, read_all
 from journal.lock import JournalLock
 from journal.reports import pending
-from tests.conftest import cli, write_run
+from tests.helpers import cli, write_run
 
 
 def ckpt_path(ckpt: Path, step: int) -> str:

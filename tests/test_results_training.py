@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from journal import leases
-from tests.conftest import BIN, cli, records, train, train_argv, train_env, wait_for
+from tests.helpers import BIN, cli, records, train, train_argv, train_env, wait_for
 
 pytestmark = pytest.mark.dist
 

@@ -15,7 +15,7 @@ from journal import JournalWriter, send_command
 from journal.paths import checkpoints_dir, journal_path
 from journal.reports import Report, submit_report
 from journal.rundir import make_dir
-from tests.conftest import records, write_run
+from tests.helpers import records, write_run
 from trainer.checkpoint import TrainerState
 from trainer.control_poller import STOP
 from trainer.emitter import Where

@@ -14,7 +14,7 @@ import pytest
 
 from journal import read_all
 from journal.paths import journal_path
-from tests.conftest import BIN, train
+from tests.helpers import BIN, train
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
 from watcher import TrainerCallback

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import (
+from tests.helpers import (
     BIN,
     collective_counts,
     counting_collectives,

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     BIN,
     cli,
     free_port,
@@ -92,7 +92,7 @@ SLOW_CALLBACK = textwrap.dedent(
 def test_a_watcher_killed_mid_delivery_leaves_no_callback_running(
     tmp_path: Path, ckpt: Path
 ) -> None:
-    from tests.conftest import write_run
+    from tests.helpers import write_run
 
     write_run(ckpt, steps=4, save_every=2)  # two saves, then train_end
     script, calls = tmp_path / "cb.py", tmp_path / "calls.jsonl"

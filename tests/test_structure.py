@@ -14,7 +14,7 @@ import pytest
 from journal import JournalWriter, read_all
 from journal.events import CALLBACK_EVENTS, ENVELOPE_FIELDS, EVENTS
 from journal.schema import Record
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 OURS = {"journal", "watcher", "trainer"}
 #: package -> the project packages it may import (journal is the base).

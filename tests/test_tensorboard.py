@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter
-from tests.conftest import BIN, cli, kill_tree, wait_for, write_steps
+from tests.helpers import BIN, cli, kill_tree, wait_for, write_steps
 
 ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
-from tests.conftest import records_st
+from tests.helpers import records_st
 from watcher import Hook, HookOptions, Watcher
 
 pytestmark = pytest.mark.slow

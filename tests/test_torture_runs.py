@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     BIN,
     cli,
     kill_tree,

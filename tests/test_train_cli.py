@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli, records, train_env
+from tests.helpers import cli, records, train_env
 from trainer.config import TrainingArgs, WorkerConfig
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from trainer.rows import DataError
 from trainer.validation_split import describe, held_out, held_out_count, split
 

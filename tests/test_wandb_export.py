@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from tests.conftest import BIN, cli, kill_tree, records, wait_for, write_steps
+from tests.helpers import BIN, cli, kill_tree, records, wait_for, write_steps
 from watcher.wandb_log import history_rows, run_files, summary
 from watcher.wandb_log import records as wandb_records
 

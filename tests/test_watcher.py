@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from journal import JournalWriter, read_all
-from tests.conftest import BIN, cli, wait_for, write_run
+from tests.helpers import BIN, cli, wait_for, write_run
 
 RECORDER = textwrap.dedent(
     """

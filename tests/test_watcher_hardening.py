@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from tests.conftest import BIN, cli, wait_for, write_run
+from tests.helpers import BIN, cli, wait_for, write_run
 from watcher import Hook, Watcher
 
 
