@@ -247,3 +247,29 @@ def test_instructlab_parity_settings_are_flags() -> None:
     }
     args = TrainingArgs.model_validate({**base, "demo": True, "ckpt_dir": "run"})
     assert args.adam_betas == (0.9, 0.95) and args.save_samples == 64
+
+
+def test_list_setting_is_one_comma_separated_flag(tmp_path: Path) -> None:
+    """--lora-target-modules takes names as one comma-separated value; a malformed list
+    and LoRA without a Hugging Face model are one usage line each (exit 2)."""
+    ctx = main.make_context(
+        "ilab-train", ["--lora-rank", "8", "--lora-target-modules", "q_proj, v_proj"]
+    )
+    base: dict[str, Any] = {}
+    apply_given(ctx, ctx.params, base)
+    assert base == {"lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    run = str(tmp_path / "run")
+    proc = cli(
+        "ilab-train",
+        "--demo",
+        "--ckpt-dir",
+        run,
+        "--lora-rank",
+        "8",
+        "--lora-target-modules",
+        "q_proj,,v",
+    )
+    assert proc.returncode == 2 and "is not a comma-separated list of names" in proc.stderr
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", run, "--lora-rank", "8")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "lora_rank needs model_path" in proc.stderr

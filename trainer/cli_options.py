@@ -124,6 +124,20 @@ def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, Fie
             yield path, info
 
 
+class CommaList(click.ParamType):
+    """A list of names given as one comma-separated value (``a,b,c``)."""
+
+    name = "NAME,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):  # a default, or a value already converted
+            return value
+        items = [v.strip() for v in str(value).split(",")]
+        if not all(items):
+            self.fail(f"{value!r} is not a comma-separated list of names", param, ctx)
+        return items
+
+
 def _click_type(annotation: Any) -> tuple[Any, bool]:
     """The click type of a field's annotation (``X | None`` is X) and whether it is a flag."""
     if get_origin(annotation) in (Union, types.UnionType):
@@ -136,6 +150,8 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
         return click.Path(path_type=Path), False
     if annotation in (int, float, str):
         return annotation, False
+    if get_origin(annotation) is list and get_args(annotation) == (str,):
+        return CommaList(), False  # --lora-target-modules q_proj,v_proj
     if get_origin(annotation) is tuple and all(a in (int, float) for a in get_args(annotation)):
         return click.Tuple(list(get_args(annotation))), False  # --adam-betas 0.9 0.95
     raise TypeError(f"no click type for {annotation!r}: add an Override or CONFIG_ONLY entry")
