@@ -273,3 +273,5 @@ def test_list_setting_is_one_comma_separated_flag(tmp_path: Path) -> None:
     proc = cli("ilab-train", "--demo", "--ckpt-dir", run, "--lora-rank", "8")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "lora_rank needs model_path" in proc.stderr
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", run, "--lora-target-modules", "q_proj,lm_head")
+    assert proc.returncode == 2 and "lm_head cannot take an adapter here" in proc.stderr

@@ -313,6 +313,11 @@ class TrainingArgs(BaseModel):
                 "lora_rank needs model_path (a Hugging Face model): the built-in model has no "
                 "LoRA support"
             )
+        if "lm_head" in (self.lora_target_modules or []):
+            raise ValueError(
+                "lora_target_modules: lm_head cannot take an adapter here (the trainer fuses "
+                "it with the loss)"
+            )
         if self.max_seq_len is not None and self.model_path is None:
             # the built-in model's context is its position table: they are one setting
             self.model = self.model.model_copy(update={"max_seq_len": self.max_seq_len})

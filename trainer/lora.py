@@ -19,14 +19,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from trainer.build import ModelParts
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.config import TrainingArgs
+
+if TYPE_CHECKING:  # trainer.build imports this module when a run asks for LoRA
+    from trainer.build import ModelParts
 
 ADAPTER = "default"  # peft's adapter name; its files drop it from the keys
 _LORA_KEY = f".lora_A.{ADAPTER}.weight"
