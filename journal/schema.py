@@ -88,6 +88,9 @@ class SaveData(_Open):
     kind: list[Literal["full_state", "hf"]]
     duration: float | None
     hf_path: str | None = Field(None, description="consolidated model dir, when kind has 'hf'")
+    export: Literal["full", "adapter", "merged"] | None = Field(
+        None, description="what hf_path holds: the whole model, a LoRA adapter, or merged"
+    )
     trigger: str | None = Field(None, description="interval, epoch_end, final, control, interrupt")
     export_skipped: str | None = Field(
         None, description="why no consolidated model was written (interrupt, export_every)"

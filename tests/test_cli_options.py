@@ -257,3 +257,31 @@ def test_a_list_setting_is_one_comma_separated_flag() -> None:
     assert base == {"report_to": ["tensorboard", "mlflow"]}
     with pytest.raises(click.BadParameter, match="'neptune' is not one of tensorboard, mlflow"):
         main.make_context("ilab-train", ["--report-to", "mlflow,neptune"])
+
+
+def test_list_setting_is_one_comma_separated_flag(tmp_path: Path) -> None:
+    """--lora-target-modules takes names as one comma-separated value; a malformed list
+    and LoRA without a Hugging Face model are one usage line each (exit 2)."""
+    ctx = main.make_context(
+        "ilab-train", ["--lora-rank", "8", "--lora-target-modules", "q_proj, v_proj"]
+    )
+    base: dict[str, Any] = {}
+    apply_given(ctx, ctx.params, base)
+    assert base == {"lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    run = str(tmp_path / "run")
+    proc = cli(
+        "ilab-train",
+        "--demo",
+        "--ckpt-dir",
+        run,
+        "--lora-rank",
+        "8",
+        "--lora-target-modules",
+        "q_proj,,v",
+    )
+    assert proc.returncode == 2 and "is not a comma-separated list of names" in proc.stderr
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", run, "--lora-rank", "8")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "lora_rank needs model_path" in proc.stderr
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", run, "--lora-target-modules", "q_proj,lm_head")
+    assert proc.returncode == 2 and "lm_head cannot take an adapter here" in proc.stderr

@@ -108,13 +108,29 @@ def test_fields_map_onto_ours(tmp_path: Path) -> None:
     assert (ours.save_samples, ours.adam_betas, ours.keep_last_n) == (40, (0.8, 0.9), 1)
     assert (ours.validation_split, ours.eval_every, ours.sharding) == (0.1, 3, "grad_op")
     assert (ours.packing, ours.fused_loss) == ("off", "liger")
+    assert ours.lora_rank is None  # lora: null is a full fine-tune
     assert (trun.rdzv_id, trun.master_port) == ("7", 29500)  # torchrun's default port
+
+
+def test_lora_options_map_onto_ours(tmp_path: Path) -> None:
+    """InstructLab's LoraOptions: its defaults for the fields left out; rank 0 (or null) is
+    a full fine-tune, as there."""
+    args = base_args(tmp_path)
+    ours, _ = to_ours({}, {**args, "lora": {"rank": 8, "dropout": 0.0}})
+    assert (ours.lora_rank, ours.lora_alpha, ours.lora_dropout) == (8, 32, 0.0)
+    assert ours.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    ours, _ = to_ours({}, {**args, "lora": {"rank": 0, "quantize_data_type": None}})
+    assert ours.lora_rank is None
 
 
 @pytest.mark.parametrize(
     ("field", "value", "line"),
     [
-        ("lora", {"rank": 8}, "train_args.lora: not supported yet"),
+        (
+            "lora",
+            {"rank": 8, "quantize_data_type": "nf4"},
+            "train_args.lora.quantize_data_type: quantized LoRA (nf4) is not supported",
+        ),
         ("use_dolomite", True, "train_args.use_dolomite: not supported"),
         ("distributed_backend", "deepspeed", "train_args.distributed_backend: deepspeed"),
         (
@@ -144,7 +160,7 @@ def test_a_field_that_cannot_run_here_is_one_line_naming_it(
 
 
 def test_every_problem_at_once_and_missing_required_fields(tmp_path: Path) -> None:
-    args = {**base_args(tmp_path), "lora": {"rank": 4}, "mlflow_run_name": "r"}
+    args = {**base_args(tmp_path), "lora": {"rank": 4, "x": 1}, "mlflow_run_name": "r"}
     with pytest.raises(InstructLabConfigError, match=r"lora: .*; train_args\.mlflow_run_name"):
         to_ours({}, args)
     del args["learning_rate"]
@@ -164,8 +180,9 @@ def test_instructlab_trainings_own_objects_where_installed(tmp_path: Path) -> No
     torch_args = ilab.TorchrunArgs(nproc_per_node=2, nnodes=1, node_rank=0, rdzv_id=1)
     ours, trun = to_ours(torch_args, train_args)
     assert (ours.fused_loss, ours.sharding, trun.nproc_per_node) == ("liger", "hybrid", 2)
-    with pytest.raises(InstructLabConfigError, match="lora: not supported yet"):
-        to_ours(torch_args, train_args.model_copy(update={"lora": ilab.LoraOptions()}))
+    lora = ilab.LoraOptions(rank=8, target_modules=["q_proj"])
+    ours, _ = to_ours(torch_args, train_args.model_copy(update={"lora": lora}))
+    assert (ours.lora_rank, ours.lora_target_modules) == (8, ["q_proj"])
 
 
 def test_docs_list_every_field_with_its_kind() -> None:
@@ -312,7 +329,9 @@ def test_ilab_train_refuses_an_unsupported_field_in_one_line(tmp_path: Path) -> 
         env=train_env(),
     )
     assert proc.returncode == 2
-    assert proc.stderr == "ilab-train: train_args.lora: not supported yet\n"
+    assert proc.stderr == (
+        "ilab-train: train_args.lora.quantize_data_type: quantized LoRA (nf4) is not supported\n"
+    )
     assert not (tmp_path / "run").exists()  # refused before anything started
     path.write_text(yaml.safe_dump({"train_args": base_args(tmp_path), "torchrun": {}}))
     proc = subprocess.run(

@@ -176,7 +176,7 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
         from trainer.lm_head import with_loss_forward
 
         path, config = Path(args.model_path), spec.hf_config
-        return ModelParts(
+        parts = ModelParts(
             make=partial(build_hf_model, path, config, register_hf_attention()),
             train_forward=with_loss_forward,
             blocks=hf_decoder_layers,
@@ -185,6 +185,11 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
                 save_hf_consolidated, config, dtype=spec.export_dtype, drop=tied, source=path
             ),
         )
+        if args.lora_rank is None:
+            return parts
+        from trainer.lora import with_adapters
+
+        return with_adapters(parts, args, path, spec.export_dtype)
     cfg = {"model_type": "ilab-tinygpt", "model": args.model.model_dump(), "vocab_size": VOCAB_SIZE}
     cfg["dtype"] = str(spec.export_dtype).removeprefix("torch.")
     return ModelParts(

@@ -125,8 +125,8 @@ def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, Fie
 
 
 class CommaList(click.ParamType):
-    """A list setting as one comma-separated value (``--report-to tensorboard,mlflow``);
-    with ``choices`` each item must be one of them."""
+    """A list setting as one comma-separated value (``--report-to tensorboard,mlflow``,
+    ``--lora-target-modules q_proj,v_proj``); with ``choices`` each item must be one of them."""
 
     name = "list"
 
@@ -134,12 +134,14 @@ class CommaList(click.ParamType):
         self.choices = choices
 
     def get_metavar(self, param: click.Parameter, *args: Any, **kwargs: Any) -> str:
-        return ",".join(self.choices) if self.choices else "A,B,..."
+        return ",".join(self.choices) if self.choices else "NAME,..."
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, list):
+        if isinstance(value, list):  # a default, or a value already converted
             return value
-        items = [item.strip() for item in str(value).split(",") if item.strip()]
+        items = [item.strip() for item in str(value).split(",")]
+        if not all(items):
+            self.fail(f"{value!r} is not a comma-separated list of names", param, ctx)
         bad = [item for item in items if self.choices and item not in self.choices]
         if bad:
             self.fail(f"{bad[0]!r} is not one of {', '.join(self.choices or [])}", param, ctx)

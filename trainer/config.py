@@ -113,6 +113,25 @@ class TrainingArgs(BaseModel):
         "compute.",
     )
 
+    lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="Train LoRA adapters of this rank (peft) on a frozen --model-path model "
+        "(default: full fine-tune).",
+    )
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (alpha / rank).")
+    lora_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    lora_target_modules: list[str] | None = Field(
+        None,
+        description="Module names that get adapters, comma-separated, e.g. q_proj,v_proj "
+        "(default: peft's choice for the architecture).",
+    )
+    lora_merge: bool = Field(
+        False,
+        description="LoRA: export the base model with the adapters merged in (default: the "
+        "adapter alone, in peft's format).",
+    )
+
     num_epochs: int = Field(1, ge=1, description="Epochs over the data.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     effective_batch_size: int = Field(
@@ -296,6 +315,16 @@ class TrainingArgs(BaseModel):
                 raise ValueError(f"model_path {mp} does not exist")
             if mp.is_file() and mp.suffix != ".gguf":
                 raise ValueError(f"model_path {mp} must be a model directory or a .gguf file")
+        if self.lora_rank is not None and self.model_path is None:
+            raise ValueError(
+                "lora_rank needs model_path (a Hugging Face model): the built-in model has no "
+                "LoRA support"
+            )
+        if "lm_head" in (self.lora_target_modules or []):
+            raise ValueError(
+                "lora_target_modules: lm_head cannot take an adapter here (the trainer fuses "
+                "it with the loss)"
+            )
         if self.max_seq_len is not None and self.model_path is None:
             # the built-in model's context is its position table: they are one setting
             self.model = self.model.model_copy(update={"max_seq_len": self.max_seq_len})

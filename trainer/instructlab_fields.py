@@ -85,6 +85,35 @@ def _fsdp(value: Mapping[str, Any], _a: Mapping[str, Any]) -> dict[str, Any]:
     return {"sharding": SHARDING[strategy]}
 
 
+#: InstructLab's LoraOptions defaults (a ``lora`` mapping may leave any field out).
+LORA_DEFAULTS: dict[str, Any] = {
+    "rank": 4,
+    "alpha": 32,
+    "dropout": 0.1,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "quantize_data_type": None,
+}
+
+
+def _lora(value: Mapping[str, Any] | None, _a: Mapping[str, Any]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    unknown = set(value) - set(LORA_DEFAULTS)
+    if unknown:
+        raise Refused(f"unknown lora field(s) {sorted(unknown)}")
+    lora = {**LORA_DEFAULTS, **value}
+    if lora["quantize_data_type"] not in (None, "none", "None"):
+        raise Refused("quantized LoRA (nf4) is not supported", "quantize_data_type")
+    if not lora["rank"]:  # rank 0: InstructLab's full fine-tune
+        return {}
+    return {
+        "lora_rank": lora["rank"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora["dropout"],
+        "lora_target_modules": list(lora["target_modules"]),
+    }
+
+
 def _deepspeed(value: Mapping[str, Any], _a: Mapping[str, Any]) -> dict[str, Any]:
     for key, v in value.items():
         if v != DEEPSPEED_NOOP.get(key, object()):
@@ -206,7 +235,13 @@ TRAIN_RULES: dict[str, Rule] = {
         _packing,
         "true: packing=off (padded micro-batches, as InstructLab without flash attention)",
     ),
-    "lora": refused(None, "not supported yet"),
+    "lora": mapped(
+        ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules"),
+        None,
+        _lora,
+        "rank/alpha/dropout/target_modules: lora_rank/lora_alpha/lora_dropout/"
+        "lora_target_modules (rank 0: full fine-tune); quantize_data_type nf4 is refused",
+    ),
     "process_data": mapped(
         (), True, lambda _v, _a: {}, "chooses the training file: see data_path, data_output_dir"
     ),

@@ -36,6 +36,7 @@ from trainer.config import TrainingArgs
 from trainer.control_poller import command_names
 from trainer.data import StepPlan
 from trainer.decisions import EndReason, decide, export_decision
+from trainer.lora import export_kind
 from trainer.run_journal import RunJournal
 from trainer.startup import Built
 from trainer.step_metrics import StepMetrics, log_payload, reset_peak_memory
@@ -297,6 +298,7 @@ class Trainer:
                 "duration": time.perf_counter() - t0,
                 "trigger": why,
                 "hf_path": str(path / "hf") if "hf" in kinds else None,
+                "export": export_kind(self.args) if "hf" in kinds else None,
                 "export_skipped": skipped,
             },
         )

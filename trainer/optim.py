@@ -25,10 +25,10 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], 
 def build_optimizer(
     model: torch.nn.Module, args: TrainingArgs, total_steps: int, fused: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the (sharded) parameters, with warmup then cosine decay. ``fused``: one
+    """AdamW over the (sharded) trainable parameters, with warmup then cosine decay. ``fused``: one
     CUDA kernel for every parameter's update (no per-parameter launches)."""
     opt = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         lr=args.lr,
         betas=args.adam_betas,
         eps=args.adam_eps,
