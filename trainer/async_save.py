@@ -40,6 +40,11 @@ from trainer.checkpoint import (
 log = logging.getLogger(__name__)
 
 
+class CheckpointWriteError(RuntimeError):
+    """A background checkpoint write failed (on this rank or another); the run ends failed
+    with the previous checkpoints intact."""
+
+
 @dataclass
 class PendingSave:
     """One checkpoint captured at ``state.step`` whose sharded state may still be written."""
@@ -55,6 +60,7 @@ class PendingSave:
     future: Any
     background_s: float | None = None
     error: str | None = None  # set when the write failed on some rank
+    exc: BaseException | None = None  # this rank's exception, when it failed here
     waited_s: float = 0.0  # how long this save waited for the previous one
 
 
@@ -123,6 +129,7 @@ class AsyncCheckpointer:
             p.future.result()
         except Exception as exc:  # a full disk, most often: the caller reports it
             p.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            p.exc = exc
             failed[0] = 1
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.vote_group)
         p.background_s = time.perf_counter() - p.started - p.blocked_s

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from journal.paths import checkpoints_dir, step_dir_name
 from trainer import checkpoint as ckpt
-from trainer.async_save import AsyncCheckpointer, PendingSave
+from trainer.async_save import AsyncCheckpointer, CheckpointWriteError, PendingSave
 from trainer.build import check_fp32_master, compute_dtype
 from trainer.config import TrainingArgs
 from trainer.control_poller import command_names
@@ -88,8 +88,6 @@ class Trainer:
         self.flags_host = torch.zeros(2, pin_memory=device.type == "cuda")
         self.precision_checked = False
         self.saver = AsyncCheckpointer() if args.async_save else None
-        self.save_error: str | None = None  # the last background write that failed
-        self.failed_step = -1
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -98,8 +96,6 @@ class Trainer:
         out = self._train()
         if self.saver is not None:
             self._journal_save(self.saver.wait())
-        if self.save_error is not None:
-            out.extra["checkpoint_error"] = self.save_error
         out.final_checkpoint = self._final_path()
         return out
 
@@ -330,12 +326,10 @@ class Trainer:
         """Journal a completed asynchronous save at the position it captured."""
         if done is None:
             return
-        if done.error is not None:
-            self.save_error = f"checkpoint of step {done.state.step} not saved: {done.error}"
-            self.failed_step = done.state.step
-            if self.rank == 0:
-                log.error("%s", self.save_error)
-            return
+        if done.error is not None:  # the worker ends the run failed, in one line
+            raise CheckpointWriteError(
+                f"checkpoint of step {done.state.step} not saved: {done.error}"
+            ) from done.exc
         times = {
             "duration": done.blocked_s + (done.background_s or 0.0),
             "blocked_s": done.blocked_s,
@@ -371,7 +365,5 @@ class Trainer:
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:
-            return None
-        if self.failed_step == self.state.step:
             return None
         return str(checkpoints_dir(self.args.ckpt_dir) / step_dir_name(self.state.step))
