@@ -21,6 +21,7 @@ BENCHES = [
     "bench_resume",
     "bench_readers",
     "bench_fsdp_memory",
+    "bench_checkpoint",
     "bench_hf_peer",
     "bench_hf_bridge",
     "bench_gpu",  # one line and skipped without a CUDA GPU

@@ -67,3 +67,31 @@ def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(
         train_end="failed: no space",
         relaunch="completed from step-000002",
     )
+
+
+def test_a_full_disk_during_a_background_write_fails_clearly_and_keeps_the_last_checkpoint(
+    small_disk: Path,
+) -> None:
+    """--async-save without the consolidated export: the sharded state fails in the
+    background thread. One line; train_end failed; no save record and no directory for the
+    step that did not fit; the earlier checkpoint is intact and a relaunch resumes from it."""
+    ckpt = small_disk / "run"
+    args = ("--max-steps", "6", "--save-every", "2", "--no-save-hf", "--keep-last-n", "5")
+    full = train(ckpt, *args)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("ilab-train: training failed:"), last
+    end = records(ckpt)[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed"
+    saves = [r for r in records(ckpt) if r["event"] == "save"]
+    assert saves, "the first checkpoint fits"
+    # a partial write stays a .tmp- directory (ignored; removed at the next save)
+    on_disk = sorted(p.name for p in (ckpt / "checkpoints").glob("step-*"))
+    assert on_disk == [Path(r["data"]["checkpoint_path"]).name for r in saves]
+
+    subprocess.run(["mount", "-o", "remount,size=96m", str(small_disk)], check=True)
+    again = train(ckpt, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    begin = [r for r in records(ckpt) if r["event"] == "train_begin"][-1]
+    assert begin["step"] == saves[-1]["step"]

@@ -70,37 +70,56 @@ def save_checkpoint(
 ) -> tuple[Path, list[str]]:
     """Collective: every rank calls it. Returns (final path, kinds written). Rotation of
     older checkpoints is separate (:mod:`trainer.rotation`, rank 0, after the save record)."""
-    rank = dist.get_rank()
-    root = checkpoints_dir(ckpt_dir)
-    name = step_dir_name(state.step)
-    tmp, final = root / f".tmp-{name}", root / name
-    if rank == 0:
-        make_dir(root)  # writable by us alone, whatever the umask: resume loads from it
-        for stale in root.glob(".tmp-step-*"):  # left by a crash or a full disk
-            shutil.rmtree(stale, ignore_errors=True)
-        (tmp / "full_state").mkdir(parents=True)
-    dist.barrier()
+    tmp, final = prepare_tmp(ckpt_dir, state.step)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "full_state"))
-    torch.save(_rng_state(), tmp / "full_state" / f"rng_rank{rank}.pt")
+    write_small_files(tmp, state, scheduler)
     kinds = ["full_state"]
     if write_consolidated is not None:
-        full = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        if rank == 0:
-            write_consolidated(tmp / "hf", full)
+        write_consolidated_model(tmp, model, write_consolidated)
         kinds.append("hf")
-    if rank == 0:
-        write_scheduler_state(tmp / "full_state", scheduler.state_dict())
-        (tmp / "full_state" / "trainer_state.json").write_text(json.dumps(asdict(state)))
     dist.barrier()  # every rank's shards and RNG files are on disk
-    if rank == 0:
+    if dist.get_rank() == 0:
         if final.exists():  # a re-save of the same step (e.g. after resume): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        fsync_dir(root)
+        fsync_dir(final.parent)
     return final, kinds
+
+
+def prepare_tmp(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
+    """Collective: rank 0 removes stale ``.tmp-step-*`` directories (left by a crash, a
+    full disk or a kill during a background write) and makes this save's; returns
+    (tmp, final)."""
+    root = checkpoints_dir(ckpt_dir)
+    name = step_dir_name(step)
+    tmp, final = root / f".tmp-{name}", root / name
+    if dist.get_rank() == 0:
+        make_dir(root)  # writable by us alone, whatever the umask: resume loads from it
+        for stale in root.glob(".tmp-step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        (tmp / "full_state").mkdir(parents=True)
+    dist.barrier()
+    return tmp, final
+
+
+def write_small_files(tmp: Path, state: TrainerState, scheduler: Any) -> None:
+    """This rank's RNG state; on rank 0 the scheduler and the trainer state too."""
+    torch.save(_rng_state(), tmp / "full_state" / f"rng_rank{dist.get_rank()}.pt")
+    if dist.get_rank() == 0:
+        write_scheduler_state(tmp / "full_state", scheduler.state_dict())
+        (tmp / "full_state" / "trainer_state.json").write_text(json.dumps(asdict(state)))
+
+
+def write_consolidated_model(
+    tmp: Path, model: torch.nn.Module, write_consolidated: ConsolidatedWriter
+) -> None:
+    """Collective: gather the full model to CPU; rank 0 writes it under ``tmp/hf``."""
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if dist.get_rank() == 0:
+        write_consolidated(tmp / "hf", full)
 
 
 def load_checkpoint(

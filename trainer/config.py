@@ -166,6 +166,11 @@ class TrainingArgs(BaseModel):
     )
     save_at_epoch_end: bool = Field(True, description="Checkpoint at the end of every epoch.")
     save_final: bool = Field(True, description="Checkpoint at the end unless one was just saved.")
+    async_save: bool = Field(
+        True,
+        description="Write the sharded checkpoint in the background: training blocks only "
+        "while the state is copied to host memory (its save record comes when it is complete).",
+    )
     save_hf: bool = Field(
         True, description="Also write a consolidated model (safetensors) at a save."
     )

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from journal.paths import checkpoints_dir, step_dir_name
 from trainer import checkpoint as ckpt
+from trainer.async_save import AsyncCheckpointer, CheckpointWriteError, PendingSave
 from trainer.build import check_fp32_master, compute_dtype
 from trainer.config import TrainingArgs
 from trainer.control_poller import command_names
@@ -87,10 +88,19 @@ class Trainer:
         # non-blocking copy: the step's only host sync stays the read after the all-reduce.
         self.flags_host = torch.zeros(2, pin_memory=device.type == "cuda")
         self.precision_checked = False
+        self.saver = AsyncCheckpointer() if args.async_save else None
 
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> RunOutcome:
+        """Train; an asynchronous save still in flight is waited for before the outcome."""
+        out = self._train()
+        if self.saver is not None:
+            self._journal_save(self.saver.wait())
+        out.final_checkpoint = self._final_path()
+        return out
+
+    def _train(self) -> RunOutcome:
         st, a = self.state, self.args
         steps_per_epoch = self.planner.steps_per_epoch
         while st.step < self.total_steps and st.epoch < a.num_epochs:
@@ -110,7 +120,6 @@ class Trainer:
         out = RunOutcome("completed", f"reached step {st.step}")
         if a.save_final and self.last_saved_step != st.step:
             self.save("final")
-        out.final_checkpoint = self._final_path()
         return out
 
     def train_step(self) -> RunOutcome | None:
@@ -141,6 +150,8 @@ class Trainer:
             self.evaluate()
         if act.save:
             self.save(act.save, ending=act.end)
+        elif self.saver is not None:  # the background write done on every rank: journal it
+            self._journal_save(self.saver.poll())
         self.journal.emit("step_end", {"loss": m.loss})
         return self._ending(act.end, applied) if act.end else None
 
@@ -277,25 +288,71 @@ class Trainer:
             )
 
     def save(self, why: str, ending: EndReason | None = None) -> None:
-        """Collective checkpoint; then rank 0 journals it and rotates older ones."""
+        """Collective checkpoint; then rank 0 journals it and rotates older ones. With
+        ``async_save`` the write goes on in the background and is journaled when complete."""
         t0 = time.perf_counter()
         self.state.run_id = self.journal.run_id or self.state.run_id
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
+        writer = self.write_consolidated if export else None
+        self.last_saved_step = self.state.step
+        if self.saver is not None:
+            waited = time.perf_counter()
+            self._journal_save(self.saver.wait())  # at most one save in flight
+            waited = time.perf_counter() - waited
+            self.saver.start(
+                Path(self.args.ckpt_dir),
+                self.state,
+                self.model,
+                self.opt,
+                self.sched,
+                why=why,
+                export_skipped=skipped,
+                write_consolidated=writer,
+            )
+            if self.saver.pending is not None:
+                self.saver.pending.waited_s = waited
+            return
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
             self.state,
             self.model,
             self.opt,
             self.sched,
-            write_consolidated=self.write_consolidated if export else None,
+            write_consolidated=writer,
         )
-        self.last_saved_step = self.state.step
+        duration = time.perf_counter() - t0
+        self._emit_save(path, kinds, why, skipped, {"duration": duration, "blocked_s": duration})
+
+    def _journal_save(self, done: PendingSave | None) -> None:
+        """Journal a completed asynchronous save at the position it captured."""
+        if done is None:
+            return
+        if done.error is not None:  # the worker ends the run failed, in one line
+            raise CheckpointWriteError(
+                f"checkpoint of step {done.state.step} not saved: {done.error}"
+            ) from done.exc
+        times = {
+            "duration": done.blocked_s + (done.background_s or 0.0),
+            "blocked_s": done.blocked_s,
+            "background_s": done.background_s,
+            "waited_s": done.waited_s,
+            "async": True,
+        }
+        self.journal.follow(done.state)  # the record names the step it captured
+        try:
+            self._emit_save(done.final, done.kinds, done.why, done.export_skipped, times)
+        finally:
+            self.journal.follow(self.state)
+
+    def _emit_save(
+        self, path: Path, kinds: list[str], why: str, skipped: str | None, times: dict[str, Any]
+    ) -> None:
         self.journal.emit(
             "save",
             {
                 "checkpoint_path": str(path),
                 "kind": kinds,
-                "duration": time.perf_counter() - t0,
+                **times,
                 "trigger": why,
                 "hf_path": str(path / "hf") if "hf" in kinds else None,
                 "export": export_kind(self.args) if "hf" in kinds else None,

@@ -24,6 +24,7 @@ from journal.lock import JournalLocked
 from journal.paths import logs_dir
 from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
 from journal.rundir import make_dir
+from trainer.async_save import CheckpointWriteError
 from trainer.config import WorkerConfig
 from trainer.data import DataError
 from trainer.loop import RunOutcome, Trainer
@@ -120,6 +121,9 @@ def run_worker(cfg: WorkerConfig) -> int:
             log.error("data error: %s", exc)
         elif _disk_full(exc, ckpt_dir):  # not a bug: one line (the traceback is journaled)
             why = f"No space left on device in {ckpt_dir}"
+            log.error("training failed: %s", why)
+        elif isinstance(exc, CheckpointWriteError):  # the previous checkpoints are intact
+            why = str(exc)
             log.error("training failed: %s", why)
         else:
             log.exception("training failed")

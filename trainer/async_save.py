@@ -1,0 +1,147 @@
+"""Asynchronous checkpoints: training blocks only while the state is staged to host memory.
+
+The sharded state is written by DCP in a background thread, on a gloo process group of its
+own (never a communicator that training uses). The small files (scheduler, trainer state,
+RNG) and the consolidated model, when one is due, are written while training waits. The
+checkpoint stays under ``.tmp-step-N`` until every rank's write is done; then rank 0 renames
+it into place, and only then does the caller journal the ``save``. So a ``kill -9`` while a
+write is in flight leaves only a ``.tmp-`` directory, which readers, watchers, rotation and
+resume ignore, and the next save removes.
+
+At most one save is in flight: the next save waits for it (and that wait is measured).
+Completion is agreed at step boundaries over a second gloo group (one tiny all-reduce per
+step while a write is in flight), so every rank sees the same completed save at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from journal.files import fsync_dir
+from trainer.checkpoint import (
+    ConsolidatedWriter,
+    TrainerState,
+    prepare_tmp,
+    write_consolidated_model,
+    write_small_files,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A background checkpoint write failed (on this rank or another); the run ends failed
+    with the previous checkpoints intact."""
+
+
+@dataclass
+class PendingSave:
+    """One checkpoint captured at ``state.step`` whose sharded state may still be written."""
+
+    state: TrainerState  # the position captured (the save record carries it)
+    tmp: Path
+    final: Path
+    kinds: list[str]
+    why: str
+    export_skipped: str | None
+    blocked_s: float  # training waited this long (staging + small files + export)
+    started: float  # perf_counter when the background write began
+    future: Any
+    background_s: float | None = None
+    error: str | None = None  # set when the write failed on some rank
+    exc: BaseException | None = None  # this rank's exception, when it failed here
+    waited_s: float = 0.0  # how long this save waited for the previous one
+
+
+class AsyncCheckpointer:
+    """Collective: every rank makes one (after the default process group) and calls its
+    methods at the same points."""
+
+    def __init__(self) -> None:
+        # Two groups: the writer's collectives run in a background thread, so the completion
+        # vote needs its own group (two threads must never share one).
+        self.write_group = dist.new_group(backend="gloo")
+        self.vote_group = dist.new_group(backend="gloo")
+        self.pending: PendingSave | None = None
+
+    def start(
+        self,
+        ckpt_dir: Path,
+        state: TrainerState,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        *,
+        why: str,
+        export_skipped: str | None,
+        write_consolidated: ConsolidatedWriter | None,
+    ) -> None:
+        """Stage the state and start its write; returns once training may go on. The caller
+        has waited for the previous save (:meth:`wait`)."""
+        assert self.pending is None, "wait for the save in flight first"
+        t0 = time.perf_counter()
+        tmp, final = prepare_tmp(ckpt_dir, state.step)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        future = dcp.async_save(
+            {"model": model_sd, "optim": optim_sd},
+            checkpoint_id=str(tmp / "full_state"),
+            process_group=self.write_group,
+        )
+        write_small_files(tmp, state, scheduler)
+        kinds = ["full_state"]
+        if write_consolidated is not None:
+            write_consolidated_model(tmp, model, write_consolidated)
+            kinds.append("hf")
+        blocked = time.perf_counter() - t0
+        self.pending = PendingSave(
+            replace(state), tmp, final, kinds, why, export_skipped, blocked, t0, future
+        )
+
+    def poll(self) -> PendingSave | None:
+        """Collective, at a step boundary: the save in flight if every rank finished writing
+        it (now renamed into place), else None."""
+        if self.pending is None:
+            return None
+        done = torch.tensor([1 if self.pending.future.done() else 0])
+        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.vote_group)
+        return self._finish() if int(done.item()) else None
+
+    def wait(self) -> PendingSave | None:
+        """Collective: block until the save in flight is written and in place; returns it."""
+        return self._finish() if self.pending is not None else None
+
+    def _finish(self) -> PendingSave:
+        p, self.pending = self.pending, None
+        assert p is not None
+        failed = torch.tensor([0])
+        try:
+            p.future.result()
+        except Exception as exc:  # a full disk, most often: the caller reports it
+            p.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            p.exc = exc
+            failed[0] = 1
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.vote_group)
+        p.background_s = time.perf_counter() - p.started - p.blocked_s
+        if int(failed.item()) and p.error is None:
+            p.error = "the checkpoint write failed on another rank"
+        if dist.get_rank() == 0:
+            if p.error is None:
+                if p.final.exists():  # a re-save of the same step (e.g. after resume)
+                    shutil.rmtree(p.final)
+                os.rename(p.tmp, p.final)
+                fsync_dir(p.final.parent)
+            else:
+                shutil.rmtree(p.tmp, ignore_errors=True)  # the previous checkpoints stay
+        dist.barrier(group=self.vote_group)  # renamed before any rank reports it
+        return p
