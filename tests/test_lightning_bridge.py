@@ -1,6 +1,6 @@
 """``lightning.pytorch.Trainer`` with ``JournalCallback`` under torchrun (2 gloo ranks, the
-Trainer's own DDP strategy): the journal validates, a replay delivers every checkpoint to
-``--on-save``, a control ``stop`` stops both ranks at the same step with a final save, and
+Trainer's own DDP strategy): the journal validates, a replay delivers to ``--on-save``
+every checkpoint ``ModelCheckpoint`` kept (its deletions are journaled), a control ``stop`` stops both ranks at the same step with a final save, and
 an exception ends in ``train_end`` failed."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(
 
     out, steps, fail_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rank = int(os.environ.get("RANK", "0"))
+    keep = int(os.environ.get("KEEP") or -1)  # ModelCheckpoint's save_top_k
 
     class Tiny(L.LightningModule):
         def __init__(self):
@@ -58,7 +59,8 @@ SCRIPT = textwrap.dedent(
         logger=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, val_check_interval=4, limit_val_batches=2,
         callbacks=[ModelCheckpoint(dirpath=f"{out}/checkpoints", every_n_train_steps=3,
-                                   save_top_k=-1, filename="{step}"), JournalCallback(), Ended()],
+                                   save_top_k=keep, monitor="step", mode="max",
+                                   filename="{step}"), JournalCallback(), Ended()],
     )
     trainer.fit(Tiny(), loader, loader)
     torch.distributed.destroy_process_group()
@@ -70,14 +72,14 @@ SCRIPT = textwrap.dedent(
 
 
 def run_lightning(
-    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0
+    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0, keep: int | None = None
 ) -> subprocess.Popen[str]:
     script = tmp_path / "train_lightning.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
-    env["STEP_DELAY"] = str(delay)
+    env["STEP_DELAY"], env["KEEP"] = str(delay), str(keep or "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return subprocess.Popen(
         [*cmd, str(script), str(out), str(steps), str(fail_at)],
@@ -89,10 +91,12 @@ def run_lightning(
     )
 
 
-def test_lightning_journal_validates_and_a_replay_delivers_every_checkpoint(
+def test_lightning_journal_validates_and_a_replay_delivers_what_model_checkpoint_kept(
     tmp_path: Path,
 ) -> None:
-    job = run_lightning(tmp_path, steps=7)
+    """save_top_k=1: ModelCheckpoint deletes step=3 once step=6 is saved; the removal is
+    journaled, so a replay delivers only the checkpoint still on disk."""
+    job = run_lightning(tmp_path, steps=7, keep=1)
     _, err = job.communicate(timeout=240)
     assert job.returncode == 0, err[-3000:]
     out = tmp_path / "out"
@@ -105,7 +109,9 @@ def test_lightning_journal_validates_and_a_replay_delivers_every_checkpoint(
     assert [r["step"] for r in recs if r["event"] == "step_end"] == list(range(1, 8))
     saves = [r for r in recs if r["event"] == "save"]
     assert [s["step"] for s in saves] == [3, 6]
-    assert all(Path(s["data"]["checkpoint_path"]).is_file() for s in saves)
+    removed = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "checkpoint_removed"]
+    assert removed == [saves[0]["data"]["checkpoint_path"]]
+    assert not Path(removed[0]).exists() and Path(saves[1]["data"]["checkpoint_path"]).is_file()
     assert [r["data"]["val_loss"] is not None for r in recs if r["event"] == "evaluate"]
     end = recs[-1]
     assert end["event"] == "train_end" and end["data"]["status"] == "completed"
@@ -119,7 +125,7 @@ def test_lightning_journal_validates_and_a_replay_delivers_every_checkpoint(
         f"sh -c 'echo {{checkpoint_path}} >> {seen}'",
     )
     assert proc.returncode == 0, proc.stderr
-    assert seen.read_text().split() == [s["data"]["checkpoint_path"] for s in saves]
+    assert seen.read_text().split() == [saves[1]["data"]["checkpoint_path"]]
 
 
 def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
