@@ -1,0 +1,168 @@
+"""``lightning.pytorch.Trainer`` with ``JournalCallback`` under torchrun (2 gloo ranks, the
+Trainer's own DDP strategy): the journal validates, a replay delivers to ``--on-save``
+every checkpoint ``ModelCheckpoint`` kept (its deletions are journaled), a control ``stop`` stops both ranks at the same step with a final save, and
+an exception ends in ``train_end`` failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import cli, pythonpath, records, wait_for
+
+pytestmark = pytest.mark.dist
+pytest.importorskip("lightning")
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time, torch
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from trainer.integrations.lightning import JournalCallback
+
+    out, steps, fail_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rank = int(os.environ.get("RANK", "0"))
+    keep = int(os.environ.get("KEEP") or -1)  # ModelCheckpoint's save_top_k
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, i):
+            time.sleep(float(os.environ.get("STEP_DELAY", "0")))  # test only: slow steps
+            if self.global_step == fail_at:
+                raise RuntimeError(f"boom at step {self.global_step}")
+            loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+        def validation_step(self, batch, i):
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Ended(L.Callback):  # where each rank stopped
+        def on_train_end(self, trainer, pl_module):
+            open(f"{out}/ended-rank{rank}.json", "w").write(json.dumps(trainer.global_step))
+
+    torch.manual_seed(0)
+    x = torch.randn(4 * steps, 8)
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=steps, default_root_dir=out,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, val_check_interval=4, limit_val_batches=2,
+        callbacks=[ModelCheckpoint(dirpath=f"{out}/checkpoints", every_n_train_steps=3,
+                                   save_top_k=keep, monitor="step", mode="max",
+                                   filename="{step}"), JournalCallback(), Ended()],
+    )
+    trainer.fit(Tiny(), loader, loader)
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+    """
+)
+
+
+def run_lightning(
+    tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0, keep: int | None = None
+) -> subprocess.Popen[str]:
+    script = tmp_path / "train_lightning.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
+    env["STEP_DELAY"], env["KEEP"] = str(delay), str(keep or "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return subprocess.Popen(
+        [*cmd, str(script), str(out), str(steps), str(fail_at)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_lightning_journal_validates_and_a_replay_delivers_what_model_checkpoint_kept(
+    tmp_path: Path,
+) -> None:
+    """save_top_k=1: ModelCheckpoint deletes step=3 once step=6 is saved; the removal is
+    journaled, so a replay delivers only the checkpoint still on disk."""
+    job = run_lightning(tmp_path, steps=7, keep=1)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    out = tmp_path / "out"
+    assert cli("ilab-journal", "validate", str(out)).returncode == 0
+    recs = records(out)
+    events = [r["event"] for r in recs]
+    assert events[0] == "train_begin" and recs[0]["data"]["world_size"] == 2
+    for ev in ("epoch_begin", "step_begin", "before_optimizer_step", "log", "evaluate"):
+        assert ev in events, ev
+    assert [r["step"] for r in recs if r["event"] == "step_end"] == list(range(1, 8))
+    saves = [r for r in recs if r["event"] == "save"]
+    assert [s["step"] for s in saves] == [3, 6]
+    removed = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "checkpoint_removed"]
+    assert removed == [saves[0]["data"]["checkpoint_path"]]
+    assert not Path(removed[0]).exists() and Path(saves[1]["data"]["checkpoint_path"]).is_file()
+    assert [r["data"]["val_loss"] is not None for r in recs if r["event"] == "evaluate"]
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "completed"
+    assert end["data"]["final_checkpoint"] == saves[-1]["data"]["checkpoint_path"]
+    seen = tmp_path / "seen.txt"
+    proc = cli(
+        "ilab-watch",
+        str(out),
+        "--replay",
+        "--on-save",
+        f"sh -c 'echo {{checkpoint_path}} >> {seen}'",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().split() == [saves[1]["data"]["checkpoint_path"]]
+
+
+def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
+    job = run_lightning(tmp_path, steps=200, delay=0.2)
+    out = tmp_path / "out"
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(out)),
+            what="step 2",
+        )
+        assert (
+            cli("ilab-journal", "control", "stop", str(out), "--reason", "enough").returncode == 0
+        )
+        _, err = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    ended = [json.loads((out / f"ended-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ended[0] == ended[1] < 200
+    recs = records(out)
+    control = [r for r in recs if r["event"] == "control"]
+    assert [c["data"]["command"] for c in control] == ["stop"]
+    assert control[0]["data"]["applied_at_step"] == ended[0]
+    saves = [r for r in recs if r["event"] == "save"]
+    assert saves[-1]["step"] == ended[0]
+    assert [s["step"] for s in saves if s["data"]["trigger"] == "control"] == [ended[0]]
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
+    assert end["data"]["final_checkpoint"] == saves[-1]["data"]["checkpoint_path"]
+    assert Path(end["data"]["final_checkpoint"]).is_file()
+    assert end["data"]["journal"]["agree_ns_per_step"] > 0  # the all_reduce, measured
+
+
+def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_path: Path) -> None:
+    job = run_lightning(tmp_path, steps=10, fail_at=2)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode != 0
+    end = records(tmp_path / "out")[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "failed", err[-2000:]
+    assert "boom at step 2" in end["data"]["reason"]

@@ -1,0 +1,283 @@
+"""The journal and its control channel for ``lightning.pytorch.Trainer``.
+
+::
+
+    from trainer.integrations.lightning import JournalCallback
+
+    trainer = L.Trainer(..., callbacks=[ModelCheckpoint(...), JournalCallback()])
+    trainer.fit(model, data)
+
+Rank 0 writes ``<default_root_dir>/journal.jsonl`` (or ``ckpt_dir``) in the format
+``ilab-train`` writes, so ``ilab-watch``, ``ilab-journal`` and reports work unchanged:
+``train_begin``, ``epoch_begin/end``, ``step_begin/end``, ``before/after_optimizer_step``,
+``log`` (the step's loss), ``evaluate`` (every logged metric after a validation run),
+``save`` (once the checkpoint file is written: the callback wraps the strategy's
+``CheckpointIO``, so ``ModelCheckpoint``'s saves and ``trainer.save_checkpoint`` are both
+seen after the write) and ``train_end`` on every exit: completed, stopped, ``failed`` on an
+exception (``on_exception``) and ``interrupted`` on SIGTERM/SIGINT.
+
+Control commands (``ilab-journal control stop|abort|save|evaluate|log DIR``) are read by
+rank 0 and agreed on by every rank in one ``all_reduce`` of a small tensor at each step end
+(:meth:`trainer.run_journal.RunJournal.agree`, shared with the HF bridge), then applied at
+the same step everywhere: ``stop`` saves a checkpoint and sets ``trainer.should_stop``,
+``abort`` stops without saving, ``save`` saves one. Each is journaled as a ``control`` record.
+
+Checkpoints: ``ModelCheckpoint`` keeps its own ``save_top_k`` rotation; each file it
+deletes is journaled as ``checkpoint_removed`` (so a watcher knows it is gone). Leases
+(``ilab-watch`` holding a checkpoint while its ``--on-save`` runs) name checkpoint
+directories, which Lightning's single-file checkpoints are not: they do not hold back
+``ModelCheckpoint``'s rotation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Callback
+
+from journal.paths import checkpoints_dir
+from trainer.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
+from trainer.run_journal import RunJournal
+
+log = logging.getLogger(__name__)
+
+
+class LightningPosition:
+    """The Trainer's counters as the journal's position. Inside a step Lightning has not
+    counted it yet: its records carry ``global_step + 1``."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.in_step = False
+
+    @property
+    def step(self) -> int:
+        return int(self.trainer.global_step) + (1 if self.in_step else 0)
+
+    @property
+    def epoch(self) -> int:
+        return int(self.trainer.current_epoch)
+
+    @property
+    def samples_seen(self) -> int:
+        return 0
+
+
+class JournalCheckpointIO(CheckpointIO):
+    """The strategy's own ``CheckpointIO``, with a ``save`` record once a file is written
+    and a ``checkpoint_removed`` record once one is deleted (rank 0: Lightning calls it
+    there only)."""
+
+    def __init__(self, inner: CheckpointIO, journal: RunJournal) -> None:
+        self.inner, self.journal = inner, journal
+        self.trigger = "lightning"  # the callback says "control" for the saves it asks for
+        self.last: str | None = None  # the newest complete checkpoint
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        t = time.perf_counter()
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if Path(path).exists():  # a complete file: the write above returned
+            self.last = str(Path(path).resolve())
+            self.journal.emit(
+                "save",
+                {
+                    "checkpoint_path": self.last,
+                    "kind": ["full_state"],  # weights, optimizer and loop state
+                    "duration": time.perf_counter() - t,
+                    "trigger": self.trigger,
+                },
+            )
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return self.inner.load_checkpoint(
+            path, map_location=map_location, weights_only=weights_only
+        )
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+        self.journal.emit(
+            "checkpoint_removed",
+            {"checkpoint_path": str(Path(path).resolve()), "reason": "ModelCheckpoint rotation"},
+        )
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+class JournalCallback(Callback):
+    """Journals a Lightning run and applies control commands (see the module docstring).
+
+    Args:
+        ckpt_dir: where the journal, ``control/`` and ``reports/`` live; default the
+            Trainer's ``default_root_dir``. Checkpoints asked for by control commands go to
+            ``ModelCheckpoint``'s ``dirpath`` when there is one, else ``ckpt_dir/checkpoints``.
+    """
+
+    def __init__(self, ckpt_dir: str | os.PathLike[str] | None = None) -> None:
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
+        self._run_journal: RunJournal | None = None
+        self.position: LightningPosition | None = None
+        self.io: JournalCheckpointIO | None = None
+        self.stopped = self.abort = False
+        self.step_t0 = time.perf_counter()
+        self.begun_at = 0  # global_step when the current step began
+
+    @property
+    def journal(self) -> RunJournal:
+        assert self._run_journal is not None, "setup has not run"
+        return self._run_journal
+
+    # -- start and end -----------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._run_journal is not None:
+            return
+        run_dir = self.ckpt_dir or Path(trainer.default_root_dir)
+        self._run_journal = j = RunJournal(run_dir, main=trainer.is_global_zero, role="lightning")
+        j.catch_signals()
+        j.open(resume=bool(trainer.ckpt_path))
+        j.fail_on_uncaught_exception()
+        self.position = LightningPosition(trainer)
+        j.follow(self.position)
+        self.io = JournalCheckpointIO(trainer.strategy.checkpoint_io, j)
+        trainer.strategy.checkpoint_io = self.io
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        config = {k: v for k, v in dict(pl_module.hparams).items()}
+        config.update(max_steps=trainer.max_steps, max_epochs=trainer.max_epochs)
+        self.journal.begin(
+            config,
+            total_steps=trainer.max_steps if trainer.max_steps > 0 else None,
+            device_type=trainer.strategy.root_device.type,
+            trainer="lightning.pytorch.Trainer",
+            resumed_from=str(trainer.ckpt_path) if trainer.ckpt_path else None,
+        )
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._end(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._run_journal is not None:
+            self._end(trainer)  # a run that never reached on_train_end still ends
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if self._run_journal is not None:
+            self.journal.fail(exception)
+            self.journal.close()
+
+    def _end(self, trainer: Trainer) -> None:
+        j = self.journal
+        step = trainer.global_step
+        if j.interrupted_anywhere:
+            why = j.interrupted[0] if j.interrupted else "a signal on another rank"
+            status, reason = "interrupted", f"{why} at step {step}"
+        elif self.stopped or self.abort:
+            status, reason = "stopped", f"stopped at step {step}"
+        else:
+            status, reason = "completed", f"reached step {step}"
+        j.end({"status": status, "reason": reason, "final_checkpoint": self._last_ckpt()})
+        j.close()
+
+    # -- the step ------------------------------------------------------------------------
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.journal.emit("epoch_begin", {})
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.journal.emit("epoch_end", {"epoch": trainer.current_epoch})
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        assert self.position is not None
+        if not self.position.in_step:  # the first micro-batch of an optimizer step
+            self.step_t0 = time.perf_counter()
+            self.begun_at = trainer.global_step
+            self.position.in_step = True
+            self.journal.emit("step_begin")
+
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: Any
+    ) -> None:
+        self.journal.emit("before_optimizer_step")
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        assert self.position is not None
+        if not self.position.in_step or trainer.global_step == self.begun_at:
+            return  # accumulating gradients: the optimizer has not stepped yet
+        self.position.in_step = False  # Lightning has counted the step
+        j = self.journal
+        j.emit("after_optimizer_step")
+        self._log(trainer, outputs)
+        bits, _ = j.agree(trainer.strategy.root_device)
+        if bits & ABORT:
+            self.abort = True
+            trainer.should_stop = True
+        elif bits & STOP or j.interrupted_anywhere:
+            self.stopped = True
+            trainer.should_stop = True
+            self._save(trainer)
+        elif bits & SAVE:
+            self._save(trainer)
+        if bits & EVALUATE and trainer.is_global_zero:  # Lightning validates on its schedule
+            log.warning("control evaluate: the Lightning bridge cannot start a validation run")
+        if bits and trainer.is_global_zero:
+            names = "+".join(command_names(bits))
+            log.info("control %s applied at step %d", names, trainer.global_step)
+        j.emit("step_end", {})
+
+    # -- metrics and checkpoints ----------------------------------------------------------
+
+    def _log(self, trainer: Trainer, outputs: Any) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        elapsed = time.perf_counter() - self.step_t0
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+        self.journal.emit(
+            "log",
+            {
+                **metrics,
+                "loss": float(loss) if isinstance(loss, torch.Tensor) else None,
+                "lr": lr,
+                "elapsed_time": elapsed,
+            },
+        )
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self._run_journal is None:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        self.journal.emit("evaluate", {**metrics, "val_loss": metrics.get("val_loss")})
+
+    def _save(self, trainer: Trainer) -> None:
+        """Every rank, at the same step (Lightning's save is collective): a checkpoint the
+        control channel asked for, journaled by :class:`JournalCheckpointIO` once written."""
+        cb = trainer.checkpoint_callback
+        dirpath = getattr(cb, "dirpath", None)
+        root = Path(dirpath) if dirpath else checkpoints_dir(self.journal.dir)
+        path = root / f"control-step={trainer.global_step}.ckpt"
+        assert self.io is not None
+        self.io.trigger = "control"
+        try:
+            trainer.save_checkpoint(path)
+        finally:
+            self.io.trigger = "lightning"
+
+    def _last_ckpt(self) -> str | None:
+        last = self.io.last if self.io is not None else None
+        return last if last and Path(last).is_file() else None
