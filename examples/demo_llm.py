@@ -61,6 +61,13 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--heldout", type=int, default=40)
+    ap.add_argument(
+        "--lora-rank",
+        type=int,
+        default=None,
+        help="train LoRA adapters of this rank instead of every weight; each checkpoint's "
+        "export is the merged model, so the same evaluation reads it (try --lr 1e-3)",
+    )
     args = ap.parse_args()
     from eval_llm import evaluate
 
@@ -94,6 +101,7 @@ def main() -> int:
             *("--batch-size", str(args.batch_size), "--max-steps", str(args.max_steps)),
             *("--lr", str(args.lr), "--warmup-steps", "2", "--save-every", str(args.save_every)),
             *("--keep-last-n", "2", "--keep-best", "accuracy:max"),
+            *(("--lora-rank", str(args.lora_rank), "--lora-merge") if args.lora_rank else ()),
         ],
         env=env,
         cwd=ROOT,

@@ -46,8 +46,15 @@ def test_kill_9_during_background_writes_resumes_from_the_newest_complete_checkp
         assert saved and all(_complete(p) for p in saved)  # no record names a partial write
         for d in (ckpt / "checkpoints").glob("step-*"):
             assert _complete(d), d  # only renamed, complete checkpoints carry the name
+    # what a kill in the middle of a write leaves (the kills above may or may not have hit
+    # one): the next start removes it and says so, before anything else is saved
+    partial = ckpt / "checkpoints" / ".tmp-step-000023"
+    (partial / "full_state").mkdir(parents=True, exist_ok=True)
     proc = train(ckpt, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not partial.exists()
+    logged = "".join(p.read_text() for p in (ckpt / "logs").glob("*"))
+    assert f"removed {partial}: a save the previous attempt did not finish" in logged
     recs = records(ckpt)
     begins = [r for r in recs if r["event"] == "train_begin"]
     assert len(begins) == 3

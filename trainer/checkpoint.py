@@ -87,6 +87,16 @@ def save_checkpoint(
     return final, kinds
 
 
+def remove_partial_saves(ckpt_dir: Path) -> list[Path]:
+    """Remove the ``.tmp-step-*`` directories a killed attempt left (a crash or kill -9
+    while a write was in flight); returns them. Not collective: rank 0 calls it at start,
+    holding the run lock, so no writer of them can still be alive."""
+    removed = sorted(checkpoints_dir(ckpt_dir).glob(".tmp-step-*"))
+    for stale in removed:
+        shutil.rmtree(stale, ignore_errors=True)
+    return removed
+
+
 def prepare_tmp(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
     """Collective: rank 0 removes stale ``.tmp-step-*`` directories (left by a crash, a
     full disk or a kill during a background write) and makes this save's; returns

@@ -25,6 +25,7 @@ from journal.paths import logs_dir
 from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
 from journal.rundir import make_dir
 from trainer.async_save import CheckpointWriteError
+from trainer.checkpoint import remove_partial_saves
 from trainer.config import WorkerConfig
 from trainer.data import DataError
 from trainer.loop import RunOutcome, Trainer
@@ -89,6 +90,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         # Rank 0 waits out a previous attempt's workers that are still finishing (after
         # their launcher was killed they save and end within seconds), then decides.
         resume_from = journal.open(resume=args.resume)
+        if rank == 0:
+            for partial in remove_partial_saves(ckpt_dir):
+                log.warning("removed %s: a save the previous attempt did not finish", partial)
     except JournalLocked as exc:
         log.error("%s", exc)
         return 1
