@@ -25,8 +25,8 @@ ARGS = (
 def check_positions(recs: list[dict[str, Any]], per_epoch: int) -> None:
     """The position rules of one attempt's records: a step's records carry its step (from
     ``step_begin`` to the next one); ``samples_seen`` counts the step once its all-reduce is
-    done; the epoch moves on after ``epoch_end``. A save is of its record's step, a control
-    command applied at it."""
+    done; the epoch moves on after ``epoch_end``. A save carries the step it captured (an
+    asynchronous one is journaled later); a control command, the step it was applied at."""
     begin = recs[0]
     assert begin["event"] == "train_begin" and recs[-1]["event"] == "train_end"
     step, epoch = begin["step"], begin["epoch"]  # the resumed state's (0 for a fresh run)
@@ -36,14 +36,19 @@ def check_positions(recs: list[dict[str, Any]], per_epoch: int) -> None:
         ev = r["event"]
         if ev == "step_begin":
             step += 1
+        if ev in ("save", "checkpoint_removed"):  # an asynchronous save is journaled when
+            # complete, at a later step boundary, with the position it captured (and so is
+            # the rotation that follows it)
+            assert r["step"] <= step and r["samples_seen"] == r["step"] * BATCH, r
+            if ev == "save":
+                assert Path(r["data"]["checkpoint_path"]).name == f"step-{r['step']:06d}", r
+            continue
         reduced = ev not in ("step_begin", "before_optimizer_step", "after_optimizer_step")
         samples = (step if reduced else step - 1) * BATCH
-        assert (r["step"], r["epoch"], r["samples_seen"]) == (step, epoch, samples), r
+        assert (r["step"], r["epoch"], r["samples_seen"]) == (step, epoch, samples), (ev, r)
         if ev == "epoch_end":
             assert r["data"]["epoch"] == epoch, r
             epoch += 1
-        elif ev == "save":
-            assert Path(r["data"]["checkpoint_path"]).name == f"step-{step:06d}", r
         elif ev == "control":
             assert r["data"]["applied_at_step"] == step, r
         elif ev == "log":
