@@ -425,3 +425,20 @@ def collective_counts(ckpt: Path) -> dict[str, int]:
 def hide_gpus() -> None:
     """Hide the GPUs from this process and its children (see REAL_CUDA_VISIBLE_DEVICES)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def tiny_llama_config() -> Any:
+    """The tiny Llama (GQA off, tied embeddings) the HF-model tests train: a
+    ``transformers.LlamaConfig``."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )

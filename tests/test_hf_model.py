@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import records, train
+from tests.helpers import records, tiny_llama_config, train
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -18,16 +18,7 @@ def test_hf_model_trains_and_its_consolidated_checkpoint_loads_with_from_pretrai
     tmp_path: Path,
 ) -> None:
     model_dir = tmp_path / "tiny-llama"
-    transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    ).save_pretrained(model_dir)
+    tiny_llama_config().save_pretrained(model_dir)
     ckpt = tmp_path / "run"
     proc = train(
         ckpt,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import BIN, ROOT, records, train_env
+from tests.helpers import BIN, ROOT, records, tiny_llama_config, train_env
 from trainer.data import load_jsonl, make_demo_data
 from trainer.data_check import check_file
 from trainer.instructlab import (
@@ -40,17 +40,8 @@ def processed_data(out_dir: Path, n: int = 96) -> Path:
 
 
 def tiny_llama(path: Path) -> Path:
-    transformers = pytest.importorskip("transformers")
-    transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    ).save_pretrained(path)
+    pytest.importorskip("transformers")
+    tiny_llama_config().save_pretrained(path)
     return path
 
 

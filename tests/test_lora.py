@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import kill_tree, records, train, train_argv, train_env, wait_for
+from tests.helpers import (
+    kill_tree,
+    records,
+    tiny_llama_config,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -24,16 +32,7 @@ def _tiny_llama(path: Path) -> Path:
     import torch
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
+    config = tiny_llama_config()
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
 
