@@ -75,6 +75,11 @@ def main() -> None:
         base = run(Path(d) / "none", steps, "--no-async-save")
         sync = run(Path(d) / "sync", steps, "--save-every", str(every), "--no-async-save")
         asy = run(Path(d) / "async", steps, "--save-every", str(every), "--async-save")
+        # with the consolidated export at every save: gathered while every rank waits
+        # (sync), or made by rank 0's export thread from the written shards (async)
+        hf = ("--save-every", str(every), "--save-hf")
+        sync_hf = run(Path(d) / "sync-hf", steps, *hf, "--no-async-save")
+        async_hf = run(Path(d) / "async-hf", steps, *hf, "--async-save")
     sync_blocked = [s["blocked_s"] for s in sync["saves"]]
     async_blocked = [s["blocked_s"] for s in asy["saves"]]
     result.update(
@@ -86,12 +91,21 @@ def main() -> None:
             "async_waited_s_max": max((s.get("waited_s") or 0.0) for s in asy["saves"]),
             "blocked_ratio_async_over_sync": pct(async_blocked, 50)
             / max(pct(sync_blocked, 50), 1e-9),
+            "with_export_sync_blocked_s_p50": pct([s["blocked_s"] for s in sync_hf["saves"]], 50),
+            "with_export_async_blocked_s_p50": pct([s["blocked_s"] for s in async_hf["saves"]], 50),
             "throughput_ratio_sync_vs_no_save": base["train_s"] / sync["train_s"],
             "throughput_ratio_async_vs_no_save": base["train_s"] / asy["train_s"],
             "train_s_no_save": base["train_s"],
             "train_s_sync": sync["train_s"],
             "train_s_async": asy["train_s"],
-            "saves": {"sync": sync["saves"], "async": asy["saves"]},
+            "throughput_ratio_sync_export_vs_no_save": base["train_s"] / sync_hf["train_s"],
+            "throughput_ratio_async_export_vs_no_save": base["train_s"] / async_hf["train_s"],
+            "saves": {
+                "sync": sync["saves"],
+                "async": asy["saves"],
+                "sync_export": sync_hf["saves"],
+                "async_export": async_hf["saves"],
+            },
         }
     )
     emit("bench_checkpoint", result, args.json)

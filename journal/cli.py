@@ -14,6 +14,7 @@ import click
 import orjson
 
 from journal.cli_common import UserError, dumps, require_journal, user_errors
+from journal.cli_export import export
 from journal.cli_read import (
     check_events,
     echo_value,
@@ -363,7 +364,7 @@ def plot(dir: str, output: str | None) -> None:
     click.echo(str(out))
 
 
-for _command in (control, report, lease, release, prune):
+for _command in (control, report, lease, release, prune, export):
     main.add_command(_command)
 
 

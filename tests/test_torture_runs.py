@@ -83,6 +83,20 @@ def test_node_crash_30_times_then_the_run_completes(tmp_path: Path, reliability:
     )
 
 
+def test_kill_9_during_background_writes_15_times(tmp_path: Path, reliability: Any) -> None:
+    """The node crash above, aimed at asynchronous saves: each kill lands while a
+    background write is in flight, and a watcher's ``--on-save`` checks what it is handed."""
+    from tests.test_async_save import kill_during_background_writes
+
+    figures = kill_during_background_writes(tmp_path, kills=15, seed=5, steps=120)
+    assert figures["during_a_write"] >= 10  # the rest landed just as a write completed
+    reliability(
+        "kill -9 of the whole tree during a background (--async-save) write x15, "
+        "relaunch each time, a watcher's --on-save checking each checkpoint",
+        **figures,
+    )
+
+
 def test_launcher_killed_10_times_never_two_writers(tmp_path: Path, reliability: Any) -> None:
     figures = relaunch_after_killing_the_launcher(tmp_path, kills=10)
     reliability("kill -9 launcher only + immediate relaunch x10", **figures)

@@ -142,9 +142,9 @@ def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None
         start_new_session=True,
     )
     try:
-        wait_for(
-            lambda: any(r["event"] == "step_begin" and r["step"] == 9 for r in records(victim)),
-            what="step 9 of the victim run",
+        wait_for(  # the save of step 8 is complete (its write runs while steps go on)
+            lambda: any(r["event"] == "save" and r["step"] == 8 for r in records(victim)),
+            what="the save of step 8 of the victim run",
         )
     finally:
         kill_tree(job.pid)  # the whole job: launcher, torchrun, both ranks

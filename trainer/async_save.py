@@ -1,10 +1,12 @@
-"""Asynchronous checkpoints: training blocks only while the state is staged to host memory.
+"""Asynchronous checkpoints: training blocks only while the state is staged to host memory
+(pinned on CUDA, and reused from one save to the next).
 
 The sharded state is written by DCP in a background thread, on a gloo process group of its
 own (never a communicator that training uses). The small files (scheduler, trainer state,
-RNG) and the consolidated model, when one is due, are written while training waits. The
-checkpoint stays under ``.tmp-step-N`` until every rank's write is done; then rank 0 renames
-it into place, and only then does the caller journal the ``save``. So a ``kill -9`` while a
+RNG) are written while training waits. A consolidated model, when one is due, is made from
+the written shards by rank 0's export thread (:mod:`trainer.export`): no rank gathers the
+model or waits for rank 0 to write it. The checkpoint stays under ``.tmp-step-N`` until every rank's write is done; then rank 0 renames
+it into place (export included), and only then does the caller journal the ``save``. So a ``kill -9`` while a
 write is in flight leaves only a ``.tmp-`` directory, which readers, watchers, rotation and
 resume ignore, and the next save removes.
 
@@ -19,6 +21,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,18 +29,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from journal.files import fsync_dir
-from trainer.checkpoint import (
-    ConsolidatedWriter,
-    TrainerState,
-    prepare_tmp,
-    write_consolidated_model,
-    write_small_files,
-)
+from trainer.checkpoint import ConsolidatedWriter, TrainerState, prepare_tmp, write_small_files
+from trainer.export import export_from_shards
 
 log = logging.getLogger(__name__)
+
+#: Test-only: seconds a background write takes longer, so tests can kill while one is in flight.
+WRITE_DELAY_ENV = "ILAB_TEST_WRITE_DELAY"
 
 
 class CheckpointWriteError(RuntimeError):
@@ -55,7 +57,7 @@ class PendingSave:
     kinds: list[str]
     why: str
     export_skipped: str | None
-    blocked_s: float  # training waited this long (staging + small files + export)
+    blocked_s: float  # training waited this long (staging + small files)
     started: float  # perf_counter when the background write began
     future: Any
     background_s: float | None = None
@@ -74,6 +76,25 @@ class AsyncCheckpointer:
         self.write_group = dist.new_group(backend="gloo")
         self.vote_group = dist.new_group(backend="gloo")
         self.pending: PendingSave | None = None
+        # One stager for the whole run: its host copies are kept and reused by the next save
+        # (safe: that one starts only once this one is written), pinned where CUDA is, so a
+        # save costs one device-to-host copy and no allocation.
+        cuda = torch.cuda.is_available()
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+        )
+        self._export_thread: ThreadPoolExecutor | None = None
+        self.write_delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
+
+    def _exporter(self) -> ThreadPoolExecutor:
+        if self._export_thread is None:
+            self._export_thread = ThreadPoolExecutor(1, thread_name_prefix="ilab-export")
+        return self._export_thread
 
     def start(
         self,
@@ -93,16 +114,24 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         tmp, final = prepare_tmp(ckpt_dir, state.step)
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        future = dcp.async_save(
+        written = dcp.async_save(
             {"model": model_sd, "optim": optim_sd},
             checkpoint_id=str(tmp / "full_state"),
             process_group=self.write_group,
+            async_stager=self.stager,
         )
+        # a synchronous stager: the upload's future, not a staging response
+        assert isinstance(written, Future)
+        future: Future[Any] = written
         write_small_files(tmp, state, scheduler)
         kinds = ["full_state"]
         if write_consolidated is not None:
-            write_consolidated_model(tmp, model, write_consolidated)
             kinds.append("hf")
+        if dist.get_rank() == 0 and (write_consolidated is not None or self.write_delay):
+            # the export from the shards, once every rank has written them
+            future = self._exporter().submit(
+                _finish_write, future, tmp, write_consolidated, self.write_delay
+            )
         blocked = time.perf_counter() - t0
         self.pending = PendingSave(
             replace(state), tmp, final, kinds, why, export_skipped, blocked, t0, future
@@ -145,3 +174,15 @@ class AsyncCheckpointer:
                 shutil.rmtree(p.tmp, ignore_errors=True)  # the previous checkpoints stay
         dist.barrier(group=self.vote_group)  # renamed before any rank reports it
         return p
+
+
+def _finish_write(
+    written: Future[Any], tmp: Path, write: ConsolidatedWriter | None, delay: float
+) -> None:
+    """Rank 0's part of a background save after the shards: once they are complete on every
+    rank (DCP's future on the coordinator ends after the metadata, which comes after every
+    rank's write), read the model back from them and write ``tmp/hf`` when an export is due."""
+    written.result()
+    if write is not None:
+        export_from_shards(tmp, write)
+    time.sleep(delay)  # test-only (WRITE_DELAY_ENV): widens the window a kill may land in

@@ -107,16 +107,8 @@ def build_model(
     summed loss (through the loss kernel ``kernels.loss``)."""
     parts = _model_parts(args, spec)
     meta = args.model_init == "meta"
-    if meta:
-        from accelerate import init_empty_weights
-
-        with init_empty_weights(include_buffers=False):  # parameters on meta, buffers real
-            model = parts.make()
-        tie = getattr(model, "tie_weights", None)
-        if callable(tie):  # inside the context a tie became two meta params
-            tie()
-    else:  # every rank builds (and initializes) the whole model
-        model = parts.make().to(device)
+    # meta: parameters without memory; else every rank builds (and initializes) the whole model
+    model = _meta_model(parts) if meta else parts.make().to(device)
     parts.train_forward(model, kernels.loss)
     write = parts.writer(tied_names(model))
     blocks = parts.blocks(model)
@@ -148,6 +140,25 @@ def build_model(
     )
     del full
     return (_ddp(model, device) if ddp else model), write
+
+
+def consolidated_writer(args: TrainingArgs) -> ConsolidatedWriter:
+    """How a run writes its consolidated model, without building its weights (for an export
+    made later from a checkpoint's shards: :mod:`trainer.export`)."""
+    parts = _model_parts(args, model_spec(args))
+    return parts.writer(tied_names(_meta_model(parts)))
+
+
+def _meta_model(parts: ModelParts) -> nn.Module:
+    """The model with its parameters on the meta device (no memory, no initialization)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):  # parameters on meta, buffers real
+        model = parts.make()
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):  # inside the context a tie became two meta params
+        tie()
+    return model
 
 
 def _ddp(model: nn.Module, device: torch.device) -> nn.Module:
