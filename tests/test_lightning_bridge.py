@@ -1,7 +1,8 @@
 """``lightning.pytorch.Trainer`` with ``JournalCallback`` under torchrun (2 gloo ranks, the
 Trainer's own DDP strategy): the journal validates, a replay delivers to ``--on-save``
 every checkpoint ``ModelCheckpoint`` kept (its deletions are journaled), a control ``stop`` stops both ranks at the same step with a final save, and
-an exception ends in ``train_end`` failed."""
+an exception ends in ``train_end`` failed. In one process: a leased ``.ckpt`` outlives
+``ModelCheckpoint``'s rotation until its lease is released."""
 
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ class JournalCheckpointIO(CheckpointIO):
                 del self.kept[name]
 
     def _remove(self, name: str, target: Path) -> bool:
-        """Delete ``target`` unless leased (journaling it); True once it is gone."""
+        """Delete ``target`` unless leased, journaling ``checkpoint_removed``; True once it
+        is gone."""
         if not target.exists():  # gone already (by hand): say so all the same
             self._removed(target)
             return True
