@@ -78,7 +78,6 @@ PAYLOAD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "applied_at_step": _INT,
     },
     "checkpoint_removed": {"checkpoint_path": _STR, "reason": _STR},
-    "checkpoint_kept": {"checkpoint_path": _STR, "reason": _STR},
     "journal_gap": {"dropped": _INT, "first_seq": _INT, "last_seq": _INT, "error": _STR},
 }
 
