@@ -166,7 +166,8 @@ def lease(dir: str, checkpoint: str, ttl: float) -> None:
 
     For hand-offs to jobs that outlive the callback (e.g. sbatch eval.sh): lease, pass
     the id on, and have the job run `ilab-journal release DIR ID` when done. CHECKPOINT is
-    a checkpoint directory of the run or its name (step-000040).
+    a checkpoint directory of the run or its name (step-000040), or a Lightning .ckpt file
+    inside DIR (a path, or relative to DIR).
     """
     from journal.leases import MAX_TTL_S, LeaseError, acquire
 

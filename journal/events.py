@@ -32,8 +32,9 @@ RESULT_EVENTS: tuple[str, ...] = ("control", "report", "checkpoint_removed")
 #: Events a callback can hook, as ``on_<event>`` (TrainingArgs fields, TrainerCallback
 #: methods, ``ilab-watch --on-<event>``).
 CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, *RESULT_EVENTS)
-#: Every event name a writer of this version produces.
-EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap")
+#: Every event name a writer of this version produces (``checkpoint_kept``: a bridge kept a
+#: checkpoint its trainer's rotation asked to delete, because it is leased).
+EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap", "checkpoint_kept")
 #: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
 DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "journal_gap", *RESULT_EVENTS})
 #: Final states of a run, as written in ``train_end.data.status``.

@@ -1,8 +1,12 @@
 """Checkpoint leases: a checkpoint someone is still using is not rotated away.
 
 A lease is one small JSON file ``<ckpt_dir>/leases/<checkpoint>--<id>.json`` holding the
-checkpoint's name, who holds it and when it expires. Files are created and renewed
-atomically (temp + rename), so they work over a shared file system and from any host.
+checkpoint's name, who holds it and when it expires. A checkpoint directory is named by
+itself (``step-000040``, HF's ``checkpoint-40``); a single-file checkpoint (Lightning's
+``.ckpt``, anywhere in the run dir) by its path relative to the run dir, percent-encoded in
+the lease file's name (see :func:`lease_key`), so two files of the same name in two
+directories are two checkpoints. Files are created and renewed atomically (temp + rename),
+so they work over a shared file system and from any host.
 A lease that is not renewed expires: a holder killed with ``kill -9`` never pins a
 checkpoint forever. The trainer's rotation lists the directory once per save and reads only
 the leases of the checkpoints it is about to delete, so its cost does not grow with the
@@ -14,6 +18,7 @@ hosts sharing a checkpoint dir are expected to run NTP.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -24,12 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
 from journal.files import atomic_write, json_files
 from journal.inbox import RejectedFile, move_aside, read_json_object, refusal
-from journal.paths import checkpoint_root, checkpoint_step, leases_dir
+from journal.paths import checkpoint_root, checkpoint_step, is_checkpoint_file, leases_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,11 @@ _CLOCK_SLACK_S = 86400.0  # hosts' clocks differ a little: a day more is still a
 OnReject = Callable[[dict[str, Any]], Any]
 _SEP = "--"
 _SUFFIX = ".json"
+#: Characters a lease file name keeps as they are; every other one is percent-encoded (``/``
+#: too), so the encoding is one to one. ``%`` itself is encoded, hence never doubled.
+_KEEP = "=-_.,+@"
+_MAX_KEY = 200  # leaves room for --<id>.json within a file name's 255 bytes
+_LONG = "%%"  # marks a long name's key (its hash); quote() never writes two % in a row
 
 
 class LeaseError(ValueError):
@@ -51,7 +62,7 @@ class LeaseError(ValueError):
 @dataclass(frozen=True)
 class Lease:
     id: str
-    checkpoint: str  # the checkpoint directory's name, e.g. step-000040
+    checkpoint: str  # step-000040, or a .ckpt file's path relative to the run dir
     holder: str
     expires: float
     ttl: float
@@ -61,17 +72,59 @@ class Lease:
 
 
 def checkpoint_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> str:
-    """The name of a checkpoint of this run, given as a path or a name; raises LeaseError
-    when it is not a checkpoint directory of ``ckpt_dir``."""
+    """The name of a checkpoint of this run, given as a path or a name: a checkpoint
+    directory's own name (``step-000040``), or a ``.ckpt`` file's path relative to the run
+    dir (``lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt``). Raises LeaseError
+    for anything else, and for a checkpoint outside ``ckpt_dir``."""
     p = Path(checkpoint)
-    if checkpoint_step(p.name) is None:
-        raise LeaseError(
-            f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN or checkpoint-N)"
-        )
+    if checkpoint_step(p.name) is not None:
+        return _dir_name(ckpt_dir, checkpoint)
+    if is_checkpoint_file(p.name):
+        return _file_name(ckpt_dir, p)
+    raise LeaseError(
+        f"{checkpoint}: not a checkpoint directory (expected step-NNNNNN or checkpoint-N) "
+        "nor a .ckpt file"
+    )
+
+
+def _dir_name(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> str:
+    """A checkpoint directory's name, given bare or as a path into its root."""
+    p = Path(checkpoint)
     root = checkpoint_root(ckpt_dir, p.name)
     if p.parent.resolve() != root.resolve() and str(p.parent) not in ("", "."):
         raise LeaseError(f"{checkpoint}: not a checkpoint of {ckpt_dir} (expected {root}/{p.name})")
     return p.name
+
+
+def _file_name(ckpt_dir: str | os.PathLike[str], p: Path) -> str:
+    """A ``.ckpt`` file's path relative to the run dir, symlinks resolved (one file, one
+    name). A relative path is taken from the run dir (as lease files name it), or from the
+    current directory when only that one exists."""
+    run = Path(ckpt_dir).resolve()
+    if not p.is_absolute() and not (run / p).exists() and p.exists():
+        p = p.resolve()
+    rel = os.path.relpath((run / p).resolve(), run)  # an absolute p replaces run
+    if rel in (os.curdir, os.pardir) or rel.startswith(os.pardir + os.sep):
+        raise LeaseError(f"{p}: not a checkpoint of {ckpt_dir} (a .ckpt file must lie inside it)")
+    return Path(rel).as_posix()
+
+
+def lease_key(checkpoint: str) -> str:
+    """How a checkpoint's name appears in its lease files' names: a directory's name as it
+    is, a file's relative path percent-encoded (one to one, no ``/``); a name too long for
+    a file name becomes its start and a hash of the whole."""
+    key = quote(checkpoint, safe=_KEEP)
+    if len(key) <= _MAX_KEY:
+        return key
+    digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:32]
+    return f"{key[: _MAX_KEY - len(_LONG) - len(digest)]}{_LONG}{digest}"
+
+
+def checkpoint_path(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
+    """Where the checkpoint of this name (see :func:`checkpoint_name`) is."""
+    if checkpoint_step(name) is not None:
+        return checkpoint_root(ckpt_dir, name) / name
+    return Path(ckpt_dir) / name
 
 
 def check_ttl(ttl: float) -> float:
@@ -86,7 +139,7 @@ def check_ttl(ttl: float) -> float:
 
 
 def _path(ckpt_dir: str | os.PathLike[str], checkpoint: str, lease_id: str) -> Path:
-    return leases_dir(ckpt_dir) / f"{checkpoint}{_SEP}{lease_id}{_SUFFIX}"
+    return leases_dir(ckpt_dir) / f"{lease_key(checkpoint)}{_SEP}{lease_id}{_SUFFIX}"
 
 
 def acquire(
@@ -101,8 +154,10 @@ def acquire(
     LeaseError for a checkpoint not of this run, or a ttl :func:`check_ttl` refuses."""
     ttl = check_ttl(ttl)
     name = checkpoint_name(ckpt_dir, checkpoint)
-    if must_exist and not (checkpoint_root(ckpt_dir, name) / name).is_dir():
-        raise LeaseError(f"{checkpoint}: no such checkpoint in {checkpoint_root(ckpt_dir, name)}")
+    where = checkpoint_path(ckpt_dir, name)
+    is_dir = checkpoint_step(name) is not None
+    if must_exist and not (where.is_dir() if is_dir else where.is_file()):
+        raise LeaseError(f"{checkpoint}: no such checkpoint in {where.parent}")
     lease = Lease(
         id=uuid.uuid4().hex[:16],
         checkpoint=name,
@@ -130,12 +185,13 @@ def renew(ckpt_dir: str | os.PathLike[str], lease: Lease) -> Lease:
 
 
 def release(ckpt_dir: str | os.PathLike[str], lease_id: str) -> str:
-    """End a lease by id; returns the checkpoint it held. Raises LeaseError if unknown."""
+    """End a lease by id; returns the checkpoint it held (its name, as in the lease file's
+    name; for a hashed long name, the start of it). Raises LeaseError if unknown."""
     for path in _files(ckpt_dir):
-        name, _, rest = path.name.rpartition(_SEP)
+        key, _, rest = path.name.rpartition(_SEP)
         if rest == f"{lease_id}{_SUFFIX}":
             path.unlink(missing_ok=True)
-            return name
+            return unquote(key)
     raise LeaseError(f"no lease {lease_id!r} in {leases_dir(ckpt_dir)}")
 
 
@@ -172,9 +228,9 @@ def leased(
     *,
     on_reject: OnReject | None = None,
 ) -> set[str]:
-    """Which of the checkpoints ``names`` hold an unexpired lease. One directory listing
-    (plain strings: rotation calls this on every save); only the leases of those checkpoints
-    are read. Expired leases found on the way are removed. A file that is not a lease (a
+    """Which of the checkpoints ``names`` (see :func:`checkpoint_name`) hold an unexpired
+    lease. One directory listing (plain strings: rotation calls this on every save); only
+    the leases of those checkpoints are read. Expired leases found on the way are removed. A file that is not a lease (a
     FIFO, a symlink, over 64 KiB, no finite ``expires``) holds nothing: it is moved to
     ``leases/rejected/`` and ``on_reject`` gets the record that journals it."""
     now = time.time() if now is None else now
@@ -183,10 +239,11 @@ def leased(
         entries = os.listdir(d)
     except FileNotFoundError:
         return set()
+    by_key = {lease_key(name): name for name in names}
     out: set[str] = set()
     for entry in entries:
-        name = entry.rpartition(_SEP)[0]
-        if name not in names or name in out or not entry.endswith(_SUFFIX):
+        name = by_key.get(entry.rpartition(_SEP)[0])
+        if name is None or name in out or not entry.endswith(_SUFFIX):
             continue
         path = d / entry
         try:

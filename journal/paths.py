@@ -27,6 +27,8 @@ RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
 #: run dir itself, when the journal sits in its output_dir).
 _STEP_DIR = re.compile(r"^(?:step|checkpoint)-(\d+)$")
 HF_CHECKPOINT_PREFIX = "checkpoint-"
+#: Lightning's single-file checkpoints (``epoch=0-step=4.ckpt``), anywhere in the run dir.
+CHECKPOINT_FILE_SUFFIX = ".ckpt"
 
 
 def step_dir_name(step: int) -> str:
@@ -39,6 +41,11 @@ def checkpoint_step(name: str) -> int | None:
     or None for other names."""
     m = _STEP_DIR.match(name)
     return int(m.group(1)) if m else None
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether a file of this name is a single-file checkpoint (Lightning's ``.ckpt``)."""
+    return name.endswith(CHECKPOINT_FILE_SUFFIX) and len(name) > len(CHECKPOINT_FILE_SUFFIX)
 
 
 def checkpoint_key(path: str) -> str:

@@ -80,16 +80,38 @@ def rotate(
         if path.name in held:
             log.info("keeping %s: leased", path.name)
             continue
-        aside = path.with_name(REMOVING_PREFIX + path.name)
-        os.rename(path, aside)
-        if leases.leased(ckpt_dir, {path.name}, on_reject=refused):  # leased since: it stays
-            os.rename(aside, path)
-            continue
-        emit("checkpoint_removed", {"checkpoint_path": str(path), "reason": _why(keep_last_n)})
-        shutil.rmtree(aside, ignore_errors=True)
-        removed.append(path)
-        log.info("removed old checkpoint %s (keep_last_n=%d)", path, keep_last_n)
+        if remove_unless_leased(
+            ckpt_dir, path, path.name, emit=emit, reason=_why(keep_last_n), on_reject=refused
+        ):
+            removed.append(path)
+            log.info("removed old checkpoint %s (keep_last_n=%d)", path, keep_last_n)
     return removed
+
+
+def remove_unless_leased(
+    ckpt_dir: Path,
+    path: Path,
+    name: str,
+    *,
+    emit: Emit,
+    reason: str,
+    on_reject: leases.OnReject | None = None,
+) -> bool:
+    """Delete one checkpoint (a directory, or a single file) that no lease held at the last
+    look, journaling ``checkpoint_removed``; returns whether it was deleted. It is renamed
+    aside first and the leases of ``name`` (see :func:`journal.leases.checkpoint_name`) are
+    looked at once more: a lease taken between the two looks wins and it is put back."""
+    aside = path.with_name(REMOVING_PREFIX + path.name)
+    os.rename(path, aside)
+    if leases.leased(ckpt_dir, {name}, on_reject=on_reject):  # leased since: it stays
+        os.rename(aside, path)
+        return False
+    emit("checkpoint_removed", {"checkpoint_path": str(path), "reason": reason})
+    if aside.is_dir():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
+    return True
 
 
 def _why(keep_last_n: int) -> str:

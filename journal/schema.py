@@ -141,6 +141,11 @@ class CheckpointRemovedData(_Open):
     reason: str = Field(description="why, e.g. 'rotation: keep_last_n=3'")
 
 
+class CheckpointKeptData(_Open):
+    checkpoint_path: str
+    reason: str = Field(description="why it was not deleted, e.g. 'leased'")
+
+
 class JournalGapData(_Open):
     dropped: int = Field(description="records lost while the journal could not be written")
     first_seq: int
@@ -163,6 +168,7 @@ PAYLOAD_MODELS: dict[str, type[_Open]] = {
     "report": ReportData,
     "checkpoint_removed": CheckpointRemovedData,
     "journal_gap": JournalGapData,
+    "checkpoint_kept": CheckpointKeptData,
 }
 
 

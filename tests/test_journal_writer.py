@@ -61,6 +61,10 @@ SAMPLE_PAYLOADS = {
         "checkpoint_path": "/ck/checkpoints/step-000010",
         "reason": "rotation: keep_last_n=3, not the best, not leased",
     },
+    "checkpoint_kept": {
+        "checkpoint_path": "/ck/lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt",
+        "reason": "leased",
+    },
 }
 
 

@@ -82,3 +82,95 @@ def test_a_release_during_a_renewal_stays_released(
         t.join()
     assert leases.leased(ckpt, {"step-000004"}) == set()
     assert not list((ckpt / "leases").glob("*.json"))
+
+
+# -- single-file checkpoints (Lightning's .ckpt) -------------------------------------------
+
+
+NAME_A = "lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt"  # as leases name them
+NAME_B = "other/epoch=0-step=4.ckpt"
+
+
+def ckpt_files(ckpt: Path) -> tuple[Path, Path]:
+    """Two checkpoint files of the same name in two directories of the run dir."""
+    a = ckpt / "lightning_logs" / "version_0" / "checkpoints" / "epoch=0-step=4.ckpt"
+    b = ckpt / "other" / "epoch=0-step=4.ckpt"
+    for f in (a, b):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"weights")
+    return a, b
+
+
+def test_a_ckpt_file_is_leased_by_its_path_in_the_run_dir(ckpt: Path) -> None:
+    a, _ = ckpt_files(ckpt)
+    name_a, name_b = NAME_A, NAME_B
+    held = leases.acquire(ckpt, a, ttl=60, holder="eval")
+    assert held.checkpoint == name_a
+    assert leases.leased(ckpt, {name_a, name_b}) == {name_a}  # the same basename is not held
+    [lease_file] = (ckpt / "leases").iterdir()  # one flat file, named after the whole path
+    assert lease_file.name.startswith(NAME_A.replace("/", "%2F") + "--")
+    assert [(x.id, x.checkpoint) for x in leases.active(ckpt)] == [(held.id, name_a)]
+    other = leases.acquire(ckpt, "other/epoch=0-step=4.ckpt", ttl=60)  # relative: the run dir's
+    assert leases.leased(ckpt, {name_a, name_b}) == {name_a, name_b}
+    assert leases.renew(ckpt, held).expires >= held.expires
+    assert leases.release(ckpt, held.id) == name_a
+    assert leases.leased(ckpt, {name_a, name_b}) == {name_b}
+    leases.drop(ckpt, other)
+    assert leases.leased(ckpt, {name_a, name_b}) == set()
+
+
+def test_a_directory_checkpoint_keeps_its_plain_lease_file_name(ckpt: Path) -> None:
+    (ckpt / "checkpoints" / "step-000004").mkdir(parents=True)
+    held = leases.acquire(ckpt, ckpt / "checkpoints" / "step-000004", ttl=60)
+    assert [f.name for f in (ckpt / "leases").iterdir()] == [f"step-000004--{held.id}.json"]
+
+
+def test_a_ckpt_file_outside_the_run_dir_is_refused_in_one_line(ckpt: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere" / "epoch=0-step=4.ckpt"
+    outside.parent.mkdir()
+    outside.write_bytes(b"weights")
+    (ckpt / "link.ckpt").symlink_to(outside)  # a link inside that leads out is outside too
+    for path in (outside, ckpt / "link.ckpt", ckpt / ".." / "elsewhere" / outside.name):
+        with pytest.raises(leases.LeaseError, match="not a checkpoint of"):
+            leases.acquire(ckpt, path)
+    proc = cli("ilab-journal", "lease", str(ckpt), str(outside))
+    assert proc.returncode == 2 and "not a checkpoint of" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    with pytest.raises(leases.LeaseError, match="no such checkpoint"):
+        leases.acquire(ckpt, ckpt / "missing.ckpt")
+    with pytest.raises(leases.LeaseError, match="not a checkpoint directory"):
+        leases.acquire(ckpt, ckpt / "journal.jsonl")
+    assert not (ckpt / "leases").exists()
+
+
+def test_a_ckpt_file_leased_and_released_from_the_cli(ckpt: Path) -> None:
+    a, _ = ckpt_files(ckpt)
+    name = NAME_A
+    lease = cli("ilab-journal", "lease", str(ckpt), str(a), "--ttl", "60")
+    assert lease.returncode == 0, lease.stderr
+    assert leases.leased(ckpt, {name}) == {name}
+    assert cli("ilab-journal", "release", str(ckpt), lease.stdout.strip()).returncode == 0
+    assert leases.leased(ckpt, {name}) == set()
+
+
+def test_a_long_ckpt_path_gets_a_lease_file_name_the_file_system_takes(ckpt: Path) -> None:
+    deep = ckpt.joinpath(*["a-rather-long-directory-name"] * 8, "epoch=0-step=4.ckpt")
+    deep.parent.mkdir(parents=True)
+    deep.write_bytes(b"weights")
+    held = leases.acquire(ckpt, deep, ttl=60)
+    [lease_file] = (ckpt / "leases").iterdir()
+    assert len(lease_file.name) < 255
+    assert leases.leased(ckpt, {held.checkpoint}) == {held.checkpoint}
+    leases.release(ckpt, held.id)
+    assert leases.leased(ckpt, {held.checkpoint}) == set()
+
+
+def test_the_watcher_leases_the_ckpt_file_of_a_save(ckpt: Path) -> None:
+    a, _ = ckpt_files(ckpt)
+    keeper = LeaseKeeper(ckpt, ttl=60, holder="watcher:test")
+    lease_id = keeper.take(str(a))
+    assert lease_id is not None
+    name = NAME_A
+    assert leases.leased(ckpt, {name}) == {name}
+    keeper.release(lease_id)
+    assert leases.leased(ckpt, {name}) == set()

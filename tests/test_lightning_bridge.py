@@ -1,7 +1,8 @@
 """``lightning.pytorch.Trainer`` with ``JournalCallback`` under torchrun (2 gloo ranks, the
 Trainer's own DDP strategy): the journal validates, a replay delivers to ``--on-save``
 every checkpoint ``ModelCheckpoint`` kept (its deletions are journaled), a control ``stop`` stops both ranks at the same step with a final save, and
-an exception ends in ``train_end`` failed."""
+an exception ends in ``train_end`` failed. In one process: a leased ``.ckpt`` outlives
+``ModelCheckpoint``'s rotation until its lease is released."""
 
 from __future__ import annotations
 
@@ -166,3 +167,91 @@ def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_pat
     end = records(tmp_path / "out")[-1]
     assert end["event"] == "train_end" and end["data"]["status"] == "failed", err[-2000:]
     assert "boom at step 2" in end["data"]["reason"]
+
+
+LEASED_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from journal import leases
+    from trainer.integrations.lightning import JournalCallback
+
+    out = sys.argv[1]
+    ckpts = f"{out}/lightning_logs/version_0/checkpoints"  # nested, as Lightning's default
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, i):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Leaser(L.Callback):  # an eval holding step=2.ckpt from step 3 to step 5
+        def on_train_batch_end(self, trainer, *args):
+            path = f"{ckpts}/step=2.ckpt"
+            if trainer.global_step == 3:
+                self.lease = leases.acquire(out, path, ttl=600, holder="test")
+            elif trainer.global_step == 5:  # ModelCheckpoint asked to delete it at step 4
+                open(f"{out}/there-while-leased", "w").write(str(os.path.isfile(path)))
+                leases.release(out, self.lease.id)
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=8, default_root_dir=out, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[JournalCallback(), Leaser(),
+                   ModelCheckpoint(dirpath=ckpts, every_n_train_steps=2, save_top_k=1,
+                                   monitor="step", mode="max", filename="{step}")],
+    )
+    trainer.fit(Tiny(), loader)
+    """
+)
+
+
+def test_a_leased_ckpt_outlives_model_checkpoint_rotation_until_released(tmp_path: Path) -> None:
+    """save_top_k=1 (one process): ModelCheckpoint deletes step=2.ckpt at step 4 while it is
+    leased; the bridge keeps it (checkpoint_kept), deletes it at the first step end after
+    the release (checkpoint_removed), and a watcher leases the .ckpt it delivers."""
+    script = tmp_path / "train_leased.py"
+    script.write_text(LEASED_SCRIPT)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "there-while-leased").read_text() == "True"
+    assert cli("ilab-journal", "validate", str(out)).returncode == 0
+    recs = records(out)
+    path = {s["step"]: s["data"]["checkpoint_path"] for s in recs if s["event"] == "save"}
+    assert sorted(path) == [2, 4, 6, 8]
+    kept = [(r["step"], r["data"]) for r in recs if r["event"] == "checkpoint_kept"]
+    assert kept == [(4, {"checkpoint_path": path[2], "reason": "leased"})]
+    removed = [
+        (r["step"], r["data"]["checkpoint_path"])
+        for r in recs
+        if r["event"] == "checkpoint_removed"
+    ]
+    assert removed == [(6, path[2]), (6, path[4]), (8, path[6])]
+    assert [p for s, p in path.items() if Path(p).exists()] == [path[8]]
+    assert not list((out / "leases").glob("*.json"))
+    # a watcher leases the .ckpt of each save it delivers while the hook runs
+    seen = tmp_path / "seen.txt"
+    watch = cli(
+        "ilab-watch", str(out), "--replay", "--on-save", f"sh -c 'ls {out}/leases > {seen}'"
+    )
+    assert watch.returncode == 0, watch.stderr
+    assert seen.read_text().startswith("lightning_logs%2Fversion_0%2Fcheckpoints%2Fstep=8.ckpt--")
+    assert not list((out / "leases").glob("*.json"))

@@ -1,7 +1,7 @@
 """The checkpoints of the watcher's save deliveries: leases, removals and rotation.
 
-A save being delivered (queued or running) keeps its checkpoint from rotation with a lease.
-Leases are renewed every ``ttl / 3`` by one thread and released when the delivery
+A save being delivered (queued or running) keeps its checkpoint from rotation with a lease
+(a checkpoint directory, or a Lightning ``.ckpt`` file anywhere in the run dir). Leases are renewed every ``ttl / 3`` by one thread and released when the delivery
 completes; a watcher killed with ``kill -9`` stops renewing, so its leases expire after
 ``ttl`` and rotation proceeds. A save whose checkpoint was journaled as removed is not
 leased, and its delivery is skipped. :class:`CheckpointGuard` is the one object the
@@ -21,7 +21,7 @@ from typing import Any
 
 from journal import leases
 from journal.leases import Lease, LeaseError
-from journal.paths import checkpoint_key, checkpoint_root
+from journal.paths import checkpoint_key
 from journal.rotation import prune_finished_run
 from watcher.delivery import Delivery
 from watcher.follow import RunProgress
@@ -57,7 +57,7 @@ class LeaseKeeper:
                 self.ckpt_dir, checkpoint_path, ttl=self.ttl, holder=self.holder, must_exist=False
             )
         except LeaseError:
-            return None  # not a checkpoint directory of this run: nothing to protect
+            return None  # not a checkpoint of this run (dir or .ckpt file): nothing to protect
         except OSError as exc:
             log.warning("cannot lease %s: %s", checkpoint_path, exc)
             return None
@@ -215,5 +215,9 @@ class CheckpointGuard:
                 self._notice(f"cannot apply the run's rotation policy: {exc}")
 
     def _is_run_checkpoint(self, path: str) -> bool:
-        root = checkpoint_root(self.ckpt_dir, os.path.basename(path))
-        return os.path.realpath(os.path.dirname(path)) == os.path.realpath(root)
+        """A checkpoint directory in its root, or a ``.ckpt`` file inside the run dir."""
+        try:
+            leases.checkpoint_name(self.ckpt_dir, path)
+        except LeaseError:
+            return False
+        return True

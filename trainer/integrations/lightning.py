@@ -22,11 +22,17 @@ rank 0 and agreed on by every rank in one ``all_reduce`` of a small tensor at ea
 the same step everywhere: ``stop`` saves a checkpoint and sets ``trainer.should_stop``,
 ``abort`` stops without saving, ``save`` saves one. Each is journaled as a ``control`` record.
 
-Checkpoints: ``ModelCheckpoint`` keeps its own ``save_top_k`` rotation; each file it
-deletes is journaled as ``checkpoint_removed`` (so a watcher knows it is gone). Leases
-(``ilab-watch`` holding a checkpoint while its ``--on-save`` runs) name checkpoint
-directories, which Lightning's single-file checkpoints are not: they do not hold back
-``ModelCheckpoint``'s rotation.
+Checkpoints: ``ModelCheckpoint`` keeps its own ``save_top_k`` rotation, and leases hold it
+back. ``ilab-watch`` leases the ``.ckpt`` file of each ``save`` while its ``--on-save``
+delivery is queued or running (``ilab-journal lease DIR FILE`` takes one by hand); a
+``.ckpt`` file anywhere in the run dir can be leased (journal/leases.py names it by its path
+relative to the run dir). When ``ModelCheckpoint`` asks to delete a leased file, rank 0
+keeps it, journals ``checkpoint_kept`` and looks again at each step end and at train end
+(one listing of ``leases/``): once the lease is released or expired, the file is deleted
+and ``checkpoint_removed`` journaled, the way the journal's own rotation deletes
+(:func:`journal.rotation.remove_unless_leased`). Files outside the run dir cannot be
+leased and are deleted at once. A kept file is not deleted if a later save writes the same
+path again; one still leased when training ends stays on disk.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
+from journal import leases
+from journal.leases import LeaseError
 from journal.paths import checkpoints_dir
+from journal.rotation import remove_unless_leased
 from trainer.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
 from trainer.run_journal import RunJournal
 
@@ -70,15 +79,19 @@ class LightningPosition:
         return 0
 
 
+_ROTATION = "ModelCheckpoint rotation"
+
+
 class JournalCheckpointIO(CheckpointIO):
     """The strategy's own ``CheckpointIO``, with a ``save`` record once a file is written
-    and a ``checkpoint_removed`` record once one is deleted (rank 0: Lightning calls it
-    there only)."""
+    and a ``checkpoint_removed`` record once one is deleted; a leased file is kept until its
+    lease ends (rank 0: Lightning calls it there only)."""
 
     def __init__(self, inner: CheckpointIO, journal: RunJournal) -> None:
         self.inner, self.journal = inner, journal
         self.trigger = "lightning"  # the callback says "control" for the saves it asks for
         self.last: str | None = None  # the newest complete checkpoint
+        self.kept: dict[str, Path] = {}  # lease name -> file, deletions held back by a lease
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -87,6 +100,7 @@ class JournalCheckpointIO(CheckpointIO):
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if Path(path).exists():  # a complete file: the write above returned
             self.last = str(Path(path).resolve())
+            self._forget(Path(self.last))  # written again: no longer to be deleted
             self.journal.emit(
                 "save",
                 {
@@ -105,11 +119,63 @@ class JournalCheckpointIO(CheckpointIO):
         )
 
     def remove_checkpoint(self, path: Any) -> None:
-        self.inner.remove_checkpoint(path)
-        self.journal.emit(
-            "checkpoint_removed",
-            {"checkpoint_path": str(Path(path).resolve()), "reason": "ModelCheckpoint rotation"},
+        """``ModelCheckpoint``'s deletion: at once unless the file is leased, else later
+        (:meth:`remove_released`)."""
+        target = Path(path).resolve()
+        try:
+            name = leases.checkpoint_name(self.journal.dir, target)
+        except LeaseError:  # outside the run dir: no lease can hold it
+            self.inner.remove_checkpoint(path)
+            self._removed(target)
+            return
+        if not self._remove(name, target):
+            self.kept[name] = target
+            log.info("keeping %s: leased", target)
+            self.journal.emit(
+                "checkpoint_kept", {"checkpoint_path": str(target), "reason": "leased"}
+            )
+
+    def remove_released(self) -> None:
+        """Delete the kept files whose leases have ended (rank 0, at step and train end):
+        one listing of ``leases/``, nothing at all while none is kept."""
+        if not self.kept:
+            return
+        held = leases.leased(self.journal.dir, set(self.kept), on_reject=self._refused)
+        for name, target in list(self.kept.items()):
+            if name not in held and self._remove(name, target):
+                del self.kept[name]
+
+    def _remove(self, name: str, target: Path) -> bool:
+        """Delete ``target`` unless leased, journaling ``checkpoint_removed``; True once it
+        is gone."""
+        if not target.exists():  # gone already (by hand): say so all the same
+            self._removed(target)
+            return True
+        if leases.leased(self.journal.dir, {name}, on_reject=self._refused):
+            return False
+        return remove_unless_leased(
+            self.journal.dir,
+            target,
+            name,
+            emit=self.journal.emit,
+            reason=_ROTATION,
+            on_reject=self._refused,
         )
+
+    def _removed(self, target: Path) -> None:
+        self.journal.emit(
+            "checkpoint_removed", {"checkpoint_path": str(target), "reason": _ROTATION}
+        )
+
+    def _refused(self, record: dict[str, Any]) -> None:
+        """A file in ``leases/`` that is not a lease: moved aside, journaled."""
+        self.journal.emit("control", record)
+
+    def _forget(self, target: Path) -> None:
+        """A kept file written again is a new checkpoint: it is no longer to be deleted."""
+        for name, kept in list(self.kept.items()):
+            if kept == target:
+                del self.kept[name]
 
     def teardown(self) -> None:
         self.inner.teardown()
@@ -188,6 +254,8 @@ class JournalCallback(Callback):
             status, reason = "stopped", f"stopped at step {step}"
         else:
             status, reason = "completed", f"reached step {step}"
+        if self.io is not None and not j.ended:
+            self.io.remove_released()  # leases released during the last steps
         j.end({"status": status, "reason": reason, "final_checkpoint": self._last_ckpt()})
         j.close()
 
@@ -239,6 +307,8 @@ class JournalCallback(Callback):
         if bits and trainer.is_global_zero:
             names = "+".join(command_names(bits))
             log.info("control %s applied at step %d", names, trainer.global_step)
+        if self.io is not None:
+            self.io.remove_released()  # kept files whose leases have ended
         j.emit("step_end", {})
 
     # -- metrics and checkpoints ----------------------------------------------------------
