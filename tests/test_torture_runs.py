@@ -31,7 +31,7 @@ from tests.helpers import (
 )
 from tests.test_single_writer import relaunch_after_killing_the_launcher
 
-pytestmark = [pytest.mark.slow, pytest.mark.dist]
+pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(3600)]  # minutes each
 
 
 def test_node_crash_30_times_then_the_run_completes(tmp_path: Path, reliability: Any) -> None:
