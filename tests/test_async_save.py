@@ -57,7 +57,7 @@ def _writing(ckpt: Path) -> bool:
 
 
 def kill_during_background_writes(
-    tmp_path: Path, kills: int, seed: int, steps: int = 40
+    tmp_path: Path, kills: int, seed: int, steps: int = 20
 ) -> dict[str, int]:
     """``kill -9`` of the whole tree while a background write is in flight (each write made
     to last a second longer), ``kills`` times, relaunching each time, with a watcher whose
@@ -145,26 +145,32 @@ def _exported(hf: Path) -> tuple[dict[str, torch.Tensor], str]:
 def test_background_and_later_exports_equal_the_gathered_one(tmp_path: Path) -> None:
     """An asynchronous save's export, made by rank 0 from the written shards off the training
     path, and ``ilab-journal export`` of a checkpoint saved without one, hold exactly what a
-    synchronous save gathers from the ranks."""
-    args = ("--max-steps", "4", "--save-every", "2", "--keep-last-n", "5")
+    synchronous save gathers from the ranks (``--export-every``, ``--export-dtype`` kept)."""
+    args = ("--max-steps", "6", "--save-every", "2", "--keep-last-n", "5", "--export-dtype", "bf16")
     gathered, later = tmp_path / "sync", tmp_path / "async"
     for ckpt, extra in ((gathered, ("--no-async-save",)), (later, ("--export-every", "4"))):
         proc = train(ckpt, *args, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    kinds = {r["step"]: r["data"]["kind"] for r in records(later) if r["event"] == "save"}
-    assert kinds == {2: ["full_state"], 4: ["full_state", "hf"]}
+    saves = {r["step"]: r["data"] for r in records(later) if r["event"] == "save"}
+    assert {s: d["kind"] for s, d in saves.items()} == {
+        2: ["full_state"],
+        4: ["full_state", "hf"],
+        6: ["full_state", "hf"],  # the final save always exports
+    }
+    assert saves[2]["export_skipped"] == "export_every=4"
     step2 = later / "checkpoints" / "step-000002"
     assert not (step2 / "hf").exists()
 
     out = cli("ilab-journal", "export", str(later), "--step", "2", timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(step2 / "hf")
-    for step in ("step-000002", "step-000004"):
+    for step in ("step-000002", "step-000004", "step-000006"):
         want, want_config = _exported(gathered / "checkpoints" / step / "hf")
         got, got_config = _exported(later / "checkpoints" / step / "hf")
         assert got_config == want_config
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want), step
+        assert {t.dtype for t in got.values()} == {torch.bfloat16}  # --export-dtype
     assert not any((later / "leases").glob("*.json"))  # the export's lease is gone
 
     again = cli("ilab-journal", "export", str(later), "--step", "2")
