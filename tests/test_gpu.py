@@ -1,11 +1,10 @@
 """ilab-train on CUDA: NCCL, bf16 compute over fp32 masters, device memory in the journal,
-resume exactness. Marked ``gpu``: they run where CUDA is present (``make test-gpu``, and in
-``make test``) and skip with the reason elsewhere (conftest).
+resume exactness, asynchronous saves. Marked ``gpu``: they run where CUDA is present
+(``make test-gpu``, and in ``make test``) and skip with the reason elsewhere (conftest).
 
 One rank each: NCCL cannot put two ranks on one GPU, so the multi-rank cases stay on gloo
 (the rest of the suite). Each test trains a few steps of the built-in demo. New CUDA cases
-go in a section of their own below (packed against padded losses once packing lands, an
-async save once it lands), built on :func:`gpu_train`.
+go in a section of their own below, built on :func:`gpu_train`.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from journal.paths import logs_dir
 from journal.schema import parse_record
@@ -238,3 +238,41 @@ def test_packed_fused_and_compiled_training_matches_padded_in_bf16(tmp_path: Pat
     assert kernels["all"]["compile"] is True and kernels["all"]["fused_adamw"] is True
     for name in ("packed", "all"):
         assert losses[name] == pytest.approx(losses["padded"], rel=2e-2), name
+
+
+# -- asynchronous saves on CUDA -------------------------------------------------------------
+
+
+def test_async_save_on_cuda_writes_what_a_synchronous_save_gathers(tmp_path: Path) -> None:
+    """An asynchronous save stages CUDA tensors into reused pinned host buffers with
+    non-blocking copies. Each checkpoint's export (made from the written shards) holds the
+    weights that a synchronous save gathers from the GPU at the same step: a copy read before
+    it landed, or a buffer still holding the previous save, would not. fp32 on both sides;
+    the tolerance allows for CUDA's non-deterministic reductions and is far below one
+    step's change, which the test checks too."""
+    from safetensors.torch import load_file
+
+    args = ("--max-steps", "6", "--save-every", "2", "--keep-last-n", "5")
+    args += ("--mixed-precision", "fp32")
+    exports: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, extra in (("async", ("--async-save",)), ("sync", ("--no-async-save",))):
+        ckpt = tmp_path / name
+        gpu_train(ckpt, *args, *extra)
+        saves = [r for r in records(ckpt) if r["event"] == "save"]
+        assert [s["step"] for s in saves] == [2, 4, 6]
+        assert {s["data"].get("async", False) for s in saves} == {name == "async"}
+        exports[name] = {
+            s["step"]: load_file(
+                str(Path(s["data"]["checkpoint_path"]) / "hf" / "model.safetensors")
+            )
+            for s in saves
+        }
+    for step in (2, 4, 6):
+        got, want = exports["async"][step], exports["sync"][step]
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), (step, key)
+    moved = exports["sync"][4]
+    assert any(
+        not torch.allclose(exports["sync"][2][k], moved[k], rtol=1e-5, atol=1e-6) for k in moved
+    )  # one step's change is above the tolerance: a stale buffer would fail the test
