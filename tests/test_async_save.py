@@ -172,6 +172,8 @@ def test_background_and_later_exports_equal_the_gathered_one(tmp_path: Path) -> 
         assert all(torch.equal(got[k], want[k]) for k in want), step
         assert {t.dtype for t in got.values()} == {torch.bfloat16}  # --export-dtype
     assert not any((later / "leases").glob("*.json"))  # the export's lease is gone
+    console = "".join(p.read_text() for p in (later / "logs").glob("launch-*.log"))
+    assert "torch.distributed is disabled" not in console  # torch's noise stays out of it
 
     again = cli("ilab-journal", "export", str(later), "--step", "2")
     assert again.returncode == 0 and again.stdout.strip().endswith("(already exported)")

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -38,6 +39,14 @@ log = logging.getLogger(__name__)
 
 MODEL_PREFIX = "model."  # the model's entries in a checkpoint's full_state (see checkpoint.py)
 EXPORT_DIR_NAME = "hf"
+
+# dcp.load warns that it "assumes the intent is to load in a single process" even when told
+# so (no_dist=True, below): on every export that line reached the user's console.
+warnings.filterwarnings(
+    "ignore",
+    message="torch.distributed is disabled, unavailable or uninitialized",
+    category=UserWarning,
+)
 LEASE_TTL_S = 3600.0  # renewed by nobody: a long conversion must not outlive it by much
 
 
