@@ -63,7 +63,7 @@ def rotate(
         emit: journals a ``checkpoint_removed`` record.
         root: where the checkpoints are (default: ``checkpoints/``).
     """
-    _finish_interrupted_removals(ckpt_dir, emit, root)
+    finish_interrupted_removals(ckpt_dir, emit, root)
     if not keep_last_n:
         return []
     found = list_checkpoints(ckpt_dir, root)
@@ -118,8 +118,10 @@ def _why(keep_last_n: int) -> str:
     return f"rotation: keep_last_n={keep_last_n}, not the best, not leased"
 
 
-def _finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = None) -> None:
-    """A crash between renaming aside and deleting leaves ``.removing-*``: finish the job."""
+def finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = None) -> None:
+    """A crash between renaming aside and deleting leaves ``.removing-*`` (a checkpoint
+    directory, or a single file such as Lightning's ``.ckpt``) in ``root`` (default: the
+    run's ``checkpoints/``): finish the job, journaling each as removed."""
     root = checkpoints_dir(ckpt_dir) if root is None else root
     try:
         names = os.listdir(root)
@@ -135,7 +137,11 @@ def _finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None =
                     "reason": "rotation (finishing an interrupted removal)",
                 },
             )
-            shutil.rmtree(root / name, ignore_errors=True)
+            aside = root / name
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                aside.unlink(missing_ok=True)
 
 
 def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:

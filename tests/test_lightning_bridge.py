@@ -218,10 +218,15 @@ LEASED_SCRIPT = textwrap.dedent(
 def test_a_leased_ckpt_outlives_model_checkpoint_rotation_until_released(tmp_path: Path) -> None:
     """save_top_k=1 (one process): ModelCheckpoint deletes step=2.ckpt at step 4 while it is
     leased; the bridge keeps it (checkpoint_kept), deletes it at the first step end after
-    the release (checkpoint_removed), and a watcher leases the .ckpt it delivers."""
+    the release (checkpoint_removed), and a watcher leases the .ckpt it delivers. A .ckpt
+    an earlier attempt left half deleted is removed at the start."""
     script = tmp_path / "train_leased.py"
     script.write_text(LEASED_SCRIPT)
     out = tmp_path / "out"
+    # an earlier attempt died between renaming a .ckpt aside and deleting it
+    ckpts = out / "lightning_logs" / "version_0" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / ".removing-step=0.ckpt").write_bytes(b"half deleted")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(script), str(out)],
@@ -244,7 +249,8 @@ def test_a_leased_ckpt_outlives_model_checkpoint_rotation_until_released(tmp_pat
         for r in recs
         if r["event"] == "checkpoint_removed"
     ]
-    assert removed == [(6, path[2]), (6, path[4]), (8, path[6])]
+    assert removed == [(0, str(ckpts / "step=0.ckpt")), (6, path[2]), (6, path[4]), (8, path[6])]
+    assert not (ckpts / ".removing-step=0.ckpt").exists()  # finished at the start
     assert [p for s, p in path.items() if Path(p).exists()] == [path[8]]
     assert not list((out / "leases").glob("*.json"))
     # a watcher leases the .ckpt of each save it delivers while the hook runs

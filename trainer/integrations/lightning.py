@@ -51,7 +51,7 @@ from lightning.pytorch.callbacks import Callback
 from journal import leases
 from journal.leases import LeaseError
 from journal.paths import checkpoints_dir
-from journal.rotation import remove_unless_leased
+from journal.rotation import finish_interrupted_removals, remove_unless_leased
 from trainer.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
 from trainer.run_journal import RunJournal
 
@@ -229,6 +229,9 @@ class JournalCallback(Callback):
             trainer="lightning.pytorch.Trainer",
             resumed_from=str(trainer.ckpt_path) if trainer.ckpt_path else None,
         )
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if dirpath and self.journal.main:  # a file an earlier attempt died deleting
+            finish_interrupted_removals(self.journal.dir, self.journal.emit, Path(dirpath))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._end(trainer)
