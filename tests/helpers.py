@@ -80,7 +80,23 @@ BIN = _scripts_dir()
 # In-process code (run_training's preflight) and every subprocess that inherits os.environ
 # then see none, so the suite passes alike with 0, 1 or 8 GPUs. Tests marked gpu get the
 # machine's real value back (conftest's autouse fixture; `real_gpu_env` for their commands).
-REAL_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+# pytest-xdist's workers (make test) inherit the first pytest process's environment, GPUs
+# already hidden: that process hands the machine's value on in REAL_GPUS_ENV.
+REAL_GPUS_ENV = "ILAB_TEST_REAL_CUDA_VISIBLE_DEVICES"
+_UNSET = "<unset>"
+
+
+def _real_cuda_visible_devices() -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as the machine has it (None: unset), passed on to children."""
+    carried = os.environ.get(REAL_GPUS_ENV)
+    if carried is not None:
+        return None if carried == _UNSET else carried
+    real = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ[REAL_GPUS_ENV] = _UNSET if real is None else real
+    return real
+
+
+REAL_CUDA_VISIBLE_DEVICES = _real_cuda_visible_devices()
 
 
 def real_gpu_env(env: dict[str, str] | None = None) -> dict[str, str]:
