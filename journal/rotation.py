@@ -107,11 +107,17 @@ def remove_unless_leased(
         os.rename(aside, path)
         return False
     emit("checkpoint_removed", {"checkpoint_path": str(path), "reason": reason})
-    if aside.is_dir():
+    _delete(aside)
+    return True
+
+
+def _delete(aside: Path) -> None:
+    """Delete a checkpoint renamed aside: a directory with what it holds, else the file (or a
+    link, never what it points to)."""
+    if aside.is_dir() and not aside.is_symlink():
         shutil.rmtree(aside, ignore_errors=True)
     else:
         aside.unlink(missing_ok=True)
-    return True
 
 
 def _why(keep_last_n: int) -> str:
@@ -137,11 +143,7 @@ def finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = 
                     "reason": "rotation (finishing an interrupted removal)",
                 },
             )
-            aside = root / name
-            if aside.is_dir() and not aside.is_symlink():
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                aside.unlink(missing_ok=True)
+            _delete(root / name)
 
 
 def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:

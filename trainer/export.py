@@ -66,7 +66,7 @@ def read_model_state(full_state: Path) -> dict[str, torch.Tensor]:
     }
     dcp.load(
         {"model": state},
-        storage_reader=SafeReader(full_state),
+        storage_reader=reader,
         planner=SafeLoadPlanner(full_state),
         no_dist=True,
     )
@@ -112,13 +112,16 @@ def run_writer(ckpt_dir: Path) -> ConsolidatedWriter:
     return consolidated_writer(args)
 
 
-def export_checkpoint(ckpt_dir: Path, step: int | None = None, *, force: bool = False) -> Path:
-    """``ilab-journal export``: the consolidated model of a saved checkpoint, in its ``hf/``.
-    A checkpoint that has one already is left as it is unless ``force``."""
+def export_checkpoint(
+    ckpt_dir: Path, step: int | None = None, *, force: bool = False
+) -> tuple[Path, bool]:
+    """``ilab-journal export``: the consolidated model of a saved checkpoint, in its ``hf/``,
+    and whether it was written now. A checkpoint that has one already is left as it is
+    unless ``force``."""
     checkpoint = find_checkpoint(ckpt_dir, step)
     out = checkpoint / EXPORT_DIR_NAME
     if out.exists() and not force:
-        return out
+        return out, False
     try:
         lease = leases.acquire(ckpt_dir, checkpoint, ttl=LEASE_TTL_S, holder="ilab-journal export")
     except LeaseError as exc:
@@ -126,7 +129,7 @@ def export_checkpoint(ckpt_dir: Path, step: int | None = None, *, force: bool = 
     try:
         if out.exists():
             shutil.rmtree(out)
-        return export_from_shards(checkpoint, run_writer(ckpt_dir))
+        return export_from_shards(checkpoint, run_writer(ckpt_dir)), True
     finally:
         leases.drop(ckpt_dir, lease)
 
@@ -140,12 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        before = (find_checkpoint(ns.dir, ns.step) / EXPORT_DIR_NAME).exists()
-        out = export_checkpoint(ns.dir, ns.step, force=ns.force)
+        out, written = export_checkpoint(ns.dir, ns.step, force=ns.force)
     except (ExportError, CheckpointError, OSError) as exc:
         print(f"ilab-journal export: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, OSError) else 2
-    print(f"{out}{' (already exported)' if before and not ns.force else ''}")
+    print(f"{out}{'' if written else ' (already exported)'}")
     return 0
 
 

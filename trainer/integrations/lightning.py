@@ -142,17 +142,22 @@ class JournalCheckpointIO(CheckpointIO):
             return
         held = leases.leased(self.journal.dir, set(self.kept), on_reject=self._refused)
         for name, target in list(self.kept.items()):
-            if name not in held and self._remove(name, target):
+            if name not in held and self._delete(name, target):
                 del self.kept[name]
 
     def _remove(self, name: str, target: Path) -> bool:
         """Delete ``target`` unless leased, journaling ``checkpoint_removed``; True once it
         is gone."""
+        if target.exists() and leases.leased(self.journal.dir, {name}, on_reject=self._refused):
+            return False
+        return self._delete(name, target)
+
+    def _delete(self, name: str, target: Path) -> bool:
+        """Delete ``target``, unleased at the last look; True once it is gone (see
+        :func:`journal.rotation.remove_unless_leased`: a lease taken since still wins)."""
         if not target.exists():  # gone already (by hand): say so all the same
             self._removed(target)
             return True
-        if leases.leased(self.journal.dir, {name}, on_reject=self._refused):
-            return False
         return remove_unless_leased(
             self.journal.dir,
             target,
