@@ -230,9 +230,10 @@ def leased(
 ) -> set[str]:
     """Which of the checkpoints ``names`` (see :func:`checkpoint_name`) hold an unexpired
     lease. One directory listing (plain strings: rotation calls this on every save); only
-    the leases of those checkpoints are read. Expired leases found on the way are removed. A file that is not a lease (a
-    FIFO, a symlink, over 64 KiB, no finite ``expires``) holds nothing: it is moved to
-    ``leases/rejected/`` and ``on_reject`` gets the record that journals it."""
+    the leases of those checkpoints are read. Expired leases found on the way are removed.
+    A file that is not a lease (a FIFO, a symlink, over 64 KiB, no finite ``expires``) holds
+    nothing: it is moved to ``leases/rejected/`` and ``on_reject`` gets the record that
+    journals it."""
     now = time.time() if now is None else now
     d = leases_dir(ckpt_dir)
     try:

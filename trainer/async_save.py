@@ -5,10 +5,11 @@ The sharded state is written by DCP in a background thread, on a gloo process gr
 own (never a communicator that training uses). The small files (scheduler, trainer state,
 RNG) are written while training waits. A consolidated model, when one is due, is made from
 the written shards by rank 0's export thread (:mod:`trainer.export`): no rank gathers the
-model or waits for rank 0 to write it. The checkpoint stays under ``.tmp-step-N`` until every rank's write is done; then rank 0 renames
-it into place (export included), and only then does the caller journal the ``save``. So a ``kill -9`` while a
-write is in flight leaves only a ``.tmp-`` directory, which readers, watchers, rotation and
-resume ignore, and the next save removes.
+model or waits for rank 0 to write it. The checkpoint stays under ``.tmp-step-N`` until
+every rank's write is done; then rank 0 renames it into place (export included), and only
+then does the caller journal the ``save``. So a ``kill -9`` while a write is in flight
+leaves only a ``.tmp-`` directory, which readers, watchers, rotation and resume ignore, and
+the next save removes.
 
 At most one save is in flight: the next save waits for it (and that wait is measured).
 Completion is agreed at step boundaries over a second gloo group (one tiny all-reduce per

@@ -1,10 +1,11 @@
 """The checkpoints of the watcher's save deliveries: leases, removals and rotation.
 
 A save being delivered (queued or running) keeps its checkpoint from rotation with a lease
-(a checkpoint directory, or a Lightning ``.ckpt`` file anywhere in the run dir). Leases are renewed every ``ttl / 3`` by one thread and released when the delivery
-completes; a watcher killed with ``kill -9`` stops renewing, so its leases expire after
-``ttl`` and rotation proceeds. A save whose checkpoint was journaled as removed is not
-leased, and its delivery is skipped. :class:`CheckpointGuard` is the one object the
+(a checkpoint directory, or a Lightning ``.ckpt`` file anywhere in the run dir). Leases are
+renewed every ``ttl / 3`` by one thread and released when the delivery completes; a
+watcher killed with ``kill -9`` stops renewing, so its leases expire after ``ttl`` and
+rotation proceeds. A save whose checkpoint was journaled as removed is not leased, and its
+delivery is skipped. :class:`CheckpointGuard` is the one object the
 engine, the executor and completion share for all of this.
 """
 
