@@ -62,6 +62,7 @@ Usage (all 17 configurations take longer than one 10-minute call: split them, --
   python benchmarks/bench_gpu.py --only var --merge        # + the 8 variable-length rows
   python benchmarks/bench_gpu.py --only '^(hf|ilab)$' --steps 5 --quick   # a quick look
   python benchmarks/bench_gpu.py --cpu-smoke               # the harness, on CPU
+  python benchmarks/bench_gpu.py --only default --profile 2   # + where the step time goes
 """
 
 from __future__ import annotations
@@ -639,8 +640,11 @@ def run_ilab(cfg: Config, ctx: Ctx, row: Row) -> None:
     out.mkdir(parents=True, exist_ok=True)
     conf = out / "ilab.yaml"
     conf.write_text("save_final: false\nsave_at_epoch_end: false\nsave_hf: false\nkeep_last_n: 1\n")
-    total = row.warmup_steps + ctx.args.steps
+    timed_end = row.warmup_steps + ctx.args.steps
+    total = timed_end + ctx.args.profile
     cmd = ilab_command(cfg, ctx, ckpt, conf, total)
+    if ctx.args.profile:  # extra steps after the timed ones, profiled (they run slower)
+        cmd += ["--profile-steps", f"{timed_end + 1}:{total}"]
     row.command = " ".join(["ilab-train", *cmd[cmd.index("--config") :]])
     proc = run_proc(cmd, out, ctx.args.timeout, child_env(ctx.cuda))
     records = ilab_records(ckpt)
@@ -653,6 +657,22 @@ def run_ilab(cfg: Config, ctx: Ctx, row: Row) -> None:
         row.details["journal_steps_logged"] = logged
         raise Failed(failure_reason([t for t in texts if t]))
     ilab_reduce(records, cfg, ctx, row)
+    if ctx.args.profile:
+        keep_profile(ckpt, cfg, row)
+
+
+def keep_profile(ckpt: Path, cfg: Config, row: Row) -> None:
+    """Copy rank 0's profile summary beside the results; its headline goes in the row."""
+    found = sorted((ckpt / "logs" / "profile").glob("rank-0-steps-*.txt"))
+    if not found:
+        row.details["profile"] = "no profile written"
+        return
+    dest = RESULTS / "profiles" / f"{cfg.name}.txt"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    text = found[0].read_text()
+    dest.write_text(text)
+    row.details["profile"] = text.splitlines()[0]
+    print(f"  profile of {cfg.name}: {row.details['profile']} ({dest})", flush=True)
 
 
 def ilab_records(ckpt: Path) -> list[dict[str, Any]]:
@@ -698,7 +718,8 @@ def ilab_reduce(records: list[dict[str, Any]], cfg: Config, ctx: Ctx, row: Row) 
     logs = {r["step"]: r["data"] for r in records if r["event"] == "log"}
     ends = {r["step"]: r["ts"] for r in records if r["event"] == "step_end"}
     begin = next((r["data"] for r in records if r["event"] == "train_begin"), {})
-    timed = [s for s in sorted(logs) if s > row.warmup_steps]
+    timed_end = row.warmup_steps + ctx.args.steps  # profiled steps come after these
+    timed = [s for s in sorted(logs) if row.warmup_steps < s <= timed_end]
     if not timed:
         raise Failed(f"no log records after the {row.warmup_steps} warmup steps")
     data = [logs[s] for s in timed]
@@ -1030,6 +1051,14 @@ def parse_args() -> argparse.Namespace:
         help="prove the harness on CPU: --tiny, fp32, 2 timed steps, the smoke configs",
     )
     ap.add_argument("--merge", action="store_true", help="keep earlier rows not run now")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="ilab-train rows: N more steps after the timed ones under torch.profiler "
+        "(--profile-steps); their summary goes to benchmarks/results/profiles/CONFIG.txt",
+    )
     ap.add_argument("--hf-optim", default="adamw_torch_fused", help="HF TrainingArguments.optim")
     ap.add_argument("--hf-attn", default="sdpa", help="HF attn_implementation")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)

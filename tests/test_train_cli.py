@@ -24,6 +24,8 @@ from trainer.config import TrainingArgs, WorkerConfig
         (["--demo", "--keep-best", "accuracy"], "--keep-best: 'accuracy': expected METRIC:max"),
         (["--demo", "--model-path", "/nonexistent"], "Path '/nonexistent' does not exist"),
         (["--demo", "--dropout", "1"], "--dropout: Input should be less than 1"),
+        (["--demo", "--profile-steps", "5-7"], "--profile-steps: expected A:B or N"),
+        (["--demo", "--profile-steps", "7:5"], "--profile-steps: expected steps 1 <= A <= B"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import subprocess
@@ -29,6 +30,8 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "6",
         "--journal-detail",
         "microbatch",
+        "--profile-steps",
+        "2:3",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return ckpt
@@ -98,6 +101,25 @@ def test_payloads_carry_the_documented_fields(short_run: Path) -> None:
         end["status"] == "completed"
         and end["final_checkpoint"] == saves[-1]["data"]["checkpoint_path"]
     )
+
+
+def test_profiled_steps_leave_a_trace_and_a_table_of_ops_on_every_rank(short_run: Path) -> None:
+    """``--profile-steps 2:3``: each rank writes a Chrome trace and the costliest ops of those
+    steps under logs/profile/, and says where in its log."""
+    profile_dir = short_run / "logs" / "profile"
+    for rank in (0, 1):
+        stem = profile_dir / f"rank-{rank}-steps-2-3"
+        trace = json.loads(gzip.decompress(stem.with_suffix(".json.gz").read_bytes()))
+        ops = {e.get("name") for e in trace["traceEvents"]}
+        assert "Optimizer.step#AdamW.step" in ops and "aten::mm" in ops
+        summary = stem.with_suffix(".txt").read_text()
+        assert summary.startswith("steps 2-3: ") and "s a step (under the profiler)" in summary
+        assert "Self CPU" in summary and "aten::mm" in summary
+        rank_log = (short_run / "logs" / f"rank-{rank}.log").read_text()
+        assert "profile: steps 2-3: " in rank_log and str(stem.with_suffix(".txt")) in rank_log
+    assert sorted(p.name for p in profile_dir.iterdir()) == [
+        f"rank-{r}-steps-2-3.{ext}" for r in (0, 1) for ext in ("json.gz", "txt")
+    ]
 
 
 def test_loss_decreases_on_the_demo_task(short_run: Path) -> None:

@@ -46,6 +46,7 @@ OVERRIDES: dict[str, Override] = {
     "model_path": Override(type=click.Path(exists=True, path_type=Path)),
     "effective_batch_size": Override("--batch-size"),
     "keep_best": Override(metavar="METRIC:max|min"),
+    "profile_steps": Override(metavar="A:B"),
     "export_every": Override(type=click.IntRange(min=1)),
     "pg_timeout_s": Override("--pg-timeout", click.FloatRange(min=0, min_open=True)),
 }

@@ -22,6 +22,22 @@ CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
 
 
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+    """``"A:B"`` (steps A to B, both included) or ``"N"`` (step N alone) -> ``(A, B)``.
+
+    Raises ValueError (one line, naming the expected form) for anything else."""
+    parts = spec.split(":")
+    try:
+        if len(parts) not in (1, 2):
+            raise ValueError
+        first, last = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise ValueError(f"expected A:B or N (steps, e.g. 5:7), got {spec!r}") from None
+    if first < 1 or last < first:
+        raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
+    return first, last
+
+
 class ModelConfig(BaseModel):
     """The built-in decoder-only transformer (byte-level vocabulary)."""
 
@@ -263,6 +279,12 @@ class TrainingArgs(BaseModel):
         description="torch.compile each transformer block (regional compilation; auto: on "
         "with CUDA).",
     )
+    profile_steps: str | None = Field(
+        None,
+        description="Profile steps A to B (A:B, or N for one step) with torch.profiler on "
+        "every rank: a Chrome trace and a table of the costliest ops in logs/profile/ (and, "
+        "on a GPU, how busy the device was).",
+    )
     pg_timeout_s: float = Field(
         1800.0,
         gt=0,
@@ -292,6 +314,13 @@ class TrainingArgs(BaseModel):
     on_control: CallbackField = Field(None, exclude=True)
     on_report: CallbackField = Field(None, exclude=True)
     on_checkpoint_removed: CallbackField = Field(None, exclude=True)
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _profile_range(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_profile_steps(v)  # raises ValueError with the expected form
+        return v
 
     @field_validator("keep_best")
     @classmethod

@@ -29,15 +29,16 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from journal.paths import checkpoints_dir, step_dir_name
+from journal.paths import checkpoints_dir, logs_dir, step_dir_name
 from trainer import checkpoint as ckpt
 from trainer.async_save import AsyncCheckpointer, CheckpointWriteError, PendingSave
 from trainer.build import check_fp32_master, compute_dtype
-from trainer.config import TrainingArgs
+from trainer.config import TrainingArgs, parse_profile_steps
 from trainer.control_poller import command_names
 from trainer.data import StepPlan
 from trainer.decisions import EndReason, decide, export_decision
 from trainer.lora import export_kind
+from trainer.profiling import StepProfiler
 from trainer.run_journal import RunJournal
 from trainer.startup import Built
 from trainer.step_metrics import StepMetrics, log_payload, reset_peak_memory
@@ -89,12 +90,15 @@ class Trainer:
         self.flags_host = torch.zeros(2, pin_memory=device.type == "cuda")
         self.precision_checked = False
         self.saver = AsyncCheckpointer() if args.async_save else None
+        steps = parse_profile_steps(args.profile_steps) if args.profile_steps else None
+        self.profiler = StepProfiler(steps, logs_dir(args.ckpt_dir) / "profile", self.rank, device)
 
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> RunOutcome:
         """Train; an asynchronous save still in flight is waited for before the outcome."""
         out = self._train()
+        self.profiler.close()  # the run ended inside the profiled steps
         if self.saver is not None:
             self._journal_save(self.saver.wait())
         out.final_checkpoint = self._final_path()
@@ -128,6 +132,7 @@ class Trainer:
         st = self.state
         t0 = time.perf_counter()
         st.step += 1
+        self.profiler.step_begin(st.step)
         self.journal.emit("step_begin")
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
@@ -153,6 +158,7 @@ class Trainer:
         elif self.saver is not None:  # the background write done on every rank: journal it
             self._journal_save(self.saver.poll())
         self.journal.emit("step_end", {"loss": m.loss})
+        self.profiler.step_end(st.step)
         return self._ending(act.end, applied) if act.end else None
 
     # -- the parts of a step ---------------------------------------------------------------

@@ -26,7 +26,9 @@ def build_optimizer(
     model: torch.nn.Module, args: TrainingArgs, total_steps: int, fused: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the (sharded) trainable parameters, with warmup then cosine decay. ``fused``: one
-    CUDA kernel for every parameter's update (no per-parameter launches)."""
+    CUDA kernel for every parameter's update (no per-parameter launches). Otherwise the
+    multi-tensor (foreach) ops, which torch leaves off on CPU: on FSDP2's DTensor parameters
+    every op is a Python dispatch, and the per-parameter loop costs several per parameter."""
     opt = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         lr=args.lr,
@@ -34,6 +36,7 @@ def build_optimizer(
         eps=args.adam_eps,
         weight_decay=args.weight_decay,
         fused=fused or None,
+        foreach=None if fused else True,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(args.warmup_steps, total_steps, args.min_lr_ratio)
