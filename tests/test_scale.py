@@ -216,19 +216,8 @@ def reduce_scatters(counts: dict[str, int]) -> int:
     return sum(counts.get(name, 0) for name in names)
 
 
-def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
-    """Recomputing each block in backward changes memory, not the math (fp32, fixed seed)."""
-    losses = {}
-    for name, extra in (("plain", ()), ("ac", ("--activation-checkpointing",))):
-        ckpt = tmp_path / name
-        proc = train(ckpt, "--max-steps", "3", *extra)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        losses[name] = [r["data"]["loss"] for r in records(ckpt) if r["event"] == "log"]
-    assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
-    assert losses["ac"] == pytest.approx(losses["plain"], rel=1e-5)
-
-
 def _losses_by_sharding(tmp_path: Path, runs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The losses of 3-step demo runs, one per named set of flags."""
     losses = {}
     for name, extra in runs.items():
         ckpt = tmp_path / name
@@ -238,12 +227,30 @@ def _losses_by_sharding(tmp_path: Path, runs: dict[str, tuple[str, ...]]) -> dic
     return losses
 
 
-def test_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The reference the variants below must match: 3 demo steps with the defaults (full
+    sharding, no activation checkpointing), run once for the module."""
+    config = {"plain": ("--sharding", "full")}
+    return list(_losses_by_sharding(tmp_path_factory.mktemp("plain"), config)["plain"])
+
+
+def test_activation_checkpointing_gives_the_same_losses(
+    tmp_path: Path, plain_losses: list[float]
+) -> None:
+    """Recomputing each block in backward changes memory, not the math (fp32, fixed seed)."""
+    losses = _losses_by_sharding(tmp_path, {"ac": ("--activation-checkpointing",)})
+    assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
+    assert losses["ac"] == pytest.approx(plain_losses, rel=1e-5)
+
+
+def test_sharding_strategies_train_the_same_model(
+    tmp_path: Path, plain_losses: list[float]
+) -> None:
     """replicate (a whole copy per rank, DDP) changes where memory and collectives go, not
     the losses; the checkpoint of a replicated run resumes like any other."""
-    runs = {"full": ("--sharding", "full"), "replicate": ("--sharding", "replicate")}
-    losses = _losses_by_sharding(tmp_path, runs)
-    assert losses["replicate"] == pytest.approx(losses["full"], rel=1e-5)
+    losses = _losses_by_sharding(tmp_path, {"replicate": ("--sharding", "replicate")})
+    assert losses["replicate"] == pytest.approx(plain_losses, rel=1e-5)
     proc = train(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate")
     assert proc.returncode == 0, proc.stderr[-3000:]
     begins = [r for r in records(tmp_path / "replicate") if r["event"] == "train_begin"]
