@@ -9,6 +9,7 @@ go in a section of their own below, built on :func:`gpu_train`.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +74,7 @@ def logged(ckpt: Path, attempt: int | None = None) -> list[dict[str, Any]]:
 
 def test_single_rank_nccl_run_journals_device_and_memory(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
-    gpu_train(ckpt, "--max-steps", "6")
+    gpu_train(ckpt, "--max-steps", "6", "--profile-steps", "5:6")
     recs = records(ckpt)
     for r in recs:
         parse_record(r)  # every payload validates against its model
@@ -88,6 +89,12 @@ def test_single_rank_nccl_run_journals_device_and_memory(tmp_path: Path) -> None
         assert isinstance(peak, int) and peak >= now, r  # the step's peak, at least what stays
     assert recs[-1]["event"] == "train_end" and recs[-1]["data"]["status"] == "completed"
     assert cli("ilab-journal", "validate", str(ckpt)).returncode == 0
+    # --profile-steps on CUDA: kernels recorded, and the share of the step they kept it busy
+    summary = (ckpt / "logs" / "profile" / "rank-0-steps-5-6.txt").read_text()
+    headline = summary.splitlines()[0]
+    busy = r"device busy [0-9.]+ s a step \(\d+ %\)"
+    assert re.fullmatch(rf"steps 5-6: [0-9.]+ s a step \(under the profiler\); {busy}", headline)
+    assert "Self CUDA" in summary or "Self Device" in summary
 
 
 # -- bf16 compute, fp32 masters -----------------------------------------------------------
