@@ -208,6 +208,35 @@ def test_replay_into_a_file_store_continues_one_run_across_a_resume(
     assert [Path(f.path).name for f in files] == ["weights.txt"]
 
 
+def test_hooks_run_out_of_order_keep_the_newest_attempt_and_ending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher runs hooks of different events in different threads: a resumed run's
+    final train_end may be handled before the train_begins. The run still ends completed,
+    tagged with the newest attempt (a replay in the suite lost the tag this way)."""
+    from watcher.callbacks import Event
+    from watcher.mlflow_export import MlflowExport
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = (tmp_path / "mlruns").as_uri()
+    export = MlflowExport(store)
+
+    def deliver(seq: int, name: str, attempt: int, **data: Any) -> None:
+        rec = {"event": name, "seq": seq, "run_id": "r1", "attempt": attempt, "ts": 1e9 + seq}
+        event = Event.from_record({**rec, "data": data}, str(tmp_path / "run"), f"d{seq}")
+        getattr(export, f"on_{name}")(event, **data)
+
+    deliver(20, "train_end", 2, status="completed")
+    deliver(12, "train_begin", 2, config={"lr": 0.002})
+    deliver(8, "train_end", 1, status="interrupted", reason="SIGTERM")
+    deliver(0, "train_begin", 1, config={"lr": 0.001})
+    client = mlflow_tracking.MlflowClient(store)
+    run = only_run(client, "ilab-journal")
+    assert run.data.tags["ilab.attempt"] == "2"
+    assert run.data.tags["ilab.status"] == "completed" and "ilab.reason" not in run.data.tags
+    assert run.info.status == "FINISHED"
+
+
 def test_an_unreachable_tracking_server_is_one_line(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     with JournalWriter(ckpt) as w:

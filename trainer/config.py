@@ -17,25 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
+from trainer.profiling import parse_profile_steps
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
-
-
-def parse_profile_steps(spec: str) -> tuple[int, int]:
-    """``"A:B"`` (steps A to B, both included) or ``"N"`` (step N alone) -> ``(A, B)``.
-
-    Raises ValueError (one line, naming the expected form) for anything else."""
-    parts = spec.split(":")
-    try:
-        if len(parts) not in (1, 2):
-            raise ValueError
-        first, last = int(parts[0]), int(parts[-1])
-    except ValueError:
-        raise ValueError(f"expected A:B or N (steps, e.g. 5:7), got {spec!r}") from None
-    if first < 1 or last < first:
-        raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
-    return first, last
 
 
 class ModelConfig(BaseModel):

@@ -33,12 +33,12 @@ from journal.paths import checkpoints_dir, logs_dir, step_dir_name
 from trainer import checkpoint as ckpt
 from trainer.async_save import AsyncCheckpointer, CheckpointWriteError, PendingSave
 from trainer.build import check_fp32_master, compute_dtype
-from trainer.config import TrainingArgs, parse_profile_steps
+from trainer.config import TrainingArgs
 from trainer.control_poller import command_names
 from trainer.data import StepPlan
 from trainer.decisions import EndReason, decide, export_decision
 from trainer.lora import export_kind
-from trainer.profiling import StepProfiler
+from trainer.profiling import StepProfiler, parse_profile_steps
 from trainer.run_journal import RunJournal
 from trainer.startup import Built
 from trainer.step_metrics import StepMetrics, log_payload, reset_peak_memory

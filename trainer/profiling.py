@@ -19,15 +19,32 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+if TYPE_CHECKING:  # torch is imported where a profile is taken: the launcher parses the
+    import torch  # option (parse_profile_steps) and must not import torch for it
+    from torch.profiler import profile
 
 log = logging.getLogger("trainer")
 
 #: Rows of the op table in the ``.txt`` summary.
 TOP_OPS = 30
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+    """``"A:B"`` (steps A to B, both included) or ``"N"`` (step N alone) -> ``(A, B)``.
+
+    Raises ValueError (one line, naming the expected form) for anything else."""
+    parts = spec.split(":")
+    try:
+        if len(parts) not in (1, 2):
+            raise ValueError
+        first, last = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise ValueError(f"expected A:B or N (steps, e.g. 5:7), got {spec!r}") from None
+    if first < 1 or last < first:
+        raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
+    return first, last
 
 
 class StepProfiler:
@@ -50,6 +67,8 @@ class StepProfiler:
             return
         if step > self.steps[1]:
             return  # a resume past the range: nothing to record
+        from torch.profiler import ProfilerActivity, profile
+
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
@@ -70,6 +89,8 @@ class StepProfiler:
         prof, self._prof = self._prof, None
         if prof is None:
             return
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the recorded kernels have all ended
         wall_s = time.perf_counter() - self._t0
@@ -90,6 +111,8 @@ class StepProfiler:
         head = f"steps {first}-{last}: {wall_s / steps:.3f} s a step (under the profiler)"
         if self.device.type != "cuda":
             return head
+        from torch.autograd import DeviceType
+
         # Kernels of one stream do not overlap: their summed time is the time the device was
         # busy (an upper bound where streams overlap, e.g. NCCL beside compute).
         kernels = (e for e in prof.events() if e.device_type == DeviceType.CUDA)

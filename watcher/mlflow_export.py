@@ -128,6 +128,9 @@ class MlflowExport(MetricsExport):
             run.params.update(p.key for p in new)
             if self._newer(run, event):
                 self.client.update_run(run.id, status="RUNNING")
+            # The newest attempt, whatever order the hooks ran in: a later train_end handled
+            # first makes this train_begin "not newer" for the status, not for the attempt.
+            if event.attempt > int(run.tags.get("ilab.attempt", "0")):
                 self._tag(run, "ilab.attempt", str(event.attempt))
 
     def on_save(self, event: Event, **data: Any) -> None:
