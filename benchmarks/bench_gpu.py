@@ -656,7 +656,7 @@ def run_ilab(cfg: Config, ctx: Ctx, row: Row) -> None:
         texts = [ilab_error(end), proc.err, *ilab_logs(ckpt)]
         row.details["journal_steps_logged"] = logged
         raise Failed(failure_reason([t for t in texts if t]))
-    ilab_reduce(records, cfg, ctx, row)
+    ilab_reduce(records, cfg, ctx, row, timed_end)
     if ctx.args.profile:
         keep_profile(ckpt, cfg, row)
 
@@ -713,12 +713,14 @@ BEGIN_KEYS = {
 SETTING = re.compile(r"pack|fused|compile|atten|loss|kernel")
 
 
-def ilab_reduce(records: list[dict[str, Any]], cfg: Config, ctx: Ctx, row: Row) -> None:
-    """Tokens/s, peak memory and padding of the timed steps, from the journal."""
+def ilab_reduce(
+    records: list[dict[str, Any]], cfg: Config, ctx: Ctx, row: Row, timed_end: int
+) -> None:
+    """Tokens/s, peak memory and padding of the timed steps (after the warmup, up to
+    ``timed_end``: profiled steps come after it), from the journal."""
     logs = {r["step"]: r["data"] for r in records if r["event"] == "log"}
     ends = {r["step"]: r["ts"] for r in records if r["event"] == "step_end"}
     begin = next((r["data"] for r in records if r["event"] == "train_begin"), {})
-    timed_end = row.warmup_steps + ctx.args.steps  # profiled steps come after these
     timed = [s for s in sorted(logs) if row.warmup_steps < s <= timed_end]
     if not timed:
         raise Failed(f"no log records after the {row.warmup_steps} warmup steps")

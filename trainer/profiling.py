@@ -63,10 +63,12 @@ class StepProfiler:
         self._t0 = 0.0
 
     def step_begin(self, step: int) -> None:
-        if self.steps is None or self._prof is not None or not self.steps[0] <= step:
-            return
-        if step > self.steps[1]:
-            return  # a resume past the range: nothing to record
+        if (
+            self.steps is None
+            or self._prof is not None
+            or not self.steps[0] <= step <= self.steps[1]
+        ):
+            return  # not asked for, recording already, or outside the range (a resume past it)
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
@@ -95,7 +97,7 @@ class StepProfiler:
             torch.cuda.synchronize(self.device)  # the recorded kernels have all ended
         wall_s = time.perf_counter() - self._t0
         prof.__exit__(None, None, None)
-        first, last = self._first_recorded, max(self._last_recorded, self._first_recorded)
+        first, last = self._first_recorded, self._last_recorded  # step_end ran for each step
         self.out_dir.mkdir(parents=True, exist_ok=True)
         stem = self.out_dir / f"rank-{self.rank}-steps-{first}-{last}"
         trace = stem.with_suffix(".json.gz")
