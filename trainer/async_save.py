@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from journal.files import fsync_dir
@@ -67,6 +68,38 @@ class PendingSave:
     waited_s: float = 0.0  # how long this save waited for the previous one
 
 
+class HostStager(AsyncStager):
+    """Stages a state dict into host memory that is kept from one save to the next (pinned
+    on CUDA, filled by non-blocking copies), for the whole run.
+
+    DCP's ``DefaultStager`` does this from torch 2.13; before that (torch 2.11 was seen) it
+    drops its host copies and its copy table after every save, and the next save with it
+    fails (``KeyError: <class 'type'>``). The same ``StateDictStager`` that it wraps, kept
+    open here, behaves alike on both. Staging is synchronous: :meth:`stage` returns once the
+    copies are complete, so training may change the parameters right after it.
+    """
+
+    _synchronize_after_execute = False  # nothing left to wait for once stage() returns
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self._stager = StateDictStager(pin_memory=cuda, share_memory=False)
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Host copies of ``state_dict`` (the same buffers as the previous save's)."""
+        staged: dict[str, Any] = self._stager.stage(state_dict, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies have landed
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: :meth:`stage` is synchronous."""
+
+    def close(self) -> None:
+        """Release the host copies (and their pinning)."""
+        self._stager.close()
+
+
 class AsyncCheckpointer:
     """Collective: every rank makes one (after the default process group) and calls its
     methods at the same points."""
@@ -80,15 +113,7 @@ class AsyncCheckpointer:
         # One stager for the whole run: its host copies are kept and reused by the next save
         # (safe: that one starts only once this one is written), pinned where CUDA is, so a
         # save costs one device-to-host copy and no allocation.
-        cuda = torch.cuda.is_available()
-        self.stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=cuda,
-            )
-        )
+        self.stager = HostStager(cuda=torch.cuda.is_available())
         self._export_thread: ThreadPoolExecutor | None = None
         self.write_delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
 
