@@ -116,7 +116,12 @@ class StepProfiler:
         from torch.autograd import DeviceType
 
         # Kernels of one stream do not overlap: their summed time is the time the device was
-        # busy (an upper bound where streams overlap, e.g. NCCL beside compute).
-        kernels = (e for e in prof.events() if e.device_type == DeviceType.CUDA)
+        # busy (an upper bound where streams overlap, e.g. NCCL beside compute). Annotated
+        # ranges on the device's timeline (FSDP's record_function spans) are not work.
+        kernels = (
+            e
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+        )
         busy_s = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
         return f"{head}; device busy {busy_s / steps:.3f} s a step ({100 * busy_s / wall_s:.0f} %)"
