@@ -72,10 +72,10 @@ class HostStager(AsyncStager):
     """Stages a state dict into host memory that is kept from one save to the next (pinned
     on CUDA, filled by non-blocking copies), for the whole run.
 
-    DCP's ``DefaultStager`` does this from torch 2.13; before that (torch 2.11 was seen) it
-    drops its host copies and its copy table after every save, and the next save with it
-    fails (``KeyError: <class 'type'>``). The same ``StateDictStager`` that it wraps, kept
-    open here, behaves alike on both. Staging is synchronous: :meth:`stage` returns once the
+    DCP's ``DefaultStager`` does this in torch 2.9 and 2.13, but torch 2.11's drops its host
+    copies and its copy table after every save, and the next save with it fails (``KeyError:
+    <class 'type'>``; a torch regression). The ``StateDictStager`` that it wraps, kept open
+    here, behaves alike on every version. Staging is synchronous: :meth:`stage` returns once the
     copies are complete, so training may change the parameters right after it.
     """
 
