@@ -216,7 +216,7 @@ def reduce_scatters(counts: dict[str, int]) -> int:
     return sum(counts.get(name, 0) for name in names)
 
 
-def _losses_by_sharding(tmp_path: Path, runs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+def _demo_losses(tmp_path: Path, runs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """The losses of 3-step demo runs, one per named set of flags."""
     losses = {}
     for name, extra in runs.items():
@@ -232,14 +232,14 @@ def plain_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """The reference the variants below must match: 3 demo steps with the defaults (full
     sharding, no activation checkpointing), run once for the module."""
     config = {"plain": ("--sharding", "full")}
-    return list(_losses_by_sharding(tmp_path_factory.mktemp("plain"), config)["plain"])
+    return list(_demo_losses(tmp_path_factory.mktemp("plain"), config)["plain"])
 
 
 def test_activation_checkpointing_gives_the_same_losses(
     tmp_path: Path, plain_losses: list[float]
 ) -> None:
     """Recomputing each block in backward changes memory, not the math (fp32, fixed seed)."""
-    losses = _losses_by_sharding(tmp_path, {"ac": ("--activation-checkpointing",)})
+    losses = _demo_losses(tmp_path, {"ac": ("--activation-checkpointing",)})
     assert records(tmp_path / "ac")[0]["data"]["config"]["activation_checkpointing"] is True
     assert losses["ac"] == pytest.approx(plain_losses, rel=1e-5)
 
@@ -249,7 +249,7 @@ def test_sharding_strategies_train_the_same_model(
 ) -> None:
     """replicate (a whole copy per rank, DDP) changes where memory and collectives go, not
     the losses; the checkpoint of a replicated run resumes like any other."""
-    losses = _losses_by_sharding(tmp_path, {"replicate": ("--sharding", "replicate")})
+    losses = _demo_losses(tmp_path, {"replicate": ("--sharding", "replicate")})
     assert losses["replicate"] == pytest.approx(plain_losses, rel=1e-5)
     proc = train(tmp_path / "replicate", "--max-steps", "4", "--sharding", "replicate")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -270,7 +270,7 @@ def test_more_sharding_strategies_train_the_same_model(tmp_path: Path) -> None:
             *("--max-batch-len", "64"),
         ),
     }
-    losses = _losses_by_sharding(tmp_path, runs)
+    losses = _demo_losses(tmp_path, runs)
     for name in ("grad_op", "replicate_accum"):
         assert losses[name] == pytest.approx(losses["full"], rel=1e-5), name
     ckpt = tmp_path / "replicate-bf16"

@@ -110,9 +110,8 @@ class AsyncCheckpointer:
         self.write_group = dist.new_group(backend="gloo")
         self.vote_group = dist.new_group(backend="gloo")
         self.pending: PendingSave | None = None
-        # One stager for the whole run: its host copies are kept and reused by the next save
-        # (safe: that one starts only once this one is written), pinned where CUDA is, so a
-        # save costs one device-to-host copy and no allocation.
+        # One stager for the whole run (HostStager): reusing its host copies is safe because
+        # the next save starts only once this one is written.
         self.stager = HostStager(cuda=torch.cuda.is_available())
         self._export_thread: ThreadPoolExecutor | None = None
         self.write_delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
