@@ -82,6 +82,14 @@ def test_payloads_carry_the_documented_fields(short_run: Path) -> None:
     assert begin["world_size"] == 2 and begin["device_type"] == "cpu" and begin["total_steps"] == 12
     assert begin["journal_detail"] == "microbatch" and begin["resumed_from"] is None
     assert begin["config"]["max_steps"] == 12 and begin["pid"] > 0 and begin["versions"]["torch"]
+    # On CPU: padded rows, the chunked loss, no compilation, AdamW's fused kernel.
+    assert begin["kernels"] == {
+        "packing": False,
+        "attention": "sdpa_mask",
+        "loss": "chunked",
+        "compile": False,
+        "fused_adamw": True,
+    }
     logs = [r for r in recs if r["event"] == "log"]
     assert len(logs) == 12
     for r in logs:

@@ -25,10 +25,11 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], 
 def build_optimizer(
     model: torch.nn.Module, args: TrainingArgs, total_steps: int, fused: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the (sharded) trainable parameters, with warmup then cosine decay. ``fused``: one
-    CUDA kernel for every parameter's update (no per-parameter launches). Otherwise the
-    multi-tensor (foreach) ops, which torch leaves off on CPU: on FSDP2's DTensor parameters
-    every op is a Python dispatch, and the per-parameter loop costs several per parameter."""
+    """AdamW over the (sharded) trainable parameters, with warmup then cosine decay. ``fused``:
+    one kernel for every parameter's update (:data:`trainer.kernels.FUSED_ADAMW_DEVICES`).
+    Otherwise the multi-tensor (foreach) ops, which torch leaves off on CPU: on FSDP2's
+    DTensor parameters every op is a Python dispatch, and the per-parameter loop costs
+    several per parameter."""
     opt = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         lr=args.lr,
