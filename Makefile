@@ -21,7 +21,7 @@ else
 $(error PYTHON_ENV must be venv (default) or system, not '$(PYTHON_ENV)')
 endif
 
-.PHONY: venv system-env test test-gpu test-all torture demo demo-llm llm-model bench lint fmt clean
+.PHONY: venv system-env test test-extended test-gpu test-all torture demo demo-llm llm-model bench lint fmt clean
 
 venv: $(STAMP)
 
@@ -47,14 +47,19 @@ $(STAMP): pyproject.toml
 
 # Parallel test processes (pytest-xdist), each module's tests in one of them so its
 # fixtures run once; TEST_WORKERS=0 runs everything in one process. Where xdist is not
-# installed (PYTHON_ENV=system), one process. Measured on 2 cores (2026-11-23): the default
-# suite took 21.6 min in one process and 16.1 min with 2 (the suite is CPU-bound there:
-# every 2-rank launch costs ~18 CPU-seconds, mostly importing torch in 3 processes).
+# installed (PYTHON_ENV=system), one process. On 2 cores the suite is CPU-bound: every
+# 2-rank launch costs ~19 CPU-seconds, mostly importing torch in 3 processes (2026-11-24).
 TEST_WORKERS ?= 2
 XDIST = $$($(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadscope")
 
+# The default suite, under 10 minutes on 2 cores: every fast test and one end-to-end run per
+# area. The tests marked extended are further end-to-end scenarios (more faults, resumes and
+# bridge paths, each a real 2-rank launch); CI runs them after this (.ci/run).
 test: $(READY)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not extended" $(XDIST) $(PYTEST_ARGS)
+
+test-extended: $(READY)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "extended and not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Only the tests marked gpu (NCCL, bf16 on CUDA, device memory, resume on CUDA). Without
 # CUDA they skip, each with its reason; `make test` runs them too.

@@ -127,6 +127,7 @@ def kill_during_background_writes(
     return {"kills": kills, "during_a_write": hit, "saves_delivered": len(hook)}
 
 
+@pytest.mark.extended
 def test_kill_9_during_background_writes_resumes_from_the_newest_complete_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -142,6 +143,7 @@ def _exported(hf: Path) -> tuple[dict[str, torch.Tensor], str]:
     return load_file(str(hf / "model.safetensors")), (hf / "config.json").read_text()
 
 
+@pytest.mark.extended
 def test_background_and_later_exports_equal_the_gathered_one(tmp_path: Path) -> None:
     """An asynchronous save's export, made by rank 0 from the written shards off the training
     path, and ``ilab-journal export`` of a checkpoint saved without one, hold exactly what a

@@ -126,6 +126,7 @@ def test_checkpoints_of_the_previous_format_still_load(tmp_path: Path) -> None:
     assert fresh.get_last_lr() == sched.get_last_lr()
 
 
+@pytest.mark.extended
 @pytest.mark.dist
 def test_a_resume_from_a_checkpoint_with_planted_pickles_runs_nothing(tmp_path: Path) -> None:
     """A real 2-rank run, then its checkpoint's RNG files replaced by pickles; the resume

@@ -148,6 +148,7 @@ def test_commands_apply_at_the_same_step_on_both_ranks(tmp_path: Path) -> None:
     assert len(unsafe) == 1  # said once
 
 
+@pytest.mark.extended
 def test_abort_ends_without_saving_and_commands_are_not_reapplied_after_resume(
     tmp_path: Path,
 ) -> None:
@@ -248,6 +249,7 @@ def test_divergence_detector_stops_a_real_run_with_a_too_high_lr(
     assert recs[-1]["step"] < 200
 
 
+@pytest.mark.extended
 def test_eval_script_beside_training_runs_once_per_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     watcher = subprocess.Popen(

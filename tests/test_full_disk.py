@@ -69,6 +69,7 @@ def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(
     )
 
 
+@pytest.mark.extended
 def test_a_full_disk_during_a_background_write_fails_clearly_and_keeps_the_last_checkpoint(
     small_disk: Path,
 ) -> None:

@@ -132,6 +132,7 @@ def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path
     )
 
 
+@pytest.mark.extended
 def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
     job = run_hf(tmp_path, steps=200, delay=0.2)
     out = tmp_path / "out"
@@ -169,6 +170,7 @@ def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_pat
     assert cli("ilab-journal", "status", str(tmp_path / "out")).returncode == 1
 
 
+@pytest.mark.extended
 def test_rotation_by_the_callback_keeps_leased_checkpoints(tmp_path: Path) -> None:
     """keep_last_n=1 with a lease on checkpoint-3 (an eval still reading it): every other
     older checkpoint goes, each journaled; a replay delivers only what is still on disk."""

@@ -205,6 +205,7 @@ def saves_and_evaluations(ckpt: Path) -> tuple[list[int], list[int]]:
     return saves, evals
 
 
+@pytest.mark.extended
 @pytest.mark.dist
 def test_run_training_in_instructlabs_order_with_a_resume(tmp_path: Path) -> None:
     tiny_llama(tmp_path / "model")

@@ -107,6 +107,7 @@ def test_a_symlink_put_in_its_place_is_not_followed(
     assert "cannot be started again" in warning and "symbolic link" in warning
 
 
+@pytest.mark.extended
 @pytest.mark.dist
 def test_deleting_the_journal_during_a_run_loses_no_ending(tmp_path: Path) -> None:
     """A real 2-rank run whose journal is deleted mid-run: the new journal starts with the

@@ -129,6 +129,7 @@ def test_lightning_journal_validates_and_a_replay_delivers_what_model_checkpoint
     assert seen.read_text().split() == [saves[1]["data"]["checkpoint_path"]]
 
 
+@pytest.mark.extended
 def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
     job = run_lightning(tmp_path, steps=200, delay=0.2)
     out = tmp_path / "out"
@@ -215,6 +216,7 @@ LEASED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.extended
 def test_a_leased_ckpt_outlives_model_checkpoint_rotation_until_released(tmp_path: Path) -> None:
     """save_top_k=1 (one process): ModelCheckpoint deletes step=2.ckpt at step 4 while it is
     leased; the bridge keeps it (checkpoint_kept), deletes it at the first step end after

@@ -90,6 +90,7 @@ print("ok")
     assert _python(code).strip().endswith("ok")
 
 
+@pytest.mark.extended
 def test_lora_merge_exports_a_model_for_from_pretrained(tmp_path: Path) -> None:
     base = _tiny_llama(tmp_path / "llama")
     ckpt = tmp_path / "run"
@@ -123,6 +124,7 @@ print("ok")
     assert _python(code).strip().endswith("ok")
 
 
+@pytest.mark.extended
 def test_lora_resume_after_kill_9_repeats_the_uninterrupted_losses(tmp_path: Path) -> None:
     base = _tiny_llama(tmp_path / "llama")
     ref, victim = tmp_path / "ref", tmp_path / "victim"

@@ -80,6 +80,7 @@ def series(client: Any, run: Any, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
+@pytest.mark.extended
 def test_demo_reports_to_mlflow_and_a_restarted_watcher_adds_no_duplicates(
     server: str, tmp_path: Path
 ) -> None:

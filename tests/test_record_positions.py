@@ -55,6 +55,7 @@ def check_positions(recs: list[dict[str, Any]], per_epoch: int) -> None:
             assert r["data"]["samples_seen"] == r["samples_seen"], r
 
 
+@pytest.mark.extended
 def test_every_record_of_a_stopped_and_resumed_run_carries_its_states_step(
     tmp_path: Path,
 ) -> None:

@@ -66,6 +66,7 @@ class DiskSampler(threading.Thread):
                 self.violations.append((now, len(on_disk), allowed))
 
 
+@pytest.mark.extended
 def test_slow_evals_beside_fast_rotation_lose_nothing(tmp_path: Path) -> None:
     """The issue's scenario, shortened: save every 3 steps, keep 2, an eval of ~1 s per
     checkpoint (several saves land during each eval). Before leases most evals failed; now

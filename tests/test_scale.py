@@ -119,6 +119,7 @@ def test_bf16_checkpoint_trains_with_fp32_master_weights_and_full_length_samples
     assert (w1[changed].to(torch.bfloat16).float() == w0[changed]).float().mean() > 0.9
 
 
+@pytest.mark.extended
 def test_max_seq_len_caps_hf_samples(tmp_path: Path) -> None:
     model = tiny_llama(tmp_path / "llama")
     data = token_rows(tmp_path / "train.jsonl", 8, 100)
@@ -161,6 +162,7 @@ def test_token_id_outside_the_vocabulary_is_one_error_on_every_rank(tmp_path: Pa
     assert message in end["data"]["error_message"]
 
 
+@pytest.mark.extended
 def test_meta_init_loads_the_same_weights_as_building_everywhere(tmp_path: Path) -> None:
     """Rank 0 reads the weights and broadcasts them into the shards: training then follows
     exactly what every rank building the whole model gives (untied model: the embeddings
@@ -195,6 +197,7 @@ def _grad_reductions(ckpt: Path, reduce_grads: str) -> tuple[dict[str, int], lis
     return collective_counts(ckpt), micro
 
 
+@pytest.mark.extended
 def test_gradients_are_reduce_scattered_after_every_micro_batch_by_default(
     tmp_path: Path,
 ) -> None:
@@ -235,6 +238,7 @@ def plain_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     return list(_demo_losses(tmp_path_factory.mktemp("plain"), config)["plain"])
 
 
+@pytest.mark.extended
 def test_activation_checkpointing_gives_the_same_losses(
     tmp_path: Path, plain_losses: list[float]
 ) -> None:

@@ -66,6 +66,7 @@ def test_a_second_launch_on_a_busy_dir_is_refused_with_exit_3(tmp_path: Path) ->
     assert status["holder"] is None  # released at the end
 
 
+@pytest.mark.extended
 def test_killing_the_launcher_leaves_no_orphans_and_a_relaunch_completes(
     tmp_path: Path, reliability: Any
 ) -> None:
@@ -121,6 +122,7 @@ def test_a_watcher_killed_mid_delivery_leaves_no_callback_running(
     assert all(len(v) == 1 for v in spans.values())  # the killed run never finished
 
 
+@pytest.mark.extended
 def test_nodes_given_different_checkpoint_dirs_stop_with_one_clear_error(
     tmp_path: Path,
 ) -> None:
@@ -153,6 +155,7 @@ def test_nodes_given_different_checkpoint_dirs_stop_with_one_clear_error(
     assert "ranks disagree" in errs[0]
 
 
+@pytest.mark.extended
 def test_two_concurrent_launches_on_one_dir_train_once(tmp_path: Path, reliability: Any) -> None:
     ckpt = tmp_path / "run"
     procs = [

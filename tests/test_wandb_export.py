@@ -35,6 +35,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.mark.extended
 def test_live_export_survives_a_kill_9_and_a_replay_without_duplicates(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     w = JournalWriter(ckpt)
