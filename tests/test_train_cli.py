@@ -23,6 +23,8 @@ from trainer.config import TrainingArgs, WorkerConfig
         (["--demo", "--journal-detail", "loud"], "Invalid value for '--journal-detail'"),
         (["--demo", "--keep-best", "accuracy"], "--keep-best: 'accuracy': expected METRIC:max"),
         (["--demo", "--model-path", "/nonexistent"], "Path '/nonexistent' does not exist"),
+        (["--demo", "--model-path", str(Path(__file__).parent)], "has no config.json"),
+        (["--demo", "--data", __file__], "both data_path and demo given: give data_path"),
         (["--demo", "--dropout", "1"], "--dropout: Input should be less than 1"),
         (["--demo", "--profile-steps", "5-7"], "--profile-steps: expected A:B or N"),
         (["--demo", "--profile-steps", "7:5"], "--profile-steps: expected steps 1 <= A <= B"),

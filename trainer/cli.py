@@ -10,7 +10,8 @@ import click
 from pydantic import ValidationError
 
 from trainer.cli_options import FLAG_OF, SectionedCommand, add_field_options, apply_given
-from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, load_config_file
+from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
+from trainer.config_file import load_config_file
 from trainer.rows import DataError
 
 EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from journal.best import MetricGoal
@@ -96,7 +95,13 @@ class TrainingArgs(BaseModel):
         "--eval-every steps: rounded up to whole samples, chosen by the seed, the same on every "
         "rank and resume; 0 holds nothing out; not together with --val-data.",
     )
-    demo: bool = Field(False, description="Built-in model and generated arithmetic demo data.")
+    demo: bool = Field(
+        False,
+        description=(
+            "Generated arithmetic demo data instead of --data (the built-in model unless "
+            "--model-path)."
+        ),
+    )
     demo_samples: int = Field(6000, ge=64, description="Generated demo training samples.")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -316,11 +321,12 @@ class TrainingArgs(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingArgs:
-        if not self.demo and self.data_path is None:
+        if self.demo == (self.data_path is not None):  # neither, or both (--demo replaces data)
+            what = "both data_path and demo given" if self.demo else "no training data"
             raise ValueError(
-                "no training data: give data_path (ilab-train --data FILE.jsonl) or demo=True (--demo)"
+                f"{what}: give data_path (ilab-train --data FILE.jsonl) or demo=True (--demo)"
             )
-        if self.data_path is not None and not self.demo and not Path(self.data_path).is_file():
+        if self.data_path is not None and not Path(self.data_path).is_file():
             raise ValueError(f"training data file {self.data_path} does not exist")
         if self.validation_split and self.val_data_path is not None:
             raise ValueError("give validation_split or val_data_path, not both")
@@ -334,6 +340,12 @@ class TrainingArgs(BaseModel):
                 raise ValueError(f"model_path {mp} does not exist")
             if mp.is_file() and mp.suffix != ".gguf":
                 raise ValueError(f"model_path {mp} must be a model directory or a .gguf file")
+            if mp.is_dir() and not (mp / "config.json").is_file():
+                # found here, not after the workers have started and loaded transformers
+                raise ValueError(
+                    f"model_path {mp} has no config.json: give a Hugging Face model directory "
+                    "(as save_pretrained writes it) or a .gguf file"
+                )
         if self.lora_rank is not None and self.model_path is None:
             raise ValueError(
                 "lora_rank needs model_path (a Hugging Face model): the built-in model has no "
@@ -382,18 +394,3 @@ class ConfigError(ValueError):
     """The configuration cannot work on this machine (one clear line, before launching).
 
     Raised by the launcher's checks in :mod:`trainer.preflight`."""
-
-
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read ``--config file.json|yaml``; raises ValueError with a clear message."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ValueError(f"config {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config {path} must hold a mapping of option names to values")
-    return data

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, load_config_file
+from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
+from trainer.config_file import load_config_file
 from trainer.instructlab_fields import FIXED, REQUIRED, TRAIN_RULES, Refused
 from trainer.launch import TrainingResult
 from trainer.launch import run_training as _run_training
