@@ -21,9 +21,8 @@ from trainer.config import TrainingArgs
 from trainer.fused_loss import resolve_impl
 
 # Where torch has AdamW's fused kernel. On FSDP2's DTensor parameters it is one dispatch a
-# step where the multi-tensor (foreach) path is about a dozen: on the CPU demo model (world
-# size 1) a steady step's AdamW took 7 ms fused, 15 ms foreach, and the first step (DTensor
-# sharding propagation, paid by every launch) 0.23 s against 0.82 s.
+# step where the multi-tensor (foreach) path is about a dozen (measured on CPU:
+# docs/performance.md).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
 
 

@@ -27,9 +27,9 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the (sharded) trainable parameters, with warmup then cosine decay. ``fused``:
     one kernel for every parameter's update (:data:`trainer.kernels.FUSED_ADAMW_DEVICES`).
-    Otherwise the multi-tensor (foreach) ops, which torch leaves off on CPU: on FSDP2's
-    DTensor parameters every op is a Python dispatch, and the per-parameter loop costs
-    several per parameter."""
+    Otherwise the multi-tensor (foreach) ops, asked for because torch's default off CUDA is
+    the per-parameter loop: on FSDP2's DTensor parameters every op is a Python dispatch,
+    and that loop costs several per parameter."""
     opt = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         lr=args.lr,
