@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import socket
@@ -13,10 +14,12 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from hypothesis import strategies as st
 
 from journal import JournalWriter, read_all
@@ -394,6 +397,52 @@ def relaunch_after_killing_the_launcher(tmp_path: Path, kills: int) -> dict[str,
     assert end["event"] == "train_end" and end["data"]["status"] == "completed"
     assert end["step"] == 40
     return {"kills": kills, "orphans_gone_max_s": max(orphans_gone_s), "attempts": attempts[-1]}
+
+
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (e.g. ``"1m"``) under ``tmp_path``: a disk that really fills
+    up. Root only: the test is skipped where mounting is not allowed."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or 'not root'}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def stop_a_bridge_run(job: subprocess.Popen[str], out: Path) -> tuple[int, list[dict[str, Any]]]:
+    """Send ``ilab-journal control stop`` to a 2-rank bridge run (tests' training scripts
+    write ``ended-rank{R}.json``, the step each rank ended at) once step 2 has ended; return
+    the step both ranks ended at and the journal's records."""
+    try:
+        wait_for(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(out)),
+            what="step 2",
+        )
+        assert (
+            cli("ilab-journal", "control", "stop", str(out), "--reason", "enough").returncode == 0
+        )
+        _, err = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    ended = [json.loads((out / f"ended-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ended[0] == ended[1], ended
+    recs = records(out)
+    control = [r for r in recs if r["event"] == "control"]
+    assert [c["data"]["command"] for c in control] == ["stop"]
+    assert control[0]["data"]["applied_at_step"] == ended[0]
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
+    return ended[0], recs
 
 
 def free_port() -> int:

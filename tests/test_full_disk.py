@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import cli, records, train
+from tests.helpers import cli, records, small_tmpfs, train
 
 pytestmark = pytest.mark.dist
 
@@ -19,19 +19,8 @@ pytestmark = pytest.mark.dist
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 24 MB tmpfs (root only; skipped where mounting is not allowed)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or 'not root'}")
-    try:
+    with small_tmpfs(tmp_path, "24m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, pythonpath, records, wait_for
+from tests.helpers import cli, pythonpath, records, stop_a_bridge_run
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -135,29 +135,11 @@ def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path
 @pytest.mark.extended
 def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
     job = run_hf(tmp_path, steps=200, delay=0.2)
-    out = tmp_path / "out"
-    try:
-        wait_for(
-            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(out)),
-            what="step 2",
-        )
-        assert (
-            cli("ilab-journal", "control", "stop", str(out), "--reason", "enough").returncode == 0
-        )
-        _, err = job.communicate(timeout=240)
-    finally:
-        job.kill()
-    assert job.returncode == 0, err[-3000:]
-    ended = [json.loads((out / f"ended-rank{r}.json").read_text()) for r in (0, 1)]
-    assert ended[0] == ended[1] < 200
-    recs = records(out)
-    control = [r for r in recs if r["event"] == "control"]
-    assert [c["data"]["command"] for c in control] == ["stop"]
-    assert control[0]["data"]["applied_at_step"] == ended[0]
-    assert [r for r in recs if r["event"] == "save"][-1]["step"] == ended[0]
+    ended, recs = stop_a_bridge_run(job, tmp_path / "out")
+    assert ended < 200
+    assert [r for r in recs if r["event"] == "save"][-1]["step"] == ended
     end = recs[-1]
-    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
-    assert end["data"]["final_checkpoint"].endswith(f"checkpoint-{ended[0]}")
+    assert end["data"]["final_checkpoint"].endswith(f"checkpoint-{ended}")
 
 
 def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ an exception ends in ``train_end`` failed. In one process: a leased ``.ckpt`` ou
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, pythonpath, records, wait_for
+from tests.helpers import cli, pythonpath, records, stop_a_bridge_run
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("lightning")
@@ -132,30 +131,12 @@ def test_lightning_journal_validates_and_a_replay_delivers_what_model_checkpoint
 @pytest.mark.extended
 def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Path) -> None:
     job = run_lightning(tmp_path, steps=200, delay=0.2)
-    out = tmp_path / "out"
-    try:
-        wait_for(
-            lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(out)),
-            what="step 2",
-        )
-        assert (
-            cli("ilab-journal", "control", "stop", str(out), "--reason", "enough").returncode == 0
-        )
-        _, err = job.communicate(timeout=240)
-    finally:
-        job.kill()
-    assert job.returncode == 0, err[-3000:]
-    ended = [json.loads((out / f"ended-rank{r}.json").read_text()) for r in (0, 1)]
-    assert ended[0] == ended[1] < 200
-    recs = records(out)
-    control = [r for r in recs if r["event"] == "control"]
-    assert [c["data"]["command"] for c in control] == ["stop"]
-    assert control[0]["data"]["applied_at_step"] == ended[0]
+    ended, recs = stop_a_bridge_run(job, tmp_path / "out")
+    assert ended < 200
     saves = [r for r in recs if r["event"] == "save"]
-    assert saves[-1]["step"] == ended[0]
-    assert [s["step"] for s in saves if s["data"]["trigger"] == "control"] == [ended[0]]
+    assert saves[-1]["step"] == ended
+    assert [s["step"] for s in saves if s["data"]["trigger"] == "control"] == [ended]
     end = recs[-1]
-    assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
     assert end["data"]["final_checkpoint"] == saves[-1]["data"]["checkpoint_path"]
     assert Path(end["data"]["final_checkpoint"]).is_file()
     assert end["data"]["journal"]["agree_ns_per_step"] > 0  # the all_reduce, measured

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from tests.helpers import BIN, cli, wait_for, write_run
+from tests.helpers import BIN, cli, small_tmpfs, wait_for, write_run
 from watcher import Hook, Watcher
 
 
@@ -108,19 +108,8 @@ def test_record_text_that_looks_like_markup_does_not_stop_delivery(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MB tmpfs (root only; skipped where mounting is not allowed)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or 'not root'}")
-    try:
+    with small_tmpfs(tmp_path, "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize(
