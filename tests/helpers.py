@@ -418,6 +418,34 @@ def small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def launch_bridge_script(
+    tmp_path: Path,
+    script: str,
+    steps: int,
+    fail_at: int = -1,
+    delay: float = 0.0,
+    keep: int | None = None,
+) -> subprocess.Popen[str]:
+    """Start a bridge's test training script under torchrun with 2 CPU ranks, its journal in
+    ``tmp_path/out``. The script takes ``OUT STEPS FAIL_AT`` and reads ``STEP_DELAY`` (seconds
+    a step) and ``KEEP`` (checkpoints to keep; empty: all) from its environment."""
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
+    env["STEP_DELAY"], env["KEEP"] = str(delay), str(keep or "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return subprocess.Popen(
+        [*cmd, str(path), str(out), str(steps), str(fail_at)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def stop_a_bridge_run(job: subprocess.Popen[str], out: Path) -> tuple[int, list[dict[str, Any]]]:
     """Send ``ilab-journal control stop`` to a 2-rank bridge run (tests' training scripts
     write ``ended-rank{R}.json``, the step each rank ended at) once step 2 has ended; return

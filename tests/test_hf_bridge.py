@@ -5,15 +5,13 @@ the same step with a final save, and an exception ends in ``train_end`` failed."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, pythonpath, records, stop_a_bridge_run
+from tests.helpers import cli, launch_bridge_script, records, stop_a_bridge_run
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -70,26 +68,7 @@ SCRIPT = textwrap.dedent(
 def run_hf(
     tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0, keep: int | None = None
 ) -> subprocess.Popen[str]:
-    script = tmp_path / "train_hf.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": pythonpath(),
-        "STEP_DELAY": str(delay),
-    }
-    env["KEEP"] = str(keep or "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    return subprocess.Popen(
-        [*cmd, str(script), str(out), str(steps), str(fail_at)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return launch_bridge_script(tmp_path, SCRIPT, steps, fail_at, delay, keep)
 
 
 def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path: Path) -> None:

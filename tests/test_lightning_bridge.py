@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, pythonpath, records, stop_a_bridge_run
+from tests.helpers import cli, launch_bridge_script, pythonpath, records, stop_a_bridge_run
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("lightning")
@@ -74,21 +74,7 @@ SCRIPT = textwrap.dedent(
 def run_lightning(
     tmp_path: Path, steps: int, fail_at: int = -1, delay: float = 0.0, keep: int | None = None
 ) -> subprocess.Popen[str]:
-    script = tmp_path / "train_lightning.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
-    env["STEP_DELAY"], env["KEEP"] = str(delay), str(keep or "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    return subprocess.Popen(
-        [*cmd, str(script), str(out), str(steps), str(fail_at)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return launch_bridge_script(tmp_path, SCRIPT, steps, fail_at, delay, keep)
 
 
 def test_lightning_journal_validates_and_a_replay_delivers_what_model_checkpoint_kept(
