@@ -52,6 +52,22 @@ def test_bad_config_files(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "--ckpt-dir is required" in missing.stderr
 
 
+@pytest.mark.parametrize("where", ["under-a-file", "in-proc"])
+def test_a_checkpoint_dir_that_cannot_be_created_is_one_line_exit_2(
+    tmp_path: Path, where: str
+) -> None:
+    """A --ckpt-dir below a regular file, or where nothing can be created (/proc), is a bad
+    option (exit 2), found before any worker starts; a full disk stays exit 1."""
+    (tmp_path / "afile").write_text("")
+    ckpt, why = {
+        "under-a-file": (tmp_path / "afile" / "run", "Not a directory"),
+        "in-proc": (Path("/proc/ilab-run"), "No such file or directory"),
+    }[where]
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", str(ckpt), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"ilab-train: cannot use {ckpt} as the checkpoint dir: {why}"
+
+
 # The suite hides GPUs from every test not marked gpu (conftest), so these hold everywhere.
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_nccl_without_a_gpu_is_refused_before_launch(tmp_path: Path, nproc: str) -> None:

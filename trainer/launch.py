@@ -8,12 +8,14 @@ watcher that delivers journal events to them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +33,38 @@ from trainer.console import ConsoleFilter
 from trainer.data_check import check_data, start_warnings
 from trainer.preflight import preflight
 from watcher.callbacks import callable_name
+
+#: Why a checkpoint dir cannot be made where it was asked for: a bad option (exit 2). A full
+#: disk or an I/O error is not one and stays an OSError (exit 1).
+_UNUSABLE_DIR_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+    }
+)
+
+
+@contextlib.contextmanager
+def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an OSError that says ``ckpt_dir`` cannot be a checkpoint dir into a one-line
+    :class:`ConfigError` naming it."""
+    try:
+        yield
+    except UnsafeRunDir:
+        raise  # its own message, which names the fix
+    except OSError as exc:
+        if exc.errno not in _UNUSABLE_DIR_ERRNOS:
+            raise
+        where = "" if exc.filename in (None, os.fspath(ckpt_dir)) else f" ({exc.filename})"
+        raise ConfigError(
+            f"cannot use {os.fspath(ckpt_dir)} as the checkpoint dir: {exc.strerror}{where}"
+        ) from None
 
 
 class RunDirBusy(RuntimeError):
@@ -122,18 +156,21 @@ def run_training(
 
     Raises :class:`TrainingFailed` when the run fails (the message names the log file);
     before launching, :class:`trainer.rows.DataError` (naming ``file:line``) when a data file
-    is malformed, :class:`trainer.config.ConfigError` when the settings cannot work here
-    or the checkpoint dir could be steered by another user, and :class:`RunDirBusy` when
-    another launch holds the checkpoint dir.
+    is malformed, :class:`trainer.config.ConfigError` when the settings cannot work here,
+    the checkpoint dir cannot be created where asked or could be steered by another user,
+    and :class:`RunDirBusy` when another launch holds the checkpoint dir.
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
     try:  # a dir someone else could steer: refused before anything is read or written there
-        check_run_dir(train_args.ckpt_dir)
+        with _checkpoint_dir_errors(train_args.ckpt_dir):
+            check_run_dir(train_args.ckpt_dir)
     except UnsafeRunDir as exc:
         raise ConfigError(str(exc)) from None
     for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
         print(f"ilab-train: warning: {warning}", file=sys.stderr)
+    with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
+        make_dir(train_args.ckpt_dir)
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
     train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
     # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node
