@@ -31,7 +31,7 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except JournalNotFound as exc:
             raise UserError(str(exc)) from None
-        except (IsADirectoryError, PermissionError, FileNotFoundError) as exc:
+        except (IsADirectoryError, NotADirectoryError, PermissionError, FileNotFoundError) as exc:
             raise UserError(f"{exc.filename}: {exc.strerror}") from None
 
     return wrapper  # type: ignore[return-value]

@@ -13,7 +13,7 @@ import click
 
 from journal.cli_common import UserError, user_errors
 from journal.events import CONTROL_COMMANDS
-from journal.paths import checkpoint_step, ckpt_dir_of, resolve_journal
+from journal.paths import JOURNAL_NAME, checkpoint_step, ckpt_dir_of, resolve_journal
 
 # -- control --------------------------------------------------------------------------------
 
@@ -88,8 +88,8 @@ def report(
     from journal.query import find_last
     from journal.reports import InvalidReport, Report, parse_assignments, submit_report
 
-    path = resolve_journal(dir)
-    _run_dir(str(path.parent))
+    path = resolve_journal(dir)  # it must exist
+    _run_dir(dir)
     try:
         values = parse_assignments(metrics)
     except InvalidReport as exc:
@@ -142,7 +142,8 @@ def prune(dir: str) -> None:
     from journal.lock import lock_holder
     from journal.rotation import prune_finished_run
 
-    ckpt_dir = _run_dir(str(resolve_journal(dir).parent))
+    resolve_journal(dir)  # it must exist
+    ckpt_dir = _run_dir(dir)
     if lock_holder(ckpt_dir):
         click.echo(f"{ckpt_dir}: a trainer is writing; it rotates at its next save", err=True)
         return
@@ -197,10 +198,17 @@ def release(dir: str, lease_id: str) -> None:
 
 
 def _run_dir(dir: str) -> Path:
-    """The run dir a write command drops files into: refused (one line, exit 2) when another
-    user could steer it (journal.rundir)."""
-    from journal.rundir import check_run_dir
+    """The run dir a write command drops files into (given as itself or as its
+    ``journal.jsonl``): refused (one line, exit 2) when it cannot be one, and when another
+    user could steer it (journal.rundir). Any other file is refused: its directory's
+    journal would be another file, maybe a new one."""
+    from journal.rundir import check_run_dir, not_a_directory
 
+    given = Path(dir)
+    if given.is_file() and given.name != JOURNAL_NAME:  # e.g. a typo'd run dir that is a file
+        raise UserError(f"{dir}: a file, neither a run dir nor its {JOURNAL_NAME}")
     path = ckpt_dir_of(dir)
+    if why := not_a_directory(path):
+        raise UserError(why)
     check_run_dir(path)
     return path

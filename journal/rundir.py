@@ -133,6 +133,16 @@ def check_run_dir(ckpt_dir: str | os.PathLike[str]) -> None:
             raise UnsafeRunDir(root / name, why)
 
 
+def not_a_directory(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` can never be a directory: one line naming the part of it that is a
+    file (``afile/run``: ``afile``), or None when it is or could be one. Nothing is created."""
+    p = Path(path)
+    for part in (p, *p.parents):
+        if part.exists():  # False below a regular file too (ENOTDIR): go up
+            return None if part.is_dir() else f"{path}: {part} is not a directory"
+    return None
+
+
 def make_dir(path: str | os.PathLike[str]) -> None:
     """Create a run directory (and its parents) that only its owner can write, whatever
     the umask (a umask of 002 would make it group-writable, and refused)."""

@@ -256,6 +256,36 @@ def test_control_writes_an_atomic_command_file(ckpt: Path) -> None:
     assert missing.returncode == 2 and "no such checkpoint directory" in missing.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["control", "stop", "{target}"],
+        ["report", "{target}", "--step", "1", "accuracy=0.5"],
+        ["lease", "{target}", "step-000001"],
+        ["release", "{target}", "some-id"],
+        ["prune", "{target}"],
+    ],
+)
+def test_write_commands_refuse_a_file_or_a_path_through_one(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """A write command drops files into the run dir: given a file that is not a run's
+    journal.jsonl (its directory's journal would be another file) or a path below a file,
+    it says so in one line, exit 2, and writes nothing anywhere."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    # (report and prune read the journal first: "no such file or directory" for the second)
+    for target, messages in (
+        (notes, [f"{notes}: a file, neither a run dir nor its journal.jsonl"]),
+        (notes / "run", [f"{notes}/run: {notes} is not a directory", f"{notes}/run: no such"]),
+    ):
+        proc = cli("ilab-journal", *(a.format(target=target) for a in argv), cwd=tmp_path)
+        assert proc.returncode == 2, (target, proc.stdout, proc.stderr)
+        line = proc.stderr.strip()
+        assert "\n" not in line and any(line.startswith(f"Error: {m}") for m in messages), line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_tail_prints_last_records_and_follow_ends_on_train_end(ckpt: Path) -> None:
     import subprocess
     import sys

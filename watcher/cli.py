@@ -15,7 +15,7 @@ from journal.events import EVENTS
 from journal.fsinfo import needs_polling
 from journal.leases import DEFAULT_TTL_S
 from journal.paths import resolve_journal, watch_dir
-from journal.rundir import UnsafeRunDir, check_run_dir
+from journal.rundir import UnsafeRunDir, check_run_dir, not_a_directory
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
 from watcher.engine import Watcher
@@ -309,6 +309,9 @@ def main(
             "--tensorboard LOGDIR, --mlflow or --wandb"
         )
 
+    for directory in (ckpt_dir, state_dir):  # a path through a file: it could never start
+        if directory is not None and (why := not_a_directory(directory)):
+            raise click.UsageError(why)
     if poll is None and (fstype := needs_polling(journal.parent)):
         poll = 1.0
         click.echo(
