@@ -409,12 +409,15 @@ def test_usage_errors_are_one_clear_line_before_tailing(
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_run_dir_or_state_dir_below_a_file_is_one_line_exit_2(ckpt: Path, tmp_path: Path) -> None:
+def test_a_run_state_or_tensorboard_dir_below_a_file_is_one_line_exit_2(
+    ckpt: Path, tmp_path: Path
+) -> None:
     afile = tmp_path / "afile"
     afile.write_text("")
     for argv in (
         [str(afile / "run"), "--on-save", "ls"],
         [str(ckpt), "--state-dir", str(afile / "state"), "--on-save", "ls"],
+        [str(ckpt), "--tensorboard", str(afile / "tb")],
     ):
         proc = watch(*argv, timeout=30)
         assert proc.returncode == 2, proc.stderr

@@ -268,6 +268,9 @@ def main(
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
         raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
+    for directory in (ckpt_dir, state_dir, tensorboard_dir):  # below a file: could never start
+        if directory is not None and (why := not_a_directory(directory)):
+            raise click.UsageError(why)
     policies = _parse_queue(queue)
 
     def options_for(event: str) -> HookOptions:
@@ -309,9 +312,6 @@ def main(
             "--tensorboard LOGDIR, --mlflow or --wandb"
         )
 
-    for directory in (ckpt_dir, state_dir):  # a path through a file: it could never start
-        if directory is not None and (why := not_a_directory(directory)):
-            raise click.UsageError(why)
     if poll is None and (fstype := needs_polling(journal.parent)):
         poll = 1.0
         click.echo(
