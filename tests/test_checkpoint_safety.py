@@ -147,4 +147,11 @@ def test_a_resume_from_a_checkpoint_with_planted_pickles_runs_nothing(tmp_path: 
     assert not marker.exists()
     end = records(run)[-1]
     assert end["event"] == "train_end" and end["data"]["error_type"] == "CheckpointError"
+    # DCP's .metadata is read inside its collective load, which wraps what fails there in
+    # a CheckpointException (a BaseException): the refusal still comes out as one line.
+    (full / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    proc = train(run, "--max-steps", "4")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and ".metadata: refusing to load it" in last, proc.stderr[-2000:]
+    assert not marker.exists()
     shutil.rmtree(run)

@@ -35,12 +35,12 @@ from journal.files import fsync_dir
 from journal.paths import checkpoints_dir, step_dir_name
 from journal.rundir import make_dir
 from trainer.checkpoint_files import (
-    SafeLoadPlanner,
     SafeReader,
     read_rng_state,
     read_scheduler_state,
     write_scheduler_state,
 )
+from trainer.checkpoint_fit import FittingLoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +136,16 @@ def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> TrainerState:
     """Collective: restore model, optimizer, scheduler and this rank's RNG from ``path``.
-    Raises :class:`~trainer.checkpoint_files.CheckpointError` for a file that holds more than tensors and data."""
+    Raises :class:`~trainer.checkpoint_files.CheckpointError` for a file that holds more than
+    tensors and data, :class:`~trainer.checkpoint_fit.CheckpointMismatch` for a checkpoint of
+    a model of another shape."""
     full = path / "full_state"
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    reader, planner = SafeReader(full), SafeLoadPlanner(full)
+    reader, planner = SafeReader(full), FittingLoadPlanner(full, str(path))
     try:
         dcp.load(state, storage_reader=reader, planner=planner)
-    except Exception:
+    except (Exception, dcp.CheckpointException):  # the latter is a BaseException
         refused = reader.refused or planner.refused  # DCP wraps it in its own exception
         if refused is not None:
             raise refused from None

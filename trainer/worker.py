@@ -26,6 +26,7 @@ from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
 from journal.rundir import make_dir
 from trainer.async_save import CheckpointWriteError
 from trainer.checkpoint import remove_partial_saves
+from trainer.checkpoint_fit import CheckpointMismatch
 from trainer.config import WorkerConfig
 from trainer.data import DataError
 from trainer.loop import RunOutcome, Trainer
@@ -126,7 +127,7 @@ def run_worker(cfg: WorkerConfig) -> int:
         elif _disk_full(exc, ckpt_dir):  # not a bug: one line (the traceback is journaled)
             why = f"No space left on device in {ckpt_dir}"
             log.error("training failed: %s", why)
-        elif isinstance(exc, CheckpointWriteError):  # the previous checkpoints are intact
+        elif isinstance(exc, (CheckpointWriteError, CheckpointMismatch)):  # no bug: one line
             why = str(exc)
             log.error("training failed: %s", why)
         else:
