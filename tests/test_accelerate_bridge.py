@@ -102,9 +102,9 @@ def test_a_stop_command_reaches_the_loop_through_poll_control(tmp_path: Path) ->
 
 def test_two_ranks_in_the_docs_shape_journal_once_and_stop_together(tmp_path: Path) -> None:
     """docs/integrations.md's loop as written (the tracker made before ``Accelerator()``,
-    no ``cpu=True``, gloo's ending) under torchrun with 2 CPU ranks: Accelerate then calls every rank its
-    main process; the journal still has one writer (rank 0 of the process group), and a
-    stop sent by rank 0 ends both ranks at the same step."""
+    no ``cpu=True``, gloo's ending) under torchrun with 2 CPU ranks: Accelerate then calls
+    every rank its main process; the journal still has one writer (rank 0 of the process
+    group), and a stop sent by rank 0 ends both ranks at the same step."""
     script = tmp_path / "loop.py"
     script.write_text(
         LOOP.replace(

@@ -52,12 +52,13 @@ _UNUSABLE_DIR_ERRNOS = frozenset(
 
 @contextlib.contextmanager
 def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn an OSError that says ``ckpt_dir`` cannot be a checkpoint dir into a one-line
-    :class:`ConfigError` naming it."""
+    """Turn an OSError that says ``ckpt_dir`` cannot be a checkpoint dir, or one another
+    user could steer (:class:`UnsafeRunDir`, whose message names the fix), into a one-line
+    :class:`ConfigError`."""
     try:
         yield
-    except UnsafeRunDir:
-        raise  # its own message, which names the fix
+    except UnsafeRunDir as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         if exc.errno not in _UNUSABLE_DIR_ERRNOS:
             raise
@@ -162,11 +163,9 @@ def run_training(
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
-    try:  # a dir someone else could steer: refused before anything is read or written there
-        with _checkpoint_dir_errors(train_args.ckpt_dir):
-            check_run_dir(train_args.ckpt_dir)
-    except UnsafeRunDir as exc:
-        raise ConfigError(str(exc)) from None
+    # a dir someone else could steer: refused before anything is read or written there
+    with _checkpoint_dir_errors(train_args.ckpt_dir):
+        check_run_dir(train_args.ckpt_dir)
     for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
         print(f"ilab-train: warning: {warning}", file=sys.stderr)
     with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
