@@ -21,7 +21,7 @@ else
 $(error PYTHON_ENV must be venv (default) or system, not '$(PYTHON_ENV)')
 endif
 
-.PHONY: venv system-env test test-extended test-gpu test-all torture demo demo-llm llm-model bench lint fmt clean
+.PHONY: venv system-env wheel-check test test-extended test-gpu test-all torture demo demo-llm llm-model bench lint fmt clean
 
 venv: $(STAMP)
 
@@ -91,6 +91,11 @@ llm-model: $(READY)
 bench: $(READY)
 	@mkdir -p benchmarks/results
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+# The built wheel and sdist, installed (not editable) into a fresh venv: console scripts,
+# every bridge module, 2 demo steps and a replay, run from outside the checkout (~4 min).
+wheel-check: $(READY)
+	PYTHON=$(PYTHON) bash .ci/wheel-check
 
 # Lint, format check and type check: what CI runs before the tests.
 lint: $(READY)

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The project's main job (``make demo``): train, react, steer, summarize.
 
-1. ``ilab-watch`` starts beside training: on every checkpoint it runs
+1. ``ilab-watch`` starts beside training: on the newest checkpoint it runs
    ``examples/eval_accuracy.py`` (held-out exact-match accuracy, asks for ``stop`` at the
    target accuracy), plus built-in early stopping on val_loss and divergence detection.
+   ``--queue save=latest``: when an eval ends, the next one takes the newest checkpoint and
+   skips older ones, so evals never fall behind training by more than one, even on a busy
+   machine.
 2. ``ilab-train --demo`` trains the built-in model on generated arithmetic with FSDP on
    2 CPU ranks (gloo), journaling every lifecycle event.
 3. A summary: accuracy per checkpoint, why training ended, where everything is.
@@ -44,6 +47,10 @@ def main() -> int:
             str(run),
             "--on-save",
             eval_cmd,
+            # the newest pending save only: a queue of every save lagged training on a
+            # loaded machine until the stop arrived after the run had ended
+            "--queue",
+            "save=latest",
             "--early-stopping",
             "metric=val_loss,patience=5,min_delta=0.001",
             "--divergence",
