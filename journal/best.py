@@ -1,15 +1,18 @@
 """The best checkpoint by a metric (``keep_best``, ``query --best``, ``status``): folded from
 ``report`` records (per checkpoint) and ``evaluate`` records (a step's validation belongs to
-the checkpoint saved at that step), among checkpoints not journaled as removed."""
+the checkpoint saved at that step), among checkpoints not journaled as removed and still on
+disk."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
-from journal.paths import checkpoint_key
+from journal.paths import checkpoint_key, checkpoint_root, checkpoint_step
 
 
 @dataclass(frozen=True)
@@ -117,15 +120,26 @@ class BestTracker:
         tracker._removed = {str(k) for k in state["removed"]}
         return tracker
 
-    def best(self) -> BestCheckpoint | None:
-        """The best surviving checkpoint, or None when none has a value."""
-        top: tuple[float, str, int | None] | None = None
-        for entry in self._values.values():
-            if top is None or self.goal.better(entry[0], top[0]):
-                top = entry
-        if top is None:
-            return None
-        return BestCheckpoint(top[1], self.goal.metric, top[0], top[2])
+    def best(self, run_dir: str | os.PathLike[str] | None = None) -> BestCheckpoint | None:
+        """The best surviving checkpoint, or None when none has a value. With ``run_dir``
+        (every reader of a real run passes it), only checkpoints still on disk count: one
+        deleted by hand, or a report's that was never saved, is never named (nor kept)."""
+        # best first; among equal values the first folded, as a strict "better" would pick
+        ranked = sorted(self._values.values(), key=lambda e: e[0], reverse=self.goal.mode == "max")
+        for value, path, step in ranked:
+            if run_dir is None or on_disk(run_dir, path):
+                return BestCheckpoint(path, self.goal.metric, value, step)
+        return None
+
+
+def on_disk(run_dir: str | os.PathLike[str], path: str) -> bool:
+    """Whether the checkpoint a record names exists: at its path, or, for a ``step-NNNNNN``
+    (``checkpoint-N``), by its name in ``run_dir`` (a record may spell the run dir another
+    way, e.g. relative to the trainer's working directory)."""
+    if os.path.exists(path):
+        return True
+    name = Path(path).name
+    return checkpoint_step(name) is not None and (checkpoint_root(run_dir, name) / name).exists()
 
 
 def _is_number(v: Any) -> TypeGuard[int | float]:

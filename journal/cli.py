@@ -86,7 +86,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
         folded = summarize(path, use_index=not full)
         summ, invalid = folded.summarizer, folded.invalid
         require_journal(path, summ.summary.records, invalid)
-        s = summ.result(stale_after=stale_after)
+        s = summ.result(stale_after=stale_after, run_dir=path.parent)
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
     if s.state == "empty" and s.holder:
@@ -175,7 +175,8 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
     """Show the newest records; with -f, a live view until the run ends.
 
     The live view shows a progress bar (step / planned steps), loss, lr, throughput and the
-    last checkpoint, and ends after train_end. Interrupt with Ctrl-C at any time.
+    last checkpoint, and ends after train_end. Interrupt with Ctrl-C at any time. A rotated
+    journal (mv, copytruncate) is followed without losing or repeating a record.
     """
     from journal.live import follow_journal
 
@@ -198,8 +199,8 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
     "best",
     default=None,
     metavar="METRIC:max|min",
-    help="Instead of an event: the path of the best surviving checkpoint by a reported (or "
-    "evaluate) metric, e.g. accuracy:max.",
+    help="Instead of an event: the path of the best surviving checkpoint of the journal's "
+    "current run by a reported (or evaluate) metric, e.g. accuracy:max.",
 )
 @click.option(
     "--last", "which", flag_value="last", default=True, help="The newest match (default)."
@@ -224,6 +225,7 @@ def query(
       ilab-journal query runs/x --best accuracy:max
     """
     from journal.query import find_best, find_first, find_last, get_field, is_missing
+    from journal.rotation import journal_run
 
     if (event is None) == (best is None):
         raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
@@ -235,7 +237,7 @@ def query(
             goal = MetricGoal.parse(best)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        top = find_best(path, goal)
+        top = find_best(path, goal, run_id=journal_run(path))  # the journal's run only
         if top is None:
             click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)
             sys.exit(1)

@@ -18,15 +18,33 @@ from journal.paths import JOURNAL_NAME, checkpoint_step, ckpt_dir_of, resolve_jo
 # -- control --------------------------------------------------------------------------------
 
 
+WAIT_DEFAULT_S = 300.0  # ``control --wait`` without SECONDS
+
+
 @click.command()
 @click.argument("command", type=click.Choice(CONTROL_COMMANDS))
 @click.argument("dir", type=click.Path())
 @click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
 @click.option("--source", default=None, help="Who asks (default: host:pid).")
 @click.option("--id", "command_id", default=None, help="Command id (default: a fresh unique id).")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0, max=86400),
+    is_flag=False,
+    flag_value=WAIT_DEFAULT_S,
+    default=None,
+    metavar="[SECONDS]",
+    help=f"Wait for the trainer's verdict (default {WAIT_DEFAULT_S:.0f} s) and print it; "
+    "exit 0 applied, 1 rejected, 124 no verdict.",
+)
 @user_errors
 def control(
-    command: str, dir: str, reason: str | None, source: str | None, command_id: str | None
+    command: str,
+    dir: str,
+    reason: str | None,
+    source: str | None,
+    command_id: str | None,
+    wait: float | None,
 ) -> None:
     """Ask a running trainer to act at its next step boundary; print the command id.
 
@@ -39,19 +57,40 @@ def control(
 
     DIR is the checkpoint directory. Inside a watcher callback use "$ILAB_CKPT_DIR".
     The outcome appears in the journal as a "control" record (accepted or rejected).
+    With --wait, print that outcome instead of the id, in one line, when it comes.
     """
-    from journal.control import InvalidCommand, send_command
+    from journal.control import InvalidCommand, journal_end, send_command, wait_for_verdict
 
     p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
+    if command_id is not None:
+        _refuse_used_id(p, command_id)
+    since = journal_end(p)
     try:
         cid = send_command(p, command, reason=reason, source=source, command_id=command_id)
     except InvalidCommand as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot write command in {p}: {exc.strerror or exc}") from None
-    click.echo(cid)
+    if wait is None:
+        click.echo(cid)
+        return
+    verdict = wait_for_verdict(p, cid, timeout=wait, since=since)
+    click.echo(verdict.line(cid, command, waited=wait, run_dir=p))
+    raise SystemExit(verdict.exit_code)
+
+
+def _refuse_used_id(run_dir: Path, command_id: str) -> None:
+    """An id is applied at most once per run dir: a reused one would be dropped unread."""
+    from journal.reader import iter_events
+
+    path = run_dir / JOURNAL_NAME
+    for rec in iter_events(path, {"control"}) if path.exists() else ():
+        if rec["data"].get("id") == command_id:
+            raise UserError(
+                f"--id {command_id}: already used in {run_dir} (a command id is acted on once)"
+            )
 
 
 @click.command()
@@ -82,7 +121,8 @@ def report(
     Values are numbers, true/false, or text. The report becomes a "report" record in the
     journal: right away when training is over, else at the trainer's next step boundary.
     With --keep-best the named metric must be a number. --checkpoint must be a checkpoint
-    of this run (its path, or its name: step-000040); a path elsewhere is refused.
+    of this run on disk now (its path, or its name: step-000040); a path elsewhere, or a
+    checkpoint never saved or already removed, is refused.
     """
     from journal.best import MetricGoal
     from journal.query import find_last
@@ -116,7 +156,7 @@ def report(
             source=source,
             delivery_id=os.environ.get("ILAB_DELIVERY_ID") or None,
         )
-    except InvalidReport as exc:  # a checkpoint of another run, a report over 64 KiB
+    except InvalidReport as exc:  # a checkpoint of another run or not on disk, over 64 KiB
         raise UserError(str(exc)) from None
     click.echo(rid)
 

@@ -2,7 +2,8 @@
 
 A command is one JSON file ``<ckpt_dir>/control/<id>.json``, written to a temp file in the
 same directory and renamed, so the trainer never sees half a command and many writers
-(people, scripts, watchers on other hosts) can write at once.
+(people, scripts, watchers on other hosts) can write at once. The trainer's verdict is a
+``control`` record in the journal naming the id: :func:`wait_for_verdict` waits for it.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import orjson
 
 from journal.events import CONTROL_COMMANDS
 from journal.files import atomic_write
+from journal.format import printable
 from journal.inbox import MAX_NAME_CHARS, clip
-from journal.paths import control_dir
+from journal.lock import lock_holder, run_holder
+from journal.paths import control_dir, journal_path
+from journal.reader import JournalReader, end_of_complete_lines, last_record
 
 COMMAND_FILE_SUFFIX = ".json"
 
@@ -109,3 +114,99 @@ def send_command(
         cdir / f"{cid}{COMMAND_FILE_SUFFIX}", orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
     )
     return cid
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of a command: ``applied`` or ``rejected`` (``data``: its ``control``
+    record's payload, ``step``: the record's step), or no verdict: ``timeout``, or
+    ``not_running`` (no training attempt is running to read it: the next one rejects it as
+    stale, since its file is there before that attempt starts)."""
+
+    outcome: Literal["applied", "rejected", "timeout", "not_running"]
+    data: dict[str, Any] | None = None
+    step: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """``ilab-journal control --wait``'s: 0 applied, 1 rejected, 124 (as timeout(1)) no
+        verdict."""
+        return {"applied": 0, "rejected": 1}.get(self.outcome, NO_VERDICT_EXIT)
+
+    def line(self, command_id: str, command: str, *, waited: float, run_dir: Path) -> str:
+        """The verdict in one printable line, the id first (as ``control`` prints it)."""
+        data = self.data or {}
+        if self.outcome == "applied":
+            what = f"{command} applied at step {data.get('applied_at_step')}"
+        elif self.outcome == "rejected":
+            what = f"{command} rejected: {data.get('reason')}"
+        elif self.outcome == "timeout":
+            what = f"{command}: no verdict within {waited:g} s (still queued for the next step)"
+        else:
+            what = (
+                f"{command}: no verdict: no training attempt is running in {run_dir} "
+                "(the next one rejects it as stale)"
+            )
+        return printable(f"{command_id}: {what}")
+
+
+#: How often :func:`wait_for_verdict` reads what the journal gained (a few bytes each time:
+#: the reader goes on from its offset), and how often it asks whether a trainer still runs.
+VERDICT_POLL_S = 0.1
+NO_VERDICT_EXIT = 124
+RUNNING_CHECK_S = 1.0
+
+
+def journal_end(ckpt_dir: str | os.PathLike[str]) -> int:
+    """Where the journal ends now: take it before :func:`send_command`, for
+    :func:`wait_for_verdict`'s ``since`` (the verdict can only come after the command)."""
+    return end_of_complete_lines(journal_path(ckpt_dir))
+
+
+def wait_for_verdict(
+    ckpt_dir: str | os.PathLike[str], command_id: str, *, timeout: float, since: int = 0
+) -> Verdict:
+    """Follow the journal from byte ``since`` until the ``control`` record of
+    ``command_id`` appears, ``timeout`` seconds pass, or no attempt is running to read the
+    command: the journal ends with ``train_end`` (or does not exist) and nobody holds the
+    run dir (no journal writer, no launcher). A crashed attempt (no ``train_end``) or a lock
+    this host cannot see (some network file systems) is waited on: ``timeout`` then."""
+    path = Path(journal_path(ckpt_dir))
+    reader = JournalReader(path, since)
+    last = last_record(path) if path.exists() else None
+    seen = _Seen(command_id, last.get("event") if last else None)
+    deadline = time.monotonic() + timeout
+    next_check = time.monotonic()
+    while True:
+        if path.exists() and path.stat().st_size < reader.offset:
+            reader = JournalReader(path)  # rotated or truncated: the new file from its start
+        if verdict := seen.read(reader):
+            return verdict
+        now = time.monotonic()
+        if now >= next_check and seen.last_event in (None, "train_end"):
+            next_check = now + RUNNING_CHECK_S
+            if lock_holder(ckpt_dir) is None and run_holder(ckpt_dir) is None:
+                # the verdict may have come just before the trainer let go: one more look
+                return seen.read(reader) or Verdict("not_running")
+        if now >= deadline:
+            return Verdict("timeout")
+        time.sleep(min(VERDICT_POLL_S, max(deadline - now, 0.0)))
+
+
+class _Seen:
+    """What :func:`wait_for_verdict` learnt from the records so far."""
+
+    def __init__(self, command_id: str, last_event: str | None) -> None:
+        self.command_id, self.last_event = command_id, last_event
+
+    def read(self, reader: JournalReader) -> Verdict | None:
+        """The verdict among the records the journal gained, if there."""
+        for rec in reader.read().records:
+            self.last_event = rec.get("event")
+            data = rec.get("data") or {}
+            if self.last_event == "control" and data.get("id") == self.command_id:
+                outcome: Literal["applied", "rejected"] = (
+                    "applied" if data.get("accepted") is True else "rejected"
+                )
+                return Verdict(outcome, data, rec.get("step"))
+        return None

@@ -67,6 +67,24 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+#: Lines of a traceback that say nothing of what went wrong (the exception lines do).
+_TRACEBACK_NOISE = ("Traceback (most recent call last)", "During handling of", "The above exc")
+
+
+def error_line(text: str, width: int = 200) -> str:
+    """A multi-line error (an exception whose message holds tracebacks, such as torch's
+    CheckpointException after a full disk) as one line: its exception lines, each once,
+    without the frames. The whole text stays in the record (``show --json``)."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    said = [
+        ln
+        for ln in lines
+        if not ln[0].isspace() and not ln.startswith(_TRACEBACK_NOISE)  # frames are indented
+    ]
+    text = "; ".join(dict.fromkeys(said or lines[:1]))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _report_digest(data: dict[str, Any], width: int) -> str:
     metrics = data.get("metrics") or {}
     where = Path(str(data.get("checkpoint_path") or "-")).name
@@ -134,7 +152,7 @@ def status_text(s: RunSummary, path: Path) -> str:
         progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
         ago = f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""
         rows += [
-            *([("error", s.error)] if s.error else []),
+            *([("error", _error_row(s.error, path))] if s.error else []),
             ("run", f"{s.run_id} attempt {s.attempt}"),
             ("step", f"{progress}  epoch {s.epoch}  samples {s.samples_seen}"),
             ("loss", fmt_num(s.last_loss) if s.last_loss is not None else "-"),
@@ -150,6 +168,14 @@ def status_text(s: RunSummary, path: Path) -> str:
     else:
         rows.append(("journal", f"{path} (not created yet)"))
     return "\n".join(f"{k:>12}  {printable(str(v))}" for k, v in rows)
+
+
+def _error_row(error: str, path: Path) -> str:
+    """The error in one line, and where its whole text is when that line is not all."""
+    line = error_line(error)
+    if line == error:
+        return line
+    return f"{line}  (whole text: ilab-journal show {path} -e train_end --json)"
 
 
 def holder_text(info: dict[str, Any]) -> str:

@@ -28,7 +28,8 @@ from journal.paths import INDEX_NAME
 from journal.reader import CHUNK_SIZE, JournalReader
 from journal.summary import Summarizer
 
-VERSION = 2  # 2: folded only records whose fields have the right types (journal/fields.py)
+VERSION = 3  # 2: folded only records of the right field types (journal/fields.py); 3: a new run
+# forgets the last run's checkpoint
 MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
 
 

@@ -12,8 +12,8 @@ import orjson
 from journal import index
 from journal.format import fmt_ts, printable, summarize_data
 from journal.query import last_records
-from journal.reader import JournalReader
 from journal.summary import STATE_EXIT_CODES, Summarizer
+from journal.tailing import RotatingReader
 
 
 def _line(rec: dict[str, Any]) -> str:
@@ -54,7 +54,7 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(Summarizer()), final=False)
-    reader = JournalReader(path, folded.offset, folded.line_no)
+    reader = RotatingReader(path, folded.offset, folded.line_no)  # mv, copytruncate
     summ = folded.summarizer
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.offset)[0]:
@@ -65,8 +65,9 @@ def follow_journal(
     return _follow_live(reader, summ, interval)
 
 
-def _follow_plain(reader: JournalReader, summ: Summarizer, emit: Any, interval: float) -> int:
+def _follow_plain(reader: RotatingReader, summ: Summarizer, emit: Any, interval: float) -> int:
     while not summ.ended:
+        reader.check()
         batch = reader.read()
         for rec in batch.records:
             summ.add(rec)
@@ -77,7 +78,7 @@ def _follow_plain(reader: JournalReader, summ: Summarizer, emit: Any, interval: 
     return STATE_EXIT_CODES.get(summ.summary.state, 1)
 
 
-def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> int:
+def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> int:
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -112,6 +113,7 @@ def _follow_live(reader: JournalReader, summ: Summarizer, interval: float) -> in
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
         while not summ.ended:
+            reader.check()
             batch = reader.read()
             for rec in batch.records:
                 summ.add(rec)

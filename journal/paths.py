@@ -27,6 +27,11 @@ RUN_LOCK_NAME = "run.lock"  # held by the launcher of the run in progress
 #: run dir itself, when the journal sits in its output_dir).
 _STEP_DIR = re.compile(r"^(?:step|checkpoint)-(\d+)$")
 HF_CHECKPOINT_PREFIX = "checkpoint-"
+#: Inside an ilab-train checkpoint: ``full_state/trainer_state.json`` names the run that saved
+#: it; DCP writes ``full_state/.metadata`` last, so a checkpoint without it is incomplete.
+FULL_STATE_DIR_NAME = "full_state"
+TRAINER_STATE_NAME = "trainer_state.json"
+DCP_METADATA_NAME = ".metadata"
 #: Lightning's single-file checkpoints (``epoch=0-step=4.ckpt``), anywhere in the run dir.
 CHECKPOINT_FILE_SUFFIX = ".ckpt"
 

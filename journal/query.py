@@ -7,6 +7,7 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -204,12 +205,17 @@ def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | Non
             return None
 
 
-def find_best(path: str | os.PathLike[str], goal: MetricGoal) -> BestCheckpoint | None:
-    """The best checkpoint not journaled as removed, by ``goal`` (reports and evaluate)."""
+def find_best(
+    path: str | os.PathLike[str], goal: MetricGoal, *, run_id: str | None = None
+) -> BestCheckpoint | None:
+    """The best checkpoint not journaled as removed and still on disk, by ``goal`` (reports
+    and evaluate); of run ``run_id`` only, when given (a journal holds every run of its
+    dir)."""
     tracker = BestTracker(goal)
     for rec in iter_events(path, set(BEST_EVENTS)):  # parses only lines naming those events
-        tracker.add(rec)
-    return tracker.best()
+        if run_id is None or rec.get("run_id") == run_id:
+            tracker.add(rec)
+    return tracker.best(Path(path).parent)
 
 
 def get_field(record: dict[str, Any], dotted: str) -> Any:

@@ -236,7 +236,7 @@ class JournalReader:
         """
         batch = ReadBatch(offset=self.offset, line_no=self.line_no)
         try:
-            fd = open_for_reading(self.path)
+            fd = self._open()
         except FileNotFoundError:
             return batch
         carry = Carry()
@@ -276,6 +276,11 @@ class JournalReader:
                 stacklevel=2,
             )
         return batch
+
+    def _open(self) -> int:
+        """A descriptor of the file to read (closed after each read; a follower across
+        rotation reads a file it holds open instead: journal/tailing.py)."""
+        return open_for_reading(self.path)
 
     def _resume_long_tail(self, carry: Carry, size: int) -> int:
         """Where to start reading: past what an earlier read measured of a torn tail over

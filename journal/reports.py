@@ -163,7 +163,10 @@ def run_checkpoint(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLi
     A checkpoint of the run is ``step-NNNNNN`` in its ``checkpoints/`` (HF Trainer's
     ``checkpoint-N`` in the run dir itself), or, for bridges that name theirs freely, an
     existing directory inside the run dir. A relative path is taken from the current
-    directory. Whether it was rotated away is the journal's business: see BestTracker.
+    directory. It must be on disk now, with its files (see :func:`not_on_disk`): a report
+    for a checkpoint never saved, or already removed, could otherwise become the best and
+    cost the real one its place in rotation. Checked when a report is submitted and again
+    when it is journaled (a leased checkpoint stays on disk until its lease ends).
     """
     run, given = Path(ckpt_dir), Path(checkpoint)
     name = given.name
@@ -190,7 +193,27 @@ def run_checkpoint(ckpt_dir: str | os.PathLike[str], checkpoint: str | os.PathLi
             f"{checkpoint}: not a checkpoint of {ckpt_dir} "
             f"(expected {checkpoints_dir(run)}/step-NNNNNN or its name)"
         )
+    if why := not_on_disk(where):
+        shown = "" if os.path.abspath(checkpoint) == str(where) else f" ({where})"
+        raise InvalidReport(f"{checkpoint}: {why}{shown}")
     return str(where)
+
+
+def not_on_disk(path: Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint on disk now, or None when it is one: a
+    directory holding its files (saves write under ``.tmp-`` and rename, so such a
+    directory is complete; an empty one was made by hand)."""
+    try:
+        with os.scandir(path) as entries:
+            if next(entries, None) is None:
+                return "an empty directory, not a checkpoint"
+    except FileNotFoundError:
+        return "no such checkpoint, never saved or removed since"
+    except NotADirectoryError:
+        return "a file, not a checkpoint directory"
+    except OSError as exc:
+        return f"unreadable checkpoint ({exc.strerror or exc})"
+    return None
 
 
 # -- submission and ingestion ---------------------------------------------------------------
@@ -220,8 +243,9 @@ def submit_report(
 ) -> str:
     """Hand a report to the journal (see the module docstring); returns its id.
 
-    Raises :class:`InvalidReport` when its checkpoint is not one of this run or when it is
-    too large for the inbox (64 KiB: fewer or shorter metrics); nothing is written then.
+    Raises :class:`InvalidReport` when its checkpoint is not one of this run on disk now or
+    when it is too large for the inbox (64 KiB: fewer or shorter metrics); nothing is
+    written then.
     """
     payload = report_payload(report, source=source, delivery_id=delivery_id)
     if report.checkpoint_path is not None:
@@ -283,9 +307,10 @@ def ingest(
     and archive its file; returns how many were journaled.
 
     A file that is not a valid report (not a regular file, over 64 KiB, malformed, for a
-    checkpoint of another run) is refused: journaled once as a ``control`` record naming no
-    command, and moved to ``reports/rejected/``. ``handled`` (names already journaled by
-    this process, that could not be moved) keeps such a file from being journaled again.
+    checkpoint of another run or one not on disk now) is refused: journaled once as a
+    ``control`` record naming no command, and moved to ``reports/rejected/``. ``handled``
+    (names already journaled by this process, that could not be moved) keeps such a file
+    from being journaled again.
     """
     done = 0
     handled = set() if handled is None else handled

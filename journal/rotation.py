@@ -3,6 +3,10 @@ journal each deletion. The trainer's rank 0 rotates after each save; once no tra
 the journal, whoever releases a lease (the watcher) or ``ilab-journal prune`` applies the
 run's own policy, under the journal lock.
 
+Checkpoints belong to a run: rotation, resume, ``prune`` and ``export`` act only on those whose
+``full_state/trainer_state.json`` names the run they act for (:func:`checkpoint_run_id`, the
+one place that decides it), so two runs in one dir never delete or resume each other's.
+
 A deletion renames the checkpoint aside first and looks at the leases once more: a lease
 taken between the first look and the rename wins, and the checkpoint is put back. A watcher
 that finds a checkpoint missing while a ``.removing-`` twin exists waits for the outcome.
@@ -10,6 +14,7 @@ that finds a checkpoint missing while a ``.removing-`` twin exists waits for the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -19,7 +24,15 @@ from typing import Any
 
 from journal import leases
 from journal.lock import JournalLock
-from journal.paths import checkpoint_step, checkpoints_dir, journal_path
+from journal.paths import (
+    DCP_METADATA_NAME,
+    FULL_STATE_DIR_NAME,
+    TRAINER_STATE_NAME,
+    checkpoint_step,
+    checkpoints_dir,
+    journal_path,
+)
+from journal.reader import last_record
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +40,31 @@ REMOVING_PREFIX = ".removing-"
 Emit = Callable[[str, dict[str, Any]], Any]
 
 
-def list_checkpoints(ckpt_dir: Path, root: Path | None = None) -> list[Path]:
-    """Complete checkpoints, oldest first (``.tmp-`` and ``.removing-`` ones are not), in
-    ``root`` (default: the run's ``checkpoints/``; an HF Trainer's output dir for a bridge)."""
+def checkpoint_run_id(path: Path) -> str | None:
+    """The run that saved an ilab-train checkpoint: the ``run_id`` its
+    ``full_state/trainer_state.json`` names. None when it names none (saved without a
+    journal) or cannot be read (a copy cut short, another trainer's layout)."""
+    try:
+        with open(path / FULL_STATE_DIR_NAME / TRAINER_STATE_NAME, "rb") as f:
+            state = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    run_id = state.get("run_id") if isinstance(state, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def is_complete(path: Path) -> bool:
+    """Whether an ilab-train checkpoint can be loaded: DCP writes ``full_state/.metadata``
+    last. A ``step-*`` dir without it comes from a crash in a save or a copy cut short."""
+    return (path / FULL_STATE_DIR_NAME / DCP_METADATA_NAME).is_file()
+
+
+def list_checkpoints(
+    ckpt_dir: Path, root: Path | None = None, *, run_id: str | None = None
+) -> list[Path]:
+    """Checkpoint directories, oldest first (``.tmp-`` and ``.removing-`` ones are not), in
+    ``root`` (default: the run's ``checkpoints/``; an HF Trainer's output dir for a bridge).
+    With ``run_id``: only those that run saved (:func:`checkpoint_run_id`)."""
     root = checkpoints_dir(ckpt_dir) if root is None else root
     if not root.is_dir():
         return []
@@ -38,13 +73,39 @@ def list_checkpoints(ckpt_dir: Path, root: Path | None = None) -> list[Path]:
         for p in root.iterdir()
         if (step := checkpoint_step(p.name)) is not None and p.is_dir()
     ]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in sorted(found) if run_id is None or checkpoint_run_id(p) == run_id]
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    cps = list_checkpoints(ckpt_dir)
-    return cps[-1] if cps else None
+def journal_run(journal: Path) -> str | None:
+    """The run a journal is about now: the ``run_id`` of its last record (None: no journal,
+    or no record in it)."""
+    try:
+        last = last_record(journal)
+    except OSError:
+        return None
+    run_id = last.get("run_id") if last else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def latest_checkpoint(ckpt_dir: Path, run_id: str | None) -> Path | None:
+    """The checkpoint a resume (or an export) of run ``run_id`` uses: its newest complete
+    one; with ``run_id`` None (no journal says which run) the newest complete one of any run.
+    Another run's checkpoint is never picked. A newer one of the run that is incomplete is
+    skipped, with a warning naming it (left in place for the user to look at)."""
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        owner = checkpoint_run_id(path)
+        if run_id is not None and owner != run_id and (owner is not None or is_complete(path)):
+            continue  # another run's (a complete one naming no run is not this run's either)
+        if is_complete(path):
+            return path
+        log.warning(
+            "skipping %s: incomplete (no %s/%s: a save cut short, or a partial copy); "
+            "using the previous complete checkpoint",
+            path,
+            FULL_STATE_DIR_NAME,
+            DCP_METADATA_NAME,
+        )
+    return None
 
 
 def rotate(
@@ -54,6 +115,7 @@ def rotate(
     keep: set[str],
     emit: Emit,
     root: Path | None = None,
+    run_id: str | None = None,
 ) -> list[Path]:
     """Delete the checkpoints no policy keeps; returns what was deleted.
 
@@ -62,11 +124,13 @@ def rotate(
         keep: more names to keep (the best checkpoint).
         emit: journals a ``checkpoint_removed`` record.
         root: where the checkpoints are (default: ``checkpoints/``).
+        run_id: the run rotated: other runs' checkpoints are neither counted nor deleted
+            (None: every checkpoint in ``root``, for trainers that record no run in them).
     """
     finish_interrupted_removals(ckpt_dir, emit, root)
     if not keep_last_n:
         return []
-    found = list_checkpoints(ckpt_dir, root)
+    found = list_checkpoints(ckpt_dir, root, run_id=run_id)
     candidates = [p for p in found[:-keep_last_n] if p.name not in keep]
     if not candidates:
         return []
@@ -147,8 +211,8 @@ def finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = 
 
 
 def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
-    """Rotate a run that no trainer is writing, by the policy of its last ``train_begin``
-    (``keep_last_n``, ``keep_best``), journaling each deletion. Does nothing while a trainer
+    """Rotate the run of the last ``train_begin`` when no trainer is writing, by its policy
+    (``keep_last_n``, ``keep_best``) and among its own checkpoints, journaling each deletion. Does nothing while a trainer
     holds the journal: it rotates at its next save."""
     from journal.best import MetricGoal
     from journal.query import find_best, find_last
@@ -157,7 +221,10 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     begin = find_last(journal_path(ckpt_dir), "train_begin")
     config = ((begin or {}).get("data") or {}).get("config") or {}
     keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
-    if not isinstance(keep_last_n, int) or len(list_checkpoints(ckpt_dir)) <= keep_last_n:
+    run_id = (begin or {}).get("run_id")
+    if not isinstance(run_id, str) or not isinstance(keep_last_n, int):
+        return []
+    if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:
         return []  # the common case: nothing surplus, no lock and no scan
     lock = JournalLock(ckpt_dir, role=role)
     if not lock.try_acquire():
@@ -173,9 +240,9 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     try:
         keep: set[str] = set()
         if isinstance(keep_best, str):
-            best = find_best(journal_path(ckpt_dir), MetricGoal.parse(keep_best))
+            best = find_best(journal_path(ckpt_dir), MetricGoal.parse(keep_best), run_id=run_id)
             keep = {Path(best.checkpoint_path).name} if best else set()
-        return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit)
+        return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
     finally:
         if writer is not None:
             writer.close()

@@ -97,6 +97,8 @@ class Summarizer:
             s.last_step = step
         s.epoch = rec.get("epoch", s.epoch)
         s.samples_seen = rec.get("samples_seen", s.samples_seen)
+        if event == "train_begin" and rec.get("run_id") != s.run_id:
+            s.last_checkpoint = None  # a new run: the run before's checkpoints are not its own
         if event == "train_begin" or s.run_id is None:
             s.run_id, s.attempt = rec.get("run_id"), rec.get("attempt")
         if self._best is not None and event in BEST_EVENTS:
@@ -129,7 +131,7 @@ class Summarizer:
                 s.last_checkpoint = data["final_checkpoint"]
             if data.get("error_type"):
                 s.error = f"{data['error_type']}: {data.get('error_message', '')}"
-        elif s.state == "empty":
+        if s.state == "empty":  # any record (a journal rotated mid-run starts with a log)
             s.state = "running"
 
     def to_state(self) -> dict[str, Any]:
@@ -161,9 +163,16 @@ class Summarizer:
             except ValueError:
                 self.summary.keep_best = None
 
-    def result(self, *, stale_after: float | None = None, now: float | None = None) -> RunSummary:
+    def result(
+        self,
+        *,
+        stale_after: float | None = None,
+        now: float | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+    ) -> RunSummary:
+        """The summary so far; with ``run_dir``, the best checkpoint is one still on disk."""
         s = self.summary
-        best = self._best.best() if self._best is not None else None
+        best = self._best.best(run_dir) if self._best is not None else None
         s.best_checkpoint = best.to_dict() if best else None
         if s.state == "running" and s.last_ts is not None:
             now = time.time() if now is None else now

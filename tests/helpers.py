@@ -320,6 +320,19 @@ def write_run(
     return w
 
 
+def make_checkpoint(ckpt: Path, step: int, run_id: str | None, *, complete: bool = True) -> Path:
+    """A checkpoint dir as ilab-train leaves it, without tensors: ``full_state/
+    trainer_state.json`` names the run that saved it (rotation, resume, prune and export act
+    only on their run's), ``full_state/.metadata`` (DCP's, written last) says it is complete."""
+    path = journal_path(ckpt).parent / "checkpoints" / f"step-{step:06d}"
+    (path / "full_state").mkdir(parents=True)
+    state = {"step": step, "epoch": 0, "step_in_epoch": step, "samples_seen": 0, "run_id": run_id}
+    (path / "full_state" / "trainer_state.json").write_text(json.dumps(state))
+    if complete:
+        (path / "full_state" / ".metadata").write_bytes(b"dcp")
+    return path
+
+
 def workers_of(ckpt: Path) -> list[psutil.Process]:
     """Training worker processes of this checkpoint dir, wherever they were re-parented."""
     out = []

@@ -213,7 +213,10 @@ def test_flags_override_a_config_file_and_only_when_given(tmp_path: Path) -> Non
     path.write_text(json.dumps(config))
     run = ["ilab-train", "--config", str(path), "--ckpt-dir", str(tmp_path / "run")]
     proc = cli(*run)
-    assert proc.returncode == 2 and "--lr: Input should be greater than 0" in proc.stderr
+    # named as the file spells it, with the flag that overrides it
+    assert proc.returncode == 2 and "lr in --config (--lr): Input should be greater" in proc.stderr
+    proc = cli(*run, "--lr", "inf")  # a flag's value is named by the flag, file or not
+    assert proc.returncode == 2 and "; --lr: Input should be a finite number" in proc.stderr
     proc = cli(*run, "--lr", "0.01", "--d-model", "32", "--nnodes", "1", "--backend", "nccl")
     assert proc.returncode == 2 and "--backend nccl needs CUDA GPUs" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
@@ -227,7 +230,7 @@ def test_settings_in_a_config_file_are_named_in_errors(tmp_path: Path) -> None:
     assert "callback_grace_s in --config: Input should be greater than or equal to 0" in (
         proc.stderr
     )
-    assert "--dropout: Input should be less than 1" in proc.stderr
+    assert "model.dropout in --config (--dropout): Input should be less than 1" in proc.stderr
     path.write_text("demo: true\ntorchrun: {gpus: 2}\n")
     proc = cli("ilab-train", "--config", str(path), "--ckpt-dir", str(tmp_path / "run"))
     assert proc.returncode == 2 and "unknown setting 'torchrun.gpus' in --config" in proc.stderr

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,66 @@ def test_eval_script_beside_training_runs_once_per_checkpoint(tmp_path: Path) ->
     for r in reports:  # one per checkpoint, journaled through the watcher's $ILAB_REPORT
         assert 0.0 <= r["metrics"]["accuracy"] <= 1.0 and r["metrics"]["eval_problems"] > 0
         assert r["delivery_id"] and r["step"] == int(r["checkpoint_path"][-6:])
+
+
+#: ``ilab-journal`` on a host whose clock is 2 minutes behind the trainer's (as
+#: ``faketime -f -2m`` would run it, without depending on faketime being installed).
+CLOCK_BEHIND = (
+    "import sys, time; t, tn = time.time, time.time_ns; "
+    "time.time = lambda: t() - 120; time.time_ns = lambda: tn() - 120 * 10**9; "
+    "from journal.cli import main; sys.argv[0] = 'ilab-journal'; main()"
+)
+
+
+def test_a_stop_from_a_clock_behind_is_applied_and_a_leftover_is_rejected_aloud(
+    tmp_path: Path,
+) -> None:
+    """Staleness is judged on the trainer's side (the file was there before the attempt),
+    never by the writer's clock; `--wait` prints the verdict; a rejection is one console line."""
+    ckpt = tmp_path / "run"
+    ckpt.mkdir()
+    leftover = send_command(ckpt, "save", command_id="leftover-save")  # before the attempt
+    console = tmp_path / "console.txt"
+    with console.open("w") as out:
+        job = subprocess.Popen(
+            [
+                a
+                for a in train_argv(ckpt, "--max-steps", "400", "--log-every", "1000")
+                if a != "--quiet"
+            ],
+            env=train_env(step_delay=0.1),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(
+                lambda: any(r["event"] == "step_end" and r["step"] >= 2 for r in records(ckpt)),
+                what="step 2",
+            )
+            proc = subprocess.run(
+                [sys.executable, "-c", CLOCK_BEHIND, "control", "stop", str(ckpt), "--wait", "120"],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            job.wait(timeout=120)
+        finally:
+            job.kill()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [line] = proc.stdout.splitlines()
+    cid, verdict = line.split(": ", 1)
+    applied = control_record(ckpt, cid)
+    assert applied is not None and applied["data"]["accepted"] is True
+    assert verdict == f"stop applied at step {applied['data']['applied_at_step']}"
+    written = json.loads((ckpt / "control" / "processed" / f"{cid}.json").read_text())["ts"]
+    begin = next(r for r in records(ckpt) if r["event"] == "train_begin")
+    assert written < begin["ts"]  # its own clock said: before the attempt started
+    end = records(ckpt)[-1]
+    assert job.returncode == 0 and end["event"] == "train_end"
+    assert end["data"]["status"] == "stopped" and end["step"] == applied["data"]["applied_at_step"]
+    rejected = control_record(ckpt, leftover)
+    assert rejected is not None and rejected["data"]["accepted"] is False
+    assert rejected["data"]["reason"].startswith("stale")
+    said = [ln for ln in console.read_text().splitlines() if leftover in ln]
+    assert len(said) == 1 and "rejected" in said[0] and "stale" in said[0], said

@@ -18,7 +18,7 @@ import pytest
 
 from journal import JournalWriter, leases, read_all, send_command
 from journal.reports import ingest, pending
-from tests.helpers import cli
+from tests.helpers import cli, make_checkpoint
 from trainer.control_poller import SAVE, ControlPoller
 from trainer.report_inbox import ReportInbox
 
@@ -290,7 +290,7 @@ def test_prune_is_not_hung_by_a_fifo_lease(ckpt: Path) -> None:
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {"keep_last_n": 1}})
         for step in (1, 2, 3):
-            (ckpt / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+            make_checkpoint(ckpt, step, w.run_id)
             w.append("save", {"checkpoint_path": str(ckpt / f"checkpoints/step-{step:06d}")})
         w.append("train_end", {"status": "completed"})
     plant(ckpt / "leases", "step-000001--fifo.json", "fifo", b"", ckpt)

@@ -139,7 +139,21 @@ def test_lora_options_map_onto_ours(tmp_path: Path) -> None:
         ("validation_split", 0.05, "train_args.validation_frequency: must be > 0"),
         ("warmup_step", 3, "train_args.warmup_step: unknown field"),
         ("learning_rate", -1.0, "train_args.learning_rate: Input should be greater than 0"),
+        ("learning_rate", float("inf"), "train_args.learning_rate: Input should be a finite"),
+        ("learning_rate", "Infinity", "train_args.learning_rate: Input should be a finite"),
+        ("learning_rate", float("nan"), "train_args.learning_rate: Input should be a finite"),
+        (
+            "random_seed",
+            2**80,
+            "train_args.random_seed: must be a whole number from 0 to 4294967295",
+        ),
+        (
+            "effective_batch_size",
+            1e12,
+            "train_args.effective_batch_size: expected a whole number, got the float 1000000000000.0",
+        ),
         ("callbacks", [object()], "train_args.callbacks: not supported"),
+        ("data_path", "/", "training data file / is a directory, not a data file"),
     ],
 )
 def test_a_field_that_cannot_run_here_is_one_line_naming_it(
@@ -325,6 +339,17 @@ def test_ilab_train_refuses_an_unsupported_field_in_one_line(tmp_path: Path) -> 
         "ilab-train: train_args.lora.quantize_data_type: quantized LoRA (nf4) is not supported\n"
     )
     assert not (tmp_path / "run").exists()  # refused before anything started
+    # a value our settings refuse is named as InstructLab spells it, not by our flag
+    path.write_text(yaml.safe_dump({"train_args": {**base_args(tmp_path), "learning_rate": 1e999}}))
+    proc = subprocess.run(
+        [str(BIN / "ilab-train"), "--instructlab-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=train_env(),
+    )
+    assert proc.returncode == 2 and not (tmp_path / "run").exists()
+    assert proc.stderr == "ilab-train: train_args.learning_rate: Input should be a finite number\n"
     path.write_text(yaml.safe_dump({"train_args": base_args(tmp_path), "torchrun": {}}))
     proc = subprocess.run(
         [str(BIN / "ilab-train"), "--instructlab-config", str(path)],

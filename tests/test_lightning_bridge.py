@@ -2,7 +2,8 @@
 Trainer's own DDP strategy): the journal validates, a replay delivers to ``--on-save``
 every checkpoint ``ModelCheckpoint`` kept (its deletions are journaled), a control ``stop`` stops both ranks at the same step with a final save, and
 an exception ends in ``train_end`` failed. In one process: a leased ``.ckpt`` outlives
-``ModelCheckpoint``'s rotation until its lease is released."""
+``ModelCheckpoint``'s rotation until its lease is released, and a ``dirpath`` outside the
+run dir (which no lease covers) is said so at start."""
 
 from __future__ import annotations
 
@@ -230,3 +231,69 @@ def test_a_leased_ckpt_outlives_model_checkpoint_rotation_until_released(tmp_pat
     assert watch.returncode == 0, watch.stderr
     assert seen.read_text().startswith("lightning_logs%2Fversion_0%2Fcheckpoints%2Fstep=8.ckpt--")
     assert not list((out / "leases").glob("*.json"))
+
+
+OUTSIDE_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from trainer.integrations.lightning import JournalCallback
+
+    out, elsewhere = sys.argv[1], sys.argv[2]
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, i):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(8, 8)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2
+    )
+    each = dict(save_top_k=2, monitor="step", mode="max")  # state keys differ by the interval
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=3, default_root_dir=out, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[JournalCallback(),
+                   ModelCheckpoint(dirpath=f"{out}/checkpoints", filename="in-{step}",
+                                   every_n_train_steps=2, **each),
+                   ModelCheckpoint(dirpath=elsewhere, filename="out-{step}",
+                                   every_n_train_steps=1, **each)],
+    )
+    trainer.fit(Tiny(), loader)
+    """
+)
+
+
+def test_a_model_checkpoint_dir_outside_the_run_dir_is_said_to_be_unprotected(
+    tmp_path: Path,
+) -> None:
+    """Leases cover only the run dir: ModelCheckpoint(dirpath=elsewhere) gets one warning
+    line at start and a note in train_begin; the dirpath inside the run dir gets neither."""
+    script = tmp_path / "train_outside.py"
+    script.write_text(OUTSIDE_SCRIPT)
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out), str(elsewhere)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "leases do not" in ln]
+    assert len(said) == 1, said
+    assert str(elsewhere) in said[0] and "outside the run dir" in said[0]
+    assert str(out / "checkpoints") not in said[0]
+    begin = records(out)[0]
+    assert begin["event"] == "train_begin"
+    [note] = begin["data"]["notes"]
+    assert str(elsewhere) in note and "leases do not cover" in note
+    assert cli("ilab-journal", "validate", str(out)).returncode == 0

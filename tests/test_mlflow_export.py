@@ -5,9 +5,12 @@ duplicate step after a watcher is killed and restarted, reports, checkpoints, st
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,9 +47,15 @@ def _healthy(uri: str) -> bool:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server on a free loopback port (sqlite backend store)."""
-    d = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = open(d / "server.log", "wb")  # noqa: SIM115 - closed below
+    with mlflow_server(tmp_path_factory.mktemp("mlflow"), free_port()) as uri:
+        yield uri
+
+
+@contextlib.contextmanager
+def mlflow_server(d: Path, port: int) -> Iterator[str]:
+    """``mlflow server`` on loopback ``port``, its store in ``d`` (a restart on the same
+    ``d`` and port is the same server again); killed (-9) at the end."""
+    log = open(d / "server.log", "ab")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
             *(str(BIN / "mlflow"), "server"),
@@ -280,3 +289,57 @@ def test_report_to_trackers_that_cannot_work_warns_and_trains_on(
     assert records(ckpt)[-1]["data"]["status"] == "completed"
     proc = cli("ilab-train", "--demo", "--ckpt-dir", str(ckpt), "--report-to", "neptune")
     assert proc.returncode == 2 and "--report-to" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_tracking_server_killed_mid_run_is_one_line_and_the_replay_it_names_repairs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: Any
+) -> None:
+    """The launcher's exporter (``--report-to mlflow``) loses its server mid-run: the
+    launcher does not wait out its grace period (600 s here) on MLflow's minutes of retries,
+    says so in one line (not a line per record), and the replay that line names completes
+    the run (status FINISHED, every step)."""
+    from watcher.embedded import EmbeddedWatcher, start_exporters
+
+    ckpt, store, port = tmp_path / "run", tmp_path / "mlflow", free_port()
+    store.mkdir()
+    w = JournalWriter(ckpt)
+    w.append("train_begin", {"config": {"lr": 0.001}})
+    write_steps(w, 1, 4)
+    with mlflow_server(store, port) as uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        watcher = EmbeddedWatcher(
+            ckpt.resolve(),
+            hooks={},
+            callbacks=[],
+            start_offset=0,
+            exporters=start_exporters(ckpt.resolve(), ["mlflow"]),
+        )
+        watcher.start()
+        client = mlflow_tracking.MlflowClient(uri)
+
+        def losses() -> int:
+            exp = client.get_experiment_by_name("ilab-journal")
+            runs = client.search_runs([exp.experiment_id]) if exp else []
+            return len(series(client, runs[0], "train/loss")) if runs else 0
+
+        wait_for(lambda: losses() == 4, 120, "the first 4 loss points in MLflow")
+    write_steps(w, 5, 20)  # the server is gone: 16 steps and the ending cannot reach it
+    w.append("train_end", {"status": "completed"}, step=20)
+    w.close()
+    finished = threading.Event()
+    threading.Thread(target=lambda: (watcher.finish(600), finished.set()), daemon=True).start()
+    wait_for(finished.is_set, 120, "the launcher to give up on the dead server")
+
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    said += capsys.readouterr().err.splitlines()
+    assert len(said) == 1, said
+    repair = f"ilab-watch {ckpt.resolve()} --mlflow {uri} --replay"
+    assert "incomplete" in said[0] and repair in said[0]
+    # The repair, on the server's own store (a second server start would double the cost)
+    db = f"sqlite:///{store / 'mlflow.db'}"
+    proc = cli(*repair.replace(uri, db).split(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    client = mlflow_tracking.MlflowClient(db)
+    run = only_run(client, "ilab-journal")
+    assert [s for s, _ in series(client, run, "train/loss")] == list(range(1, 21))
+    assert run.info.status == "FINISHED" and run.data.tags["ilab.status"] == "completed"

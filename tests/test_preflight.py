@@ -145,3 +145,31 @@ def test_run_training_refuses_before_touching_the_checkpoint_dir(tmp_path: Path)
     with pytest.raises(ConfigError, match="--backend nccl needs CUDA GPUs"):
         run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_lora_rank_above_the_models_hidden_size_is_refused(tmp_path: Path) -> None:
+    """A LoRA rank wider than the layers it adapts used to be accepted (rank 100000 on a
+    hidden size of 64 wrote a 783 MB checkpoint): one line naming both numbers, exit 2,
+    read from the model's config.json before any worker starts."""
+    from tests.helpers import cli
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64, "vocab_size": 300}')
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3]}\n' * 70)
+    run = tmp_path / "run"
+    line = (
+        f"lora_rank (--lora-rank) 100000 is larger than the model's hidden size 64 "
+        f"(hidden_size in {model / 'config.json'}): an adapter wider than the layers it "
+        "adapts adds parameters, not capacity (give --lora-rank 64 or less)"
+    )
+    args = TrainingArgs(ckpt_dir=run, data_path=data, model_path=model, lora_rank=100000)
+    with pytest.raises(ConfigError) as err:
+        run_training(args, echo=False)
+    assert str(err.value) == line
+    argv = ["--data", str(data), "--model-path", str(model), "--ckpt-dir", str(run)]
+    proc = cli("ilab-train", *argv, "--lora-rank", "100000")
+    assert proc.returncode == 2 and proc.stderr == f"ilab-train: {line}\n", proc.stderr
+    assert proc.stdout == "" and not run.exists()
+    preflight(args.model_copy(update={"lora_rank": 64}), TorchrunArgs())  # the width itself: ok

@@ -52,6 +52,7 @@ def _run_with(ckpt: Path, event: str, envelope: dict[str, Any], data: dict[str, 
     """A completed run that keeps the best by accuracy, with a record of ``event`` (its
     envelope and payload changed as given) among its records."""
     ck = str(ckpt / "checkpoints/step-000004")
+    Path(ck).mkdir(parents=True)  # the best checkpoint is one on disk
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {"keep_best": "accuracy:max"}, "total_steps": 4})
         w.append("log", {"loss": 0.5, "lr": 0.1}, step=4)

@@ -5,6 +5,7 @@ checkpoint rotation removed never makes it the best. Real CLI subprocesses, real
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,19 @@ def records(ckpt: Path, event: str) -> list[dict[str, Any]]:
     return [r for r in read_all(ckpt / "journal.jsonl").records if r["event"] == event]
 
 
+def make_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory with its files (a stand-in for what a save writes)."""
+    d = Path(path)
+    (d / "full_state").mkdir(parents=True)
+    (d / "full_state" / "trainer_state.json").write_text("{}")
+    return d
+
+
 def run_with_checkpoints(ckpt: Path, *steps: int) -> None:
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {"keep_best": "accuracy:max", "keep_last_n": 1}})
         for step in steps:
-            Path(ckpt_path(ckpt, step)).mkdir(parents=True)
+            make_checkpoint(ckpt_path(ckpt, step))
             w.append("save", {"checkpoint_path": ckpt_path(ckpt, step)}, step=step)
         w.append("train_end", {"status": "completed"}, step=steps[-1])
 
@@ -78,8 +87,7 @@ def test_a_checkpoint_given_by_name_or_relative_path_is_recorded_by_its_full_pat
 
 def test_the_python_api_refuses_a_checkpoint_of_another_run(ckpt: Path, tmp_path: Path) -> None:
     run_with_checkpoints(ckpt, 2)
-    other = tmp_path / "other" / "checkpoints" / "step-000002"
-    other.mkdir(parents=True)
+    other = make_checkpoint(tmp_path / "other" / "checkpoints" / "step-000002")
     with pytest.raises(InvalidReport, match="not a checkpoint of"):
         submit_report(ckpt, Report(accuracy=1.0, checkpoint_path=other))
     assert pending(ckpt) == []
@@ -129,3 +137,92 @@ def test_a_report_for_a_rotated_checkpoint_never_becomes_the_best(ckpt: Path) ->
         status = cli("ilab-journal", "status", str(ckpt), "--json", *full)
         got = json.loads(status.stdout)["best_checkpoint"]
         assert got["checkpoint_path"] == ckpt_path(ckpt, 4) and got["value"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("step-000999", "no such checkpoint"),  # the issue's case: never saved
+        ("{ckpt}/checkpoints/step-000999", "no such checkpoint"),
+        ("step-000006", "an empty directory"),  # made by hand: no checkpoint's files
+        ("step-000008", "not a checkpoint directory"),  # a file of that name
+    ],
+)
+def test_a_report_for_a_checkpoint_that_does_not_exist_is_refused_in_one_line(
+    ckpt: Path, where: str, why: str
+) -> None:
+    """`report --checkpoint step-000999` for a run that saved step 4 used to exit 0; its
+    report then became the best and rotation deleted the real best."""
+    run_with_checkpoints(ckpt, 4)
+    (ckpt / "checkpoints" / "step-000006").mkdir()
+    (ckpt / "checkpoints" / "step-000008").write_text("not a checkpoint")
+    before = (ckpt / "journal.jsonl").read_bytes()
+    proc = cli(
+        "ilab-journal",
+        "report",
+        str(ckpt),
+        "accuracy=0.95",
+        "--checkpoint",
+        where.format(ckpt=ckpt),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (ckpt / "journal.jsonl").read_bytes() == before and pending(ckpt) == []
+    ok = cli("ilab-journal", "report", str(ckpt), "accuracy=0.9", "--checkpoint", "step-000004")
+    assert ok.returncode == 0, ok.stderr
+    best = cli("ilab-journal", "query", str(ckpt), "--best", "accuracy:max")
+    assert best.stdout.strip() == ckpt_path(ckpt, 4)
+
+
+def test_a_planted_report_for_a_checkpoint_removed_since_is_refused_at_ingest(ckpt: Path) -> None:
+    """A report file that names a checkpoint gone by the time it is journaled (removed by
+    hand, or never saved) is refused with its reason, like any invalid report file."""
+    run_with_checkpoints(ckpt, 2, 4)
+    inbox = ckpt / "reports"
+    inbox.mkdir()
+    for rid, step in (("gone", 2), ("never", 999)):
+        body = {
+            "id": rid,
+            "checkpoint_path": ckpt_path(ckpt, step),
+            "step": step,
+            "metrics": {"accuracy": 0.99},
+            "reported_at": time.time(),
+        }
+        (inbox / f"{rid}.json").write_text(json.dumps(body))
+    shutil.rmtree(ckpt_path(ckpt, 2))
+    with JournalWriter(ckpt, join=True) as w:
+        ingest(ckpt, w.append_at_last_position)
+    assert records(ckpt, "report") == []
+    refused = [r["data"] for r in records(ckpt, "control") if r["data"]["command"] is None]
+    assert len(refused) == 2 and all("no such checkpoint" in r["reason"] for r in refused)
+    assert sorted(p.name for p in (inbox / "rejected").iterdir()) == ["gone.json", "never.json"]
+    best = cli("ilab-journal", "query", str(ckpt), "--best", "accuracy:max")
+    assert best.returncode == 1 and best.stdout == ""
+
+
+def test_the_best_checkpoint_is_never_one_that_is_gone_from_disk(ckpt: Path) -> None:
+    """The journal's best (step 2) was deleted by hand: query --best, status and prune name
+    and keep the best checkpoint still on disk (step 4), never a path that does not exist."""
+    run_with_checkpoints(ckpt, 2, 4, 6)
+    for step, acc in ((2, 0.9), (4, 0.7), (6, 0.5)):
+        proc = cli(
+            "ilab-journal",
+            "report",
+            str(ckpt),
+            f"accuracy={acc}",
+            "--checkpoint",
+            ckpt_path(ckpt, step),
+        )
+        assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(ckpt_path(ckpt, 2))
+    best = cli("ilab-journal", "query", str(ckpt), "--best", "accuracy:max")
+    assert best.returncode == 0 and best.stdout.strip() == ckpt_path(ckpt, 4)
+    for full in ([], ["--full"]):
+        status = cli("ilab-journal", "status", str(ckpt), "--json", *full)
+        assert json.loads(status.stdout)["best_checkpoint"]["checkpoint_path"] == ckpt_path(ckpt, 4)
+    pruned = cli("ilab-journal", "prune", str(ckpt))  # keep_last_n=1: step 6, and the best
+    assert pruned.returncode == 0, pruned.stderr
+    assert sorted(p.name for p in (ckpt / "checkpoints").iterdir()) == [
+        "step-000004",
+        "step-000006",
+    ]

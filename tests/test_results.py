@@ -4,7 +4,7 @@ deliveries. Real CLI subprocesses and a real watcher on journals written by the 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -22,6 +22,13 @@ def ckpt_path(ckpt: Path, step: int) -> str:
     return str(ckpt / "checkpoints" / f"step-{step:06d}")
 
 
+def on_disk(ckpt: Path, *steps: int) -> None:
+    """Checkpoint directories with their files: a report must name one that exists."""
+    for step in steps:
+        Path(ckpt_path(ckpt, step), "full_state").mkdir(parents=True)
+        Path(ckpt_path(ckpt, step), "full_state", "trainer_state.json").write_text("{}")
+
+
 def recs(ckpt: Path, event: str | None = None) -> list[dict[str, Any]]:
     out = read_all(ckpt / "journal.jsonl").records
     return [r for r in out if event is None or r["event"] == event]
@@ -29,6 +36,7 @@ def recs(ckpt: Path, event: str | None = None) -> list[dict[str, Any]]:
 
 def test_a_report_after_train_end_is_journaled_and_seen_by_every_reader(ckpt: Path) -> None:
     write_run(ckpt, steps=10, save_every=5)
+    on_disk(ckpt, 5, 10)
     last = recs(ckpt)[-1]
     proc = cli(
         "ilab-journal",
@@ -65,6 +73,7 @@ def test_ilab_watch_on_report_sees_reports_written_after_train_end(
     ckpt: Path, tmp_path: Path
 ) -> None:
     write_run(ckpt, steps=4, save_every=2)
+    on_disk(ckpt, 2, 4)
     cli("ilab-journal", "report", str(ckpt), "--checkpoint", ckpt_path(ckpt, 2), "accuracy=0.5")
     out = tmp_path / "seen.txt"
     proc = cli(
@@ -134,6 +143,7 @@ def test_query_best_names_the_best_surviving_checkpoint(ckpt: Path) -> None:
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {"keep_best": "accuracy:max"}})
         for step, acc in ((2, 0.9), (4, 0.5), (6, 0.7)):
+            on_disk(ckpt, step)
             w.append("evaluate", {"val_loss": 1.0 / step}, step=step)
             w.append("save", {"checkpoint_path": ckpt_path(ckpt, step)}, step=step)
             w.append(
@@ -208,10 +218,10 @@ def test_replay_skips_removed_checkpoints_and_reports_for_the_rest(
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {}})
         for step in (2, 4, 6):
-            (ckpt / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+            on_disk(ckpt, step)
             w.append("save", {"checkpoint_path": ckpt_path(ckpt, step)}, step=step)
         for step in (2, 4):
-            os.rmdir(ckpt_path(ckpt, step))
+            shutil.rmtree(ckpt_path(ckpt, step))
             w.append(
                 "checkpoint_removed", {"checkpoint_path": ckpt_path(ckpt, step), "reason": "r"}
             )
@@ -243,6 +253,7 @@ def test_replay_skips_removed_checkpoints_and_reports_for_the_rest(
 
 def test_a_python_callback_returns_reports(ckpt: Path, tmp_path: Path) -> None:
     write_run(ckpt, steps=4, save_every=2)
+    on_disk(ckpt, 2, 4)
     mod = tmp_path / "cb.py"
     mod.write_text(
         textwrap.dedent(

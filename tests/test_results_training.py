@@ -192,3 +192,44 @@ def test_a_watcher_killed_mid_eval_leaves_a_lease_that_expires(tmp_path: Path) -
         if watcher.poll() is None:
             os.killpg(watcher.pid, signal.SIGKILL)
     assert not first.exists()
+
+
+def test_a_report_for_a_checkpoint_that_never_existed_cannot_cost_the_real_best(
+    tmp_path: Path,
+) -> None:
+    """Issue 33's high case, with --keep-last-n 1 --keep-best accuracy:max: a report for
+    step-000010 (it exists), then one for step-000999 (never saved) used to exit 0, become
+    the best, and let rotation delete step-000010. Now the CLI refuses it (one line, exit
+    2), a report file dropped into reports/ by hand for it is refused by the trainer with
+    its reason, and step-000010 stays the best on disk, in train_end and in query --best."""
+    ckpt = tmp_path / "run"
+    policy = ("--save-every", "10", "--keep-last-n", "1", "--keep-best", "accuracy:max")
+    first = train(ckpt, "--max-steps", "10", *policy)
+    assert first.returncode == 0, first.stderr[-3000:]
+    best = str(ckpt / "checkpoints" / "step-000010")
+    ok = cli("ilab-journal", "report", str(ckpt), "--checkpoint", "step-000010", "accuracy=0.9")
+    assert ok.returncode == 0, ok.stderr
+    bogus = cli("ilab-journal", "report", str(ckpt), "--checkpoint", "step-000999", "accuracy=0.95")
+    assert bogus.returncode == 2 and len(bogus.stderr.strip().splitlines()) == 1, bogus.stderr
+    assert "step-000999" in bogus.stderr and "no such checkpoint" in bogus.stderr
+    planted = {
+        "id": "planted",
+        "checkpoint_path": str(ckpt / "checkpoints" / "step-000999"),
+        "step": 999,
+        "metrics": {"accuracy": 0.99},
+        "reported_at": time.time(),
+    }
+    (ckpt / "reports" / "planted.json").write_text(json.dumps(planted))
+    second = train(ckpt, "--max-steps", "20", *policy)  # resumes; its save at 20 rotates
+    assert second.returncode == 0, second.stderr[-3000:]
+    recs = records(ckpt)
+    assert [r["data"]["checkpoint_path"] for r in recs if r["event"] == "report"] == [best]
+    refused = [r["data"] for r in recs if r["event"] == "control" and not r["data"]["accepted"]]
+    assert len(refused) == 1 and "no such checkpoint" in refused[0]["reason"], refused
+    assert Path(best, "full_state").is_dir()  # kept as the best
+    on_disk = sorted(p.name for p in (ckpt / "checkpoints").iterdir())
+    assert on_disk == ["step-000010", "step-000020"]
+    end = recs[-1]
+    assert end["event"] == "train_end" and end["data"]["best_checkpoint"]["checkpoint_path"] == best
+    q = cli("ilab-journal", "query", str(ckpt), "--best", "accuracy:max")
+    assert q.returncode == 0 and q.stdout.strip() == best

@@ -4,6 +4,7 @@ position every record carries. Real journals and run dirs, in this process (one 
 
 from __future__ import annotations
 
+import json
 import platform
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,16 @@ def attempt(ckpt: Path, resume: Any, **kw: Any) -> tuple[Path | None, dict[str, 
     return found, [r for r in records(ckpt) if r["event"] == "train_begin"][-1]
 
 
-def add_checkpoint(ckpt: Path, step: int) -> Path:
+def add_checkpoint(ckpt: Path, step: int, run_id: str | None = None) -> Path:
+    """A checkpoint dir; with ``run_id`` a complete one of that run (``full_state/`` with the
+    ``trainer_state.json`` naming it and DCP's ``.metadata``), as resume and rotation want."""
     path = checkpoints_dir(ckpt) / f"step-{step:06d}"
     make_dir(path.parent)
     path.mkdir()
+    if run_id is not None:
+        (path / "full_state").mkdir()
+        (path / "full_state" / "trainer_state.json").write_text(json.dumps({"run_id": run_id}))
+        (path / "full_state" / ".metadata").write_bytes(b"")
     return path
 
 
@@ -61,7 +68,7 @@ def test_a_finished_run_continues_only_when_resumed_from_a_checkpoint(ckpt: Path
     _, begin = attempt(ckpt, "auto")  # no checkpoint to resume from: a new run
     assert begin["run_id"] != first.run_id and begin["attempt"] == 1
     second = begin["run_id"]
-    path = add_checkpoint(ckpt, 4)
+    path = add_checkpoint(ckpt, 4, second)
     j = RunJournal(ckpt, main=True, role="test")
     j.open(resume="auto")
     j.end({"status": "completed", "reason": None, "final_checkpoint": None})
@@ -207,6 +214,7 @@ def test_a_bridge_journals_reports_and_commands_at_its_step_boundary(ckpt: Path)
     j.follow(Where(step=3))
     hf_checkpoint = ckpt / "checkpoint-3"
     hf_checkpoint.mkdir()
+    (hf_checkpoint / "config.json").write_text("{}")  # what HF wrote before on_save
     submit_report(ckpt, Report({"accuracy": 0.5}, checkpoint_path=hf_checkpoint))
     send_command(ckpt, "stop")
     try:
@@ -217,3 +225,40 @@ def test_a_bridge_journals_reports_and_commands_at_its_step_boundary(ckpt: Path)
     got = {r["event"]: r for r in records(ckpt)}
     assert got["report"]["data"]["metrics"] == {"accuracy": 0.5}
     assert got["report"]["step"] == got["control"]["step"] == 3
+
+
+def test_a_report_file_for_a_missing_checkpoint_never_makes_the_trainer_keep_it(
+    ckpt: Path,
+) -> None:
+    """keep_last_n=1, keep_best accuracy:max: a report file dropped into reports/ by hand
+    for a checkpoint that was never saved (step 999) is refused when the trainer journals
+    it (a control record with the reason), so the real best (step 10) survives rotation
+    and train_end names it."""
+    j = RunJournal(ckpt, main=True, role="test", keep_best="accuracy:max")
+    j.open(resume="never")
+    j.follow(state := TrainerState(step=10))
+    path10 = add_checkpoint(ckpt, 10)
+    (path10 / "trainer_state.json").write_text("{}")
+    j.emit("save", {"checkpoint_path": str(path10), "kind": ["full_state"], "duration": 0})
+    submit_report(ckpt, Report(accuracy=0.9, checkpoint_path=path10))
+    planted = {
+        "id": "planted",
+        "checkpoint_path": str(checkpoints_dir(ckpt) / "step-000999"),
+        "step": 999,
+        "metrics": {"accuracy": 0.95},
+        "reported_at": 1.0,
+    }
+    (ckpt / "reports" / "planted.json").write_text(json.dumps(planted))
+    state.step = 20
+    path20 = add_checkpoint(ckpt, 20)
+    (path20 / "trainer_state.json").write_text("{}")
+    j.emit("save", {"checkpoint_path": str(path20), "kind": ["full_state"], "duration": 0})
+    j.rotate(1)
+    j.end({"status": "completed", "reason": None, "final_checkpoint": str(path20)})
+    j.close()
+    assert path10.is_dir() and path20.is_dir()
+    recs = records(ckpt)
+    assert [r["data"]["checkpoint_path"] for r in recs if r["event"] == "report"] == [str(path10)]
+    (refused,) = [r["data"] for r in recs if r["event"] == "control"]
+    assert refused["accepted"] is False and "no such checkpoint" in refused["reason"]
+    assert recs[-1]["data"]["best_checkpoint"]["checkpoint_path"] == str(path10)

@@ -179,3 +179,125 @@ def test_settings_that_do_less_than_they_say_warn_at_start(tmp_path: Path) -> No
     [line] = start_warnings(args, DataSummary(1, chat=False))
     assert line.startswith("--eval-every 5 has no validation data to evaluate")
     assert start_warnings(args.model_copy(update={"eval_every": None}), DataSummary(1, False)) == []
+
+
+SEED_RANGE = "must be a whole number from 0 to 4294967295 (2**32 - 1)"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--seed", str(2**80)], f"--seed: {SEED_RANGE}, got {2**80}"),
+        (["--seed", "-1"], f"--seed: {SEED_RANGE}, got -1"),
+        (["--lr", "inf"], "--lr: Input should be a finite number"),
+        (["--lr", "nan"], "--lr: Input should be a finite number"),
+        (
+            ["--batch-size", "1000000000000"],
+            "effective_batch_size (--batch-size) 1000000000000 is more than the 6000 training "
+            "samples: one optimizer step takes that many samples (at most 6000 here)",
+        ),
+        (
+            ["--batch-size", "1", "--nproc-per-node", "2"],
+            "effective_batch_size (--batch-size) 1 is smaller than the 2 ranks "
+            "(--nproc-per-node 2 x --nnodes 1): every rank needs at least one sample a step",
+        ),
+        (
+            ["--max-steps", "5", "--profile-steps", "50:60"],
+            "--profile-steps 50:60 starts after the run's last step, 5 (--max-steps 5): "
+            "nothing would be profiled (give steps within 1:5)",
+        ),
+        (
+            ["--demo-samples", "640", "--profile-steps", "12"],
+            "--profile-steps 12 starts after the run's last step, 10 (1 epoch(s) of 10 steps: "
+            "640 samples / batch size 64): nothing would be profiled (give steps within 1:10)",
+        ),
+    ],
+)
+def test_settings_the_workers_cannot_run_are_one_line_before_launch(
+    tmp_path: Path, args: list[str], line: str
+) -> None:
+    """Settings that used to pass the launcher and fail in every worker (exit 1 after
+    torchrun started, or a run that silently does nothing): one line, exit 2, no worker."""
+    run = tmp_path / "run"
+    proc = cli("ilab-train", "--demo", "--ckpt-dir", str(run), *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == f"ilab-train: {line}" or (
+        f"Error: {line}" in proc.stderr  # a click usage error: banner, then the line
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (run / "logs").exists()  # nothing was launched
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line"),
+    [
+        (
+            "c.json",
+            '{"effective_batch_size": 1e12}',
+            "effective_batch_size in --config (--batch-size): expected a whole number, got "
+            "the float 1000000000000.0 (write 1000000000000)",
+        ),
+        (
+            "c.yaml",
+            "effective_batch_size: 1e12",  # YAML 1.1 reads this as a string
+            "effective_batch_size in --config (--batch-size): expected a whole number, got "
+            "the string '1e12' (write 1000000000000)",
+        ),
+        ("c.yaml", "lr: .inf", "lr in --config (--lr): Input should be a finite number"),
+        ("c.yaml", "lr: Infinity", "lr in --config (--lr): Input should be a finite number"),
+        (
+            "c.yaml",
+            f"seed: {2**80}",
+            f"seed in --config (--seed): {SEED_RANGE}, got {2**80}",
+        ),
+        (
+            "c.yaml",
+            "model: {d_model: 64.5}",
+            "model.d_model in --config (--d-model): expected a whole number, got the float 64.5",
+        ),
+    ],
+)
+def test_a_bad_value_in_a_config_file_is_named_as_written_there(
+    tmp_path: Path, name: str, text: str, line: str
+) -> None:
+    """The error names the setting as the file spells it (and the flag that overrides it),
+    not only as a flag the user never typed."""
+    config = tmp_path / name
+    config.write_text(text)
+    run = tmp_path / "run"
+    proc = cli("ilab-train", "--demo", "--config", str(config), "--ckpt-dir", str(run))
+    assert proc.returncode == 2, proc.stderr
+    assert f"Error: {line}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not run.exists()
+
+
+def test_a_directory_as_data_is_named_a_directory(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data_path: {tmp_path}\n")
+    proc = cli("ilab-train", "--config", str(config), "--ckpt-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"Error: training data file {tmp_path} is a directory, not a data file" in proc.stderr
+    with pytest.raises(ValueError, match=r"validation data file .* is a directory, not a data"):
+        TrainingArgs(ckpt_dir=tmp_path / "run", demo=True, val_data_path=tmp_path)
+
+
+def test_run_training_refuses_what_the_workers_cannot_run(tmp_path: Path) -> None:
+    """The Python API: a field the model rules out is pydantic's ValidationError (a
+    ValueError) when the settings are made; what the data rules out is a ConfigError from
+    run_training, before the checkpoint dir is touched."""
+    from pydantic import ValidationError
+
+    from trainer.config import ConfigError
+    from trainer.launch import run_training
+
+    run = tmp_path / "run"
+    for bad in ({"seed": 2**80}, {"lr": float("inf")}, {"effective_batch_size": 1e12}):
+        with pytest.raises(ValidationError):
+            TrainingArgs(ckpt_dir=run, demo=True, **bad)
+    args = TrainingArgs(ckpt_dir=run, demo=True, effective_batch_size=10**12)
+    with pytest.raises(ConfigError, match="is more than the 6000 training samples"):
+        run_training(args, echo=False)
+    args = TrainingArgs(ckpt_dir=run, demo=True, max_steps=5, profile_steps="50:60")
+    with pytest.raises(ConfigError, match="--profile-steps 50:60 starts after"):
+        run_training(args, echo=False)
+    assert not run.exists()

@@ -5,13 +5,23 @@ watcher is killed and restarted, or a replay."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from journal import JournalWriter
-from tests.helpers import BIN, cli, kill_tree, records, wait_for, write_steps
+from tests.helpers import (
+    BIN,
+    cli,
+    kill_tree,
+    records,
+    small_tmpfs,
+    wait_for,
+    write_run,
+    write_steps,
+)
 from watcher.wandb_log import history_rows, run_files, summary
 from watcher.wandb_log import records as wandb_records
 
@@ -105,3 +115,33 @@ def test_a_bad_mode_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "WANDB_MODE='sideways'; use offline or online" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_wandb_dir_that_cannot_be_written_is_refused_and_replays_add_no_rows(
+    tmp_path: Path,
+) -> None:
+    """wandb itself falls back to /tmp for a dir it cannot write, where the next replay
+    does not find the rows and writes them all again: refused before anything is written."""
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=12, save_every=4)
+    run_id = records(ckpt)[0]["run_id"]
+    with small_tmpfs(tmp_path, "32m") as disk:
+        (disk / "wandb").mkdir()  # used before: only writing fails
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        env = {"WANDB_DIR": str(disk)}
+        proc = cli("ilab-watch", str(ckpt), "--replay", "--wandb", env=env, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        said = [ln for ln in proc.stderr.splitlines() if str(disk) in ln]
+        assert len(said) == 1 and "cannot write" in said[0], proc.stderr
+        assert "Traceback" not in proc.stderr and "Falling back" not in proc.stderr
+        assert not list(Path(tempfile.gettempdir()).glob(f"wandb/*-{run_id}"))
+        assert not list((ckpt / "watch").glob("*.results.jsonl"))  # nothing was delivered
+
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        for name in ("first", "again"):
+            proc = cli(
+                "ilab-watch", str(ckpt), "--replay", "--wandb", "--name", name, env=env, timeout=120
+            )
+            assert proc.returncode == 0, proc.stderr
+        logged = [r for f in run_files(disk, run_id) for r in history_rows(f) if "train/loss" in r]
+        assert sorted(r["train/step"] for r in logged) == list(range(1, 13))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from tests.helpers import BIN, cli, small_tmpfs, wait_for, write_run
+from tests.helpers import BIN, cli, records, small_tmpfs, wait_for, write_run
 from watcher import Hook, Watcher
 
 
@@ -312,3 +312,69 @@ def test_a_reporter_that_raises_stops_neither_the_hook_nor_the_replay(ckpt: Path
     assert code == [0] and delivered == [2, 4, 6]
     assert [r["status"] for r in results(ckpt / "watch")] == ["ok"] * 3
     assert any("console gone" in n for n in watcher.notices)
+
+
+def test_a_report_file_replaced_by_a_directory_is_one_clear_line(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    """A hook did `rm $ILAB_REPORT; mkdir $ILAB_REPORT`: the delivery fails saying so, and
+    its result keeps the attempt that ran and its log (was: "internal error:
+    IsADirectoryError", attempts 0, no log path)."""
+    write_run(ckpt, steps=2, save_every=2)
+    hook = tmp_path / "hook.sh"
+    hook.write_text('#!/bin/sh\nrm -f "$ILAB_REPORT"\nmkdir "$ILAB_REPORT"\necho evaluated\n')
+    hook.chmod(0o755)
+    proc = replay(ckpt, "--on-save", str(hook), "--name", "n", timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    (res,) = results(ckpt / "watch")
+    assert res["status"] == "failed" and res["attempts"] == 1, res
+    assert res["error"] == "$ILAB_REPORT: not a regular file (a directory)", res
+    assert "evaluated" in Path(res["log_path"]).read_text()
+    failures = [line for line in proc.stderr.splitlines() if "✗" in line]
+    assert len(failures) == 1 and "a directory" in failures[0], proc.stderr
+    assert not list((ckpt / "watch" / "n.reports").iterdir())  # nothing left behind
+
+
+@pytest.mark.parametrize(
+    ("drop", "missing"),
+    [("run_id", "run_id"), ("ts", "ts"), ("data.checkpoint_path", "data.checkpoint_path")],
+)
+def test_a_save_record_missing_a_required_field_is_not_delivered(
+    ckpt: Path, tmp_path: Path, drop: str, missing: str
+) -> None:
+    """A save record appended by hand without run_id, ts or checkpoint_path reaches no
+    --on-save hook: the watcher says once, in one line, which record it skipped and what it
+    lacks, delivers the good ones, and validate reports it."""
+    write_run(ckpt, steps=4, save_every=2, end=None)
+    good = [r["seq"] for r in records(ckpt) if r["event"] == "save"]
+    rec = {
+        "v": 1,
+        "seq": 99,
+        "run_id": "r",
+        "attempt": 1,
+        "ts": 1.0,
+        "event": "save",
+        "step": 4,
+        "epoch": 0,
+        "samples_seen": 0,
+        "data": {"checkpoint_path": "/hand/step-000004", "kind": ["hf"], "duration": 0.1},
+    }
+    if drop.startswith("data."):
+        del rec["data"][drop[5:]]
+    else:
+        del rec[drop]
+    with open(ckpt / "journal.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    seen = tmp_path / "seen.txt"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\necho "$ILAB_SEQ" >> {seen}\n')
+    hook.chmod(0o755)
+    proc = replay(ckpt, "--on-save", str(hook), timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().split() == [str(seq) for seq in good]  # not seq 99
+    said = [line for line in proc.stderr.splitlines() if "seq 99" in line]
+    assert len(said) == 1 and "skipped" in said[0] and missing in said[0], proc.stderr
+    assert [r["seq"] for r in results(ckpt / "watch")] == good
+    check = cli("ilab-journal", "validate", str(ckpt))
+    assert check.returncode != 0 and "seq 99" in check.stdout + check.stderr, check.stdout

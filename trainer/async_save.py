@@ -34,8 +34,13 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from journal.files import fsync_dir
-from trainer.checkpoint import ConsolidatedWriter, TrainerState, prepare_tmp, write_small_files
+from trainer.checkpoint import (
+    ConsolidatedWriter,
+    TrainerState,
+    prepare_tmp,
+    put_in_place,
+    write_small_files,
+)
 from trainer.export import export_from_shards
 
 log = logging.getLogger(__name__)
@@ -191,10 +196,7 @@ class AsyncCheckpointer:
             p.error = "the checkpoint write failed on another rank"
         if dist.get_rank() == 0:
             if p.error is None:
-                if p.final.exists():  # a re-save of the same step (e.g. after resume)
-                    shutil.rmtree(p.final)
-                os.rename(p.tmp, p.final)
-                fsync_dir(p.final.parent)
+                put_in_place(p.tmp, p.final, p.state.run_id)
             else:
                 shutil.rmtree(p.tmp, ignore_errors=True)  # the previous checkpoints stay
         dist.barrier(group=self.vote_group)  # renamed before any rank reports it

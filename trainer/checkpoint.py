@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from journal.files import fsync_dir
 from journal.paths import checkpoints_dir, step_dir_name
+from journal.rotation import checkpoint_run_id
 from journal.rundir import make_dir
 from trainer.checkpoint_files import (
     SafeReader,
@@ -80,11 +81,30 @@ def save_checkpoint(
         kinds.append("hf")
     dist.barrier()  # every rank's shards and RNG files are on disk
     if dist.get_rank() == 0:
-        if final.exists():  # a re-save of the same step (e.g. after resume): replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
+        put_in_place(tmp, final, state.run_id)
     return final, kinds
+
+
+def put_in_place(tmp: Path, final: Path, run_id: str | None) -> None:
+    """Rank 0: make a complete save visible as ``final``. A checkpoint already there of this
+    run (a re-save of the same step after a resume) is replaced, renamed aside first so a
+    crash leaves one complete checkpoint, never a half-deleted one; one of another run is
+    kept, renamed ``step-NNNNNN.run-<its run>`` (which no rotation or resume looks at)."""
+    if final.exists():
+        owner = checkpoint_run_id(final)
+        if owner is not None and owner != run_id:
+            aside = final.with_name(f"{final.name}.run-{owner}")
+            os.rename(final, aside)
+            log.warning("%s is run %s's checkpoint: moved aside to %s", final, owner, aside.name)
+        else:  # a .tmp-step-* name: a crash before the deletion leaves it to remove at start
+            aside = final.with_name(f".tmp-{final.name}.replaced")
+            os.rename(final, aside)
+            os.rename(tmp, final)
+            fsync_dir(final.parent)
+            shutil.rmtree(aside, ignore_errors=True)
+            return
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
 
 
 def remove_partial_saves(ckpt_dir: Path) -> list[Path]:

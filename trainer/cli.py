@@ -9,7 +9,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from trainer.cli_options import FLAG_OF, SectionedCommand, add_field_options, apply_given
+from trainer.cli_options import SectionedCommand, add_field_options, apply_given, setting_name
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
 from trainer.config_file import load_config_file
 from trainer.rows import DataError
@@ -17,9 +17,12 @@ from trainer.rows import DataError
 EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}
 
 
-def _errors(exc: ValidationError, prefix: str = "") -> str:
-    """One line naming each bad setting by its flag (``prefix``: where the model sits in a
-    --config file, "torchrun." for TorchrunArgs)."""
+def _errors(
+    exc: ValidationError, prefix: str = "", flags: set[str] | None = None, source: str = ""
+) -> str:
+    """One line naming each bad setting as the user gave it: its flag, or its key in the
+    file ``source`` (``flags``: the paths given as flags; ``prefix``: where the model sits
+    in a --config file, "torchrun." for TorchrunArgs)."""
     lines = []
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
@@ -30,7 +33,7 @@ def _errors(exc: ValidationError, prefix: str = "") -> str:
         if e["type"] == "extra_forbidden":  # only a config file can carry unknown keys
             lines.append(f"unknown setting {path!r} in --config")
         else:
-            lines.append(f"{FLAG_OF.get(path, f'{path} in --config')}: {msg}")
+            lines.append(f"{setting_name(path, flags, source or '--config')}: {msg}")
     return "; ".join(lines)
 
 
@@ -62,8 +65,9 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     `ilab-watch runs/demo --on-save eval.py`.
 
     Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 3 the checkpoint dir is in
-    use by another launch (the message names it), 5 interrupted.
+    use by another launch (the message names it), 5 interrupted, 130 Ctrl-C twice.
     """
+    from trainer.interrupts import StoppedNow
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
 
     base: dict[str, Any] = {}
@@ -74,18 +78,20 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
             base = load_config_file(config)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-    apply_given(click.get_current_context(), opts, base)
+    flags = apply_given(click.get_current_context(), opts, base)
+    source = "--config" if config else "--instructlab-config" if instructlab_config else ""
+    given = flags if source else None  # no file: every setting came from a flag
     torchrun_base = base.pop("torchrun", None) or {}
     if "ckpt_dir" not in base:
         raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
     try:
         targs = TrainingArgs.model_validate({**base, "model": base.get("model") or {}})
     except ValidationError as exc:
-        raise click.UsageError(_errors(exc)) from None
+        raise click.UsageError(_errors(exc, flags=given, source=source)) from None
     try:
         trun = TorchrunArgs.model_validate(torchrun_base)
     except ValidationError as exc:
-        raise click.UsageError(_errors(exc, "torchrun.")) from None
+        raise click.UsageError(_errors(exc, "torchrun.", given, source)) from None
     try:
         result = run_training(targs, trun, echo=not quiet)
     except (ConfigError, DataError) as exc:  # one line, no usage banner: options parsed
@@ -100,6 +106,11 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     except TrainingFailed as exc:
         click.echo(f"ilab-train: {exc}", err=True)
         sys.exit(1)
+    except StoppedNow:  # Ctrl-C twice: said in one line when it came
+        sys.exit(130)
+    except KeyboardInterrupt:  # before the workers started, or while ending: no traceback
+        click.echo("ilab-train: interrupted", err=True)
+        sys.exit(130)
     click.echo(
         f"ilab-train: {result.status}"
         + (f" ({result.reason})" if result.reason else "")

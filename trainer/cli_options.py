@@ -218,12 +218,25 @@ def add_field_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def apply_given(ctx: click.Context, values: dict[str, Any], base: dict[str, Any]) -> None:
+def setting_name(path: str, flags: set[str] | None, source: str = "--config") -> str:
+    """How an error names the setting at ``path``: by its flag when the value came from the
+    command line (``flags``: the paths given as flags; None: no file, so all of them),
+    else as the file ``source`` spells it, with the flag that overrides it."""
+    flag = FLAG_OF.get(path)
+    if flag and (flags is None or path in flags):
+        return flag
+    return f"{path} in {source}" + (f" ({flag})" if flag else "")
+
+
+def apply_given(ctx: click.Context, values: dict[str, Any], base: dict[str, Any]) -> set[str]:
     """Set each option given on the command line into the --config mapping ``base``,
-    nested by its field path (``model.d_model`` -> ``base["model"]["d_model"]``)."""
+    nested by its field path (``model.d_model`` -> ``base["model"]["d_model"]``); returns
+    the paths set."""
+    given: set[str] = set()
     for fo in FIELD_OPTIONS:
         if ctx.get_parameter_source(fo.name) in (None, ParameterSource.DEFAULT):
             continue
+        given.add(fo.path)
         *parents, leaf = fo.path.split(".")
         target = base
         for key in parents:
@@ -233,3 +246,4 @@ def apply_given(ctx: click.Context, values: dict[str, Any], base: dict[str, Any]
             if not isinstance(target, dict):
                 raise click.UsageError(f"{key!r} in --config must be a mapping")
         target[leaf] = values[fo.name]
+    return given

@@ -12,20 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
+from trainer.config_types import Seed, Settings, data_file_problem
 from trainer.profiling import parse_profile_steps
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(Settings):
     """The built-in decoder-only transformer (byte-level vocabulary)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     d_model: int = Field(128, ge=8, description="Built-in model width.")
     n_layers: int = Field(4, ge=1, description="Built-in model depth.")
@@ -45,10 +44,8 @@ class ModelConfig(BaseModel):
         return self
 
 
-class TorchrunArgs(BaseModel):
+class TorchrunArgs(Settings):
     """How to launch the workers (maps onto torchrun's flags)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     nproc_per_node: int = Field(1, ge=1, description="Worker processes on this node (one per GPU).")
     nnodes: int = Field(1, ge=1, description="Number of nodes.")
@@ -75,10 +72,10 @@ class TorchrunArgs(BaseModel):
         return self
 
 
-class TrainingArgs(BaseModel):
+class TrainingArgs(Settings):
     """Everything a training run needs. See ``ilab-train --help`` for the CLI names."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     ckpt_dir: Path = Field(description="Checkpoints, journal.jsonl, control/ and logs/ go here.")
     data_path: Path | None = Field(
@@ -155,7 +152,7 @@ class TrainingArgs(BaseModel):
         0.1, ge=0, le=1, description="Where the cosine decay ends, as a fraction of the peak lr."
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this norm.")
-    seed: int = Field(42, description="Seed for init and data order.")
+    seed: Seed = Field(42, description="Seed for init and data order, 0 to 2**32 - 1.")
 
     log_every: int = Field(1, ge=1, description="Steps between log records.")
     eval_every: int | None = Field(
@@ -190,8 +187,9 @@ class TrainingArgs(BaseModel):
     )
     resume: Literal["auto", "never"] = Field(
         "auto",
-        description="auto: continue from the latest complete checkpoint in the checkpoint "
-        "dir; never: start from scratch.",
+        description="auto: continue the journal's run from its latest complete checkpoint "
+        "in the checkpoint dir; never: start a new run from scratch (refused where the dir "
+        "holds checkpoints: give a new --ckpt-dir).",
     )
 
     journal_detail: Literal["step", "microbatch", "off"] = Field(
@@ -326,14 +324,13 @@ class TrainingArgs(BaseModel):
             raise ValueError(
                 f"{what}: give data_path (ilab-train --data FILE.jsonl) or demo=True (--demo)"
             )
-        if self.data_path is not None and not Path(self.data_path).is_file():
-            raise ValueError(f"training data file {self.data_path} does not exist")
+        for path, what in ((self.data_path, "training"), (self.val_data_path, "validation")):
+            if path is not None and (why := data_file_problem(Path(path), f"{what} data file")):
+                raise ValueError(why)
         if self.validation_split and self.val_data_path is not None:
             raise ValueError("give validation_split or val_data_path, not both")
         if not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ValueError(f"adam_betas must each be in [0, 1), got {self.adam_betas}")
-        if self.val_data_path is not None and not Path(self.val_data_path).is_file():
-            raise ValueError(f"validation data file {self.val_data_path} does not exist")
         if self.model_path is not None:
             mp = Path(self.model_path)
             if not mp.exists():
@@ -379,10 +376,8 @@ class TrainingArgs(BaseModel):
         return dict(json.loads(self.model_dump_json()))
 
 
-class WorkerConfig(BaseModel):
+class WorkerConfig(Settings):
     """What the launcher hands every torchrun worker, as a JSON file: plain data only."""
-
-    model_config = ConfigDict(extra="forbid")
 
     args: TrainingArgs
     callbacks_named: dict[str, list[str]] = Field(

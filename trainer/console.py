@@ -26,6 +26,7 @@ class ConsoleFilter:
 
     def __init__(self) -> None:
         self._in_traceback = False
+        self._after_traceback = False  # blank lines, then maybe a chained traceback
         self._report_next = False  # the last traceback was torchrun's ChildFailedError
         self._in_report = False
 
@@ -46,9 +47,17 @@ class ConsoleFilter:
         if self._in_traceback:
             if not bare.strip() or bare.startswith((" ", "\t")) or bare in _CHAINED:
                 return False  # frames, source lines, carets, blank lines between chains
-            self._in_traceback = False  # the exception line ends it
+            self._in_traceback = False  # the exception line ends it ...
+            self._after_traceback = True  # ... unless another is chained to it
             self._report_next = "ChildFailedError" in bare
             return False
+        if self._after_traceback:
+            if not bare.strip():
+                return False
+            self._after_traceback = False
+            if bare.strip() in _CHAINED:  # "During handling of the above exception, ..."
+                self._in_traceback = True
+                return False
         return True
 
 

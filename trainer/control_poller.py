@@ -18,6 +18,7 @@ from typing import Any
 
 from journal.control import COMMAND_FILE_SUFFIX
 from journal.events import CONTROL_COMMANDS
+from journal.format import printable
 from journal.inbox import (
     MAX_NAME_CHARS,
     REJECTED_DIR_NAME,
@@ -35,6 +36,38 @@ STOP, ABORT, SAVE, EVALUATE, LOG = 1, 2, 4, 8, 16
 BITS = {"stop": STOP, "abort": ABORT, "save": SAVE, "evaluate": EVALUATE, "log": LOG}
 assert set(BITS) == set(CONTROL_COMMANDS)
 MAX_FILES_PER_POLL = 64
+STALE_REASON = "stale: it was in control/ before this training attempt started"
+
+#: What tells one file from another that later took its name: a new file (an atomic
+#: rename) has a new inode or modification time, both set on the trainer's side.
+FileIdentity = tuple[int, int, int, int]
+
+
+def file_identity(path: Path) -> FileIdentity | None:
+    """The identity of the directory entry ``path`` (not followed), None when it is gone."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def command_files(directory: Path) -> dict[str, FileIdentity]:
+    """The command files in ``directory`` now, by name (empty when it does not exist).
+
+    The staleness rule: a command whose file is among these when the attempt starts was
+    written for an earlier attempt (a stop left by a callback of the last one must not end a
+    resumed run); every file that arrives later is fresh, whatever the writer's clock said.
+    """
+    out: dict[str, FileIdentity] = {}
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(COMMAND_FILE_SUFFIX)]
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith(".") and (ident := file_identity(directory / name)) is not None:
+            out[name] = ident
+    return out
 
 
 def command_names(bits: int) -> list[str]:
@@ -59,6 +92,15 @@ class Rejection:
     malformed: bool = False  # not a command at all: its file goes to control/rejected/
 
 
+def rejection_line(rej: Rejection) -> str:
+    """A rejection as the one line rank 0 logs: ``control stop (id X, from h:1) rejected:
+    stale: ...``; control characters from the file are shown, not obeyed."""
+    who = ", ".join(f"{k} {v}" for k, v in (("id", rej.id), ("from", rej.source)) if v is not None)
+    what = " ".join(x for x in (rej.command, f"({who})" if who else None) if x)
+    line = f"control {what} rejected: {rej.reason}" if what else f"control: {rej.reason}"
+    return printable(line)
+
+
 class ControlPoller:
     """Finds, validates and de-duplicates command files for rank 0."""
 
@@ -66,23 +108,25 @@ class ControlPoller:
         self,
         ckpt_dir: Path,
         seen_ids: set[str],
-        not_before: float | None = None,
         *,
         interval: float = 0.02,
     ) -> None:
         self.dir = control_dir(ckpt_dir)
         self.processed = self.dir / PROCESSED_DIR_NAME
         self.seen = seen_ids
-        # Commands written before this attempt started (e.g. by a callback reacting to the
-        # previous attempt's last checkpoint) are stale: rejected, never applied on resume.
-        self.not_before = not_before
+        # The command files in control/ when this attempt started (taken by start()): they
+        # were written for an earlier attempt, so they are stale. Judged by arrival, on this
+        # host's view of the directory, never by the writer's clock (its ``ts``).
+        self.there_at_start: dict[str, FileIdentity] = {}
         self.watch = DirWatch(self.dir, interval=interval, name="ilab-control-watch")
         self._warned_unsafe = False
         self.pending: list[Command] = []  # accepted, waiting for the next all-reduce
         self.rejected: list[Rejection] = []  # to journal as control records
 
     def start(self) -> None:
-        """Create the control dir (0o750) and start watching it."""
+        """Note the command files already there (stale: see :func:`command_files`), create
+        the control dir (0o750) and start watching it. Call it when the attempt starts."""
+        self.there_at_start = command_files(self.dir)
         self.watch.start()
 
     @property
@@ -110,7 +154,6 @@ class ControlPoller:
                     f"(mode {stat.S_IMODE(st.st_mode):o}); commands are ignored until it is "
                     "not (chmod go-w)"
                 )
-                log.warning(msg)
                 self.rejected.append(Rejection(None, None, None, msg))
             return 0  # a chmod changes ctime: the helper thread raises the flag again
         self._scan()
@@ -135,6 +178,7 @@ class ControlPoller:
         """Journal the rejections and the commands carried by this step's agreement as
         ``control`` records; returns the applied ones' records."""
         for rej in self.take_rejected():
+            log.warning("%s", rejection_line(rej))  # one line on the trainer's console
             emit(
                 "control",
                 {
@@ -188,7 +232,6 @@ class ControlPoller:
                 moved = move_aside(path)
                 where = f"moved to control/{REJECTED_DIR_NAME}/" if moved else "left in place"
                 cmd_or_rej.reason = clip(f"{cmd_or_rej.reason}; {where}")
-                log.warning("refusing command file %s: %s", path, cmd_or_rej.reason)
                 self.rejected.append(cmd_or_rej)
             else:
                 self.rejected.append(cmd_or_rej)
@@ -221,11 +264,9 @@ class ControlPoller:
                 clip(f"unknown command {command!r}; expected one of {', '.join(BITS)}"),
                 malformed=True,
             )
-        ts = obj.get("ts")
-        if self.not_before is not None and isinstance(ts, (int, float)) and ts < self.not_before:
-            return Rejection(
-                cid, command, source, "stale: written before this training attempt started"
-            )
+        before = self.there_at_start.get(path.name)
+        if before is not None and before == file_identity(path):
+            return Rejection(cid, command, source, STALE_REASON)
         return Command(command, cid, source, reason)
 
     def _archive(self, path: Path) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainer import chat
-from trainer.config import TrainingArgs
+from trainer.config import ConfigError, TrainingArgs
+from trainer.profiling import parse_profile_steps
 from trainer.rows import VOCAB_SIZE, DataError, json_object, numbered_lines, token_row
 from trainer.validation_split import held_out, held_out_count
 
@@ -29,17 +31,31 @@ class DataSummary:
     chat: bool  # chat rows: some may still be dropped as too long after templating
 
 
+def hf_setting(args: TrainingArgs, *keys: str) -> tuple[str, int] | None:
+    """The first of ``keys`` the HF model's config.json holds as a positive int (or its
+    ``text_config`` does), as ``(key, value)``: read without loading anything. None for
+    the built-in model, a .gguf file, or a config that does not say."""
+    if args.model_path is None:
+        return None
+    try:
+        config: Any = json.loads((Path(args.model_path) / "config.json").read_text())
+        for part in (config, config.get("text_config") or {}):
+            for key in keys:
+                value = part.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return key, value
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def vocab_size(args: TrainingArgs) -> int | None:
     """The model's vocabulary size, where it can be read without loading anything (None:
     the workers check token ids against the loaded model)."""
     if args.model_path is None:
         return VOCAB_SIZE
-    try:
-        config = json.loads((Path(args.model_path) / "config.json").read_text())
-        value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
+    found = hf_setting(args, "vocab_size")
+    return found[1] if found else None
 
 
 def check_file(path: Path, vocab: int | None, has_tokenizer: bool) -> tuple[int, bool]:
@@ -63,17 +79,57 @@ def check_file(path: Path, vocab: int | None, has_tokenizer: bool) -> tuple[int,
 
 
 def check_data(args: TrainingArgs) -> DataSummary:
-    """Check the training and validation files (the demo's are generated: nothing to check)."""
+    """Check the training and validation files (the demo's are generated: nothing to check),
+    then the settings against them (:func:`check_against_data`)."""
     vocab = vocab_size(args)
     has_tokenizer = args.model_path is not None
     if args.val_data_path is not None:
         check_file(Path(args.val_data_path), vocab, has_tokenizer)
     if args.demo or args.data_path is None:
-        return DataSummary(args.demo_samples, chat=False)
-    rows, is_chat = check_file(Path(args.data_path), vocab, has_tokenizer)
-    if args.validation_split and not is_chat:  # chat rows may still drop: the workers check
-        held_out(rows, args.validation_split, args.seed)  # DataError: nothing left to train on
-    return DataSummary(rows, is_chat)
+        summary = DataSummary(args.demo_samples, chat=False)
+    else:
+        rows, is_chat = check_file(Path(args.data_path), vocab, has_tokenizer)
+        if args.validation_split and not is_chat:  # chat rows may still drop: workers check
+            held_out(rows, args.validation_split, args.seed)  # DataError: nothing to train on
+        summary = DataSummary(rows, is_chat)
+    check_against_data(args, summary)
+    return summary
+
+
+def _steps(args: TrainingArgs, data: DataSummary) -> tuple[int, int, int, str]:
+    """``(training samples, steps per epoch, the run's last step)`` as the data allows,
+    and why that is the last step; chat rows too long after templating are dropped by the
+    workers, so for chat data these are upper bounds."""
+    train_rows = data.train_rows - held_out_count(data.train_rows, args.validation_split)
+    per_epoch = train_rows // args.effective_batch_size
+    last = per_epoch * args.num_epochs
+    why = (
+        f"{args.num_epochs} epoch(s) of {per_epoch} steps: {train_rows} samples / batch size "
+        f"{args.effective_batch_size}"
+    )
+    if args.max_steps is not None and args.max_steps <= last:
+        last, why = args.max_steps, f"--max-steps {args.max_steps}"
+    return train_rows, per_epoch, last, why
+
+
+def check_against_data(args: TrainingArgs, data: DataSummary) -> None:
+    """Raise :class:`ConfigError` (one line) for settings the data rules out: they would
+    fail in every worker, or silently do nothing."""
+    train_rows, _, last, why = _steps(args, data)
+    if args.effective_batch_size > train_rows:
+        raise ConfigError(
+            f"effective_batch_size (--batch-size) {args.effective_batch_size} is more than the "
+            f"{train_rows} training samples: one optimizer step takes that many samples (at "
+            f"most {train_rows} here)"
+        )
+    if args.profile_steps is not None:
+        first, _ = parse_profile_steps(args.profile_steps)
+        if first > last:
+            most = "at most " if data.chat else ""  # chat rows may still be dropped
+            raise ConfigError(
+                f"--profile-steps {args.profile_steps} starts after the run's last step, "
+                f"{most}{last} ({why}): nothing would be profiled (give steps within 1:{last})"
+            )
 
 
 def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
@@ -94,8 +150,7 @@ def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
             f"--validation-split {args.validation_split} holds data out but nothing evaluates "
             "on it: give --eval-every N"
         )
-    train_rows = data.train_rows - held_out_count(data.train_rows, args.validation_split)
-    steps_per_epoch = train_rows // args.effective_batch_size
+    train_rows, steps_per_epoch, _, _ = _steps(args, data)
     epoch_steps = steps_per_epoch * args.num_epochs
     if args.max_steps and steps_per_epoch and args.max_steps > epoch_steps:
         # chat rows too long after templating are dropped by the workers: fewer steps still

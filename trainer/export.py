@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from journal import leases
 from journal.files import fsync_dir
 from journal.leases import LeaseError
-from journal.paths import checkpoints_dir, logs_dir, step_dir_name
-from journal.rotation import latest_checkpoint
+from journal.paths import checkpoints_dir, journal_path, logs_dir, step_dir_name
+from journal.rotation import checkpoint_run_id, is_complete, journal_run, latest_checkpoint
 from trainer.checkpoint import ConsolidatedWriter
 from trainer.checkpoint_files import CheckpointError, SafeLoadPlanner, SafeReader
 
@@ -86,15 +86,23 @@ def export_from_shards(checkpoint: Path, write: ConsolidatedWriter) -> Path:
 
 
 def find_checkpoint(ckpt_dir: Path, step: int | None) -> Path:
-    """The checkpoint of ``step``, or the newest complete one."""
+    """The checkpoint of ``step``, or the newest complete one, of the journal's run (its
+    newest worker config is the one :func:`run_writer` exports with)."""
+    run = journal_run(journal_path(ckpt_dir))
     if step is None:
-        found = latest_checkpoint(ckpt_dir)
+        found = latest_checkpoint(ckpt_dir, run)
         if found is None:
             raise ExportError(f"{ckpt_dir}: no checkpoint to export in {checkpoints_dir(ckpt_dir)}")
         return found
     path = checkpoints_dir(ckpt_dir) / step_dir_name(step)
-    if not (path / "full_state" / ".metadata").is_file():
+    if not is_complete(path):
         raise ExportError(f"{path}: no complete checkpoint of step {step}")
+    owner = checkpoint_run_id(path)
+    if run is not None and owner != run:
+        raise ExportError(
+            f"{path}: a checkpoint of run {owner or '(none named)'}, not of this journal's "
+            f"run {run}"
+        )
     return path
 
 

@@ -21,16 +21,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from journal.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
-from journal.paths import journal_path, logs_dir
+from journal.paths import checkpoints_dir, journal_path, logs_dir
 from journal.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.query import find_last
 from journal.reader import JournalReader
 from journal.reports import drain
+from journal.rotation import checkpoint_run_id, list_checkpoints
 from journal.rundir import UnsafeRunDir, check_run_dir, make_dir
 from journal.writer import JournalWriter
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.console import ConsoleFilter
 from trainer.data_check import check_data, start_warnings
+from trainer.interrupts import StoppedNow, wait_for_torchrun
 from trainer.preflight import preflight
 from watcher.callbacks import callable_name
 
@@ -159,7 +161,8 @@ def run_training(
     before launching, :class:`trainer.rows.DataError` (naming ``file:line``) when a data file
     is malformed, :class:`trainer.config.ConfigError` when the settings cannot work here,
     the checkpoint dir cannot be created where asked or could be steered by another user,
-    and :class:`RunDirBusy` when another launch holds the checkpoint dir.
+    or ``resume="never"`` finds another run's checkpoints there, and :class:`RunDirBusy` when another launch holds the checkpoint dir.
+    Ctrl-C twice raises :class:`StoppedNow` (a KeyboardInterrupt) once the end is journaled.
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
@@ -187,6 +190,8 @@ def run_training(
             file=sys.stderr,
         )
     try:
+        if train_args.resume == "never":
+            _refuse_another_runs_checkpoints(ckpt_dir)
         model_path = train_args.model_path
         if model_path is not None and Path(model_path).suffix == ".gguf":
             from trainer.convert import convert_gguf  # once, before any worker starts
@@ -197,6 +202,21 @@ def run_training(
     finally:
         if run_lock is not None:
             run_lock.release()
+
+
+def _refuse_another_runs_checkpoints(ckpt_dir: Path) -> None:
+    """``--resume never`` starts a new run: beside another run's checkpoints a later resume,
+    or a save of the same step, would mix the two. Refused before any worker starts; nothing
+    is deleted."""
+    found = list_checkpoints(ckpt_dir)
+    if found:
+        runs = sorted({r for p in found if (r := checkpoint_run_id(p))})
+        raise ConfigError(
+            f"--resume never: {checkpoints_dir(ckpt_dir)} holds {len(found)} checkpoints of "
+            f"another run{' ' + ', '.join(runs) if runs else ''} ({found[0].name} to "
+            f"{found[-1].name}); give a new --ckpt-dir for a fresh run, or --resume auto to "
+            "continue that one (nothing was deleted)"
+        )
 
 
 def _busy_message(ckpt_dir: Path) -> str:
@@ -232,15 +252,21 @@ def _launch(
 
         exporters = start_exporters(ckpt_dir, list(train_args.report_to))
     if train_args.has_callbacks() or exporters:
+        from watcher.cursor import CursorBusy
         from watcher.embedded import EmbeddedWatcher
 
-        watcher = EmbeddedWatcher(
-            ckpt_dir,
-            hooks=train_args.hooks(),
-            callbacks=train_args.callbacks,
-            start_offset=start_offset,
-            exporters=exporters,
-        )
+        try:  # `ilab-watch --name embedded` holds its cursor; a planted lock file: exit 2
+            with _checkpoint_dir_errors(ckpt_dir):
+                watcher = EmbeddedWatcher(
+                    ckpt_dir,
+                    hooks=train_args.hooks(),
+                    callbacks=train_args.callbacks,
+                    start_offset=start_offset,
+                    exporters=exporters,
+                    node_rank=t.node_rank,
+                )
+        except CursorBusy as exc:
+            raise RunDirBusy(str(exc)) from None
         watcher.start()
 
     proc_env = {**os.environ, **(env or {})}
@@ -259,7 +285,7 @@ def _launch(
             target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True
         )
         pump.start()
-        rc = _wait(proc)
+        rc, stopped_now = wait_for_torchrun(proc)
         pump.join(timeout=10)
 
     if journal.exists() and before is not None:
@@ -275,7 +301,7 @@ def _launch(
     if end is None and train_args.journal_detail != "off":
         # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
         # writer; now that they have exited, record the ending so watchers and status see it.
-        end = _write_fallback_end(ckpt_dir, rc, log_path)
+        end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now)
         records.append(end)
     callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
     data = (end or {}).get("data") or {}
@@ -294,6 +320,8 @@ def _launch(
         attempt=(end or {}).get("attempt"),
         callbacks=callbacks,
     )
+    if stopped_now:
+        raise StoppedNow
     if result.status == "failed":
         raise TrainingFailed(
             f"training failed: {result.reason or 'unknown error'} (log: {log_path})", result
@@ -301,38 +329,14 @@ def _launch(
     return result
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> int:
-    """Wait for torchrun. A first Ctrl-C lets the workers save and end (they got SIGINT
-    too); a second one terminates torchrun. SIGTERM to us is passed on to torchrun."""
-    interrupts = 0
-
-    def forward_term(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
-
-    old = None
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGTERM, forward_term)
-    try:
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                interrupts += 1
-                if interrupts >= 2:
-                    proc.terminate()
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-
-
-def _write_fallback_end(ckpt_dir: Path, rc: int, log_path: Path) -> dict[str, Any]:
+def _write_fallback_end(
+    ckpt_dir: Path, rc: int, log_path: Path, *, interrupted: bool = False
+) -> dict[str, Any]:
     """Close the workers' attempt with a ``train_end`` (they exited without one) and return
-    the record as written."""
+    the record as written (``interrupted``: Ctrl-C twice ended them)."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
-    status = (
-        "interrupted" if rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM) else "failed"
-    )
+    signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
+    status = "interrupted" if interrupted or signalled else "failed"
     payload = {
         "status": status,
         "reason": reason,

@@ -6,7 +6,9 @@ dies in ``torch.cuda.set_device(1)`` with ``invalid device ordinal``. The decisi
 in two: :func:`probe` asks this node what the workers will find, :func:`problem` decides
 from that alone (a pure function, tested without GPUs). The backend is resolved as
 :func:`trainer.build.device_and_backend` does: NCCL for ``nccl``, and for ``auto`` when a GPU
-is visible.
+is visible. Settings that cannot work together or with the model, on any machine (a batch
+smaller than the ranks, a LoRA rank above the model's hidden size), are
+:func:`settings_problem`'s, asked first.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
+from trainer.data_check import hf_setting
 
 #: bf16 arithmetic in hardware: Ampere (compute capability 8.0) and newer.
 BF16_MIN_CAPABILITY = (8, 0)
@@ -66,6 +70,29 @@ def problem(
             f"--mixed-precision bf16 needs GPUs with bf16 support (compute capability "
             f"{major}.{minor} or newer), which {', '.join(machine.without_bf16)} {lack} "
             "(use --mixed-precision fp32, or --backend gloo to compute in bf16 on the CPU)"
+        )
+    return None
+
+
+def settings_problem(args: TrainingArgs, torchrun: TorchrunArgs) -> str | None:
+    """Why these settings cannot work with each other or with the model, whatever the
+    machine, as one line; None if they can. The model is read from its config.json."""
+    world = torchrun.nproc_per_node * torchrun.nnodes
+    if args.effective_batch_size < world:
+        return (
+            f"effective_batch_size (--batch-size) {args.effective_batch_size} is smaller than "
+            f"the {world} ranks (--nproc-per-node {torchrun.nproc_per_node} x --nnodes "
+            f"{torchrun.nnodes}): every rank needs at least one sample a step"
+        )
+    hidden = hf_setting(args, "hidden_size", "n_embd", "d_model")
+    if args.lora_rank is not None and hidden is not None and args.lora_rank > hidden[1]:
+        # every projection a decoder's LoRA adapts has the hidden size on one side
+        key, width = hidden
+        where = Path(args.model_path or "") / "config.json"
+        return (
+            f"lora_rank (--lora-rank) {args.lora_rank} is larger than the model's hidden size "
+            f"{width} ({key} in {where}): an adapter wider than the layers it adapts adds "
+            f"parameters, not capacity (give --lora-rank {width} or less)"
         )
     return None
 
@@ -128,6 +155,9 @@ def preflight(
 
     Called by the launcher on each node, before anything is written: ``ilab-train`` turns the
     error into exit code 2."""
+    reason = settings_problem(args, torchrun)
+    if reason is not None:
+        raise ConfigError(reason)
     if not needs_probe(args.backend, args.mixed_precision, torchrun.nproc_per_node):
         return
     worker_env = {**os.environ, **(env or {})}

@@ -32,7 +32,9 @@ class ReportInbox:
 
     def ingest_now(self) -> None:
         """Journal every pending report now (before rotation and before train_end); a
-        malformed file is refused and moved aside (see :func:`journal.reports.ingest`)."""
+        malformed file, or one naming a checkpoint not on disk (never saved, removed since:
+        it must not become the best), is refused with its reason and moved aside (see
+        :func:`journal.reports.ingest`)."""
         self.watch.changed = False
         ingest(self.ckpt_dir, self._emit, self._handled)
         self.watch.scanned()

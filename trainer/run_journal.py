@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -34,7 +35,7 @@ from journal.lock import JournalLock
 from journal.paths import journal_path
 from journal.reader import iter_events, last_record
 from journal.reports import drain
-from journal.rotation import latest_checkpoint, rotate
+from journal.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
 from journal.writer import JournalWriter
 from trainer.control_poller import ControlPoller
 from trainer.emitter import Emitter, Position, failure_payload
@@ -45,8 +46,9 @@ log = logging.getLogger("trainer")
 LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
 RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
 
-#: ``"auto"``: resume from the newest complete checkpoint in ``checkpoints/``; ``"never"``:
-#: a new run; a bool: the trainer decided itself (a bridge: HF resumed from ``checkpoint-N``).
+#: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
+#: :func:`journal.rotation.latest_checkpoint`); ``"never"``: a new run; a bool: the trainer
+#: decided itself (a bridge: HF resumed from ``checkpoint-N``).
 Resume = Literal["auto", "never"] | bool
 
 
@@ -108,10 +110,10 @@ class RunJournal:
         self.poller: ControlPoller | None = None
         self.reports: ReportInbox | None = None
         self.lock: JournalLock | None = None
+        self._run_id: str | None = None  # set by open()
         self.interrupted: list[str] = []  # the signal seen on this rank
         self.interrupted_anywhere = False  # ... on any rank, as of the last agree()
         self.ended = False
-        self.started = time.time()  # control commands written before are stale
         self.t0 = time.perf_counter()
         self.steps = 0  # step boundaries seen (poll_control calls)
         self.poll_idle_ns = self.poll_idle_steps = 0  # control checks that found nothing new
@@ -147,12 +149,17 @@ class RunJournal:
     def _open(self, resume: Resume) -> Path | None:
         jpath = journal_path(self.dir)
         known = resume != "never" and jpath.exists()
-        from_ckpt = latest_checkpoint(self.dir) if resume == "auto" else None
         last = last_record(jpath) if known else None
+        run = journal_run(jpath) if last else None  # None: no journal says which run
+        # the journal's run goes on from its own checkpoint (no journal: that checkpoint's run)
+        from_ckpt = latest_checkpoint(self.dir, run) if resume == "auto" else None
+        adopted = checkpoint_run_id(from_ckpt) if from_ckpt is not None and run is None else None
+        again = continues_run(last, from_ckpt is not None or resume is True)
         writer = None
         if self.detail != "off":
-            again = continues_run(last, from_ckpt is not None or resume is True)
-            writer = JournalWriter(self.dir, resume=again, reserve_bytes=RESERVE_BYTES)
+            writer = JournalWriter(
+                self.dir, resume=again, run_id=adopted, reserve_bytes=RESERVE_BYTES
+            )
             self.emitter = Emitter(writer, self.detail, self.emitter.position)
             self.best = BestTracker(self.goal) if self.goal else None
         seen: set[str] = set()
@@ -165,8 +172,10 @@ class RunJournal:
                 self.best is not None and writer is not None and rec.get("run_id") == writer.run_id
             ):
                 self.best.add(rec)
-        self.poller = ControlPoller(self.dir, seen, not_before=self.started)
-        self.poller.start()
+        fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
+        self._run_id = writer.run_id if writer is not None else fallback
+        self.poller = ControlPoller(self.dir, seen)
+        self.poller.start()  # the attempt starts: command files already there are stale
         if writer is not None:
             self.reports = ReportInbox(self.dir, self.emit)
             self.reports.start()
@@ -198,7 +207,9 @@ class RunJournal:
 
     @property
     def run_id(self) -> str | None:
-        return self.emitter.writer.run_id if self.emitter.writer is not None else None
+        """The run of this attempt (the main rank, once open; None elsewhere): the journal's,
+        which its checkpoints name and rotation keeps to."""
+        return self._run_id
 
     # -- records -----------------------------------------------------------------------------
 
@@ -338,7 +349,8 @@ class RunJournal:
             self.reports.ingest_now()
 
     def best_checkpoint(self) -> BestCheckpoint | None:
-        return self.best.best() if self.best is not None else None
+        """The best checkpoint of this run still on disk (``keep_best``), or None."""
+        return self.best.best(self.dir) if self.best is not None else None
 
     def rotate(
         self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None
@@ -353,7 +365,8 @@ class RunJournal:
         best = self.best_checkpoint()
         if best is not None:
             names.add(Path(best.checkpoint_path).name)
-        rotate(self.dir, keep_last_n, keep=names, emit=self.emit, root=root)
+        owner = self.run_id if root is None else None  # a bridge's (in root) name no run
+        rotate(self.dir, keep_last_n, keep=names, emit=self.emit, root=root, run_id=owner)
 
     def cost(self, step_time_s: float | None = None) -> dict[str, Any]:
         """Time inside the journal, measured directly on this rank: appends, control checks

@@ -18,8 +18,9 @@ from journal.paths import resolve_journal, watch_dir
 from journal.rundir import UnsafeRunDir, check_run_dir, not_a_directory
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
+from watcher.cursor import CursorBusy
 from watcher.engine import Watcher
-from watcher.export import close_all, every_record
+from watcher.export import already_said, close_all, every_record
 from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
@@ -62,6 +63,12 @@ def default_name(hooks: list[Hook]) -> str:
         "-"
     )
     return f"{first.event}-{stem}-{digest}"
+
+
+def _unless_said(reporter: Any) -> Any:
+    """The console's line per delivery, except failures whose cause the watcher has said
+    once already (a tracker that stopped answering: one line, not one per record)."""
+    return lambda out: None if already_said(out.error) else reporter(out)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -257,7 +264,8 @@ def main(
     Delivery is at-least-once per (event, hook) and survives restarts: a cursor in
     --state-dir remembers what completed. Exit codes: 0 all deliveries succeeded or were
     skipped (after train_end, or the end of --replay), 1 some delivery finally failed,
-    2 usage error, 130 interrupted.
+    2 usage error, 3 another watcher runs this cursor (same --state-dir and --name; the
+    message names it), 130 interrupted.
     """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     handler = logging.StreamHandler()
@@ -303,6 +311,7 @@ def main(
         for exporter in exporters_for(
             ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb
         ):
+            exporters.append(exporter)  # closed (flushed, W&B run finished) at the end
             hooks.extend(hooks_for_object(exporter, every_record(options_for)))
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
@@ -336,10 +345,18 @@ def main(
         start="now" if start == "now" else "start",
         follow=not replay,
         poll=poll,
-        reporter=ConsoleReporter(quiet=quiet, verbose=verbose > 0),
+        reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
         stateful_callbacks=consumers,
         lease_ttl=lease_ttl,
     )
+    try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
+        watcher.claim()
+    except CursorBusy as exc:
+        close_all(exporters)
+        click.echo(f"ilab-watch: {exc}", err=True)
+        sys.exit(3)
+    except UnsafeRunDir as exc:
+        raise click.UsageError(str(exc)) from None
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -3,6 +3,10 @@
 Stored as JSON, written atomically (temp file, fsync, rename, directory fsync). ``offset`` is
 where re-reading must start: the start of the oldest read batch that still has deliveries in
 flight. ``done`` lists, per hook, the seqs completed at or after that point.
+
+One process per cursor: :class:`CursorLock` (``<state_dir>/<name>.lock``, the journal's
+``flock`` of :mod:`journal.lock`) is held while a watcher runs, so a second watcher with the
+same state dir and name is refused instead of running every delivery a second time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write
+from journal.lock import HEARTBEAT_S, FileLock, Locked, describe, holder
 
 log = logging.getLogger("watcher")
 
@@ -69,3 +74,38 @@ class Cursor:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, state.to_json())
+
+
+class CursorBusy(RuntimeError):
+    """Another watcher process holds this cursor (the message names it)."""
+
+
+class CursorLock(FileLock):
+    """``<state_dir>/<name>.lock``: held by the one watcher process that uses this cursor
+    (and its results file, delivery logs and running markers). A ``flock``, so a watcher
+    killed with ``kill -9`` leaves it free; heartbeating, as the launcher's run lock, for
+    state dirs on file systems whose ``flock`` does not reach other hosts."""
+
+    def __init__(self, state_dir: Path, name: str, **info: Any) -> None:
+        super().__init__(
+            state_dir / f"{name}.lock", role="watcher", heartbeat_s=HEARTBEAT_S, **info
+        )
+        self.name = name
+
+    def claim(self) -> None:
+        """Take the lock or raise :class:`CursorBusy` naming its holder (a moment's wait:
+        the holder's description is written just after its ``flock`` is taken)."""
+        try:
+            self.acquire(timeout=0.5)
+        except Locked:
+            who = describe(holder(self.path) or {})
+            raise CursorBusy(
+                f"cursor '{self.name}' in {self.path.parent} is in use by {who}: it already "
+                "runs these hooks; stop it, or give one of them another --name"
+            ) from None
+        if self.previous:
+            log.warning(
+                "the previous watcher of cursor '%s' (%s) ended without releasing it; taking over",
+                self.name,
+                describe(self.previous),
+            )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from journal.schema import Record
 from watcher.callbacks import CommandTarget
 from watcher.hooks import Hook
 
@@ -96,3 +97,20 @@ class DeliveryResult:
     def failed(self) -> bool:
         """``skipped`` (the checkpoint was already removed) is not a failure."""
         return self.status in ("failed", "timeout", "abandoned")
+
+
+#: Payload fields a delivery of an event cannot do without (the envelope's are the
+#: schema's): the checkpoint a save hook evaluates and the watcher leases.
+_NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
+_ENVELOPE = tuple(name for name, info in Record.model_fields.items() if info.is_required())
+
+
+def undeliverable(rec: dict[str, Any]) -> str | None:
+    """Why a record goes to no hook (``missing run_id, data.checkpoint_path``), or None.
+
+    Readers tolerate absent fields; a hook would get a record that ``ilab-journal
+    validate`` reports, with no run or checkpoint to act on (one appended by hand)."""
+    missing = [name for name in _ENVELOPE if name not in rec]
+    data = rec.get("data") or {}
+    missing += [f"data.{f}" for f in _NEEDED.get(str(rec.get("event")), ()) if data.get(f) is None]
+    return f"missing {', '.join(missing)}" if missing else None

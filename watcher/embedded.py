@@ -20,7 +20,7 @@ from journal.paths import journal_path, watch_dir
 from watcher.callbacks import CallbackSpecError
 from watcher.delivery import DeliveryResult
 from watcher.engine import Watcher
-from watcher.export import close_all, every_record
+from watcher.export import already_said, close_all, every_record
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
 from watcher.trackers import make_exporter
 
@@ -28,6 +28,8 @@ log = logging.getLogger("watcher")
 
 
 def _log_result(out: DeliveryResult) -> None:
+    if out.status == "abandoned" or already_said(out.error):
+        return  # one line for all of them: finish()'s, or the tracker's own notice
     if out.failed:
         log.error(
             "callback %s on %s (step %s) %s: %s",
@@ -73,6 +75,12 @@ class EmbeddedWatcher:
             are given to ``restore_state``).
         exporters: experiment-tracker exporters (:func:`start_exporters`): every record
             goes to them, not only the newest pending one; closed when the watcher is done.
+        node_rank: this launcher's node: its cursor in ``<ckpt_dir>/watch`` (results file,
+            running markers, lock) is ``embedded`` on node 0, ``embedded-node<N>`` elsewhere.
+
+    Raises:
+        watcher.cursor.CursorBusy: an ``ilab-watch --name embedded`` on this run dir holds
+            the cursor (``run_training`` refuses the launch: ``ilab-train`` exits 3).
     """
 
     def __init__(
@@ -83,6 +91,7 @@ class EmbeddedWatcher:
         callbacks: list[Any],
         start_offset: int,
         exporters: list[Any] | None = None,
+        node_rank: int = 0,
     ) -> None:
         self.exporters = list(exporters or [])
         built: list[Hook] = [
@@ -95,7 +104,8 @@ class EmbeddedWatcher:
         self.watcher = Watcher(
             journal_path(ckpt_dir),
             built,
-            name="embedded",
+            # each node's launcher runs one: the other nodes' must not be refused
+            name="embedded" if node_rank == 0 else f"embedded-node{node_rank}",
             state_dir=watch_dir(ckpt_dir),
             start=start_offset,
             persist_cursor=False,
@@ -105,6 +115,11 @@ class EmbeddedWatcher:
             ],
             control_source="run_training",
         )
+        try:  # its results and running markers are under watch/embedded.*: one process only
+            self.watcher.claim()
+        except BaseException:
+            close_all(self.exporters)
+            raise
         self._thread = threading.Thread(target=self._run, name="ilab-embedded-watcher", daemon=True)
         self.exit_code: int | None = None
 
@@ -123,9 +138,14 @@ class EmbeddedWatcher:
         self.watcher.writer_finished()
         self._thread.join(grace_s)
         if self._thread.is_alive():
-            log.warning("callbacks still running after %.0fs grace; abandoning them", grace_s)
             self.watcher.request_stop()
             self._thread.join(10)
+            n = sum(1 for o in self.watcher.results if o.status == "abandoned")
+            log.warning(
+                "callbacks still running after %.0fs grace; abandoned %d deliveries",
+                grace_s,
+                n,
+            )
         close_all(self.exporters)
         return summarize(self.watcher.hooks, self.watcher.results)
 

@@ -22,11 +22,12 @@ from typing import Any
 
 from journal.leases import DEFAULT_TTL_S
 from journal.query import ended_before
+from journal.rundir import UnsafeRunDir
 from watcher.callbacks import callable_name
 from watcher.command import end_leftovers
 from watcher.completion import Completions, Reporter
-from watcher.cursor import Cursor, CursorState
-from watcher.delivery import Delivery, DeliveryResult
+from watcher.cursor import Cursor, CursorLock, CursorState
+from watcher.delivery import Delivery, DeliveryResult, state_write_failed, undeliverable
 from watcher.execute import Executor
 from watcher.follow import JournalFollower, RunProgress, StartAt
 from watcher.hooks import Hook
@@ -105,6 +106,8 @@ class Watcher:
             running_dir=state_dir / f"{name}.running" if state_dir else None,
             notice=self._notices,
         )
+        # one process per cursor: its results, logs and running markers are shared too
+        self._lock = CursorLock(state_dir, name, journal=str(journal)) if state_dir else None
         cursor_path = state_dir / f"{name}.cursor.json" if state_dir and persist_cursor else None
         self.cursor = Cursor(cursor_path)
         self.results_path = state_dir / f"{name}.results.jsonl" if state_dir else None
@@ -144,6 +147,20 @@ class Watcher:
         after it)."""
         return self._run.ended
 
+    def claim(self) -> None:
+        """Take this cursor's lock (``run()`` does, if not done before): raises
+        :class:`~watcher.cursor.CursorBusy` when another watcher process holds it. A state
+        dir that cannot be written is the usual one line and no lock: deliveries go on."""
+        if self._lock is None or self._lock.held:
+            return
+        try:
+            self._lock.claim()
+        except UnsafeRunDir:  # a symlink or a FIFO planted as the lock file: never followed
+            raise
+        except OSError as exc:
+            self._notices(state_write_failed(self._lock.path.parent, exc))
+            self._lock = None
+
     # -- control from other threads -----------------------------------------------------
 
     def request_stop(self) -> None:
@@ -161,6 +178,7 @@ class Watcher:
         """Catch up from the cursor, then follow until ``train_end`` and all its deliveries
         are done (or, with ``follow=False``, until the end of the file). Returns 0 when every
         delivery succeeded, 1 when any finally failed."""
+        self.claim()
         follower = self._follower
         follower.waker.start()
         self._checkpoints.start()
@@ -243,11 +261,15 @@ class Watcher:
                 self._run.ended = True
             elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
                 self._run.ended = False
-            todo.extend(
-                (hook, rec)
+            hooks = [
+                hook
                 for hook in self.hooks
                 if hook.event == ev and not self.completions.is_done(hook.id, rec["seq"])
-            )
+            ]
+            if hooks and (why := undeliverable(rec)):  # e.g. a save appended by hand
+                self._notices(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
+                continue
+            todo.extend((hook, rec) for hook in hooks)
         batch = self.completions.open_batch(start, end, records[0]["seq"], len(todo))
         for hook, rec in todo:
             did = f"{rec.get('run_id', '')}-{rec['seq']}-{hook.short_id}"
@@ -263,3 +285,5 @@ class Watcher:
                 )
         self._checkpoints.stop()
         self._executor.close()
+        if self._lock is not None:
+            self._lock.release()

@@ -31,6 +31,7 @@ from journal.reports import InvalidReport, Report, submit_report
 from watcher.callbacks import CommandTarget, Event
 from watcher.command import command_env, log_text, run_command
 from watcher.delivery import Delivery, DeliveryResult, state_write_failed
+from watcher.export import TrackerUnavailable
 from watcher.leasing import CheckpointGuard
 
 log = logging.getLogger("watcher")
@@ -80,10 +81,14 @@ class Executor:
         for attempt in range(1, opts.retries + 2):
             out.attempts = attempt
             t0 = time.perf_counter()
-            if isinstance(d.hook.target, CommandTarget):
-                self._run_command(d.hook.target, d, out, attempt)
-            else:
-                self._run_callable(d.hook.target, d, out)
+            try:
+                if isinstance(d.hook.target, CommandTarget):
+                    self._run_command(d.hook.target, d, out, attempt)
+                else:
+                    self._run_callable(d.hook.target, d, out)
+            except Exception as exc:  # ours, not the hook's: the attempt and its log still count
+                log.exception("delivery %s, attempt %d", d.delivery_id, attempt)
+                out.status, out.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
             out.duration = time.perf_counter() - t0
             if out.status == "ok" or self.stop.is_set():
                 break
@@ -125,7 +130,7 @@ class Executor:
             out.error = f"cannot write the record for the command: {exc.strerror or exc}"
             return
         report_file = event_file.with_name(f"{stem}.json")
-        report_file.unlink(missing_ok=True)  # a killed predecessor's attempt must not count
+        _discard(report_file)  # a killed predecessor's attempt must not count
         env = command_env(
             d.record,
             payload,
@@ -151,7 +156,7 @@ class Executor:
                 self._report_from_file(report_file, d, out)
         finally:
             event_file.unlink(missing_ok=True)
-            report_file.unlink(missing_ok=True)
+            _discard(report_file)  # even if the command made it a directory
 
     def _scratch_file(self, name: str, data: bytes) -> Path:
         """Write a file a command reads (its record) in the state dir, or in the system's
@@ -229,6 +234,10 @@ class Executor:
                 return
         if error:
             exc = error[0]
+            if isinstance(exc, TrackerUnavailable):  # its exporter's one line, said once
+                self.notice(str(exc))
+                out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
+                return
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             log.error(
                 "callback %s failed on %s seq %s:\n%s",
@@ -281,3 +290,13 @@ class Executor:
         except (OSError, orjson.JSONDecodeError, InvalidReport, RejectedFile) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             out.status, out.error = "failed", f"$ILAB_REPORT: {why}"
+
+
+def _discard(path: Path) -> None:
+    """Remove a command's scratch file, also when the command replaced it by a directory."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        if not (path.is_dir() and not path.is_symlink()):
+            raise
+        shutil.rmtree(path, ignore_errors=True)

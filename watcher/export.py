@@ -49,6 +49,17 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class TrackerUnavailable(Exception):
+    """An exporter's tracker stopped answering. Its message is one line for the user (what
+    is incomplete and which command repairs it): the watcher says it once, and each
+    delivery that meets it fails without a traceback of its own."""
+
+
+def already_said(error: str | None) -> bool:
+    """Whether a delivery's error is a :class:`TrackerUnavailable` (said once already)."""
+    return bool(error) and str(error).startswith(f"{TrackerUnavailable.__name__}: ")
+
+
 def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], HookOptions]:
     """Hook options that deliver every record: an exporter writes points, not only the
     newest pending one (the default for high-rate events such as ``log``)."""

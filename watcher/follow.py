@@ -2,8 +2,9 @@
 
 The start position is a saved cursor when there is one, else the start of the file, or its
 current end (``"now"``), or an explicit byte offset (the embedded watcher, which delivers
-only its own launch's records). A journal that shrank below the read position, or whose
-inode changed, was truncated or replaced: reading starts over from its beginning.
+only its own launch's records). Rotation (a journal moved away, replaced, or truncated in
+place) is followed as ``ilab-journal tail -f`` follows it: journal/tailing.py reads what the
+old file still held, then the new one from its beginning.
 :class:`RunProgress` says whether more records can come.
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from journal.reader import JournalReader, ReadBatch, end_of_complete_lines
+from journal.tailing import RotatingReader
 from watcher.cursor import CursorState
 from watcher.wake import Waker
 
@@ -33,8 +34,7 @@ class JournalFollower:
     def __init__(self, journal: Path, *, poll: float | None) -> None:
         self.journal = journal
         self.waker = Waker(journal, poll=poll)
-        self.reader = JournalReader(journal)
-        self._ident: tuple[int, int] | None = None
+        self.reader = RotatingReader(journal)
 
     def start_state(self, start: StartAt, saved: CursorState | None, notice: Any) -> CursorState:
         """The cursor state to begin from (and position the reader there)."""
@@ -52,7 +52,7 @@ class JournalFollower:
             state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
         else:
             state = CursorState(fingerprint=fp)
-        self.reader = JournalReader(self.journal, state.offset, state.line_no)
+        self.reader.seek(state.offset, state.line_no)
         log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
         return state
 
@@ -83,19 +83,9 @@ class JournalFollower:
         return hashlib.sha1(first).hexdigest()[:16]
 
     def check_identity(self) -> str | None:
-        """``"replaced"`` or ``"truncated"`` when the journal is not the one being read
-        (the reader then starts over from byte 0), else None."""
-        try:
-            st = os.stat(self.journal)
-        except FileNotFoundError:
-            return None
-        ident = (st.st_dev, st.st_ino)
-        replaced = self._ident is not None and ident != self._ident
-        self._ident = ident
-        if not (replaced or st.st_size < self.reader.offset):
-            return None
-        self.reader = JournalReader(self.journal)
-        return "replaced" if replaced else "truncated"
+        """``"replaced"`` or ``"truncated"`` once the reader went over to the file now at
+        the path, from byte 0 (the old one read to its end first), else None."""
+        return self.reader.check()
 
 
 @dataclass

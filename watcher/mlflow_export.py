@@ -12,27 +12,46 @@ completed or stopped, FAILED, KILLED for interrupted), in journal order.
 
 No duplicates: the exporter reads the run's metric history first and skips a point it holds
 (same key, step and timestamp). Needs the ``mlflow`` package (``ilab-journal[mlflow]``).
+
+A server that dies mid-run: MLflow's client retries each call for minutes, which would hold
+the launcher past its grace period with every later record queued behind it. So each call
+to an http(s) server runs on a thread of its own while ``/health`` is probed beside it;
+after :data:`DOWN_AFTER` unanswered probes in a row (or a failed call and an unanswered
+probe) the exporter is down: every later call fails at once with one
+:class:`~watcher.export.TrackerUnavailable` line saying that the MLflow run is incomplete
+and that ``ilab-watch DIR --mlflow URI --replay`` repairs it (it is probed again every
+:data:`RECHECK_S`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shlex
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from watcher.callbacks import CallbackSpecError, Event
-from watcher.export import MetricsExport, flatten
+from watcher.export import MetricsExport, TrackerUnavailable, flatten
 
 DEFAULT_EXPERIMENT = "ilab-journal"
 _STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_BATCH = 100  # MLflow's limit on params or tags per log_batch call
 _MAX_VALUE = 6000  # MLflow's limit on a param value's length
+
+PROBE_EVERY_S = 2.0  # while a call is in flight, /health is asked this often
+DOWN_AFTER = 3  # unanswered probes in a row: the server is gone
+RECHECK_S = 30.0  # once down, calls fail at once; the server is asked again this often
+_CALL_THREAD = "ilab-mlflow-call"
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,6 +79,87 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         raise CallbackSpecError(
             f"cannot reach the MLflow tracking server at {uri}: {reason}"
         ) from None
+
+
+def _answers(uri: str) -> bool:
+    try:
+        check_reachable(uri, timeout_s=PROBE_EVERY_S)
+    except CallbackSpecError:
+        return False
+    return True
+
+
+class _QuietCalls(logging.Filter):
+    """urllib3's "Retrying ..." lines of our call threads: the breaker says it, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.threadName or "").startswith(_CALL_THREAD)
+
+
+class _Breaker:
+    """Runs calls to an http(s) tracking server, giving up when the server stops answering
+    (see the module docstring). ``incomplete(reason)`` is the line a down server raises."""
+
+    def __init__(self, uri: str, incomplete: Callable[[str], str]) -> None:
+        self.uri = uri
+        self.incomplete = incomplete
+        self.down: str | None = None
+        self._down_at = 0.0
+        quiet = logging.getLogger("urllib3.connectionpool")
+        if not any(isinstance(f, _QuietCalls) for f in quiet.filters):
+            quiet.addFilter(_QuietCalls())
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.down is not None:
+            if time.monotonic() - self._down_at < RECHECK_S:
+                raise TrackerUnavailable(self.down)
+            if not _answers(self.uri):
+                self._down_at = time.monotonic()  # asked again in RECHECK_S, not every call
+                raise TrackerUnavailable(self.down)
+            self.down = None  # back: later records are exported again (earlier need a replay)
+        result: list[T] = []
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(fn(*args, **kwargs))
+            except BaseException as exc:
+                error.append(exc)
+
+        # A thread we can stop waiting for: a call on a dead server retries for minutes,
+        # and is left to end by itself (its points, if it ever lands them, are deduplicated).
+        t = threading.Thread(target=run, name=_CALL_THREAD, daemon=True)
+        t.start()
+        misses = 0
+        while True:
+            t.join(PROBE_EVERY_S)
+            if not t.is_alive():
+                break
+            misses = 0 if _answers(self.uri) else misses + 1
+            if misses >= DOWN_AFTER:
+                self._trip(f"no answer from {self.uri}/health {misses} times in a row")
+        if error:
+            if not _answers(self.uri):
+                self._trip(f"{type(error[0]).__name__}; no answer from {self.uri}/health")
+            raise error[0]
+        return result[0]
+
+    def _trip(self, reason: str) -> None:
+        self.down, self._down_at = self.incomplete(reason), time.monotonic()
+        raise TrackerUnavailable(self.down)
+
+
+class _Guarded:
+    """An ``MlflowClient`` whose calls go through a :class:`_Breaker`."""
+
+    def __init__(self, client: Any, breaker: _Breaker) -> None:
+        self._client, self._breaker = client, breaker
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._breaker.call(attr, *args, **kwargs)
 
 
 class MlflowExport(MetricsExport):
@@ -99,9 +199,12 @@ class MlflowExport(MetricsExport):
         self.log_artifacts = log_artifacts
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._runs: dict[str, _Run] = {}
+        self._where: tuple[str, str] | None = None  # (ckpt_dir, run_id) being exported
         try:
-            self.client = MlflowClient(uri)
+            self.client: Any = MlflowClient(uri)
             self.tracking_uri = uri or mlflow.get_tracking_uri()
+            if self.tracking_uri.startswith(("http://", "https://")):
+                self.client = _Guarded(self.client, _Breaker(self.tracking_uri, self._incomplete))
             found = self.client.get_experiment_by_name(self.experiment)
             self._experiment_id = (
                 found.experiment_id if found else self.client.create_experiment(self.experiment)
@@ -190,9 +293,21 @@ class MlflowExport(MetricsExport):
         self._tag(run, "ilab.status_seq", str(event.seq))
         return True
 
+    def _incomplete(self, reason: str) -> str:
+        """The one line said when the server stops answering mid-run."""
+        ckpt_dir, rid = self._where or ("DIR", "")
+        run = f" of journal run {rid}" if rid else ""
+        return (
+            f"the MLflow tracking server at {self.tracking_uri} stopped answering ({reason}): "
+            f"the MLflow run{run} is incomplete (later points and its end are missing); "
+            f"`ilab-watch {shlex.quote(ckpt_dir)} --mlflow {self.tracking_uri} --replay` "
+            "repairs it once the server is back"
+        )
+
     def _run(self, event: Event) -> _Run | None:
         """The MLflow run of the event's journal run: cached, found by tag, or created."""
         rid = event.run_id
+        self._where = (event.ckpt_dir, rid)
         if rid in self._runs:
             return self._runs[rid]
         if not _RUN_ID.match(rid):

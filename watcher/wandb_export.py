@@ -14,13 +14,17 @@ that ending's exit code (0 completed or stopped, 1 failed, 5 interrupted, as
 
 No duplicates: each watcher start makes a new run directory for the same id, so the
 exporter first reads the history of every earlier one (watcher/wandb_log.py) and skips a
-row it holds (same prefix, step and time). Needs the ``wandb`` package
+row it holds (same prefix, step and time). A directory wandb could not write is refused at
+start (wandb would write to /tmp instead, where no later replay finds the rows). Needs the
+``wandb`` package
 (``ilab-journal[wandb]``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -58,10 +62,7 @@ class WandbExport(MetricsExport):
             raise CallbackSpecError(f"--wandb: WANDB_MODE={self.mode!r}; use offline or online")
         self.root = Path(os.environ.get("WANDB_DIR") or ckpt_dir)
         self.project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
-        try:
-            (self.root / "wandb").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CallbackSpecError(f"--wandb: cannot write {self.root / 'wandb'}: {exc}") from None
+        _check_writable(self.root)
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._run: Any = None
         self._exit_code = 0
@@ -141,6 +142,29 @@ class WandbExport(MetricsExport):
             self._run.define_metric(f"{prefix}/step")
             self._run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
         return self._run
+
+
+def _check_writable(root: Path) -> None:
+    """Raise :class:`CallbackSpecError` (one line) unless wandb can write under ``root``.
+
+    wandb itself falls back to the system's temp dir for a dir it cannot write (a warning
+    on the console, nothing else): the run's rows then land where no replay looks for them
+    (:func:`_logged` reads ``root``), so each replay would write them all again. So a real
+    write is tried, in the ``wandb`` dir it writes to (which may exist on a file system
+    that became read-only), and ``root`` must pass wandb's own check (``os.access``)."""
+    where = root / "wandb"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".ilab-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+        if not os.access(root, os.W_OK | os.R_OK):
+            raise PermissionError(errno.EACCES, "not readable and writable", str(root))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise CallbackSpecError(
+            f"--wandb: cannot write {where}: {why} (set WANDB_DIR to a writable directory)"
+        ) from None
 
 
 def _logged(root: Path, run_id: str) -> set[tuple[str, int, float]]:

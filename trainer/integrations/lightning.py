@@ -31,7 +31,8 @@ keeps it, journals ``checkpoint_kept`` and looks again at each step end and at t
 (one listing of ``leases/``): once the lease is released or expired, the file is deleted
 and ``checkpoint_removed`` journaled, the way the journal's own rotation deletes
 (:func:`journal.rotation.remove_unless_leased`). Files outside the run dir cannot be
-leased and are deleted at once. A kept file is not deleted if a later save writes the same
+leased and are deleted at once: a ``dirpath`` outside it gets one warning at train start and
+a note in ``train_begin`` (:func:`unprotected_dirs`). A kept file is not deleted if a later save writes the same
 path again; one still leased when training ends stays on disk.
 """
 
@@ -186,6 +187,26 @@ class JournalCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
+def unprotected_dirs(trainer: Trainer, run_dir: Path) -> list[str]:
+    """One line for each ``ModelCheckpoint`` whose ``dirpath`` lies outside the run dir:
+    leases name files inside it only, so its ``save_top_k`` deletes a checkpoint at once,
+    even while an ``ilab-watch`` hook still reads it."""
+    root = run_dir.resolve()
+    out = []
+    for cb in trainer.checkpoint_callbacks:
+        dirpath = getattr(cb, "dirpath", None)
+        if not dirpath:
+            continue
+        remote = "://" in str(dirpath)  # fsspec (s3://...): never inside a local run dir
+        if remote or not Path(dirpath).resolve().is_relative_to(root):
+            out.append(
+                f"ModelCheckpoint dirpath {dirpath} is outside the run dir {run_dir}: leases "
+                "do not cover it, so its save_top_k may delete a checkpoint while an ilab-watch "
+                "hook still reads it (put dirpath inside the run dir to protect them)"
+            )
+    return out
+
+
 class JournalCallback(Callback):
     """Journals a Lightning run and applies control commands (see the module docstring).
 
@@ -227,12 +248,16 @@ class JournalCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         config = {k: v for k, v in dict(pl_module.hparams).items()}
         config.update(max_steps=trainer.max_steps, max_epochs=trainer.max_epochs)
+        notes = unprotected_dirs(trainer, self.journal.dir) if self.journal.main else []
+        for note in notes:
+            log.warning("%s", note)
         self.journal.begin(
             config,
             total_steps=trainer.max_steps if trainer.max_steps > 0 else None,
             device_type=trainer.strategy.root_device.type,
             trainer="lightning.pytorch.Trainer",
             resumed_from=str(trainer.ckpt_path) if trainer.ckpt_path else None,
+            **({"notes": notes} if notes else {}),
         )
         dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
         if dirpath and self.journal.main:  # a file an earlier attempt died deleting
