@@ -86,7 +86,7 @@ demo-llm: $(READY)
 
 # SmolLM2-135M-Instruct as a Hugging Face model dir (weights, tokenizer, chat template).
 llm-model: $(READY)
-	@$(PY) -m trainer.convert models/smollm2-135m-instruct
+	@$(PY) -m trainer.model.convert models/smollm2-135m-instruct
 
 bench: $(READY)
 	@mkdir -p benchmarks/results

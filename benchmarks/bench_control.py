@@ -26,7 +26,7 @@ from benchmarks.common import bench_parser, emit, pct
 from journal import read_all, send_command
 from journal.paths import control_dir, journal_path
 from tests.helpers import wait_for
-from trainer.control_poller import ControlPoller
+from trainer.steering.control_poller import ControlPoller
 
 
 def _records(ckpt: Path) -> list[dict[str, Any]]:

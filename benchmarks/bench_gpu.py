@@ -791,7 +791,7 @@ def ilab_padding(
     if packing != "off":
         return
     try:
-        from trainer.data import StepPlanner, load_jsonl
+        from trainer.data.plan import StepPlanner, load_jsonl
 
         samples = load_jsonl(ctx.data[cfg.group], SEQ)
         planner = StepPlanner(samples, cfg.samples, cfg.batch_len, 1, 0, SEED)

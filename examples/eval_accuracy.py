@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from journal import Report, submit_report
-from trainer.model import greedy_generate, load_consolidated
+from trainer.model.builtin import greedy_generate, load_consolidated
 
 
 def main() -> int:

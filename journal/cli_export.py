@@ -1,6 +1,6 @@
 """``ilab-journal export``: the consolidated model of a saved checkpoint, made later.
 
-The conversion reads tensors, so it runs in ``python -m trainer.export`` (this package never
+The conversion reads tensors, so it runs in ``python -m trainer.checkpoint.export`` (this package never
 imports torch): a child process of the same interpreter, whose one-line errors and exit
 code pass through unchanged.
 """
@@ -31,12 +31,12 @@ def export(dir: str, step: int | None, force: bool) -> None:
 
     For checkpoints saved without one: runs with --export-every N, or a save made while
     the run was interrupted. The model loads with from_pretrained (or
-    trainer.model.load_consolidated for the built-in model) like any export. It prints the
+    trainer.model.builtin.load_consolidated for the built-in model) like any export. It prints the
     hf/ path; a checkpoint that already has one is left alone unless --force. The
     checkpoint is leased while it is converted, so a running trainer keeps it.
     """
     ckpt_dir = resolve_journal(dir).parent
-    argv = [sys.executable, "-m", "trainer.export", str(ckpt_dir)]
+    argv = [sys.executable, "-m", "trainer.checkpoint.export", str(ckpt_dir)]
     argv += [*(["--step", str(step)] if step is not None else []), *(["--force"] if force else [])]
     try:
         code = subprocess.call(argv)

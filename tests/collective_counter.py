@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch.distributed as dist
 
-import trainer.worker as worker
+import trainer.rank.worker as worker
 from journal.paths import logs_dir
 
 OPS = (

@@ -151,7 +151,7 @@ def cli(name: str, *args: str, timeout: float = 60, **kw: Any) -> subprocess.Com
 
 def train_env(step_delay: float | None = None) -> dict[str, str]:
     """The environment for a training subprocess (one thread; optionally slowed down)."""
-    from trainer.loop import STEP_DELAY_ENV  # the trainer's test-only knob (imports torch)
+    from trainer.rank.loop import STEP_DELAY_ENV  # the trainer's test-only knob (imports torch)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if step_delay:
@@ -338,7 +338,7 @@ def workers_of(ckpt: Path) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "trainer.worker" in cmd and any(str(ckpt / "logs") in c for c in cmd):
+        if "trainer.rank.worker" in cmd and any(str(ckpt / "logs") in c for c in cmd):
             out.append(p)
     return out
 

@@ -23,7 +23,7 @@ from tests.helpers import (
     train_env,
     wait_for,
 )
-from trainer.async_save import WRITE_DELAY_ENV
+from trainer.checkpoint.async_save import WRITE_DELAY_ENV
 
 pytestmark = pytest.mark.dist
 

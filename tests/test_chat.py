@@ -25,7 +25,7 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 @pytest.fixture(scope="session")
 def smol_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.convert import packaged_smollm2
+    from trainer.model.convert import packaged_smollm2
 
     try:
         gguf = packaged_smollm2()
@@ -152,8 +152,8 @@ def test_chat_rows_train_with_loss_on_assistant_tokens_only(
 def test_bad_chat_rows_name_file_and_line(
     tmp_path: Path, smol_tokenizer_dir: Path, bad: dict[str, Any], message: str
 ) -> None:
-    from trainer.chat import load_tokenizer, tokenize_chat_file
-    from trainer.data import DataError
+    from trainer.data.chat import load_tokenizer, tokenize_chat_file
+    from trainer.data.plan import DataError
 
     data = write_rows(tmp_path / "chat.jsonl", [conversation(1), conversation(2), bad])
     with pytest.raises(DataError) as err:
@@ -164,8 +164,8 @@ def test_bad_chat_rows_name_file_and_line(
 def test_rows_over_max_seq_len_are_dropped_and_counted(
     tmp_path: Path, smol_tokenizer_dir: Path
 ) -> None:
-    from trainer.chat import load_tokenizer, tokenize_chat_file
-    from trainer.data import DataError
+    from trainer.data.chat import load_tokenizer, tokenize_chat_file
+    from trainer.data.plan import DataError
 
     long = {
         "messages": [{"role": "user", "content": "why? " * 100}, conversation(1)["messages"][1]]
@@ -198,7 +198,7 @@ def test_a_bad_chat_row_is_one_line_before_any_worker_starts(
 def test_real_smollm2_fine_tunes_saves_reloads_and_generates(tmp_path: Path) -> None:
     """The real pretrained model: a few steps from the GGUF file (converted once into the
     run), then the export loads with from_pretrained and answers through its template."""
-    from trainer.convert import packaged_smollm2
+    from trainer.model.convert import packaged_smollm2
 
     data = write_rows(tmp_path / "chat.jsonl", [conversation(i) for i in range(16)])
     ckpt = tmp_path / "run"

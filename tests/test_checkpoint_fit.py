@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from tests.helpers import records, train
-from trainer.checkpoint_fit import CheckpointMismatch, model_misfit
+from trainer.checkpoint.fit import CheckpointMismatch, model_misfit
 
 
 def _saved(**shapes: tuple[int, ...]) -> dict[str, object]:

@@ -16,8 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tests.helpers import records, train
-from trainer.checkpoint import _rng_state
-from trainer.checkpoint_files import (
+from trainer.checkpoint.files import (
     LEGACY_SCHEDULER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
@@ -26,7 +25,8 @@ from trainer.checkpoint_files import (
     read_rng_state,
     read_scheduler_state,
 )
-from trainer.optim import warmup_cosine
+from trainer.checkpoint.sharded import _rng_state
+from trainer.model.optim import warmup_cosine
 
 
 class Payload:

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from tests.helpers import cli
 from trainer.cli import main
-from trainer.cli_options import CONFIG_ONLY, FIELD_OPTIONS, FLAG_OF, apply_given
 from trainer.config import TorchrunArgs, TrainingArgs
+from trainer.config.cli_options import CONFIG_ONLY, FIELD_OPTIONS, FLAG_OF, apply_given
 
 #: Every ilab-train flag before the options were generated: its help spec (name, metavar,
 #: choices) and the field it sets (None: the launcher's own). None of this may change.

@@ -30,7 +30,7 @@ from tests.helpers import (
 )
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
-from trainer.loop import STEP_DELAY_ENV
+from trainer.rank.loop import STEP_DELAY_ENV
 from watcher import DivergenceDetector
 
 pytestmark = pytest.mark.dist

@@ -22,8 +22,8 @@ import pytest
 from journal import JournalWriter, read_all
 from journal.lock import JournalLock
 from tests.helpers import BIN, cli, wait_for
-from trainer.control_poller import ABORT, SAVE, STOP
-from trainer.run_journal import RunJournal
+from trainer.journaling.run_journal import RunJournal
+from trainer.steering.control_poller import ABORT, SAVE, STOP
 
 
 def drop_command(ckpt: Path, cid: str, command: str, ts: float) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainer.config import TrainingArgs
-from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
-from trainer.decisions import Actions, decide, export_decision
+from trainer.steering.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
+from trainer.steering.decisions import Actions, decide, export_decision
 
 
 def args(**kw: object) -> TrainingArgs:

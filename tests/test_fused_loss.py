@@ -1,4 +1,4 @@
-"""trainer.fused_loss: the chunked linear+cross-entropy against the plain reference (CPU)."""
+"""trainer.model.fused_loss: the chunked linear+cross-entropy against the plain reference (CPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from trainer.fused_loss import (
+from trainer.model.fused_loss import (
     IGNORE_INDEX,
     available_impls,
     default_chunk_rows,

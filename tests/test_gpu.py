@@ -171,9 +171,9 @@ def test_resume_on_cuda_gives_the_losses_of_an_uninterrupted_run(tmp_path: Path)
 KERNEL_CHECK = r"""
 import sys, torch, transformers
 sys.path.insert(0, sys.argv[1])
-from trainer.attention import register_hf_attention
-from trainer.data import Sample, StepPlanner
-from trainer.lm_head import with_loss_forward
+from trainer.model.attention import register_hf_attention
+from trainer.data.plan import Sample, StepPlanner
+from trainer.model.lm_head import with_loss_forward
 cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256,
     num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
     max_position_embeddings=256, tie_word_embeddings=False)

@@ -42,8 +42,8 @@ def test_hf_model_trains_and_its_consolidated_checkpoint_loads_with_from_pretrai
 import torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
-from trainer.data import StepPlanner, load_jsonl
-from trainer.model import loss_sum
+from trainer.data.plan import StepPlanner, load_jsonl
+from trainer.model.builtin import loss_sum
 model = AutoModelForCausalLM.from_pretrained({save["data"]["hf_path"]!r}).eval()
 assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # re-tied
 val = load_jsonl(Path({str(ckpt / "demo_data" / "val.jsonl")!r}), 64)

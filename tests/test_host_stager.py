@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.async_save import HostStager
+from trainer.checkpoint.async_save import HostStager
 
 
 def test_every_save_refills_the_same_host_copies_with_the_current_values() -> None:

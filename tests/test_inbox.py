@@ -19,8 +19,8 @@ import pytest
 from journal import JournalWriter, leases, read_all, send_command
 from journal.reports import ingest, pending
 from tests.helpers import cli, make_checkpoint
-from trainer.control_poller import SAVE, ControlPoller
-from trainer.report_inbox import ReportInbox
+from trainer.steering.control_poller import SAVE, ControlPoller
+from trainer.steering.report_inbox import ReportInbox
 
 #: What the readers must survive. None of them hangs, exhausts memory or is followed.
 BAD_KINDS = ("fifo", "symlink", "oversized", "directory")

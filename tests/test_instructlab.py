@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from tests.helpers import BIN, ROOT, records, tiny_llama_config, train_env
-from trainer.data import load_jsonl, make_demo_data
-from trainer.data_check import check_file
+from trainer.data.plan import load_jsonl, make_demo_data
+from trainer.data.rows import DataError
+from trainer.data.validation_split import split
 from trainer.instructlab import (
     TORCH_FIELDS,
     InstructLabConfigError,
@@ -22,9 +23,8 @@ from trainer.instructlab import (
     run_training,
     to_ours,
 )
-from trainer.instructlab_fields import TRAIN_RULES
-from trainer.rows import DataError
-from trainer.validation_split import split
+from trainer.instructlab.fields import TRAIN_RULES
+from trainer.launch.data_check import check_file
 
 DOC = ROOT / "docs" / "instructlab.md"
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from tests.helpers import BIN, kill_tree, records, train_env, wait_for
-from trainer.console import ConsoleFilter
+from trainer.launch.console import ConsoleFilter
 
 #: torchrun's agent, signalled again while it stops its workers (the launch log keeps it).
 _CHAINED_TRACEBACK = """Traceback (most recent call last):

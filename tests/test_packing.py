@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tests.helpers import records, train
-from trainer.attention import register_hf_attention
 from trainer.config import ModelConfig
-from trainer.data import Sample, StepPlanner
-from trainer.model import IGNORE_INDEX, TinyGPT
+from trainer.data.plan import Sample, StepPlanner
+from trainer.model.attention import register_hf_attention
+from trainer.model.builtin import IGNORE_INDEX, TinyGPT
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 258
@@ -40,7 +40,7 @@ def tinygpt() -> torch.nn.Module:
 
 
 def llama() -> torch.nn.Module:
-    from trainer.lm_head import with_loss_forward
+    from trainer.model.lm_head import with_loss_forward
 
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -194,7 +194,7 @@ def test_packed_training_matches_padded_and_resumes_on_the_same_samples(tmp_path
 def test_compiled_blocks_train_with_the_same_losses() -> None:
     """``--compile``'s regional compilation (each block's forward through torch.compile,
     inductor on CPU) changes speed, not the math: three AdamW steps, the same losses."""
-    from trainer.kernels import compile_blocks
+    from trainer.model.kernels import compile_blocks
 
     rows = samples(8, 12, 12, seed=4)  # one shape: one compilation
     planner = StepPlanner(rows, 8, 4096, 1, 0, 0)

@@ -1,4 +1,4 @@
-"""The launcher's preflight (trainer.preflight): what it refuses, with which fix, decided
+"""The launcher's preflight (trainer.launch.preflight): what it refuses, with which fix, decided
 from a described machine, so the GPU cases are checked without a GPU."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.build import device_and_backend
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
 from trainer.launch import run_training
-from trainer.preflight import (
+from trainer.launch.preflight import (
     Machine,
     needs_probe,
     preflight,
@@ -19,6 +18,7 @@ from trainer.preflight import (
     resolve_backend,
     visible_gpus,
 )
+from trainer.model.device import device_and_backend
 
 V100 = "GPU 0 (Tesla V100-SXM2-16GB, compute capability 7.0)"
 

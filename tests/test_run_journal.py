@@ -17,10 +17,10 @@ from journal.paths import checkpoints_dir, journal_path
 from journal.reports import Report, submit_report
 from journal.rundir import make_dir
 from tests.helpers import records, write_run
-from trainer.checkpoint import TrainerState
-from trainer.control_poller import STOP
-from trainer.emitter import Where
-from trainer.run_journal import RunJournal, continues_run
+from trainer.checkpoint.sharded import TrainerState
+from trainer.journaling.emitter import Where
+from trainer.journaling.run_journal import RunJournal, continues_run
+from trainer.steering.control_poller import STOP
 
 
 def attempt(ckpt: Path, resume: Any, **kw: Any) -> tuple[Path | None, dict[str, Any]]:

@@ -96,7 +96,7 @@ def test_query_best_names_the_best_of_the_journal_run(two_runs: Path) -> None:
 
 
 def test_export_picks_and_accepts_only_checkpoints_of_the_journal_run(two_runs: Path) -> None:
-    from trainer.export import ExportError, find_checkpoint
+    from trainer.checkpoint.export import ExportError, find_checkpoint
 
     assert find_checkpoint(two_runs, None).name == "step-000020"
     assert find_checkpoint(two_runs, 10).name == "step-000010"
@@ -109,7 +109,7 @@ def test_export_picks_and_accepts_only_checkpoints_of_the_journal_run(two_runs: 
 
 def open_journal(ckpt: Path) -> tuple[Path | None, str | None]:
     """Open the run journal as a relaunch's rank 0 does; (resume checkpoint, run id)."""
-    from trainer.run_journal import RunJournal
+    from trainer.journaling.run_journal import RunJournal
 
     j = RunJournal(ckpt, main=True, role="test")
     try:
@@ -157,7 +157,7 @@ def test_a_newest_checkpoint_without_metadata_is_skipped_with_one_line(
 
 
 def test_a_save_over_another_runs_checkpoint_moves_it_aside(ckpt: Path) -> None:
-    from trainer.checkpoint import put_in_place
+    from trainer.checkpoint.sharded import put_in_place
 
     old = make_checkpoint(ckpt, 30, RUN_A)
     tmp = checkpoints_dir(ckpt) / ".tmp-step-000030"

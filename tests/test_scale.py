@@ -147,7 +147,7 @@ def test_token_id_outside_the_vocabulary_is_one_error_on_every_rank(tmp_path: Pa
     workers = subprocess.run(  # torchrun itself, no launcher; a hang fails at the timeout
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
-            *("-m", "trainer.worker", str(cfg)),
+            *("-m", "trainer.rank.worker", str(cfg)),
         ],
         capture_output=True,
         text=True,

@@ -228,7 +228,7 @@ def test_an_agent_that_hangs_after_its_launcher_died_is_ended(tmp_path: Path) ->
         f"""
         import os, signal, subprocess, sys, time
         from pathlib import Path
-        from trainer.agent import main
+        from trainer.launch.agent import main
 
         def hung_torchrun():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,4 +1,5 @@
-"""The code's shape: import direction, one list of events, one envelope, small modules."""
+"""The code's shape: import direction (between packages and between trainer's subpackages),
+no import cycle, one list of events, one envelope, small modules, a short trainer/ top."""
 
 from __future__ import annotations
 
@@ -20,6 +21,32 @@ OURS = {"journal", "watcher", "trainer"}
 #: package -> the project packages it may import (journal is the base).
 ALLOWED = {"journal": {"journal"}, "watcher": {"journal", "watcher"}, "trainer": OURS}
 MAX_MODULE_LINES = 400
+#: Modules directly in trainer/ (``__init__`` and ``cli`` included): the rest live in the
+#: subpackages, whose names say what they hold.
+MAX_TRAINER_TOP_MODULES = 8
+
+#: trainer's layers: subpackage (or top-level module) -> the trainer subpackages it may
+#: import, besides itself. Read bottom-up: config (no torch) is the base; data, then model,
+#: then checkpoint build on it; steering (control commands, reports, decisions) then
+#: journaling (rank 0's journal client) sit under both rank (inside torchrun) and the
+#: bridges; launch (the launching process) never imports rank, steering or journaling
+#: (its model import is the lazy one of a GGUF conversion); instructlab and cli start runs.
+LAYERS: dict[str, set[str]] = {
+    "config": set(),
+    "data": {"config"},
+    "model": {"config", "data"},
+    "checkpoint": {"config", "data", "model"},
+    "steering": {"config"},
+    "journaling": {"config", "steering"},
+    "rank": {"config", "data", "model", "checkpoint", "steering", "journaling"},
+    "integrations": {"config", "steering", "journaling"},
+    "launch": {"config", "data", "model"},
+    "instructlab": {"config", "launch"},
+    "cli": {"config", "data", "launch", "instructlab"},
+}
+#: The only part of trainer that may import the watcher: the launcher runs its embedded
+#: watcher and exporters; a torchrun worker (rank) never loads it.
+MAY_IMPORT_WATCHER = {"launch"}
 
 
 def _modules(root: Path, package: str) -> dict[str, Path]:
@@ -32,12 +59,10 @@ def _modules(root: Path, package: str) -> dict[str, Path]:
 
 
 def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement, lazy (in a function) ones too, except those under
-    ``if TYPE_CHECKING:``: they never run, so they cannot make a cycle at import time."""
+    """Every import statement: lazy (in a function) ones and ``if TYPE_CHECKING:`` ones
+    too. A type-only import never runs, but two modules that name each other's types are
+    one concern split in two: the layering counts it like any other."""
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in _import_nodes(child))
-            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         yield from _import_nodes(node)
@@ -135,15 +160,66 @@ def test_import_direction(package: str) -> None:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_no_import_cycles_inside_a_package(package: str) -> None:
-    """No module of a package imports one that imports it back, at the top or lazily in a
-    function (a lazy import only hides the cycle); ``if TYPE_CHECKING:`` imports are left
-    out: they never run."""
+    """No module of a package imports one that imports it back, at the top, lazily in a
+    function or under ``if TYPE_CHECKING:`` (a lazy or type-only import only hides the
+    cycle)."""
     assert import_cycles(import_graph(ROOT, package)) == []
+
+
+def _layer(module: str) -> str:
+    """trainer.rank.loop -> rank; trainer.cli -> cli; trainer -> trainer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_trainer_layers() -> None:
+    """Each trainer subpackage imports only the ones below it in LAYERS (lazy and type-only
+    imports included), so the subpackages form no cycle either, and every subpackage and
+    top-level module has its row."""
+    graph = import_graph(ROOT, "trainer")
+    layers = {_layer(m) for m in graph} - {"trainer"}
+    assert layers == set(LAYERS), "give each trainer subpackage its row in LAYERS"
+    bad = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
+        if _layer(m) != "trainer" and _layer(d) != _layer(m) and _layer(d) not in LAYERS[_layer(m)]
+    )
+    assert not bad, bad
+    assert import_cycles(LAYERS) == []
+
+
+def test_only_the_launcher_imports_the_watcher() -> None:
+    """The rank side (and every other part but the launcher) never imports the watcher."""
+    bad = sorted(
+        str(p.relative_to(ROOT))
+        for name, p in _modules(ROOT, "trainer").items()
+        if "watcher" in _imports(p) and _layer(name) not in MAY_IMPORT_WATCHER
+    )
+    assert not bad, bad
+
+
+def test_trainer_top_stays_short() -> None:
+    """At most MAX_TRAINER_TOP_MODULES modules directly in trainer/: a new module goes
+    into the subpackage of its process or concern."""
+    top = sorted(p.name for p in (ROOT / "trainer").glob("*.py"))
+    assert len(top) <= MAX_TRAINER_TOP_MODULES, top
+
+
+def test_every_module_says_what_it_is_for() -> None:
+    """Each module (``__init__`` included) opens with a docstring."""
+    bare = sorted(
+        str(p.relative_to(ROOT))
+        for pkg in ALLOWED
+        for p in _modules(ROOT, pkg).values()
+        if not ast.get_docstring(ast.parse(p.read_text()))
+    )
+    assert not bare, bare
 
 
 def test_the_cycle_check_finds_lazy_and_relative_cycles(tmp_path: Path) -> None:
     """The check itself can fail: a tiny package with a lazy cycle in a subpackage, a
-    cycle through relative imports, and a TYPE_CHECKING-only import that is none."""
+    cycle through relative imports, and one through a TYPE_CHECKING-only import."""
     files = {
         "pkg/__init__.py": "def f():\n    from pkg.h import VALUE\n",
         "pkg/a.py": "from pkg import b\n",
@@ -164,13 +240,14 @@ def test_the_cycle_check_finds_lazy_and_relative_cycles(tmp_path: Path) -> None:
         ["pkg", "pkg.h"],
         ["pkg.a", "pkg.b", "pkg.sub.c"],
         ["pkg.d", "pkg.e"],
+        ["pkg.f", "pkg.g"],
     ]
 
 
 def test_workers_do_not_load_the_watcher() -> None:
     """A torchrun worker imports the trainer only: no watcher engine in every rank."""
     code = (
-        "import sys, trainer.worker\n"
+        "import sys, trainer.rank.worker\n"
         "bad = sorted(m for m in sys.modules if m == 'watcher' or m.startswith('watcher.'))\n"
         "assert not bad, bad\n"
     )

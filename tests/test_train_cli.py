@@ -95,7 +95,7 @@ def test_a_failure_while_setting_up_the_worker_is_journaled(tmp_path: Path) -> N
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"),
-            *("-m", "trainer.worker", str(cfg)),
+            *("-m", "trainer.rank.worker", str(cfg)),
         ],
         capture_output=True,
         text=True,
@@ -165,7 +165,7 @@ def test_a_failure_inside_the_workers_reaches_the_console_as_one_line(tmp_path: 
 
 
 def test_settings_that_do_less_than_they_say_warn_at_start(tmp_path: Path) -> None:
-    from trainer.data_check import DataSummary, start_warnings
+    from trainer.launch.data_check import DataSummary, start_warnings
 
     args = TrainingArgs(ckpt_dir=tmp_path, demo=True, max_steps=200)
     [line] = start_warnings(args, DataSummary(6000, chat=False))

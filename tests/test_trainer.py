@@ -142,8 +142,8 @@ def test_consolidated_checkpoint_loads_in_a_fresh_process(short_run: Path) -> No
     code = f"""
 import torch
 from pathlib import Path
-from trainer.model import load_consolidated, loss_sum
-from trainer.data import load_jsonl, StepPlanner
+from trainer.model.builtin import load_consolidated, loss_sum
+from trainer.data.plan import load_jsonl, StepPlanner
 model, cfg = load_consolidated({save["data"]["checkpoint_path"]!r})
 val = load_jsonl(Path({str(short_run / "demo_data" / "val.jsonl")!r}), cfg.max_seq_len)
 pl = StepPlanner(val, len(val), 4096, 1, 0, 0)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from trainer.rows import DataError
-from trainer.validation_split import describe, held_out, held_out_count, split
+from trainer.data.rows import DataError
+from trainer.data.validation_split import describe, held_out, held_out_count, split
 
 
 def test_holds_out_the_fraction_rounded_up_and_trains_on_the_rest() -> None:
@@ -34,7 +34,7 @@ def test_the_seed_chooses_the_samples() -> None:
 def test_the_same_split_in_every_process() -> None:
     """Every rank computes the split in its own process (and a resume in a later one):
     nothing process-dependent (hash seeds, import order) may change it."""
-    code = "import json; from trainer.validation_split import held_out; print(json.dumps(held_out(500, 0.05, 7)))"
+    code = "import json; from trainer.data.validation_split import held_out; print(json.dumps(held_out(500, 0.05, 7)))"
     outs = []
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
@@ -54,7 +54,7 @@ def test_nothing_left_to_train_on_is_a_data_error() -> None:
 
 def test_start_warnings_know_the_held_out_samples(tmp_path: Path) -> None:
     from trainer.config import TrainingArgs
-    from trainer.data_check import DataSummary, start_warnings
+    from trainer.launch.data_check import DataSummary, start_warnings
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "x"}\n')

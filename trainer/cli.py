@@ -9,10 +9,15 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from trainer.cli_options import SectionedCommand, add_field_options, apply_given, setting_name
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs
-from trainer.config_file import load_config_file
-from trainer.rows import DataError
+from trainer.config.cli_options import (
+    SectionedCommand,
+    add_field_options,
+    apply_given,
+    setting_name,
+)
+from trainer.config.file import load_config_file
+from trainer.data.rows import DataError
 
 EXIT_CODES = {"completed": 0, "stopped": 0, "failed": 1, "interrupted": 5}
 
@@ -67,8 +72,8 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 3 the checkpoint dir is in
     use by another launch (the message names it), 5 interrupted, 130 Ctrl-C twice.
     """
-    from trainer.interrupts import StoppedNow
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
+    from trainer.launch.interrupts import StoppedNow
 
     base: dict[str, Any] = {}
     if instructlab_config is not None:

@@ -130,7 +130,10 @@ class TrainerCallback:
         (and ``hf_path`` for the consolidated model) can be loaded right away."""
 
     def on_step_end(self, event: Event, **data: Any) -> Any:
-        """Fires when an optimizer step is over: after log, evaluate and save of that step."""
+        """Fires when an optimizer step is over: after that step's log and evaluate. Its
+        ``save`` may come later: an asynchronous save (the default) is recorded when its
+        background write is complete, at a later step boundary or before ``train_end``
+        (docs/journal-format.md); a synchronous save comes before this record."""
 
     def on_epoch_end(self, event: Event, **data: Any) -> Any:
         """Fires when an epoch's last step is over."""

@@ -2,4 +2,4 @@
 :mod:`trainer.integrations.hf_trainer` (HF ``Trainer``, TRL),
 :mod:`trainer.integrations.lightning` (``lightning.pytorch.Trainer``) and
 :mod:`trainer.integrations.accelerate_tracker` (a hand-written Accelerate loop). All write
-through :class:`trainer.run_journal.RunJournal`, as ``ilab-train`` does."""
+through :class:`trainer.journaling.run_journal.RunJournal`, as ``ilab-train`` does."""

@@ -35,9 +35,9 @@ import torch.distributed as dist
 from accelerate.state import PartialState
 from accelerate.tracking import GeneralTracker
 
-from trainer.control_poller import command_names
-from trainer.emitter import Where
-from trainer.run_journal import RunJournal
+from trainer.journaling.emitter import Where
+from trainer.journaling.run_journal import RunJournal
+from trainer.steering.control_poller import command_names
 
 
 class JournalTracker(GeneralTracker):

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainer.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP, command_names
-from trainer.run_journal import RunJournal
+from trainer.journaling.run_journal import RunJournal
+from trainer.steering.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP, command_names
 
 log = logging.getLogger(__name__)
 

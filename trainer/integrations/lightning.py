@@ -18,7 +18,7 @@ exception (``on_exception``) and ``interrupted`` on SIGTERM/SIGINT.
 
 Control commands (``ilab-journal control stop|abort|save|evaluate|log DIR``) are read by
 rank 0 and agreed on by every rank in one ``all_reduce`` of a small tensor at each step end
-(:meth:`trainer.run_journal.RunJournal.agree`, shared with the HF bridge), then applied at
+(:meth:`trainer.journaling.run_journal.RunJournal.agree`, shared with the HF bridge), then applied at
 the same step everywhere: ``stop`` saves a checkpoint and sets ``trainer.should_stop``,
 ``abort`` stops without saving, ``save`` saves one. Each is journaled as a ``control`` record.
 
@@ -53,8 +53,8 @@ from journal import leases
 from journal.leases import LeaseError
 from journal.paths import checkpoints_dir
 from journal.rotation import finish_interrupted_removals, remove_unless_leased
-from trainer.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
-from trainer.run_journal import RunJournal
+from trainer.journaling.run_journal import RunJournal
+from trainer.steering.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,9 @@
+"""What a run asks for: the settings, their checks, ``--config`` files and the CLI options
+made from them. No torch here: the launcher, ``ilab-train --help`` and the bridges load it.
+
+The public names live in :mod:`trainer.config.args` and are re-exported here, so
+``from trainer.config import TrainingArgs`` is the import to use."""
+
+from trainer.config.args import ConfigError, ModelConfig, TorchrunArgs, TrainingArgs, WorkerConfig
+
+__all__ = ["ConfigError", "ModelConfig", "TorchrunArgs", "TrainingArgs", "WorkerConfig"]

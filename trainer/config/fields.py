@@ -1,0 +1,97 @@
+"""What every settings model of :mod:`trainer.config` shares: values the workers cannot take
+are refused when the settings are made, in the launcher, as one line naming the field.
+
+- Floats must be finite: ``inf``/``nan`` pass ``gt=0`` checks (``inf > 0``) and then reach
+  the workers as JSON ``null`` (``learning_rate: Infinity`` failed in every rank).
+- A whole-number field takes no float and no float-looking string: pydantic would turn
+  ``1e12`` from a JSON file into an int silently, and YAML reads ``1e12`` as a string.
+- A seed is what every seeded generator here and in InstructLab takes (:data:`Seed`).
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+
+#: Seeds are 0 <= seed < 2**32: torch takes up to 2**64 - 1, but the data order seeds its
+#: generator with ``seed * 1000 + epoch`` and NumPy (InstructLab's seeding) takes 32 bits.
+SEED_LIMIT = 2**32
+
+
+def _seed(value: int) -> int:
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(
+            f"must be a whole number from 0 to {SEED_LIMIT - 1} (2**32 - 1), got {value}"
+        )
+    return value
+
+
+Seed = Annotated[int, AfterValidator(_seed)]
+
+
+def _is_int(annotation: Any) -> bool:
+    """Whether a field holds a whole number (``int`` or ``int | None``)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return int in get_args(annotation)
+    return annotation is int
+
+
+def whole_number(value: Any) -> Any:
+    """``value`` unchanged, unless it is a float (or a string of one) for an int field."""
+    if isinstance(value, str):
+        try:
+            int(value)
+            return value  # "64": pydantic's own int parsing
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                return value  # not a number at all: pydantic's own message
+        what = f"the string {value!r}"
+    elif isinstance(value, float):
+        number, what = value, f"the float {value!r}"
+    else:
+        return value
+    hint = f" (write {int(number)})" if number.is_integer() else ""
+    raise ValueError(f"expected a whole number, got {what}{hint}")
+
+
+class Settings(BaseModel):
+    """Base of the settings models: unknown keys, non-finite floats and floats for whole
+    numbers are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        return whole_number(value) if field and _is_int(field.annotation) else value
+
+
+def data_file_problem(path: Path, what: str) -> str | None:
+    """Why ``path`` cannot be read as a data file (``what``: "training data file"), or None."""
+    if path.is_dir():
+        return f"{what} {path} is a directory, not a data file"
+    if not path.is_file():
+        return f"{what} {path} does not exist"
+    return None
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+    """``"A:B"`` (steps A to B, both included) or ``"N"`` (step N alone) -> ``(A, B)``.
+
+    Raises ValueError (one line, naming the expected form) for anything else."""
+    parts = spec.split(":")
+    try:
+        if len(parts) not in (1, 2):
+            raise ValueError
+        first, last = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise ValueError(f"expected A:B or N (steps, e.g. 5:7), got {spec!r}") from None
+    if first < 1 or last < first:
+        raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
+    return first, last

@@ -1,0 +1,397 @@
+"""The run journal: one implementation for ``ilab-train``'s loop and for the bridges
+(:mod:`trainer.integrations`).
+
+Every rank of a run holds a :class:`RunJournal`. Every rank catches SIGTERM/SIGINT (the
+flag rides the step's agreement, so all ranks end at the same boundary). The main rank
+(rank 0) alone takes the journal lock, decides whether this attempt continues the
+journal's run (:func:`continues_run`), writes the records, reads control commands and
+reports, keeps the best checkpoint (``keep_best``), and measures what all of it costs.
+
+A record's position comes from the training state the journal follows
+(:meth:`RunJournal.follow`): the loop never tells it the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from journal.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
+from journal.lock import JournalLock
+from journal.paths import journal_path
+from journal.reader import iter_events, last_record
+from journal.reports import drain
+from journal.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
+from journal.writer import JournalWriter
+from trainer.journaling.emitter import Emitter, Position, failure_payload
+from trainer.steering.control_poller import ControlPoller
+from trainer.steering.report_inbox import ReportInbox
+
+log = logging.getLogger("trainer")
+
+LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
+RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
+
+#: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
+#: :func:`journal.rotation.latest_checkpoint`); ``"never"``: a new run; a bool: the trainer
+#: decided itself (a bridge: HF resumed from ``checkpoint-N``).
+Resume = Literal["auto", "never"] | bool
+
+
+def continues_run(last: Mapping[str, Any] | None, from_checkpoint: bool) -> bool:
+    """The resume rule: whether this attempt continues the run of the journal's last record
+    (same ``run_id``, ``attempt`` + 1) rather than starting a new run. It does when that run
+    did not end (killed: no ``train_end`` last) or when this attempt resumes from a
+    checkpoint; never without a journal."""
+    return last is not None and (from_checkpoint or last.get("event") != "train_end")
+
+
+def versions() -> dict[str, str]:
+    """What ``train_begin`` records as ``versions``: Python, torch and the packages installed
+    of ilab-journal, transformers and accelerate."""
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("ilab-journal", "transformers", "accelerate"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[pkg] = version(pkg)
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    """Configs hold enums and paths: keep what JSON can say."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class RunJournal:
+    """One run's journal, control channel and report inbox, on one rank.
+
+    Args:
+        ckpt_dir: the run dir: ``journal.jsonl``, ``control/``, ``reports/``, checkpoints.
+        main: whether this rank writes (rank 0).
+        role: who writes, for ``ilab-journal status`` (``trainer``, ``hf-trainer``, ...).
+        detail: ``step``, ``microbatch`` or ``off`` (no records; control still works).
+        keep_best: ``METRIC:max|min``: the best checkpoint is kept by rotation and named
+            in ``train_end``.
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike[str],
+        *,
+        main: bool,
+        role: str,
+        detail: str = "step",
+        keep_best: str | None = None,
+    ) -> None:
+        self.dir = Path(ckpt_dir)
+        self.main, self.role, self.detail = main, role, detail
+        self.goal = MetricGoal.parse(keep_best) if keep_best else None
+        self.emitter = Emitter(None, detail)
+        self.best: BestTracker | None = None
+        self.poller: ControlPoller | None = None
+        self.reports: ReportInbox | None = None
+        self.lock: JournalLock | None = None
+        self._run_id: str | None = None  # set by open()
+        self.interrupted: list[str] = []  # the signal seen on this rank
+        self.interrupted_anywhere = False  # ... on any rank, as of the last agree()
+        self.ended = False
+        self.t0 = time.perf_counter()
+        self.steps = 0  # step boundaries seen (poll_control calls)
+        self.poll_idle_ns = self.poll_idle_steps = 0  # control checks that found nothing new
+        self.poll_busy_ns = self.poll_busy_steps = 0  # ... that read new command files
+        self.agree_ns = 0  # the bridges' own all_reduce
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def catch_signals(self) -> None:
+        """SIGTERM/SIGINT on this rank: finish the step, save, end as interrupted. (Not on
+        the main thread: the handlers stay as they are.)"""
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+
+    def open(self, resume: Resume = "auto") -> Path | None:
+        """The main rank: take the journal lock (waiting up to ``LOCK_WAIT_S`` for a
+        previous attempt's workers to save and end; :class:`JournalLocked` after), open the
+        writer by the resume rule, and start reading control commands and reports. Returns
+        the checkpoint to resume from (``resume="auto"``, found once the lock is held);
+        None on the other ranks. What it reads of the journal is read in bounded memory:
+        the last record backwards, the few control and best records through a prefilter."""
+        if not self.main:
+            return None
+        self.lock = JournalLock(self.dir, role=self.role)
+        self.lock.acquire(timeout=LOCK_WAIT_S)
+        try:
+            return self._open(resume)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, resume: Resume) -> Path | None:
+        jpath = journal_path(self.dir)
+        known = resume != "never" and jpath.exists()
+        last = last_record(jpath) if known else None
+        run = journal_run(jpath) if last else None  # None: no journal says which run
+        # the journal's run goes on from its own checkpoint (no journal: that checkpoint's run)
+        from_ckpt = latest_checkpoint(self.dir, run) if resume == "auto" else None
+        adopted = checkpoint_run_id(from_ckpt) if from_ckpt is not None and run is None else None
+        again = continues_run(last, from_ckpt is not None or resume is True)
+        writer = None
+        if self.detail != "off":
+            writer = JournalWriter(
+                self.dir, resume=again, run_id=adopted, reserve_bytes=RESERVE_BYTES
+            )
+            self.emitter = Emitter(writer, self.detail, self.emitter.position)
+            self.best = BestTracker(self.goal) if self.goal else None
+        seen: set[str] = set()
+        wanted = {"control", *BEST_EVENTS} if self.best is not None else {"control"}
+        for rec in iter_events(jpath, wanted) if known else ():
+            if rec["event"] == "control":
+                if isinstance(rec["data"].get("id"), str):
+                    seen.add(rec["data"]["id"])
+            elif (
+                self.best is not None and writer is not None and rec.get("run_id") == writer.run_id
+            ):
+                self.best.add(rec)
+        fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
+        self._run_id = writer.run_id if writer is not None else fallback
+        self.poller = ControlPoller(self.dir, seen)
+        self.poller.start()  # the attempt starts: command files already there are stale
+        if writer is not None:
+            self.reports = ReportInbox(self.dir, self.emit)
+            self.reports.start()
+        return from_ckpt
+
+    def fail_on_uncaught_exception(self) -> None:
+        """The main rank: an exception nobody catches ends the journal as ``failed`` (a
+        trainer that calls no hook then), before the previous hook prints it as usual."""
+        if not self.main:
+            return
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            with contextlib.suppress(Exception):
+                self.fail(exc)
+                self.close()
+            previous(kind, exc, tb)
+
+        sys.excepthook = hook
+
+    def follow(self, position: Position) -> None:
+        """Stamp every record from now on with this state's step, epoch and samples seen."""
+        self.emitter.position = position
+
+    @property
+    def world(self) -> int:
+        """The number of ranks (1 without a process group)."""
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    @property
+    def run_id(self) -> str | None:
+        """The run of this attempt (the main rank, once open; None elsewhere): the journal's,
+        which its checkpoints name and rotation keeps to."""
+        return self._run_id
+
+    # -- records -----------------------------------------------------------------------------
+
+    def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
+        """Append a record (the main rank; nothing elsewhere) and fold it into the best."""
+        self.emitter.emit(event, data)
+        if self.best is not None and event in BEST_EVENTS:
+            step = self.emitter.position.step
+            self.best.add({"event": event, "data": data or {}, "step": step})
+
+    def emit_micro(self, event: str, data: dict[str, Any]) -> None:
+        """Per-micro-batch events, recorded only at ``detail="microbatch"``."""
+        self.emitter.emit_micro(event, data)
+
+    def begin(
+        self,
+        config: dict[str, Any],
+        *,
+        total_steps: int | None,
+        device_type: str,
+        resumed_from: str | None = None,
+        **extra: Any,
+    ) -> None:
+        """The ``train_begin`` record; ``extra`` fields are the trainer's own."""
+        world = self.world
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        self.emit(
+            "train_begin",
+            {
+                "config": jsonable(config),
+                "world_size": world,
+                "nnodes": max(1, world // per_node),
+                "device_type": device_type,
+                "journal_detail": self.detail,
+                "resumed_from": resumed_from,
+                "total_steps": total_steps if total_steps is not None else 0,
+                **extra,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "versions": versions(),
+            },
+        )
+
+    def end(self, payload: dict[str, Any], *, step_time_s: float | None = None) -> None:
+        """The ``train_end`` record, once: reports that came in meanwhile first, then the
+        best checkpoint and the measured cost (see :meth:`cost`)."""
+        if self.ended:
+            return
+        self.ingest_reports()
+        best = self.best_checkpoint()
+        self.emit(
+            "train_end",
+            {
+                **payload,
+                "best_checkpoint": best.to_dict() if best else None,
+                "journal": self.cost(step_time_s),
+            },
+        )
+        self.ended = True
+
+    def fail(self, exc: BaseException, reason: str | None = None) -> None:
+        """``train_end`` failed, unless the run's ``train_end`` is written already."""
+        if self.ended:
+            return
+        self.ended = True
+        self.emit("train_end", {**failure_payload(exc, reason), "journal": self.cost()})
+
+    def close(self) -> None:
+        """Stop reading the inboxes, close the writer, release the lock, then journal the
+        reports that came in after the last look. Safe to call twice."""
+        for inbox in (self.poller, self.reports):
+            if inbox is not None:
+                inbox.close()
+        self.emitter.close()
+        if self.lock is not None and self.lock.held:
+            self.lock.release()
+            drain(self.dir, role=self.role)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if not self.interrupted:
+            name = signal.Signals(signum).name
+            self.interrupted.append(name)
+            log.warning("%s received: finishing the step, then saving and ending", name)
+
+    # -- control, reports, checkpoints -------------------------------------------------------
+
+    def poll_control(self) -> int:
+        """Every rank, once per step: the bit mask of new control commands (read on the
+        main rank; 0 elsewhere) for the step's agreement; timed for the cost report."""
+        self.steps += 1
+        if self.poller is None:
+            return 0
+        looked = self.poller.changed
+        t = time.perf_counter_ns()
+        mask = self.poller.poll()
+        dt = time.perf_counter_ns() - t
+        if looked:
+            self.poll_busy_ns += dt
+            self.poll_busy_steps += 1
+        else:
+            self.poll_idle_ns += dt
+            self.poll_idle_steps += 1
+        return mask
+
+    def journal_control(self) -> list[dict[str, Any]]:
+        """After the agreement: the commands it carried (and any rejections) as ``control``
+        records; returns the applied ones (the main rank; empty elsewhere)."""
+        if self.poller is None:
+            return []
+        return self.poller.journal(self.emit, self.emitter.position.step)
+
+    def agree(self, device: torch.device) -> tuple[int, list[dict[str, Any]]]:
+        """For a trainer whose step has no all-reduce of ours (the bridges): every rank, once
+        per step, one all_reduce of the command bits and whether a signal arrived on any
+        rank; then the ``control`` records and the reports. Returns (bits, applied)."""
+        bits = self.poll_control()
+        self.interrupted_anywhere = bool(self.interrupted)
+        if self.world > 1:
+            t = time.perf_counter_ns()
+            vec = torch.tensor([float(bits), 1.0 if self.interrupted else 0.0], device=device)
+            dist.all_reduce(vec)
+            bits_all, signals = vec.tolist()
+            self.agree_ns += time.perf_counter_ns() - t
+            bits, self.interrupted_anywhere = int(bits_all), signals > 0
+        applied = self.journal_control()
+        self.poll_reports()
+        return bits, applied
+
+    def poll_reports(self) -> None:
+        """At a step boundary: journal new reports (one attribute read when none came)."""
+        if self.reports is not None:
+            self.reports.poll()
+
+    def ingest_reports(self) -> None:
+        """Journal every pending report now (before rotation and ``train_end``)."""
+        if self.reports is not None:
+            self.reports.ingest_now()
+
+    def best_checkpoint(self) -> BestCheckpoint | None:
+        """The best checkpoint of this run still on disk (``keep_best``), or None."""
+        return self.best.best(self.dir) if self.best is not None else None
+
+    def rotate(
+        self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None
+    ) -> None:
+        """The main rank, after a ``save`` record: delete the checkpoints beyond the newest
+        ``keep_last_n``, except the best (reports that came in count first), ``keep`` and
+        leased ones; each removal is journaled."""
+        if not self.main:
+            return
+        self.ingest_reports()
+        names = set(keep or ())
+        best = self.best_checkpoint()
+        if best is not None:
+            names.add(Path(best.checkpoint_path).name)
+        owner = self.run_id if root is None else None  # a bridge's (in root) name no run
+        rotate(self.dir, keep_last_n, keep=names, emit=self.emit, root=root, run_id=owner)
+
+    def cost(self, step_time_s: float | None = None) -> dict[str, Any]:
+        """Time inside the journal, measured directly on this rank: appends, control checks
+        and the bridges' agreement, per step of this attempt and as a fraction of the step
+        time (``step_time_s``: the loop's measured steps; the wall time when not given)."""
+        e, steps = self.emitter, max(self.steps, 1)
+        wall = time.perf_counter() - self.t0
+        base = wall if step_time_s is None else step_time_s
+        hot = e.append_ns - e.durable_ns  # records on the step path, no fsync
+        control = self.poll_idle_ns + self.poll_busy_ns
+        own = e.append_ns + control + self.agree_ns
+        return {
+            "records": e.appends,
+            "append_ns_total": e.append_ns,
+            "append_ns_per_step": e.append_ns / steps,
+            "hot_append_ns_per_step": hot / steps,
+            "durable_records": e.durable_appends,  # save/control records: fsynced
+            "durable_ns_total": e.durable_ns,
+            "control_idle_ns_per_step": self.poll_idle_ns / max(self.poll_idle_steps, 1),
+            "control_busy_steps": self.poll_busy_steps,  # steps that read new command files
+            "control_busy_ns_per_step": self.poll_busy_ns / max(self.poll_busy_steps, 1),
+            "control_ns_per_step": control / steps,
+            "agree_ns_per_step": self.agree_ns / steps,
+            "step_time_s_total": step_time_s,
+            "train_wall_s": wall,
+            "overhead_fraction": own / 1e9 / base if base > 0 else None,
+            "hot_overhead_fraction": hot / 1e9 / base if base > 0 else None,
+        }

@@ -1,0 +1,360 @@
+"""``run_training``: launch torchrun workers, stream their output, report the outcome.
+
+The launching process never runs training code. It streams worker output to the console and
+``<ckpt_dir>/logs/launch-<time>.log``, and (when callbacks are given) runs the embedded
+watcher that delivers journal events to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from journal.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
+from journal.paths import checkpoints_dir, journal_path, logs_dir
+from journal.procs import LAUNCHER_PID_ENV, die_with_parent
+from journal.query import find_last
+from journal.reader import JournalReader
+from journal.reports import drain
+from journal.rotation import checkpoint_run_id, list_checkpoints
+from journal.rundir import UnsafeRunDir, check_run_dir, make_dir
+from journal.writer import JournalWriter
+from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.launch.console import ConsoleFilter
+from trainer.launch.data_check import check_data, start_warnings
+from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
+from trainer.launch.preflight import preflight
+from watcher.callbacks import callable_name
+
+#: Why a checkpoint dir cannot be made where it was asked for: a bad option (exit 2). A full
+#: disk or an I/O error is not one and stays an OSError (exit 1).
+_UNUSABLE_DIR_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+    }
+)
+
+
+@contextlib.contextmanager
+def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an OSError that says ``ckpt_dir`` cannot be a checkpoint dir, or one another
+    user could steer (:class:`UnsafeRunDir`, whose message names the fix), into a one-line
+    :class:`ConfigError`."""
+    try:
+        yield
+    except UnsafeRunDir as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno not in _UNUSABLE_DIR_ERRNOS:
+            raise
+        where = "" if exc.filename in (None, os.fspath(ckpt_dir)) else f" ({exc.filename})"
+        raise ConfigError(
+            f"cannot use {os.fspath(ckpt_dir)} as the checkpoint dir: {exc.strerror}{where}"
+        ) from None
+
+
+class RunDirBusy(RuntimeError):
+    """Another launch is running in this checkpoint dir (``ilab-train`` exits 3)."""
+
+
+class TrainingFailed(RuntimeError):
+    """The run ended with status ``failed``; the message names the error and the log file."""
+
+    def __init__(self, message: str, result: TrainingResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class TrainingResult:
+    status: str  # completed | stopped | failed | interrupted
+    reason: str | None
+    final_checkpoint: str | None
+    last_metrics: dict[str, Any]
+    last_checkpoint: str | None
+    journal_path: Path
+    log_path: Path
+    returncode: int
+    run_id: str | None = None
+    attempt: int | None = None
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
+    cmd = [sys.executable, "-m", "trainer.launch.agent", f"--nproc-per-node={t.nproc_per_node}"]
+    if t.nnodes == 1 and not (t.rdzv_endpoint or t.master_addr):
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={t.nnodes}", f"--node-rank={t.node_rank}"]
+        if t.rdzv_endpoint:
+            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={t.rdzv_endpoint}"]
+        else:
+            cmd += [f"--master-addr={t.master_addr}", f"--master-port={t.master_port}"]
+        if t.rdzv_id:
+            cmd.append(f"--rdzv-id={t.rdzv_id}")
+    return [*cmd, "-m", "trainer.rank.worker", str(cfg_path)]
+
+
+def worker_config(args: TrainingArgs) -> WorkerConfig:
+    """The workers' config: the plain-data args plus the callbacks' names (the callbacks
+    themselves stay in this process)."""
+    named = {f"on_{k}": [callable_name(cb) for cb in v] for k, v in args.hooks().items()}
+    if args.callbacks:
+        named["callbacks"] = [callable_name(cb) for cb in args.callbacks]
+    return WorkerConfig(args=args, callbacks_named=named)
+
+
+def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
+    """Copy worker output to the launch log and the console. A full disk or a closed
+    console stops that copy (said once), never the draining: workers must not block."""
+    to_log, to_echo = True, echo is not None
+    console = ConsoleFilter()  # no tracebacks on the console: they stay in the log
+    for line in iter(src.readline, b""):
+        if to_log:
+            try:
+                log_file.write(line)
+                log_file.flush()
+            except OSError as exc:
+                to_log = False
+                if echo is not None:
+                    echo.write(f"ilab-train: cannot write the launch log any more: {exc}\n")
+        text = line.decode("utf-8", errors="replace")
+        if to_echo and echo is not None and console.show(text):
+            try:
+                echo.write(text)
+                echo.flush()
+            except (OSError, ValueError):
+                to_echo = False
+
+
+def run_training(
+    train_args: TrainingArgs,
+    torchrun_args: TorchrunArgs | None = None,
+    *,
+    echo: bool = True,
+    env: dict[str, str] | None = None,
+) -> TrainingResult:
+    """Run training under torchrun and return how it ended.
+
+    Callables in ``train_args`` (``on_save=fn``, ``callbacks=[...]``) run here, in this
+    process, through the embedded watcher: nothing is serialized into the workers. Returns
+    after ``train_end`` and its deliveries (bounded by ``callback_grace_s``).
+
+    Raises :class:`TrainingFailed` when the run fails (the message names the log file);
+    before launching, :class:`trainer.data.rows.DataError` (naming ``file:line``) when a data file
+    is malformed, :class:`trainer.config.ConfigError` when the settings cannot work here,
+    the checkpoint dir cannot be created where asked or could be steered by another user,
+    or ``resume="never"`` finds another run's checkpoints there, and :class:`RunDirBusy` when another launch holds the checkpoint dir.
+    Ctrl-C twice raises :class:`StoppedNow` (a KeyboardInterrupt) once the end is journaled.
+    """
+    t = torchrun_args or TorchrunArgs()
+    preflight(train_args, t, env)  # before the lock, the directory or any worker
+    # a dir someone else could steer: refused before anything is read or written there
+    with _checkpoint_dir_errors(train_args.ckpt_dir):
+        check_run_dir(train_args.ckpt_dir)
+    for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
+        print(f"ilab-train: warning: {warning}", file=sys.stderr)
+    with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
+        make_dir(train_args.ckpt_dir)
+    ckpt_dir = Path(train_args.ckpt_dir).resolve()
+    train_args = train_args.model_copy(update={"ckpt_dir": ckpt_dir})
+    # One launch per directory. Node 0's launcher holds it: the other nodes of a multi-node
+    # run share the directory and must not be refused.
+    run_lock = RunLock(ckpt_dir) if t.node_rank == 0 else None
+    if run_lock is not None:
+        try:  # a moment's wait: `ilab-journal status` probes the lock for microseconds
+            run_lock.acquire(timeout=0.5)
+        except Locked:
+            raise RunDirBusy(_busy_message(ckpt_dir)) from None
+    if run_lock is not None and run_lock.previous:
+        print(
+            f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
+            "ended without releasing the directory; taking over",
+            file=sys.stderr,
+        )
+    try:
+        if train_args.resume == "never":
+            _refuse_another_runs_checkpoints(ckpt_dir)
+        model_path = train_args.model_path
+        if model_path is not None and Path(model_path).suffix == ".gguf":
+            from trainer.model.convert import convert_gguf  # once, before any worker starts
+
+            converted = convert_gguf(Path(model_path), ckpt_dir / "model")
+            train_args = train_args.model_copy(update={"model_path": converted})
+        return _launch(train_args, t, ckpt_dir, echo=echo, env=env)
+    finally:
+        if run_lock is not None:
+            run_lock.release()
+
+
+def _refuse_another_runs_checkpoints(ckpt_dir: Path) -> None:
+    """``--resume never`` starts a new run: beside another run's checkpoints a later resume,
+    or a save of the same step, would mix the two. Refused before any worker starts; nothing
+    is deleted."""
+    found = list_checkpoints(ckpt_dir)
+    if found:
+        runs = sorted({r for p in found if (r := checkpoint_run_id(p))})
+        raise ConfigError(
+            f"--resume never: {checkpoints_dir(ckpt_dir)} holds {len(found)} checkpoints of "
+            f"another run{' ' + ', '.join(runs) if runs else ''} ({found[0].name} to "
+            f"{found[-1].name}); give a new --ckpt-dir for a fresh run, or --resume auto to "
+            "continue that one (nothing was deleted)"
+        )
+
+
+def _busy_message(ckpt_dir: Path) -> str:
+    info = run_holder(ckpt_dir) or {}
+    begin = find_last(journal_path(ckpt_dir), "train_begin")
+    if begin and begin.get("run_id"):
+        info = {**info, "run_id": begin["run_id"]}
+    return f"{ckpt_dir} is in use by {describe(info)}"
+
+
+def _launch(
+    train_args: TrainingArgs,
+    t: TorchrunArgs,
+    ckpt_dir: Path,
+    *,
+    echo: bool,
+    env: dict[str, str] | None,
+) -> TrainingResult:
+    logs = logs_dir(ckpt_dir)
+    make_dir(logs)  # the workers read their config from here: nobody else writes it
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
+    cfg_path.write_text(worker_config(train_args).model_dump_json())
+    log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
+    journal = journal_path(ckpt_dir)
+    before = journal.stat() if journal.exists() else None
+    start_offset = before.st_size if before else 0
+
+    watcher = None
+    exporters = []
+    if train_args.report_to:
+        from watcher.embedded import start_exporters
+
+        exporters = start_exporters(ckpt_dir, list(train_args.report_to))
+    if train_args.has_callbacks() or exporters:
+        from watcher.cursor import CursorBusy
+        from watcher.embedded import EmbeddedWatcher
+
+        try:  # `ilab-watch --name embedded` holds its cursor; a planted lock file: exit 2
+            with _checkpoint_dir_errors(ckpt_dir):
+                watcher = EmbeddedWatcher(
+                    ckpt_dir,
+                    hooks=train_args.hooks(),
+                    callbacks=train_args.callbacks,
+                    start_offset=start_offset,
+                    exporters=exporters,
+                    node_rank=t.node_rank,
+                )
+        except CursorBusy as exc:
+            raise RunDirBusy(str(exc)) from None
+        watcher.start()
+
+    proc_env = {**os.environ, **(env or {})}
+    proc_env.setdefault("OMP_NUM_THREADS", "1")
+    proc_env["PYTHONUNBUFFERED"] = "1"
+    proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            torchrun_command(cfg_path, t),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=proc_env,
+            preexec_fn=die_with_parent,  # torchrun gets SIGTERM (and stops its workers) if we die
+        )
+        pump = threading.Thread(
+            target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True
+        )
+        pump.start()
+        rc, stopped_now = wait_for_torchrun(proc)
+        pump.join(timeout=10)
+
+    if journal.exists() and before is not None:
+        now = journal.stat()
+        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino) or now.st_size < start_offset:
+            start_offset = 0  # deleted and recreated during the run (journal_gap): read it all
+    records = (
+        JournalReader(journal, offset=start_offset).read(final=True).records
+        if journal.exists()
+        else []
+    )
+    end = next((r for r in reversed(records) if r.get("event") == "train_end"), None)
+    if end is None and train_args.journal_detail != "off":
+        # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
+        # writer; now that they have exited, record the ending so watchers and status see it.
+        end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now)
+        records.append(end)
+    callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
+    data = (end or {}).get("data") or {}
+    last_log = next((r for r in reversed(records) if r.get("event") == "log"), None)
+    last_save = next((r for r in reversed(records) if r.get("event") == "save"), None)
+    result = TrainingResult(
+        status=data.get("status", "completed" if rc == 0 else "failed"),
+        reason=data.get("reason"),
+        final_checkpoint=data.get("final_checkpoint"),
+        last_metrics=(last_log or {}).get("data") or {},
+        last_checkpoint=((last_save or {}).get("data") or {}).get("checkpoint_path"),
+        journal_path=journal,
+        log_path=log_path,
+        returncode=rc,
+        run_id=(end or {}).get("run_id"),
+        attempt=(end or {}).get("attempt"),
+        callbacks=callbacks,
+    )
+    if stopped_now:
+        raise StoppedNow
+    if result.status == "failed":
+        raise TrainingFailed(
+            f"training failed: {result.reason or 'unknown error'} (log: {log_path})", result
+        )
+    return result
+
+
+def _write_fallback_end(
+    ckpt_dir: Path, rc: int, log_path: Path, *, interrupted: bool = False
+) -> dict[str, Any]:
+    """Close the workers' attempt with a ``train_end`` (they exited without one) and return
+    the record as written (``interrupted``: Ctrl-C twice ended them)."""
+    reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
+    signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
+    status = "interrupted" if interrupted or signalled else "failed"
+    payload = {
+        "status": status,
+        "reason": reason,
+        "final_checkpoint": None,
+        "error_type": "WorkerExit",
+        "error_message": reason,
+        "traceback": None,
+        "written_by": "launcher",
+    }
+    seq = None
+    try:
+        lock = JournalLock(ckpt_dir, role="launcher")
+        with lock.hold(timeout=10), JournalWriter(ckpt_dir, join=True) as w:
+            seq = w.append_at_last_position("train_end", payload)  # closes their attempt
+    except JournalLocked as exc:  # a worker outlived torchrun and still writes
+        print(f"ilab-train: cannot record the workers' end: {exc}", file=sys.stderr)
+    drain(ckpt_dir, role="launcher")
+    end = find_last(journal_path(ckpt_dir), "train_end")
+    if seq is None or end is None or end["seq"] != seq:  # not written (disk full?)
+        return {"event": "train_end", "seq": seq, "data": payload}
+    return end
