@@ -74,6 +74,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
                       process is gone on this host, and no train_end)
       7 empty        (journal exists but holds no record yet)
     """
+    from journal.control import unapplied_commands
     from journal.index import summarize
     from journal.summary import STATE_EXIT_CODES, RunSummary
 
@@ -89,6 +90,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
         s = summ.result(stale_after=stale_after, run_dir=path.parent)
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
+        s.unapplied_commands = len(unapplied_commands(path.parent)[1])
     if s.state == "empty" and s.holder:
         s.state, s.reason = "starting", f"held by {holder_text(s.holder)}"
     if as_json:

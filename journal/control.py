@@ -21,7 +21,7 @@ import orjson
 from journal.events import CONTROL_COMMANDS
 from journal.files import atomic_write
 from journal.format import printable
-from journal.inbox import MAX_NAME_CHARS, clip
+from journal.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.lock import lock_holder, run_holder
 from journal.paths import control_dir, journal_path
 from journal.reader import JournalReader, end_of_complete_lines, last_record
@@ -210,3 +210,62 @@ class _Seen:
                 )
                 return Verdict(outcome, data, rec.get("step"))
         return None
+
+
+@dataclass(frozen=True)
+class UnappliedCommand:
+    """A command file left in ``control/`` of a run that has ended."""
+
+    id: str
+    command: str | None  # None: not a command the file could say (malformed)
+
+    def line(self, step: int | None) -> str:
+        """``control stop (id X) arrived after the run ended at step N: not applied``."""
+        at = f" at step {step}" if step is not None else ""
+        what = self.command or "command"
+        return printable(
+            f"control {what} (id {self.id}) arrived after the run ended{at}: not applied"
+        )
+
+
+def unapplied_commands(
+    ckpt_dir: str | os.PathLike[str],
+) -> tuple[int | None, list[UnappliedCommand]]:
+    """The commands that arrived after the run ended, with the step it ended at.
+
+    When the journal ends with ``train_end``, no attempt reads ``control/`` any more (the
+    trainer's last look came before that record, and a resumed attempt writes
+    ``train_begin`` first): the command files still there were not applied and will not be.
+    Nothing is moved or journaled: the journal has one writer, and a record after
+    ``train_end`` would make the next attempt continue this run. A later attempt rejects
+    them as stale (their files are there when it starts), with a ``control`` record each.
+    Returns ``(None, [])`` while the run goes on (or has no journal)."""
+    path = journal_path(ckpt_dir)
+    last = last_record(path) if path.exists() else None
+    if last is None or last.get("event") != "train_end":
+        return None, []
+    directory = control_dir(ckpt_dir)
+    try:
+        names = sorted(
+            n for n in os.listdir(directory) if n.endswith(COMMAND_FILE_SUFFIX) and n[0] != "."
+        )
+    except OSError:
+        names = []
+    out = []
+    for name in names:
+        try:
+            obj = read_json_object(directory / name)
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        except RejectedFile:
+            obj = {}
+        given, command = obj.get("id"), obj.get("command")
+        cid = given if isinstance(given, str) and 0 < len(given) <= MAX_NAME_CHARS else None
+        out.append(
+            UnappliedCommand(
+                cid or name.removesuffix(COMMAND_FILE_SUFFIX),
+                command if isinstance(command, str) and command in CONTROL_COMMANDS else None,
+            )
+        )
+    step = last.get("step")
+    return step if isinstance(step, int) else None, out

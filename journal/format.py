@@ -161,6 +161,9 @@ def status_text(s: RunSummary, path: Path) -> str:
             *_best_and_report_rows(s),
             ("last record", fmt_ts(s.last_ts) + ago),
         ]
+    if s.unapplied_commands:  # sent too late: the run had ended (journal.control)
+        n = s.unapplied_commands
+        rows.append(("control", f"{n} control command(s) arrived after the run ended: not applied"))
     if s.holder and s.state != "starting":  # "starting" names the holder already
         rows.append(("held by", holder_text(s.holder)))
     if path.exists():

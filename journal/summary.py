@@ -55,6 +55,7 @@ class RunSummary:
     reports: int = 0
     last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
     holder: dict[str, Any] | None = None  # the launcher holding the directory now
+    unapplied_commands: int = 0  # command files in control/ after train_end: never applied
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -138,3 +138,37 @@ def test_two_ranks_in_the_docs_shape_journal_once_and_stop_together(tmp_path: Pa
     end = recs[-1]
     assert end["event"] == "train_end" and end["data"]["status"] == "stopped"
     assert f"stopped at {end['step']} stop" == stops[0]
+
+
+def test_a_command_the_loop_cannot_do_is_rejected_with_its_reason(tmp_path: Path) -> None:
+    """A loop that declares ``cannot={"evaluate": ...}``: an ``evaluate`` sent with a
+    ``stop`` is rejected in the journal with that reason; the stop still ends the loop."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        LOOP.replace(
+            "JournalTracker(run, total_steps=steps)",
+            'JournalTracker(run, total_steps=steps, cannot={"evaluate": "no eval set"})',
+        ).replace(
+            'send_command(run, "stop", reason="enough")',
+            'send_command(run, "evaluate", command_id="e1"); '
+            'send_command(run, "stop", reason="enough")',
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), "100000", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    control = {
+        r["data"]["command"]: r["data"]
+        for r in records(tmp_path / "run")
+        if r["event"] == "control"
+    }
+    assert control["evaluate"]["accepted"] is False and control["evaluate"]["id"] == "e1"
+    assert control["evaluate"]["reason"] == "this Accelerate loop cannot evaluate: no eval set"
+    assert control["stop"]["accepted"] is True
+    assert "rejected: this Accelerate loop cannot evaluate: no eval set" in proc.stderr

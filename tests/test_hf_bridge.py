@@ -5,13 +5,15 @@ the same step with a final save, and an exception ends in ``train_end`` failed."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, launch_bridge_script, records, stop_a_bridge_run
+from tests.helpers import cli, launch_bridge_script, pythonpath, records, stop_a_bridge_run
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
@@ -153,3 +155,64 @@ def test_rotation_by_the_callback_keeps_leased_checkpoints(tmp_path: Path) -> No
     proc = cli("ilab-watch", str(out), "--replay", "--on-save", f"sh -c 'echo {{step}} >> {seen}'")
     assert proc.returncode == 0, proc.stderr
     assert seen.read_text().split() == ["3", "10"]
+
+
+ONE_PROCESS = textwrap.dedent(
+    """
+    import sys, torch
+    from journal import send_command
+    from transformers import (AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback,
+                              TrainingArguments)
+    from trainer.integrations.hf_trainer import JournalCallback
+
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 400
+        def __getitem__(self, i):
+            ids = torch.tensor([(i + k) % 128 for k in range(16)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    class Operator(TrainerCallback):  # from another shell in real life
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                send_command(out, "evaluate", command_id="e1")
+                send_command(out, "stop", command_id="s1")
+
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=200,
+                             save_strategy="no", logging_steps=1, report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Trainer(model=AutoModelForCausalLM.from_config(cfg), args=args,
+                      train_dataset=Rows(),
+                      callbacks=[Operator(), JournalCallback(cannot={"evaluate": "no eval set"})])
+    trainer.train()
+    """
+)
+
+
+def test_a_command_the_run_cannot_do_is_rejected_with_its_reason(tmp_path: Path) -> None:
+    """One process, no eval dataset declared: ``evaluate`` is rejected with the reason in
+    the journal (HF would raise); the ``stop`` sent with it ends the run, as a command."""
+    script = tmp_path / "train.py"
+    script.write_text(ONE_PROCESS)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = records(out)
+    control = {r["data"]["id"]: r["data"] for r in recs if r["event"] == "control"}
+    assert control["e1"]["accepted"] is False
+    assert control["e1"]["reason"] == "the HF Trainer bridge cannot evaluate: no eval set"
+    assert control["s1"]["accepted"] is True
+    end = recs[-1]["data"]
+    assert (end["status"], end["command"], end["command_id"]) == ("stopped", "stop", "s1")
+    assert "rejected: the HF Trainer bridge cannot evaluate" in proc.stderr

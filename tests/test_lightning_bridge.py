@@ -297,3 +297,67 @@ def test_a_model_checkpoint_dir_outside_the_run_dir_is_said_to_be_unprotected(
     [note] = begin["data"]["notes"]
     assert str(elsewhere) in note and "leases do not cover" in note
     assert cli("ilab-journal", "validate", str(out)).returncode == 0
+
+
+ONE_PROCESS = textwrap.dedent(
+    """
+    import sys, torch
+    import lightning.pytorch as L
+    from journal import send_command
+    from trainer.integrations.lightning import JournalCallback
+
+    out = sys.argv[1]
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, i):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Operator(L.Callback):  # from another shell in real life
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                send_command(out, "evaluate", command_id="e1")
+                send_command(out, "stop", command_id="s1")
+
+    torch.manual_seed(0)
+    x = torch.randn(400, 8)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=200, default_root_dir=out, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        callbacks=[Operator(), JournalCallback()],
+    )
+    trainer.fit(Tiny(), loader)
+    """
+)
+
+
+def test_evaluate_which_lightning_cannot_start_is_rejected_with_its_reason(tmp_path: Path) -> None:
+    """One process: ``evaluate`` is rejected with the bridge's reason in the journal (not a
+    warning on the console only); the ``stop`` sent with it saves and ends the run."""
+    script = tmp_path / "train.py"
+    script.write_text(ONE_PROCESS)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = records(out)
+    control = {r["data"]["id"]: r["data"] for r in recs if r["event"] == "control"}
+    assert control["e1"]["accepted"] is False
+    assert control["e1"]["reason"].startswith("the Lightning bridge cannot evaluate: ")
+    assert control["s1"]["accepted"] is True
+    assert [r["data"]["trigger"] for r in recs if r["event"] == "save"] == ["control"]
+    end = recs[-1]["data"]
+    assert (end["status"], end["command"], end["command_id"]) == ("stopped", "stop", "s1")
+    assert "rejected: the Lightning bridge cannot evaluate" in proc.stderr

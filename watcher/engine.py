@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from journal.control import unapplied_commands
 from journal.leases import DEFAULT_TTL_S
 from journal.query import ended_before
 from journal.rundir import UnsafeRunDir
@@ -206,9 +207,19 @@ class Watcher:
                     waiting_at = follower.position[0]
                     log.debug("idle at byte %d; waiting for more records", waiting_at)
                 follower.waker.wait(SAFETY_POLL_S)
+            if self._run.ended and not self._stop.is_set():
+                self._say_unapplied()
         finally:
             self._shutdown()
         return 1 if self.failed_final else 0
+
+    def _say_unapplied(self) -> None:
+        """After ``train_end`` and every delivery (a hook's stop comes late, too): one line
+        for each command that arrived after the run ended (read only: the trainer is the
+        journal's writer, and a record after ``train_end`` would resume this run)."""
+        step, late = unapplied_commands(self.journal.parent)
+        for cmd in late:
+            self._notices(cmd.line(step))
 
     def _finished(self, final: bool, progressed: bool) -> bool:
         if progressed:

@@ -22,6 +22,13 @@
 ``log`` and ``store_init_configuration`` write on the main process; ``poll_control`` must be
 called by every rank at the same step (it is one all_reduce). An exception that ends the
 program is journaled as ``train_end`` failed.
+
+What the commands ask of the step is the steering policy's (:mod:`trainer.steering.policy`), the
+one ``ilab-train`` and the other bridges follow: ``poll_actions`` returns all of it
+(``log``, ``evaluate``, ``save``: ``"control"`` or ``"interrupt"``, ``end``: ``"abort"``,
+``"stop"`` or ``"interrupt"``); ``poll_control`` the strongest single word. The loop is
+yours, so declare what it does not do, ``JournalTracker(dir, cannot={"evaluate": "no eval
+set"})``: such a command is rejected, with that reason in the journal.
 """
 
 from __future__ import annotations
@@ -37,7 +44,15 @@ from accelerate.tracking import GeneralTracker
 
 from trainer.journaling.emitter import Where
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import command_names
+from trainer.steering.policy import (
+    Actions,
+    Capabilities,
+    EndReason,
+    ending,
+    ending_command,
+    steer,
+    train_end,
+)
 
 
 class JournalTracker(GeneralTracker):
@@ -47,8 +62,17 @@ class JournalTracker(GeneralTracker):
     requires_logging_directory = False
     main_process_only = False  # every rank opens the session: poll_control is collective
 
-    def __init__(self, ckpt_dir: str | os.PathLike[str], total_steps: int | None = None) -> None:
+    #: The loop carries the commands out, so by default every one is accepted.
+    capabilities = Capabilities("this Accelerate loop")
+
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike[str],
+        total_steps: int | None = None,
+        cannot: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
+        self.capabilities = self.capabilities.adding(cannot)
         self.ckpt_dir = Path(ckpt_dir)
         self.total_steps = total_steps
         self.run_journal: RunJournal | None = None
@@ -56,7 +80,8 @@ class JournalTracker(GeneralTracker):
         #: The loop's position as far as it told us (the step of its last call): the
         #: journal follows it.
         self.where = Where()
-        self.status: str | None = None  # set by poll_control on stop/abort
+        self.end: EndReason | None = None  # what ended the run, by the steering policy
+        self.end_command: dict[str, Any] | None = None  # the command's control record
         self.last_save: tuple[int, str] | None = None
 
     @property
@@ -70,7 +95,9 @@ class JournalTracker(GeneralTracker):
         # "not distributed" under torchrun, and every rank then calls itself the main one.
         main = dist.get_rank() == 0 if dist.is_initialized() else state.is_main_process
         self.device = torch.device(state.device)
-        self.run_journal = RunJournal(self.ckpt_dir, main=main, role="accelerate")
+        self.run_journal = RunJournal(
+            self.ckpt_dir, main=main, role="accelerate", capabilities=self.capabilities
+        )
         self.run_journal.catch_signals()
         self.run_journal.open(resume=False)
         self.run_journal.fail_on_uncaught_exception()
@@ -118,31 +145,27 @@ class JournalTracker(GeneralTracker):
             },
         )
 
-    def poll_control(self, step: int) -> str | None:
-        """Every rank, at the same step: the command to apply now (``stop``, ``abort``,
-        ``save``, ``evaluate`` or ``log``; the strongest when several arrived), or None."""
+    def poll_actions(self, step: int) -> Actions:
+        """Every rank, at the same step: what the agreed commands and signals ask of this
+        step (the steering policy's :class:`~trainer.steering.Actions`)."""
         j = self._journal()
         self.where.step = step
-        bits, _ = j.agree(self.device)
-        names = command_names(bits)
-        if j.interrupted_anywhere and "stop" not in names:
-            names.append("stop")
-            self.status = "interrupted"
-        for strongest in ("abort", "stop", "save", "evaluate", "log"):
-            if strongest in names:
-                if strongest in ("abort", "stop") and self.status is None:
-                    self.status = "stopped"
-                return strongest
-        return None
+        bits, applied = j.agree(self.device)
+        act = steer(bits, j.interrupted_anywhere)
+        if act.end is not None and self.end is None:
+            self.end, self.end_command = act.end, ending_command(applied, act.end)
+        return act
+
+    def poll_control(self, step: int) -> str | None:
+        """Every rank, at the same step: the command to apply now (``stop``, ``abort``,
+        ``save``, ``evaluate`` or ``log``; the strongest when several arrived, an interrupt
+        reading as ``stop``), or None. :meth:`poll_actions` gives all of them."""
+        return self.poll_actions(step).strongest
 
     def finish(self) -> None:
         j = self._journal()
-        status = self.status or "completed"
-        j.end(
-            {
-                "status": status,
-                "reason": f"{status} at step {self.where.step}",
-                "final_checkpoint": None,
-            }
-        )
+        signal = j.interrupted[0] if j.interrupted else None
+        how = ending(self.end)
+        fields = train_end(how, self.where.step, signal=signal, command=self.end_command)
+        j.end({**fields, "final_checkpoint": None})
         j.close()

@@ -19,8 +19,11 @@ finishes, the checkpoint is saved, training stops).
 Control commands (``ilab-journal control stop|abort|save|evaluate|log DIR``) are read by the
 main process and agreed on by every rank in one ``all_reduce`` of a small integer tensor per
 step (the cost, measured in ``benchmarks/bench_hf_bridge.py``, is in the README), then
-applied through ``TrainerControl`` at the same step everywhere: ``stop`` saves and stops,
-``abort`` stops without saving. Each is journaled as a ``control`` record.
+applied through ``TrainerControl`` at the same step everywhere, as the steering policy
+(:mod:`trainer.steering.policy`) says: ``stop`` saves and stops, ``abort`` stops without saving.
+Each is journaled as a ``control`` record. A trainer that cannot carry a command out (no
+eval dataset: ``evaluate`` would raise) declares it, ``JournalCallback(cannot={"evaluate":
+"no eval dataset"})``, and such a command is rejected with that reason in the journal.
 
 Checkpoints: HF's ``save_total_limit`` rotation knows nothing of leases; pass
 ``keep_last_n`` instead and the callback rotates after each save keeping the newest N, HF's
@@ -41,7 +44,15 @@ import torch
 from transformers import TrainerCallback
 
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP, command_names
+from trainer.steering.control_poller import command_names
+from trainer.steering.policy import (
+    Capabilities,
+    EndReason,
+    ending,
+    ending_command,
+    steer,
+    train_end,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +88,30 @@ class JournalCallback(TrainerCallback):
             N, HF's best model checkpoint, and every leased one (an eval still reading it),
             journaling each removal. Use it instead of HF's ``save_total_limit``, whose
             rotation knows nothing of leases.
+        cannot: control commands this run cannot carry out, with why (``{"evaluate": "no
+            eval dataset"}``): they are rejected, with the reason journaled.
     """
 
+    #: What the bridge itself can carry out: every command (``TrainerControl`` has a flag
+    #: for each).
+    capabilities = Capabilities("the HF Trainer bridge")
+
     def __init__(
-        self, ckpt_dir: str | os.PathLike[str] | None = None, keep_last_n: int | None = None
+        self,
+        ckpt_dir: str | os.PathLike[str] | None = None,
+        keep_last_n: int | None = None,
+        cannot: dict[str, str] | None = None,
     ) -> None:
         if keep_last_n is not None and keep_last_n < 1:
             raise ValueError(f"keep_last_n must be >= 1 (or None to keep all), not {keep_last_n}")
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.keep_last_n = keep_last_n
+        self.capabilities = self.capabilities.adding(cannot)
         self._run_journal: RunJournal | None = None
         self.position: HFPosition | None = None
         self.device = torch.device("cpu")
-        self.abort = False
+        self.end: EndReason | None = None  # what ended the run, by the steering policy
+        self.end_command: dict[str, Any] | None = None  # the command's control record
         self.step_t0 = time.perf_counter()
 
     @property
@@ -102,7 +124,10 @@ class JournalCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.device = torch.device(args.device)
         self._run_journal = RunJournal(
-            self.ckpt_dir or args.output_dir, main=state.is_world_process_zero, role="hf-trainer"
+            self.ckpt_dir or args.output_dir,
+            main=state.is_world_process_zero,
+            role="hf-trainer",
+            capabilities=self.capabilities,
         )
         self.journal.catch_signals()
         self.journal.open(resume=bool(kw.get("resume_from_checkpoint")))
@@ -125,16 +150,13 @@ class JournalCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         j = self.journal
-        if j.interrupted_anywhere:
-            why = j.interrupted[0] if j.interrupted else "a signal on another rank"
-            status, reason = "interrupted", f"{why} at step {state.global_step}"
-        elif self.abort or (state.global_step < state.max_steps and control.should_training_stop):
-            status, reason = "stopped", f"stopped at step {state.global_step}"
-        else:
-            status, reason = "completed", f"reached step {state.global_step}"
-        j.end(
-            {"status": status, "reason": reason, "final_checkpoint": self._last_ckpt(args, state)}
-        )
+        # a callback of the user's (EarlyStoppingCallback) may stop it: no command of ours
+        finished = not (state.global_step < state.max_steps and control.should_training_stop)
+        how = ending(self.end, finished=finished)
+        signal = j.interrupted[0] if j.interrupted else None
+        fields = train_end(how, state.global_step, signal=signal, command=self.end_command)
+        final = None if how == "abort" else self._last_ckpt(args, state)
+        j.end({**fields, "final_checkpoint": final})
         j.close()
 
     # -- the step ------------------------------------------------------------------------
@@ -161,18 +183,17 @@ class JournalCallback(TrainerCallback):
         j = self.journal
         if self.position is not None:
             self.position.in_step = False  # HF has counted the step
-        bits, _ = j.agree(self.device)
-        if bits & ABORT:
-            self.abort = True
+        bits, applied = j.agree(self.device)
+        act = steer(bits, j.interrupted_anywhere)
+        if act.end is not None and self.end is None:
+            self.end, self.end_command = act.end, ending_command(applied, act.end)
             control.should_training_stop = True
-            control.should_save = False
-        elif bits & STOP or j.interrupted_anywhere:
-            control.should_training_stop = True
+        if act.end == "abort":
+            control.should_save = False  # not even the one HF's schedule has due
+        elif act.save is not None:
             control.should_save = True
-        if not self.abort:
-            control.should_save = control.should_save or bool(bits & SAVE)
-            control.should_evaluate = control.should_evaluate or bool(bits & EVALUATE)
-        control.should_log = control.should_log or bool(bits & LOG)
+        control.should_evaluate = control.should_evaluate or act.evaluate
+        control.should_log = control.should_log or act.log
         if bits and state.is_world_process_zero:
             log.info(
                 "control %s applied at step %d", "+".join(command_names(bits)), state.global_step

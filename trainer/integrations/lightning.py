@@ -19,8 +19,11 @@ exception (``on_exception``) and ``interrupted`` on SIGTERM/SIGINT.
 Control commands (``ilab-journal control stop|abort|save|evaluate|log DIR``) are read by
 rank 0 and agreed on by every rank in one ``all_reduce`` of a small tensor at each step end
 (:meth:`trainer.journaling.run_journal.RunJournal.agree`, shared with the HF bridge), then applied at
-the same step everywhere: ``stop`` saves a checkpoint and sets ``trainer.should_stop``,
-``abort`` stops without saving, ``save`` saves one. Each is journaled as a ``control`` record.
+the same step everywhere, as the steering policy (:mod:`trainer.steering.policy`) says: ``stop``
+saves a checkpoint and sets ``trainer.should_stop``, ``abort`` stops without saving, ``save``
+saves one. Each is journaled as a ``control`` record. ``evaluate`` is rejected (a
+``control`` record with ``accepted: false`` and the reason): Lightning validates on its own
+schedule and the bridge cannot start a validation run.
 
 Checkpoints: ``ModelCheckpoint`` keeps its own ``save_top_k`` rotation, and leases hold it
 back. ``ilab-watch`` leases the ``.ckpt`` file of each ``save`` while its ``--on-save``
@@ -54,7 +57,15 @@ from journal.leases import LeaseError
 from journal.paths import checkpoints_dir
 from journal.rotation import finish_interrupted_removals, remove_unless_leased
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import ABORT, EVALUATE, SAVE, STOP, command_names
+from trainer.steering.control_poller import command_names
+from trainer.steering.policy import (
+    Capabilities,
+    EndReason,
+    ending,
+    ending_command,
+    steer,
+    train_end,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,12 +227,23 @@ class JournalCallback(Callback):
             ``ModelCheckpoint``'s ``dirpath`` when there is one, else ``ckpt_dir/checkpoints``.
     """
 
+    #: What the bridge can carry out: ``log`` (every step is logged anyway), ``save``,
+    #: ``stop`` and ``abort``; not ``evaluate``.
+    capabilities = Capabilities(
+        "the Lightning bridge",
+        {
+            "evaluate": "Lightning validates on its own schedule (val_check_interval, "
+            "check_val_every_n_epoch); the bridge cannot start a validation run"
+        },
+    )
+
     def __init__(self, ckpt_dir: str | os.PathLike[str] | None = None) -> None:
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self._run_journal: RunJournal | None = None
         self.position: LightningPosition | None = None
         self.io: JournalCheckpointIO | None = None
-        self.stopped = self.abort = False
+        self.end: EndReason | None = None  # what ended the run, by the steering policy
+        self.end_command: dict[str, Any] | None = None  # the command's control record
         self.step_t0 = time.perf_counter()
         self.begun_at = 0  # global_step when the current step began
 
@@ -236,7 +258,9 @@ class JournalCallback(Callback):
         if stage != "fit" or self._run_journal is not None:
             return
         run_dir = self.ckpt_dir or Path(trainer.default_root_dir)
-        self._run_journal = j = RunJournal(run_dir, main=trainer.is_global_zero, role="lightning")
+        self._run_journal = j = RunJournal(
+            run_dir, main=trainer.is_global_zero, role="lightning", capabilities=self.capabilities
+        )
         j.catch_signals()
         j.open(resume=bool(trainer.ckpt_path))
         j.fail_on_uncaught_exception()
@@ -279,17 +303,12 @@ class JournalCallback(Callback):
 
     def _end(self, trainer: Trainer) -> None:
         j = self.journal
-        step = trainer.global_step
-        if j.interrupted_anywhere:
-            why = j.interrupted[0] if j.interrupted else "a signal on another rank"
-            status, reason = "interrupted", f"{why} at step {step}"
-        elif self.stopped or self.abort:
-            status, reason = "stopped", f"stopped at step {step}"
-        else:
-            status, reason = "completed", f"reached step {step}"
+        how = ending(self.end)
+        signal = j.interrupted[0] if j.interrupted else None
+        fields = train_end(how, trainer.global_step, signal=signal, command=self.end_command)
         if self.io is not None and not j.ended:
             self.io.remove_released()  # leases released during the last steps
-        j.end({"status": status, "reason": reason, "final_checkpoint": self._last_ckpt()})
+        j.end({**fields, "final_checkpoint": self._last_ckpt()})
         j.close()
 
     # -- the step ------------------------------------------------------------------------
@@ -325,18 +344,13 @@ class JournalCallback(Callback):
         j = self.journal
         j.emit("after_optimizer_step")
         self._log(trainer, outputs)
-        bits, _ = j.agree(trainer.strategy.root_device)
-        if bits & ABORT:
-            self.abort = True
+        bits, applied = j.agree(trainer.strategy.root_device)
+        act = steer(bits, j.interrupted_anywhere)  # evaluate never comes: it is rejected
+        if act.end is not None and self.end is None:
+            self.end, self.end_command = act.end, ending_command(applied, act.end)
             trainer.should_stop = True
-        elif bits & STOP or j.interrupted_anywhere:
-            self.stopped = True
-            trainer.should_stop = True
+        if act.save is not None:
             self._save(trainer)
-        elif bits & SAVE:
-            self._save(trainer)
-        if bits & EVALUATE and trainer.is_global_zero:  # Lightning validates on its schedule
-            log.warning("control evaluate: the Lightning bridge cannot start a validation run")
         if bits and trainer.is_global_zero:
             names = "+".join(command_names(bits))
             log.info("control %s applied at step %d", names, trainer.global_step)

@@ -39,6 +39,7 @@ from journal.rotation import checkpoint_run_id, journal_run, latest_checkpoint, 
 from journal.writer import JournalWriter
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.steering.control_poller import ControlPoller
+from trainer.steering.policy import Capabilities
 from trainer.steering.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
@@ -91,6 +92,7 @@ class RunJournal:
         detail: ``step``, ``microbatch`` or ``off`` (no records; control still works).
         keep_best: ``METRIC:max|min``: the best checkpoint is kept by rotation and named
             in ``train_end``.
+        capabilities: the commands this trainer can carry out (others are rejected).
     """
 
     def __init__(
@@ -101,8 +103,9 @@ class RunJournal:
         role: str,
         detail: str = "step",
         keep_best: str | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
-        self.dir = Path(ckpt_dir)
+        self.dir, self.capabilities = Path(ckpt_dir), capabilities
         self.main, self.role, self.detail = main, role, detail
         self.goal = MetricGoal.parse(keep_best) if keep_best else None
         self.emitter = Emitter(None, detail)
@@ -174,7 +177,7 @@ class RunJournal:
                 self.best.add(rec)
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
         self._run_id = writer.run_id if writer is not None else fallback
-        self.poller = ControlPoller(self.dir, seen)
+        self.poller = ControlPoller(self.dir, seen, capabilities=self.capabilities)
         self.poller.start()  # the attempt starts: command files already there are stale
         if writer is not None:
             self.reports = ReportInbox(self.dir, self.emit)

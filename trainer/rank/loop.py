@@ -43,6 +43,7 @@ from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
 from trainer.steering.control_poller import command_names
 from trainer.steering.decisions import EndReason, decide, export_decision
+from trainer.steering.policy import ending_command, train_end
 
 log = logging.getLogger("trainer")
 
@@ -122,7 +123,7 @@ class Trainer:
                 st.epoch, st.step_in_epoch = st.epoch + 1, 0
                 if a.save_at_epoch_end and self.last_saved_step != st.step:
                     self.save("epoch_end")
-        out = RunOutcome("completed", f"reached step {st.step}")
+        out = RunOutcome(**train_end("completed", st.step))
         if a.save_final and self.last_saved_step != st.step:
             self.save("final")
         return out
@@ -248,22 +249,14 @@ class Trainer:
             )
 
     def _ending(self, end: EndReason, applied: list[dict[str, Any]]) -> RunOutcome:
-        st = self.state
-        if end == "interrupt":
-            sig = (
-                self.journal.interrupted[0]
-                if self.journal.interrupted
-                else "signal on another rank"
-            )
-            return RunOutcome("interrupted", f"{sig} at step {st.step}", self._final_path())
-        cmd = next((c for c in applied if c["command"] == end), {})
-        why = f"{end} command" + (f": {cmd['reason']}" if cmd.get("reason") else "")
-        return RunOutcome(
-            "stopped",
-            why,
-            None if end == "abort" else self._final_path(),
-            {"command": end, "command_id": cmd.get("id")},
+        """The outcome of a run that ends at this boundary, by the steering policy."""
+        signal = self.journal.interrupted[0] if self.journal.interrupted else None
+        fields = train_end(
+            end, self.state.step, signal=signal, command=ending_command(applied, end)
         )
+        status, reason = fields.pop("status"), fields.pop("reason")
+        final = None if end == "abort" else self._final_path()
+        return RunOutcome(status, reason, final, fields)
 
     # -- helpers ---------------------------------------------------------------------------
 

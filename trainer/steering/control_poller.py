@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from journal.control import COMMAND_FILE_SUFFIX
-from journal.events import CONTROL_COMMANDS
 from journal.format import printable
 from journal.inbox import (
     MAX_NAME_CHARS,
@@ -29,12 +28,34 @@ from journal.inbox import (
 )
 from journal.paths import PROCESSED_DIR_NAME, control_dir
 from trainer.steering.dir_watch import DirWatch
+from trainer.steering.policy import (  # the command list is the policy's; re-exported here
+    ABORT,
+    BITS,
+    EVALUATE,
+    LOG,
+    SAVE,
+    STOP,
+    Capabilities,
+    command_names,
+)
+
+__all__ = [
+    "ABORT",
+    "BITS",
+    "EVALUATE",
+    "LOG",
+    "SAVE",
+    "STOP",
+    "Command",
+    "ControlPoller",
+    "Rejection",
+    "command_files",
+    "command_names",
+    "rejection_line",
+]
 
 log = logging.getLogger(__name__)
 
-STOP, ABORT, SAVE, EVALUATE, LOG = 1, 2, 4, 8, 16
-BITS = {"stop": STOP, "abort": ABORT, "save": SAVE, "evaluate": EVALUATE, "log": LOG}
-assert set(BITS) == set(CONTROL_COMMANDS)
 MAX_FILES_PER_POLL = 64
 STALE_REASON = "stale: it was in control/ before this training attempt started"
 
@@ -68,11 +89,6 @@ def command_files(directory: Path) -> dict[str, FileIdentity]:
         if not name.startswith(".") and (ident := file_identity(directory / name)) is not None:
             out[name] = ident
     return out
-
-
-def command_names(bits: int) -> list[str]:
-    """The command names in a bit mask, in a fixed order."""
-    return [name for name, bit in BITS.items() if bits & bit]
 
 
 @dataclass
@@ -110,8 +126,12 @@ class ControlPoller:
         seen_ids: set[str],
         *,
         interval: float = 0.02,
+        capabilities: Capabilities | None = None,
     ) -> None:
         self.dir = control_dir(ckpt_dir)
+        # What this trainer can carry out: any other command is rejected here, on rank 0,
+        # before it reaches the agreement (trainer/steering/policy.py).
+        self.capabilities = capabilities or Capabilities("this trainer")
         self.processed = self.dir / PROCESSED_DIR_NAME
         self.seen = seen_ids
         # The command files in control/ when this attempt started (taken by start()): they
@@ -267,6 +287,9 @@ class ControlPoller:
         before = self.there_at_start.get(path.name)
         if before is not None and before == file_identity(path):
             return Rejection(cid, command, source, STALE_REASON)
+        refusal = self.capabilities.refusal(command)
+        if refusal is not None:
+            return Rejection(cid, command, source, clip(refusal))
         return Command(command, cid, source, reason)
 
     def _archive(self, path: Path) -> None:

@@ -1,17 +1,13 @@
 """What a step boundary does: the one pure function that turns schedules, control commands
 and signals into actions (``decide``), so the training step only carries them out.
 
-Precedence, as HF documents ``TrainerControl``:
-
-- **Ending**: ``abort`` > ``stop`` > an interrupt (SIGTERM/SIGINT on any rank). The run ends
-  at this boundary with the first that applies.
-- **Saving**: ``abort`` never saves, not even when a save is due or commanded. Otherwise a
-  checkpoint is written when one is due (``save_every``, or ``save_samples``: the first
-  boundary at or past each multiple of that many samples), commanded (``save``), or the run
-  ends by ``stop`` or interrupt; at most one per step. Its trigger names the strongest
-  reason: ``control`` (a ``save`` or ``stop`` command) > ``interrupt`` > ``interval``.
-- **Logging and validation** happen whenever due or commanded, also on the final step, and
-  before the save (so the checkpoint's step has its metrics in the journal first).
+What commands and signals do (precedence: ``abort`` > ``stop`` > interrupt; ``abort`` never
+saves) is the steering policy, :mod:`trainer.steering.policy`, shared with the bridges. ``decide``
+adds the schedules: a checkpoint when one is due (``save_every``, or ``save_samples``: the
+first boundary at or past each multiple of that many samples; at most one per step, its
+trigger ``interval`` unless a command or interrupt names it), logging and validation when
+due (also on the final step, and before the save, so the checkpoint's step has its metrics
+in the journal first).
 
 Every rank calls ``decide`` with the same inputs (the command bits and the interrupt flag
 come out of the step's all-reduce), so every rank takes the same actions at the same step.
@@ -19,24 +15,10 @@ come out of the step's all-reduce), so every rank takes the same actions at the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from trainer.config import TrainingArgs
-from trainer.steering.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
+from trainer.steering.policy import Actions, EndReason, SaveTrigger, steer
 
-EndReason = Literal["abort", "stop", "interrupt"]
-SaveTrigger = Literal["interval", "control", "interrupt"]
-
-
-@dataclass(frozen=True)
-class Actions:
-    """What to do at this step boundary, in this order: log, evaluate, save, end."""
-
-    log: bool = False
-    evaluate: bool = False
-    save: SaveTrigger | None = None  # None: no checkpoint at this step
-    end: EndReason | None = None  # None: training goes on
+__all__ = ["Actions", "EndReason", "SaveTrigger", "decide", "export_decision", "samples_due"]
 
 
 def decide(
@@ -57,28 +39,17 @@ def decide(
         samples_seen: training samples seen, this step's included.
         step_samples: the samples of this step (all ranks).
     """
-    end: EndReason | None = None
-    if commands & ABORT:
-        end = "abort"
-    elif commands & STOP:
-        end = "stop"
-    elif interrupted:
-        end = "interrupt"
-    save: SaveTrigger | None = None
-    if end != "abort":
-        if commands & (SAVE | STOP):
-            save = "control"
-        elif interrupted:
-            save = "interrupt"
-        elif (args.save_every and step % args.save_every == 0) or samples_due(
-            args.save_samples, samples_seen, step_samples
-        ):
+    act = steer(commands, interrupted)
+    save: SaveTrigger | None = act.save
+    if save is None and act.end != "abort":
+        due = args.save_every and step % args.save_every == 0
+        if due or samples_due(args.save_samples, samples_seen, step_samples):
             save = "interval"
     return Actions(
-        log=step % args.log_every == 0 or bool(commands & LOG),
-        evaluate=bool(args.eval_every and step % args.eval_every == 0) or bool(commands & EVALUATE),
+        log=step % args.log_every == 0 or act.log,
+        evaluate=bool(args.eval_every and step % args.eval_every == 0) or act.evaluate,
         save=save,
-        end=end,
+        end=act.end,
     )
 
 
