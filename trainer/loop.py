@@ -37,6 +37,7 @@ from trainer.config import TrainingArgs
 from trainer.control_poller import command_names
 from trainer.data import StepPlan
 from trainer.decisions import EndReason, decide, export_decision
+from trainer.lease_pacing import LeasePacer, save_scheduled
 from trainer.lora import export_kind
 from trainer.profiling import StepProfiler, parse_profile_steps
 from trainer.run_journal import RunJournal
@@ -92,6 +93,11 @@ class Trainer:
         self.saver = AsyncCheckpointer() if args.async_save else None
         steps = parse_profile_steps(args.profile_steps) if args.profile_steps else None
         self.profiler = StepProfiler(steps, logs_dir(args.ckpt_dir) / "profile", self.rank, device)
+        self.pacer = None  # rank 0 alone paces saves (the others wait in the all-reduce)
+        if journal.poller is not None:
+            interrupted = lambda: bool(journal.interrupted)  # noqa: E731
+            self.pacer = LeasePacer.for_run(args, journal.poller.watch, interrupted)
+        self.lease_wait_s = 0.0  # rank 0's wait for leases before the coming save
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -137,6 +143,7 @@ class Trainer:
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
+        self._pace(plan)
         m = self._all_reduce(loss_local, tokens_local, grad_norm, self.journal.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
@@ -205,6 +212,14 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.journal.emit("after_optimizer_step")
         return grad_norm
+
+    def _pace(self, plan: StepPlan) -> None:
+        """Rank 0, before the all-reduce of a step that saves by schedule: wait while
+        --max-leased-checkpoints are leased (trainer/lease_pacing.py)."""
+        st, ends = self.state, self.state.step_in_epoch + 1 >= self.planner.steps_per_epoch
+        n = plan.global_samples
+        if self.pacer and save_scheduled(self.args, st.step, st.samples_seen + n, n, ends):
+            self.lease_wait_s = self.pacer.wait().waited_s  # (only rank 0 journals it)
 
     def _all_reduce(
         self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
@@ -301,6 +316,8 @@ class Trainer:
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
         writer = self.write_consolidated if export else None
         self.last_saved_step = self.state.step
+        lease_wait = self.lease_wait_s if self.args.max_leased_checkpoints else None
+        self.lease_wait_s = 0.0
         if self.saver is not None:
             waited = time.perf_counter()
             self._journal_save(self.saver.wait())  # at most one save in flight
@@ -317,6 +334,7 @@ class Trainer:
             )
             if self.saver.pending is not None:
                 self.saver.pending.waited_s = waited
+                self.saver.pending.lease_wait_s = lease_wait
             return
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
@@ -327,7 +345,8 @@ class Trainer:
             write_consolidated=writer,
         )
         duration = time.perf_counter() - t0
-        self._emit_save(path, kinds, why, skipped, {"duration": duration, "blocked_s": duration})
+        times = {"duration": duration, "blocked_s": duration, "lease_wait_s": lease_wait}
+        self._emit_save(path, kinds, why, skipped, times)
 
     def _journal_save(self, done: PendingSave | None) -> None:
         """Journal a completed asynchronous save at the position it captured."""
@@ -342,6 +361,7 @@ class Trainer:
             "blocked_s": done.blocked_s,
             "background_s": done.background_s,
             "waited_s": done.waited_s,
+            "lease_wait_s": done.lease_wait_s,
             "async": True,
         }
         self.journal.follow(done.state)  # the record names the step it captured
@@ -353,6 +373,8 @@ class Trainer:
     def _emit_save(
         self, path: Path, kinds: list[str], why: str, skipped: str | None, times: dict[str, Any]
     ) -> None:
+        if times.get("lease_wait_s", 0) is None:  # no pacing: no field
+            del times["lease_wait_s"]
         self.journal.emit(
             "save",
             {
