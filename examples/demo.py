@@ -5,10 +5,12 @@
    ``examples/eval_accuracy.py`` (held-out exact-match accuracy, asks for ``stop`` at the
    target accuracy), plus built-in early stopping on val_loss and divergence detection.
    ``--queue save=latest``: when an eval ends, the next one takes the newest checkpoint and
-   skips older ones, so evals never fall behind training by more than one, even on a busy
-   machine.
+   skips older ones.
 2. ``ilab-train --demo`` trains the built-in model on generated arithmetic with FSDP on
-   2 CPU ranks (gloo), journaling every lifecycle event.
+   2 CPU ranks (gloo), journaling every lifecycle event. ``--max-leased-checkpoints 1``:
+   before each save, training waits while the eval still holds the previous checkpoint's
+   lease, so a ``stop`` from the eval of one checkpoint is applied at the next save,
+   however slow the machine.
 3. A summary: accuracy per checkpoint, why training ended, where everything is.
 """
 
@@ -81,6 +83,9 @@ def main() -> int:
             "2",
             "--keep-best",
             "accuracy:max",
+            # at most one save ahead of the eval: its stop never arrives after the end
+            "--max-leased-checkpoints",
+            "1",
         ],
         env=env,
         cwd=ROOT,

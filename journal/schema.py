@@ -95,6 +95,11 @@ class SaveData(_Open):
     export_skipped: str | None = Field(
         None, description="why no consolidated model was written (interrupt, export_every)"
     )
+    lease_wait_s: float | None = Field(
+        None,
+        description="with max_leased_checkpoints: seconds rank 0 waited for leases before "
+        "this save (0 when it did not wait); absent without it",
+    )
 
 
 class BestCheckpointData(_Open):

@@ -71,6 +71,7 @@ class PendingSave:
     error: str | None = None  # set when the write failed on some rank
     exc: BaseException | None = None  # this rank's exception, when it failed here
     waited_s: float = 0.0  # how long this save waited for the previous one
+    lease_wait_s: float | None = None  # how long it waited for leases (lease_pacing)
 
 
 class HostStager(AsyncStager):

@@ -179,6 +179,14 @@ class TrainingArgs(Settings):
     keep_last_n: int | None = Field(
         3, ge=1, description="Newest checkpoints to keep (null in a config file keeps all)."
     )
+    max_leased_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description="Before each scheduled save, wait while N or more of this run's checkpoints "
+        "are leased (ilab-watch leases each save it delivers, ilab-journal lease counts too): "
+        "training stays at most N saves ahead of them. A control command, a signal or 3/4 of "
+        "--pg-timeout ends the wait (default: no pacing).",
+    )
     keep_best: str | None = Field(
         None,
         description="Also keep the best checkpoint by a reported or evaluate metric, as "

@@ -43,6 +43,7 @@ from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
 from trainer.steering.control_poller import command_names
 from trainer.steering.decisions import EndReason, decide, export_decision
+from trainer.steering.lease_pacing import LeasePacer, save_scheduled
 from trainer.steering.policy import ending_command, train_end
 
 log = logging.getLogger("trainer")
@@ -94,6 +95,10 @@ class Trainer:
         self.saver = AsyncCheckpointer() if args.async_save else None
         steps = parse_profile_steps(args.profile_steps) if args.profile_steps else None
         self.profiler = StepProfiler(steps, logs_dir(args.ckpt_dir) / "profile", self.rank, device)
+        # rank 0 alone paces saves (the others wait in the all-reduce)
+        poller, interrupted = journal.poller, lambda: bool(journal.interrupted)
+        self.pacer = LeasePacer.for_run(args, poller.watch, interrupted) if poller else None
+        self.lease_wait_s = 0.0  # rank 0's wait for leases before the coming save
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -139,6 +144,7 @@ class Trainer:
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
+        self._pace(plan)
         m = self._all_reduce(loss_local, tokens_local, grad_norm, self.journal.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
@@ -207,6 +213,13 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.journal.emit("after_optimizer_step")
         return grad_norm
+
+    def _pace(self, plan: StepPlan) -> None:
+        """Rank 0, before the all-reduce of a scheduled save: wait for leases (lease_pacing)."""
+        st, ends = self.state, self.state.step_in_epoch + 1 >= self.planner.steps_per_epoch
+        n = plan.global_samples
+        if self.pacer and save_scheduled(self.args, st.step, st.samples_seen + n, n, ends):
+            self.lease_wait_s = self.pacer.wait().waited_s  # (only rank 0 journals it)
 
     def _all_reduce(
         self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
@@ -295,6 +308,8 @@ class Trainer:
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
         writer = self.write_consolidated if export else None
         self.last_saved_step = self.state.step
+        lease_wait = self.lease_wait_s if self.args.max_leased_checkpoints else None
+        self.lease_wait_s = 0.0
         if self.saver is not None:
             waited = time.perf_counter()
             self._journal_save(self.saver.wait())  # at most one save in flight
@@ -311,6 +326,7 @@ class Trainer:
             )
             if self.saver.pending is not None:
                 self.saver.pending.waited_s = waited
+                self.saver.pending.lease_wait_s = lease_wait
             return
         path, kinds = ckpt.save_checkpoint(
             Path(self.args.ckpt_dir),
@@ -321,7 +337,8 @@ class Trainer:
             write_consolidated=writer,
         )
         duration = time.perf_counter() - t0
-        self._emit_save(path, kinds, why, skipped, {"duration": duration, "blocked_s": duration})
+        times = {"duration": duration, "blocked_s": duration, "lease_wait_s": lease_wait}
+        self._emit_save(path, kinds, why, skipped, times)
 
     def _journal_save(self, done: PendingSave | None) -> None:
         """Journal a completed asynchronous save at the position it captured."""
@@ -336,6 +353,7 @@ class Trainer:
             "blocked_s": done.blocked_s,
             "background_s": done.background_s,
             "waited_s": done.waited_s,
+            "lease_wait_s": done.lease_wait_s,
             "async": True,
         }
         self.journal.follow(done.state)  # the record names the step it captured
@@ -347,6 +365,8 @@ class Trainer:
     def _emit_save(
         self, path: Path, kinds: list[str], why: str, skipped: str | None, times: dict[str, Any]
     ) -> None:
+        if times.get("lease_wait_s", 0) is None:  # no pacing: no field
+            del times["lease_wait_s"]
         self.journal.emit(
             "save",
             {
