@@ -1,0 +1,302 @@
+"""Post-hoc replay speed (issue 35): the watcher beside a plain loop over the same journal.
+
+Each size N is a synthetic journal in a temp dir, written with ``JournalWriter``:
+``train_begin``, N ``log`` records with a realistic payload (loss, lr, grad_norm,
+tokens_per_s, batch metrics; ``tests.helpers.log_payload``), ``train_end``. On it, in one
+run, side by side:
+
+- ``plain-json`` / ``plain-orjson``: read the file line by line, ``json.loads`` (or
+  ``orjson.loads``) each line and call ``on_<event>`` of a counting object. The floor.
+- ``callable``: ``ilab-watch DIR --callback cb.py:Count --queue log=all --replay``, a real
+  subprocess. ``Count.on_log`` only counts; ``on_train_end`` writes the count it saw to a
+  file, so the ``seen@end`` column tells whether ``on_train_end`` came after every
+  ``on_log`` (it should be N; issue 35 saw 1 of 2,000). ``late`` counts ``on_log`` calls
+  that arrived after ``on_train_end``.
+- ``tensorboard``: ``ilab-watch DIR --tensorboard LOGDIR --replay`` (skipped, with the reason,
+  without the tensorboard package).
+- ``mlflow``: ``ilab-watch DIR --mlflow sqlite:///FILE --replay`` into an MLflow sqlite store
+  (skipped without mlflow).
+
+How to read it. ``wall s`` is the whole subprocess (interpreter start and imports included,
+which dominates the smallest sizes); ``deliv/s`` is N / wall (the ``log`` deliveries; for a
+timed-out case, the K delivered / its wall); ``delivered`` counts the ``log`` deliveries
+recorded ok (the watcher's results file; the plain loop's own count); ``x plain`` is wall /
+the ``plain-json`` wall of the same size (issue 35's goal: the callable at most 3x the plain
+loop on 1M records, i.e. >= 100k deliveries/s on 2 cores). The second table is the
+linearity measure: each case's wall at its largest completed size over its wall at the
+smallest (issue 35: 1M/10k <= 120, the size ratio being 100). A case that runs past
+``--case-timeout`` is killed (its process group, SIGKILL) and reported as "timed out after
+T s (K of N delivered)", K counted from the ``log`` lines of the results file in its state
+dir; nothing is extrapolated, and the case is not run at larger sizes.
+
+Usage: python benchmarks/bench_replay.py [--quick] [--sizes N ...] [--case-timeout S]
+(default sizes 10k, 100k, 1M; --quick: 2k and 10k). JSON: benchmarks/results/bench_replay.json.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import bench_parser, emit
+from journal import JournalWriter
+from tests.helpers import log_payload
+
+WATCH = Path(sys.executable).parent / "ilab-watch"
+PLAIN = ("plain-json", "plain-orjson")
+WATCHED = ("callable", "tensorboard", "mlflow")
+
+CB_SOURCE = '''\
+"""Counts on_log calls; on_train_end writes what it saw (the bench reads it)."""
+import atexit
+import json
+
+OUT = {out!r}
+
+
+class Count:
+    def __init__(self):
+        self.n = 0
+        self.seen_at_end = None
+        self.late = 0
+        atexit.register(self.dump)
+
+    def on_log(self, event, **data):
+        self.n += 1
+        if self.seen_at_end is not None:
+            self.late += 1
+
+    def on_train_end(self, event, **data):
+        self.seen_at_end = self.n
+        self.dump()
+
+    def dump(self):
+        with open(OUT, "w") as f:
+            json.dump({{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}, f)
+'''
+
+
+def write_journal(ckpt: Path, n: int) -> float:
+    """``train_begin``, ``n`` log records, ``train_end``; returns the seconds it took."""
+    t0 = time.perf_counter()
+    begin = {
+        "config": {"lr": 1e-4},
+        "world_size": 1,
+        "nnodes": 1,
+        "device_type": "cpu",
+        "journal_detail": "step",
+        "resumed_from": None,
+        "total_steps": n,
+        "hostname": "bench",
+        "pid": 1,
+        "versions": {"torch": "2"},
+    }
+    with JournalWriter(ckpt, run_id="bench", durable_events=frozenset()) as w:
+        w.append("train_begin", begin, step=0)
+        for s in range(1, n + 1):
+            w.append("log", log_payload(s, loss=10.0 / s), step=s, samples_seen=s * 8)
+        end = {"status": "completed", "reason": None, "final_checkpoint": None}
+        w.append("train_end", end, step=n)
+    return time.perf_counter() - t0
+
+
+class PlainCount:
+    """The plain loop's counting object: the same methods as cb.py's ``Count``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.seen_at_end: int | None = None
+
+    def on_log(self, record: dict[str, Any]) -> None:
+        self.n += 1
+
+    def on_train_end(self, record: dict[str, Any]) -> None:
+        self.seen_at_end = self.n
+
+
+def plain_loop(path: Path, loads: Callable[[bytes], Any]) -> dict[str, Any]:
+    obj = PlainCount()
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        for line in f:
+            rec = loads(line)
+            method = getattr(obj, f"on_{rec['event']}", None)
+            if method is not None:
+                method(rec)
+    wall = time.perf_counter() - t0
+    return {"status": "ok", "wall_s": wall, "delivered": obj.n, "seen_at_end": obj.seen_at_end}
+
+
+def delivered_logs(state_dir: Path) -> int:
+    """``log`` deliveries recorded ok in the results files under ``state_dir``."""
+    n = 0
+    for path in state_dir.glob("*.results.jsonl"):
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    r = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a line cut by the kill
+                if r.get("event") == "log" and r.get("status") == "ok":
+                    n += 1
+    return n
+
+
+def watch_case(case: str, ckpt: Path, work: Path, n: int, timeout_s: float) -> dict[str, Any]:
+    """One ``ilab-watch ... --replay`` subprocess; killed after ``timeout_s``."""
+    work.mkdir(parents=True)
+    state = work / "state"
+    args = [str(WATCH), str(ckpt), "--replay", "-q", "--state-dir", str(state)]
+    seen_file = work / "seen.json"
+    if case == "callable":
+        cb = work / "cb.py"
+        cb.write_text(CB_SOURCE.format(out=str(seen_file)))
+        args += ["--callback", f"{cb}:Count", "--queue", "log=all"]
+    elif case == "tensorboard":
+        args += ["--tensorboard", str(work / "tb")]
+    elif case == "mlflow":
+        args += ["--mlflow", f"sqlite:///{work / 'mlflow.db'}"]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log_path = work / "watch.log"
+    with open(log_path, "wb") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            args, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+        wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"wall_s": wall, "delivered": delivered_logs(state)}
+    if seen_file.exists():
+        seen = json.loads(seen_file.read_text())
+        row.update(seen_at_end=seen["seen_at_end"], on_log=seen["on_log"], late=seen["late"])
+    if rc is None:
+        k = row["delivered"]
+        row["status"] = "timeout"
+        row["note"] = f"timed out after {timeout_s:g} s ({k} of {n} delivered)"
+    elif rc != 0:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        row["status"] = "failed"
+        row["note"] = f"exit {rc}: {' | '.join(tail)}"
+    else:
+        row["status"] = "ok"
+    return row
+
+
+def missing(case: str) -> str | None:
+    """Why ``case`` cannot run here, or None."""
+    if case in ("tensorboard", "mlflow") and importlib.util.find_spec(case) is None:
+        return f"the {case} package is not installed"
+    if case in WATCHED and not WATCH.exists():
+        return f"{WATCH} not found"
+    return None
+
+
+def fmt_row(r: dict[str, Any]) -> str:
+    if r["status"] == "skipped":
+        return f"{r['case']:<13} {r['n']:>9,}  skipped: {r['note']}"
+    rate = r["n"] / r["wall_s"] if r["status"] == "ok" else r["delivered"] / r["wall_s"]
+    ratio = r.get("x_plain")
+    seen = r.get("seen_at_end")
+    seen_s = "-" if seen is None else f"{seen:,}/{r['n']:,}"
+    if r.get("late"):
+        seen_s += f" ({r['late']:,} late)"
+    line = (
+        f"{r['case']:<13} {r['n']:>9,} {r['wall_s']:>9.2f} {rate:>12,.0f} "
+        f"{'-' if ratio is None else f'{ratio:,.1f}':>9} {r['delivered']:>10,} {seen_s:>20}"
+    )
+    return line + ("" if r["status"] == "ok" else f"  {r['note']}")
+
+
+def main() -> None:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="log records per journal")
+    ap.add_argument("--case-timeout", type=float, default=300.0, help="seconds per watcher run")
+    ap.add_argument("--cases", nargs="+", default=list(PLAIN + WATCHED), help="cases to run")
+    args = ap.parse_args()
+    sizes = sorted(args.sizes or ([2_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000]))
+    rows: list[dict[str, Any]] = []
+    gave_up: dict[str, str] = {}  # case -> why it is not run at larger sizes
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="bench-replay-") as d:
+            tmp = Path(d)
+            ckpt = tmp / "ckpt"
+            write_s = write_journal(ckpt, n)
+            journal_path = ckpt / "journal.jsonl"
+            mb = journal_path.stat().st_size / 1e6
+            print(f"-- N={n:,}: journal {mb:.1f} MB written in {write_s:.1f} s", flush=True)
+            plain_wall: float | None = None
+            for case in args.cases:
+                why = gave_up.get(case) or missing(case)
+                if why:
+                    rows.append({"case": case, "n": n, "status": "skipped", "note": why})
+                    continue
+                if case in PLAIN:
+                    loads = json.loads if case == "plain-json" else orjson.loads
+                    row = plain_loop(journal_path, loads)
+                else:
+                    row = watch_case(case, ckpt, tmp / case, n, args.case_timeout)
+                row = {"case": case, "n": n, "journal_mb": mb, **row}
+                if case == "plain-json":
+                    plain_wall = row["wall_s"]
+                if plain_wall and row["status"] == "ok":
+                    row["x_plain"] = row["wall_s"] / plain_wall
+                if row["status"] == "ok":
+                    row["deliveries_per_s"] = n / row["wall_s"]
+                elif row["status"] == "timeout":
+                    gave_up[case] = f"timed out at N={n:,}"
+                print("   " + fmt_row(row), flush=True)
+                rows.append(row)
+    linearity: dict[str, dict[str, Any]] = {}
+    for case in args.cases:
+        done = [r for r in rows if r["case"] == case and r["status"] == "ok"]
+        if len(done) >= 2:
+            lo, hi = done[0], done[-1]
+            linearity[case] = {
+                "smallest": lo["n"],
+                "largest": hi["n"],
+                "size_ratio": hi["n"] / lo["n"],
+                "time_ratio": hi["wall_s"] / lo["wall_s"],
+            }
+    if not args.json:
+        print(f"== bench_replay (case timeout {args.case_timeout:g} s)")
+        head = f"{'case':<13} {'N':>9} {'wall s':>9} {'deliv/s':>12} {'x plain':>9}"
+        print(head + f" {'delivered':>10} {'seen@end/N':>20}")
+        for r in rows:
+            print(fmt_row(r))
+        print("linearity: wall at the largest completed size / wall at the smallest")
+        for case, lin in linearity.items():
+            print(
+                f"  {case:<13} {lin['largest']:>9,} / {lin['smallest']:<9,} "
+                f"size x{lin['size_ratio']:,.0f}  time x{lin['time_ratio']:,.1f}"
+            )
+        sys.stdout.flush()
+    result = {
+        "sizes": sizes,
+        "case_timeout_s": args.case_timeout,
+        "rows": rows,
+        "linearity": linearity,
+    }
+    emit("bench_replay", result, args.json)
+
+
+if __name__ == "__main__":
+    main()
