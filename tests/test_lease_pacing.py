@@ -1,4 +1,4 @@
-"""Lease pacing (trainer/lease_pacing.py), without torch: the wait before a scheduled save
+"""Lease pacing (trainer/steering/lease_pacing.py), without torch: the wait before a scheduled save
 holds while enough checkpoints are leased and ends on a release, an expiry, a new control
 command, a signal or its deadline. The run-level check is in test_trainer_pacing below
 (2 ranks, a lease taken by hand)."""
