@@ -24,7 +24,8 @@ from journal.format import printable
 from journal.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.lock import lock_holder, run_holder
 from journal.paths import control_dir, journal_path
-from journal.reader import JournalReader, end_of_complete_lines, last_record
+from journal.reader import end_of_complete_lines, last_record
+from journal.tailing import RotatingReader
 
 COMMAND_FILE_SUFFIX = ".json"
 
@@ -172,25 +173,27 @@ def wait_for_verdict(
     run dir (no journal writer, no launcher). A crashed attempt (no ``train_end``) or a lock
     this host cannot see (some network file systems) is waited on: ``timeout`` then."""
     path = Path(journal_path(ckpt_dir))
-    reader = JournalReader(path, since)
+    reader = RotatingReader(path, since)  # mv and copytruncate lose no record
     last = last_record(path) if path.exists() else None
     seen = _Seen(command_id, last.get("event") if last else None)
     deadline = time.monotonic() + timeout
     next_check = time.monotonic()
-    while True:
-        if path.exists() and path.stat().st_size < reader.offset:
-            reader = JournalReader(path)  # rotated or truncated: the new file from its start
-        if verdict := seen.read(reader):
-            return verdict
-        now = time.monotonic()
-        if now >= next_check and seen.last_event in (None, "train_end"):
-            next_check = now + RUNNING_CHECK_S
-            if lock_holder(ckpt_dir) is None and run_holder(ckpt_dir) is None:
-                # the verdict may have come just before the trainer let go: one more look
-                return seen.read(reader) or Verdict("not_running")
-        if now >= deadline:
-            return Verdict("timeout")
-        time.sleep(min(VERDICT_POLL_S, max(deadline - now, 0.0)))
+    try:
+        while True:
+            reader.check()
+            if verdict := seen.read(reader):
+                return verdict
+            now = time.monotonic()
+            if now >= next_check and seen.last_event in (None, "train_end"):
+                next_check = now + RUNNING_CHECK_S
+                if lock_holder(ckpt_dir) is None and run_holder(ckpt_dir) is None:
+                    # the verdict may have come just before the trainer let go: one more look
+                    return seen.read(reader) or Verdict("not_running")
+            if now >= deadline:
+                return Verdict("timeout")
+            time.sleep(min(VERDICT_POLL_S, max(deadline - now, 0.0)))
+    finally:
+        reader.close()
 
 
 class _Seen:
@@ -199,7 +202,7 @@ class _Seen:
     def __init__(self, command_id: str, last_event: str | None) -> None:
         self.command_id, self.last_event = command_id, last_event
 
-    def read(self, reader: JournalReader) -> Verdict | None:
+    def read(self, reader: RotatingReader) -> Verdict | None:
         """The verdict among the records the journal gained, if there."""
         for rec in reader.read().records:
             self.last_event = rec.get("event")
