@@ -154,3 +154,43 @@ def test_python_api_example_runs(tmp_path: Path) -> None:
     assert "status: completed" in proc.stdout
     assert proc.stdout.count("[checkpoint] step") == 5  # save_every=2 over 10 steps
     assert "checkpoints seen by the callback object: 5" in proc.stdout
+
+
+class LogOrder(TrainerCallback):
+    """Sums what its on_log saw; on_train_end notes the count (issue 35: it must be all)."""
+
+    def __init__(self) -> None:
+        self.logs: list[int] = []
+        self.seen_at_end: int | None = None
+        self.late = 0
+
+    def on_log(self, event: Any, **data: Any) -> None:
+        if self.seen_at_end is not None:
+            self.late += 1
+        self.logs.append(event.seq)
+
+    def on_train_end(self, event: Any, **data: Any) -> None:
+        self.seen_at_end = len(self.logs)
+
+
+@pytest.mark.extended
+def test_live_two_rank_run_calls_on_train_end_after_every_on_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One object's methods run in journal order live: on_train_end comes after every on_log
+    delivered to it, and every log record was delivered or (``log`` is ``latest`` by
+    default) coalesced into a newer one, the last log before train_end delivered."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    obj = LogOrder()
+    args = TrainingArgs(
+        ckpt_dir=tmp_path / "run", demo=True, max_steps=30, log_every=1, callbacks=[obj]
+    )
+    result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
+    assert result.status == "completed"
+    logs = [r["seq"] for r in read_all(result.journal_path).records if r["event"] == "log"]
+    assert len(logs) == 30
+    assert obj.seen_at_end == len(obj.logs) and obj.late == 0
+    assert obj.logs == sorted(obj.logs) and set(obj.logs) <= set(logs)
+    assert obj.logs[-1] == logs[-1]
+    summary = next(c for c in result.callbacks if c["event"] == "log")
+    assert summary["ok"] + summary["coalesced"] == len(logs) == len(obj.logs) + summary["coalesced"]

@@ -85,7 +85,11 @@ class TrainerCallback:
 
     Only overridden methods are hooked; the defaults below are no-ops. Each one is called
     once per journal record of its event, in journal order, after the trainer wrote it
-    (deferred intra-step records reach the journal with their step's ``step_end``).
+    (deferred intra-step records reach the journal with their step's ``step_end``). The
+    methods of one object share one queue: they are called one at a time, in journal order
+    (``on_train_end`` after every earlier record), and a slow one delays only this object.
+    A high-rate event's pending record may be coalesced into a newer one, never across a
+    pending record of another kind (docs/python-api.md, "Order for one object").
     """
 
     def on_train_begin(self, event: Event, **data: Any) -> Any:

@@ -180,7 +180,8 @@ def _unless_said(reporter: Any) -> Any:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Deliveries of one hook that may run at once.",
+    help="Deliveries of one command hook that may run at once (a --callback object's "
+    "methods run one at a time, in journal order).",
 )
 @click.option(
     "--queue",

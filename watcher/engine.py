@@ -1,13 +1,14 @@
 """The dispatch engine behind ``ilab-watch`` and the embedded watcher of ``run_training``.
 
 Reads journal records from a durable cursor, turns each (record, hook) pair into a delivery,
-and runs deliveries on per-hook queues with timeouts, retries, a concurrency limit and a
-queue policy. Delivery is at-least-once per (event, hook): the cursor only moves past a
+and runs deliveries on queues with timeouts, retries, a concurrency limit and a queue
+policy: one queue per callback object, whose methods are so called in journal order, and one
+per other hook. Delivery is at-least-once per (event, hook): the cursor only moves past a
 record once every delivery of it has completed (or was coalesced away by a ``latest``
 queue), and completed deliveries are remembered so a restart does not repeat them.
 
 The parts, in the order a record meets them: :mod:`watcher.follow` (start position, reading,
-replaced journals), dispatch (here), :mod:`watcher.queues` (per-hook queues),
+replaced journals), dispatch (here), :mod:`watcher.queues` (per-object and per-hook queues),
 :mod:`watcher.execute` (running commands and callables), :mod:`watcher.completion` (results
 and the cursor). :mod:`watcher.leasing` keeps the checkpoints of save deliveries from
 dispatch to completion. Each part is handed the parts after it, never a way back.
@@ -34,7 +35,7 @@ from watcher.follow import JournalFollower, RunProgress, StartAt
 from watcher.hooks import Hook
 from watcher.leasing import CheckpointGuard
 from watcher.notices import Notices
-from watcher.queues import HookQueue
+from watcher.queues import HookQueue, lanes
 
 log = logging.getLogger("watcher")
 
@@ -120,12 +121,13 @@ class Watcher:
             waker=self._follower.waker,
             notice=self._notices,
         )
-        self._queues = {
-            id(h): HookQueue(
-                h, self._executor.deliver, self.completions.complete, notice=self._notices
+        # one queue per callback object (its methods in journal order) or per lone hook
+        self._queues: dict[int, HookQueue] = {}
+        for lane in lanes(hooks):
+            queue = HookQueue(
+                lane, self._executor.deliver, self.completions.complete, notice=self._notices
             )
-            for h in hooks
-        }
+            self._queues.update((id(h), queue) for h in lane)
 
     @property
     def results(self) -> list[DeliveryResult]:
@@ -229,7 +231,10 @@ class Watcher:
         return (self._run.ended or final) and self._idle()
 
     def _idle(self) -> bool:
-        return all(q.idle() for q in self._queues.values())
+        return all(q.idle() for q in self._distinct_queues())
+
+    def _distinct_queues(self) -> list[HookQueue]:
+        return list({id(q): q for q in self._queues.values()}.values())
 
     def _begin(self) -> None:
         running_dir = self._executor.running_dir
@@ -289,7 +294,7 @@ class Watcher:
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()
-        for queue in self._queues.values():
+        for queue in self._distinct_queues():
             for d in queue.close():
                 self.completions.complete(
                     d, DeliveryResult.of(d, "abandoned", error="watcher stopped")

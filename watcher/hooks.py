@@ -47,6 +47,9 @@ class Hook:
     #: Reads records for context only (a built-in checking train_begin's configuration):
     #: left out of ilab-watch's default cursor name, which so stays what it was without it.
     context: bool = False
+    #: The callback object whose method this is (None for a command or a lone callable):
+    #: the hooks of one object share one ordered queue (watcher.queues).
+    owner: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -78,14 +81,15 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
 
 def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
     """One hook per ``on_<event>`` method the object implements (class-based callbacks);
-    events in its ``context_events`` make context hooks."""
+    events in its ``context_events`` make context hooks. The hooks name the object as their
+    ``owner``: the watcher calls its methods one at a time, in journal order."""
     methods = hooked_methods(obj)
     if not methods:
         raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
     name = callable_name(type(obj))
     context = set(getattr(obj, "context_events", ()))
     return [
-        Hook(ev, meth, options_for(ev), label=f"{name}.on_{ev}", context=ev in context)
+        Hook(ev, meth, options_for(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
         for ev, meth in methods.items()
     ]
 
