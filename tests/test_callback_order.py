@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +66,30 @@ def write_logs(ckpt: Path, n: int = N_LOGS) -> None:
 
 
 class Seqs:
-    """Records the seq of every call, with the event; ``gate`` (if set) holds ``on_log``."""
+    """Records the seq of every call, with the event. ``gate`` (if set) holds every
+    ``on_log``; ``hold_first_log`` holds only the first one (the others pile up behind it);
+    ``held`` is set once an ``on_log`` waits at either."""
 
-    def __init__(self, gate: threading.Event | None = None, first_log_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        gate: threading.Event | None = None,
+        hold_first_log: threading.Event | None = None,
+    ) -> None:
         self.calls: list[tuple[str, int]] = []
         self.gate = gate
-        self.first_log_s = first_log_s
+        self.hold_first_log = hold_first_log
+        self.held = threading.Event()
         self.ended = threading.Event()
 
     def on_train_begin(self, event: Any, **data: Any) -> None:
         self.calls.append(("train_begin", event.seq))
 
     def on_log(self, event: Any, **data: Any) -> None:
-        if self.gate is not None:
-            assert self.gate.wait(60)
-        if self.first_log_s:
-            time.sleep(self.first_log_s)  # the others pile up behind the first: coalesced
-            self.first_log_s = 0.0
+        gate = self.gate or self.hold_first_log
+        if gate is not None:
+            self.held.set()
+            assert gate.wait(60)
+            self.hold_first_log = None
         self.calls.append(("log", event.seq))
 
     def on_train_end(self, event: Any, **data: Any) -> None:
@@ -136,7 +142,8 @@ def test_a_slow_object_does_not_delay_another(tmp_path: Path) -> None:
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:
-        assert fast.ended.wait(60)  # fast ran to its end while slow is held at its first log
+        assert slow.held.wait(60)  # slow is held at its first log...
+        assert fast.ended.wait(60)  # ...and fast runs to its end all the same
         assert [e for e, _ in slow.calls] == ["train_begin"]
         assert len(fast.calls) == 52
     finally:
@@ -151,9 +158,19 @@ def test_coalesced_on_log_never_reaches_across_train_end(tmp_path: Path) -> None
     in journal order, the newest one before ``train_end`` included, then ``train_end``."""
     ckpt = tmp_path / "run"
     write_logs(ckpt)
-    obj = Seqs(first_log_s=0.5)
+    release = threading.Event()
+    obj = Seqs(hold_first_log=release)
     w = replay(ckpt, hooks_for_object(obj, lambda ev: HookOptions()))
-    assert w.run() == 0
+    code: list[int] = []
+    t = threading.Thread(target=lambda: code.append(w.run()), daemon=True)
+    t.start()
+    try:  # the first log is held until later ones were coalesced behind it
+        assert obj.held.wait(60)
+        wait_for(lambda: any(r.status == "coalesced" for r in w.results), 60, "a coalesced log")
+    finally:
+        release.set()
+    t.join(60)
+    assert code == [0]
     records = read_all(journal_path(ckpt)).records
     seqs = [s for _, s in obj.calls]
     assert seqs == sorted(seqs)
