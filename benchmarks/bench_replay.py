@@ -52,8 +52,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit
-from journal import JournalWriter
-from tests.helpers import log_payload
+from tests.helpers import write_log_journal
 
 WATCH = Path(sys.executable).parent / "ilab-watch"
 PLAIN = ("plain-json", "plain-orjson")
@@ -92,24 +91,7 @@ class Count:
 def write_journal(ckpt: Path, n: int) -> float:
     """``train_begin``, ``n`` log records, ``train_end``; returns the seconds it took."""
     t0 = time.perf_counter()
-    begin = {
-        "config": {"lr": 1e-4},
-        "world_size": 1,
-        "nnodes": 1,
-        "device_type": "cpu",
-        "journal_detail": "step",
-        "resumed_from": None,
-        "total_steps": n,
-        "hostname": "bench",
-        "pid": 1,
-        "versions": {"torch": "2"},
-    }
-    with JournalWriter(ckpt, run_id="bench", durable_events=frozenset()) as w:
-        w.append("train_begin", begin, step=0)
-        for s in range(1, n + 1):
-            w.append("log", log_payload(s, loss=10.0 / s), step=s, samples_seen=s * 8)
-        end = {"status": "completed", "reason": None, "final_checkpoint": None}
-        w.append("train_end", end, step=n)
+    write_log_journal(ckpt, n, run_id="bench")
     return time.perf_counter() - t0
 
 

@@ -69,20 +69,9 @@ def write_step_journal(ckpt: Path, steps: int) -> None:
     """A step-detail run: 5 records a step, a save and a control every 100 steps; every
     record valid against the schema (``validate`` finds nothing)."""
     # imported here: the other benches (bench_gpu on a bare GPU machine) need no test deps
-    from tests.helpers import log_payload
+    from tests.helpers import begin_payload, log_payload
 
-    begin = {
-        "config": {"lr": 1e-4},
-        "world_size": 2,
-        "nnodes": 1,
-        "device_type": "cpu",
-        "journal_detail": "step",
-        "resumed_from": None,
-        "total_steps": steps,
-        "hostname": "bench",
-        "pid": 1,
-        "versions": {"torch": "2"},
-    }
+    begin = begin_payload(steps, world_size=2, hostname="bench")
     with JournalWriter(ckpt, run_id="bench") as w:
         w.append("train_begin", begin)
         for s in range(1, steps + 1):

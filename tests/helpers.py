@@ -238,6 +238,35 @@ def log_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
     }
 
 
+def begin_payload(
+    total_steps: int, *, world_size: int = 1, hostname: str = "test-host"
+) -> dict[str, Any]:
+    """A schema-valid ``train_begin`` payload, for journals written without training."""
+    return {
+        "config": {"lr": 1e-4},
+        "world_size": world_size,
+        "nnodes": 1,
+        "device_type": "cpu",
+        "journal_detail": "step",
+        "resumed_from": None,
+        "total_steps": total_steps,
+        "hostname": hostname,
+        "pid": 1,
+        "versions": {"torch": "2"},
+    }
+
+
+def write_log_journal(ckpt: Path, n: int, *, run_id: str = "logs") -> None:
+    """A finished run of logs only: ``train_begin``, ``n`` log records, ``train_end``
+    (the replay benchmark's and the callback-order tests' journal)."""
+    with JournalWriter(ckpt, run_id=run_id, durable_events=frozenset()) as w:
+        w.append("train_begin", begin_payload(n), step=0)
+        for s in range(1, n + 1):
+            w.append("log", log_payload(s, loss=10.0 / s), step=s, samples_seen=s * 8)
+        end = {"status": "completed", "reason": None, "final_checkpoint": None}
+        w.append("train_end", end, step=n)
+
+
 def write_steps(w: JournalWriter, first: int, last: int) -> None:
     """Steps ``first..last`` of a run: a log record each; every 4th step also evaluate,
     save (``/c/checkpoints/step-N``) and a report (accuracy step/100). The exporters' tests

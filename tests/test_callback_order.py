@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from journal import JournalWriter, read_all
+from journal import read_all
 from journal.paths import journal_path
-from tests.helpers import cli, log_payload, wait_for
+from tests.helpers import cli, wait_for, write_log_journal
 from watcher.delivery import Batch, Delivery, DeliveryResult
 from watcher.engine import Watcher
 from watcher.hooks import Hook, HookOptions, hooks_for_object
@@ -45,24 +45,7 @@ class Count:
 
 
 def write_logs(ckpt: Path, n: int = N_LOGS) -> None:
-    """``train_begin``, ``n`` log records, ``train_end`` (as benchmarks/bench_replay.py)."""
-    begin = {
-        "config": {"lr": 1e-4},
-        "world_size": 1,
-        "nnodes": 1,
-        "device_type": "cpu",
-        "journal_detail": "step",
-        "resumed_from": None,
-        "total_steps": n,
-        "hostname": "test-host",
-        "pid": 1,
-        "versions": {"torch": "x"},
-    }
-    with JournalWriter(ckpt, run_id="order", durable_events=frozenset()) as w:
-        w.append("train_begin", begin, step=0)
-        for s in range(1, n + 1):
-            w.append("log", log_payload(s, loss=10.0 / s), step=s, samples_seen=s * 8)
-        w.append("train_end", {"status": "completed", "reason": None, "final_checkpoint": None})
+    write_log_journal(ckpt, n, run_id="order")
 
 
 class Seqs:
