@@ -52,40 +52,11 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit
-from tests.helpers import write_log_journal
+from tests.helpers import COUNT_CALLBACK, write_log_journal
 
 WATCH = Path(sys.executable).parent / "ilab-watch"
 PLAIN = ("plain-json", "plain-orjson")
 WATCHED = ("callable", "tensorboard", "mlflow")
-
-CB_SOURCE = '''\
-"""Counts on_log calls; on_train_end writes what it saw (the bench reads it)."""
-import atexit
-import json
-
-OUT = {out!r}
-
-
-class Count:
-    def __init__(self):
-        self.n = 0
-        self.seen_at_end = None
-        self.late = 0
-        atexit.register(self.dump)
-
-    def on_log(self, event, **data):
-        self.n += 1
-        if self.seen_at_end is not None:
-            self.late += 1
-
-    def on_train_end(self, event, **data):
-        self.seen_at_end = self.n
-        self.dump()
-
-    def dump(self):
-        with open(OUT, "w") as f:
-            json.dump({{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}, f)
-'''
 
 
 def write_journal(ckpt: Path, n: int) -> float:
@@ -145,7 +116,7 @@ def watch_case(case: str, ckpt: Path, work: Path, n: int, timeout_s: float) -> d
     seen_file = work / "seen.json"
     if case == "callable":
         cb = work / "cb.py"
-        cb.write_text(CB_SOURCE.format(out=str(seen_file)))
+        cb.write_text(COUNT_CALLBACK.format(out=str(seen_file)))
         args += ["--callback", f"{cb}:Count", "--queue", "log=all"]
     elif case == "tensorboard":
         args += ["--tensorboard", str(work / "tb")]

@@ -256,6 +256,40 @@ def begin_payload(
     }
 
 
+#: A callback file (``{out}``: where it writes) for ``ilab-watch --callback cb.py:Count``:
+#: counts ``on_log`` calls; at ``on_train_end`` (and at exit, should it be killed) it writes
+#: how many it had seen, in all, and after ``on_train_end``. The replay bench and the
+#: callback-order tests read it.
+COUNT_CALLBACK = '''\
+"""Counts on_log calls; on_train_end writes what it saw (the caller reads it)."""
+import atexit
+import json
+
+OUT = {out!r}
+
+
+class Count:
+    def __init__(self):
+        self.n = 0
+        self.seen_at_end = None
+        self.late = 0
+        atexit.register(self.dump)
+
+    def on_log(self, event, **data):
+        self.n += 1
+        if self.seen_at_end is not None:
+            self.late += 1
+
+    def on_train_end(self, event, **data):
+        self.seen_at_end = self.n
+        self.dump()
+
+    def dump(self):
+        with open(OUT, "w") as f:
+            json.dump({{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}, f)
+'''
+
+
 def write_log_journal(ckpt: Path, n: int, *, run_id: str = "logs") -> None:
     """A finished run of logs only: ``train_begin``, ``n`` log records, ``train_end``
     (the replay benchmark's and the callback-order tests' journal)."""

@@ -12,36 +12,13 @@ import pytest
 
 from journal import read_all
 from journal.paths import journal_path
-from tests.helpers import cli, wait_for, write_log_journal
+from tests.helpers import COUNT_CALLBACK, cli, wait_for, write_log_journal
 from watcher.delivery import Batch, Delivery, DeliveryResult
 from watcher.engine import Watcher
 from watcher.hooks import Hook, HookOptions, hooks_for_object
 from watcher.queues import HookQueue
 
 N_LOGS = 2000
-
-COUNT = """\
-import json
-
-OUT = {out!r}
-
-
-class Count:
-    def __init__(self):
-        self.n = 0
-        self.late = 0
-        self.seen_at_end = None
-
-    def on_log(self, event, **data):
-        self.n += 1
-        if self.seen_at_end is not None:
-            self.late += 1
-
-    def on_train_end(self, event, **data):
-        self.seen_at_end = self.n
-        with open(OUT, "w") as f:
-            json.dump({{"seen_at_end": self.n}}, f)
-"""
 
 
 def write_logs(ckpt: Path, n: int = N_LOGS) -> None:
@@ -88,7 +65,7 @@ def test_replay_subprocess_calls_on_train_end_after_every_on_log(tmp_path: Path)
     ckpt = tmp_path / "run"
     write_logs(ckpt)
     out = tmp_path / "seen.json"
-    (tmp_path / "cb.py").write_text(COUNT.format(out=str(out)))
+    (tmp_path / "cb.py").write_text(COUNT_CALLBACK.format(out=str(out)))
     proc = cli(
         "ilab-watch",
         str(ckpt),
@@ -101,7 +78,7 @@ def test_replay_subprocess_calls_on_train_end_after_every_on_log(tmp_path: Path)
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text()) == {"seen_at_end": N_LOGS}
+    assert json.loads(out.read_text()) == {"seen_at_end": N_LOGS, "on_log": N_LOGS, "late": 0}
 
 
 def test_replay_in_process_calls_one_objects_methods_in_journal_order(tmp_path: Path) -> None:
