@@ -13,44 +13,17 @@ import click
 
 from journal.events import EVENTS
 from journal.fsinfo import needs_polling
-from journal.leases import DEFAULT_TTL_S
 from journal.paths import resolve_journal, watch_dir
 from journal.rundir import UnsafeRunDir, check_run_dir, not_a_directory
 from watcher.builtins import parse_builtin
 from watcher.callbacks import CallbackSpecError, load_object
+from watcher.cli_options import parse_queue, watch_options
 from watcher.cursor import CursorBusy
 from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
-from watcher.hooks import Hook, HookOptions, QueuePolicy, hook_for, hooks_for_object, instantiate
+from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
-
-_SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
-
-
-def _event_options(fn: Any) -> Any:
-    for event in reversed(EVENTS):
-        fn = click.option(
-            f"--on-{event.replace('_', '-')}",
-            f"on_{event}",
-            multiple=True,
-            metavar="CMD",
-            help=f"Run CMD on each {event} record." if event in _SHOWN_EVENTS else None,
-            hidden=event not in (*_SHOWN_EVENTS, "log"),
-        )(fn)
-    return fn
-
-
-def _parse_queue(values: tuple[str, ...]) -> dict[str | None, QueuePolicy]:
-    out: dict[str | None, QueuePolicy] = {}
-    for v in values:
-        event, _, policy = v.rpartition("=")
-        if policy not in ("all", "latest"):
-            raise click.UsageError(f"--queue {v!r}: policy must be 'all' or 'latest'")
-        if event and event not in EVENTS:
-            raise click.UsageError(f"--queue {v!r}: unknown event {event!r}")
-        out[event or None] = "all" if policy == "all" else "latest"
-    return out
 
 
 def default_name(hooks: list[Hook]) -> str:
@@ -72,152 +45,7 @@ def _unless_said(reporter: Any) -> Any:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("dir", type=click.Path(path_type=Path))
-@_event_options
-@click.option(
-    "--on",
-    "on_pairs",
-    type=(str, str),
-    multiple=True,
-    metavar="EVENT CMD",
-    help="Run CMD on EVENT records (any event; repeatable).",
-)
-@click.option(
-    "--callback",
-    "callbacks",
-    multiple=True,
-    metavar="MODULE:OBJ",
-    help="A class or object with on_<event> methods (module path or file.py:Name).",
-)
-@click.option(
-    "--early-stopping",
-    "early_stopping",
-    default=None,
-    metavar="K=V,...",
-    help="Built-in EarlyStopping, e.g. metric=val_loss,patience=3,min_delta=0.01,mode=min.",
-)
-@click.option(
-    "--divergence",
-    default=None,
-    metavar="K=V,...",
-    help="Built-in DivergenceDetector, e.g. threshold=1.0,patience=3,warmup=10,action=abort "
-    "(NaN/Inf loss triggers at once).",
-)
-@click.option(
-    "--tensorboard",
-    "tensorboard_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    metavar="LOGDIR",
-    help="Write loss, lr, grad_norm, throughput, val_* and reported metrics as TensorBoard "
-    "scalars (and save/control/train_end as text) to LOGDIR, live or with --replay; "
-    "restarts add no duplicate points. Needs the tensorboard package.",
-)
-@click.option(
-    "--mlflow",
-    "mlflow_uri",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    metavar="[TRACKING_URI]",
-    help="Write params, metrics, checkpoint paths and the run status to MLflow (one run per "
-    "journal run; default URI: $MLFLOW_TRACKING_URI); restarts add no duplicate points. "
-    "Needs the mlflow package.",
-)
-@click.option(
-    "--mlflow-log-artifacts",
-    is_flag=True,
-    help="With --mlflow: also copy each checkpoint into the run's artifacts (default: its path).",
-)
-@click.option(
-    "--wandb",
-    "wandb",
-    is_flag=True,
-    help="Write config, metrics and the run status to Weights & Biases (offline unless "
-    "WANDB_MODE=online; run dirs in DIR/wandb, for `wandb sync`). Needs the wandb package.",
-)
-@click.option("--name", default=None, help="Cursor identity (default: derived from the hooks).")
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Cursor, results file and delivery logs (default: DIR/watch).",
-)
-@click.option(
-    "--from",
-    "start",
-    type=click.Choice(["start", "now"]),
-    default="start",
-    show_default=True,
-    help="Where to begin when no cursor exists yet (an existing cursor always wins; "
-    "use a new --name for a fresh pass).",
-)
-@click.option(
-    "--replay", is_flag=True, help="Deliver the journal as it is, then exit (no following)."
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Seconds per delivery before its process group is killed [default: 3600].",
-)
-@click.option(
-    "--retries",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Extra attempts after a failure, with backoff.",
-)
-@click.option(
-    "--backoff",
-    type=click.FloatRange(min=0),
-    default=1.0,
-    show_default=True,
-    help="First retry delay in seconds (doubles).",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Deliveries of one command hook that may run at once (a --callback object's "
-    "methods run one at a time, in journal order).",
-)
-@click.option(
-    "--queue",
-    "queue",
-    multiple=True,
-    metavar="[EVENT=]all|latest",
-    help="all: every record is delivered; latest: only the newest pending one "
-    "(default for high-rate events such as log and step_end).",
-)
-@click.option(
-    "--shell", is_flag=True, help="Run CMD through /bin/sh (placeholders are shell-quoted)."
-)
-@click.option(
-    "--poll",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="SECONDS",
-    help="Poll instead of filesystem events (automatic on network filesystems).",
-)
-@click.option(
-    "--lease-ttl",
-    type=click.FloatRange(min=1, max=30 * 86400),  # inf and nan refused: a lease must end
-    default=DEFAULT_TTL_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="A save's checkpoint is leased (kept from rotation) while its delivery is queued "
-    "or running; the lease is renewed every third of this and expires this long after the "
-    "watcher dies.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="Only print failures.")
-@click.option(
-    "--verbose",
-    "-v",
-    count=True,
-    help="Also print each delivery's stdout (-vv: also where the watcher is in the journal).",
-)
+@watch_options
 def main(
     dir: Path,
     on_pairs: tuple[tuple[str, str], ...],
@@ -280,7 +108,7 @@ def main(
     for directory in (ckpt_dir, state_dir, tensorboard_dir):  # below a file: could never start
         if directory is not None and (why := not_a_directory(directory)):
             raise click.UsageError(why)
-    policies = _parse_queue(queue)
+    policies = parse_queue(queue)
 
     def options_for(event: str) -> HookOptions:
         return HookOptions(
