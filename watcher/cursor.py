@@ -69,11 +69,12 @@ class Cursor:
             log.warning(self.warning)
             return CursorState()
 
-    def save(self, state: CursorState) -> None:
+    def save(self, state: CursorState | bytes) -> None:
+        """Write ``state`` (or its :meth:`CursorState.to_json`) atomically."""
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, state.to_json())
+        atomic_write(self.path, state if isinstance(state, bytes) else state.to_json())
 
 
 class CursorBusy(RuntimeError):
