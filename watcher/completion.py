@@ -152,7 +152,9 @@ class Completions:
                     self.reporter(out)
                 except Exception as exc:  # the console must not stop deliveries
                     self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
-        self.advance()
+        # a command's result is worth a durable cursor at once: it may have run for an hour
+        commands = any(out.kind == "command" for out in outs)
+        self.advance(durable=True if commands else None)
         self.waker.wake()
 
     def _append_results(self, path: Path, outs: list[DeliveryResult]) -> None:
@@ -171,9 +173,10 @@ class Completions:
                 self.unrecorded += len(outs)
             self._notice(state_write_failed(path.parent, exc))
 
-    def advance(self) -> None:
+    def advance(self, *, durable: bool | None = None) -> None:
         """Move the durable cursor past every leading batch whose deliveries are all done,
-        and save it (with the seqs completed in batches still open)."""
+        and save it (with the seqs completed in batches still open; ``durable``: see
+        :meth:`Cursor.save`)."""
         with self._save_lock:  # saves in the order their states were taken
             with self._lock:
                 while self._batches and self._batches[0].pending <= 0:
@@ -194,7 +197,7 @@ class Completions:
                     return
                 data = self.state.to_json()  # under the lock: the done sets change outside it
             try:
-                self.cursor.save(data)
+                self.cursor.save(data, durable=durable)
             except OSError as exc:
                 self._notice(state_write_failed(self.cursor.path.parent, exc))
 

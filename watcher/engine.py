@@ -215,11 +215,10 @@ class Watcher:
                     self._dispatch(batch.records, before, follower.position)
                 else:
                     self.completions.read_to(follower.position)
-                progressed = follower.position != before
-                if self._finished(final, progressed=progressed):
+                if self._finished(final, progressed=follower.position != before):
                     break
-                if progressed:
-                    continue  # there may be more to read at once
+                if follower.position[0] - before[0] >= READ_BYTES // 2:
+                    continue  # a full chunk: more is there to read at once
                 if waiting_at != follower.position[0] and self._idle():
                     # Said once per position, only with nothing in flight: a watcher that
                     # says this is following, not about to finish.
