@@ -217,8 +217,10 @@ class TrainingArgs(Settings):
         "unless WANDB_MODE=online; CKPT_DIR/wandb). One that cannot work is a warning; "
         "training goes on.",
     )
-    tracker_settings: TrackerSettings = Field(  # the launcher's exporters read it, not workers
-        default_factory=dict, exclude=True, description="report_to's options"
+    tracker_settings: TrackerSettings = Field(
+        default_factory=dict,
+        description="Where report_to's trackers write (TRACKER_SETTINGS keys; the launcher's "
+        "exporters read it).",
     )
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto",

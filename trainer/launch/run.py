@@ -130,14 +130,17 @@ def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerCon
     )
 
 
-def _foreign_callbacks(args: TrainingArgs, ckpt_dir: Path) -> tuple[TrainingArgs, Progress | None]:
+def _foreign_callbacks(
+    args: TrainingArgs, ckpt_dir: Path, node_rank: int
+) -> tuple[TrainingArgs, Progress | None]:
     """InstructLab's and training_hub's callbacks (watcher/foreign.py): per-micro-batch
-    records where one hooks a micro-batch, and callback pacing where one hooks a step."""
+    records where one hooks a micro-batch, and callback pacing where one hooks a step (by
+    node 0's launcher: rank 0, which waits, is on node 0)."""
     if not any(foreign_base(cb) for cb in args.callbacks):
         return args, None
     if microbatch_hooks(args.callbacks) and args.journal_detail == "step":
         args = args.model_copy(update={"journal_detail": "microbatch"})
-    wanted = wants_pacing(args.callbacks)
+    wanted = wants_pacing(args.callbacks) and args.journal_detail != "off" and node_rank == 0
     return args, Progress(callbacks_progress_path(ckpt_dir)) if wanted else None
 
 
@@ -259,7 +262,7 @@ def _launch(
     make_dir(logs)  # the workers read their config from here: nobody else writes it
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
-    train_args, progress = _foreign_callbacks(train_args, ckpt_dir)
+    train_args, progress = _foreign_callbacks(train_args, ckpt_dir, t.node_rank)
     cfg_path.write_text(
         worker_config(train_args, progress.path if progress else None).model_dump_json()
     )
