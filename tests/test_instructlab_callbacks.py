@@ -183,9 +183,12 @@ def test_instructlab_tracker_fields_feed_a_real_mlflow_server(
             mlflow_tracking_uri=uri,
             mlflow_experiment_name="ilab-exp",
             mlflow_run_name="my-run",
+            tensorboard_log_dir=str(tmp_path / "tb"),
         )
         result = run_training(torch_args, train_args, echo=False)
-        assert result.status == "completed" and result.trackers == {"mlflow": "ok"}
+        assert result.status == "completed"
+        assert result.trackers == {"mlflow": "ok", "tensorboard": "ok"}
+        assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
         client = mlflow_tracking.MlflowClient(uri)
         run = only_run(client, "ilab-exp")
         assert run.info.run_name == "my-run" and run.info.status == "FINISHED"
@@ -335,10 +338,10 @@ def test_training_hub_sft_with_backend_ilab_journal_runs_hub_callbacks(
 
 
 def test_a_hub_parameter_training_here_cannot_honour_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("training_hub", reason="training-hub is not installed")
     from trainer.instructlab import InstructLabConfigError
     from trainer.instructlab.hub import hub_to_instructlab
 
-    pytest.importorskip("training_hub", reason="training-hub is not installed")
     base = {"model_path": "m", "data_path": "d.jsonl", "ckpt_output_dir": str(tmp_path)}
     torch, train = hub_to_instructlab(
         {**base, "max_tokens_per_gpu": 512, "beta1": 0.8, "beta2": 0.9, "nproc_per_node": 2}
