@@ -360,3 +360,48 @@ def test_a_hub_parameter_training_here_cannot_honour_is_one_line(tmp_path: Path)
         with pytest.raises(InstructLabConfigError, match=line) as err:
             hub_to_instructlab({**base, **params})
         assert "\n" not in str(err.value)
+
+
+def test_the_context_is_filled_from_the_records_as_instructlab_fills_it(tmp_path: Path) -> None:
+    """ForeignCallback alone, on a written journal: what each hook's context holds."""
+    from tests.helpers import write_run
+    from watcher.callbacks import Event
+    from watcher.foreign import ForeignCallback
+
+    got: list[TrainingContext] = []
+
+    class Seen(TrainerCallback):
+        def on_train_begin(self, context: TrainingContext) -> None:
+            got.append(context)
+
+        def on_log(self, context: TrainingContext) -> None:
+            got.append(context)
+
+        def on_save(self, context: TrainingContext) -> None:
+            got.append(context)
+
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=4, save_every=2)
+    adapter = ForeignCallback(Seen())
+    assert adapter.subscribed_events == {"train_begin", "log", "evaluate", "save"}
+    recs = records(ckpt)
+    for rec in recs:
+        if rec["event"] in adapter.subscribed_events:
+            adapter.handle(Event.from_record(rec, str(ckpt), "d"), **rec["data"])
+    begin, logs = got[0], [c for c in got if c.hook_name == "on_log"]
+    assert (begin.step, begin.world_size, begin.output_dir) == (1, 2, str(ckpt))
+    log_recs = [r for r in recs if r["event"] == "log"]
+    assert [(c.step, c.loss, c.learning_rate) for c in logs] == [
+        (r["step"], r["data"]["loss"], r["data"]["lr"]) for r in log_recs
+    ]
+    lengths = [r["data"]["batch_metrics"]["total_length"] for r in log_recs]
+    assert [c.total_tokens for c in logs] == [sum(lengths[: i + 1]) for i in range(len(logs))]
+    assert logs[0].batch_metrics == {
+        k: v for k, v in log_recs[0]["data"]["batch_metrics"].items() if k != "accumulated_loss"
+    }
+    saves = [c for c in got if c.hook_name == "on_save"]
+    assert [c.checkpoint_path for c in saves] == [
+        r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"
+    ]
+    assert saves[0].loss == logs[1].loss  # the context carries the last log's values
+    assert all(c.is_world_process_zero and c.is_local_process_zero for c in got)

@@ -242,9 +242,11 @@ class ForeignCallback:
 
     def handle(self, event: Event, **_data: Any) -> Any:
         """Fold the record into the context, then call the hook of its event (if any)."""
-        self.state.fold(event)
-        hook = self.by_event.get(event.name)
         try:
+            self.state.fold(event)
+            if event.name == "train_begin":  # a new attempt: a fresh control bag
+                self._hub_control, self._stop_sent = None, False
+            hook = self.by_event.get(event.name)
             if hook is None:
                 return None
             ctx = self.state.snapshot(hook, event)
