@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ def test_a_local_callback_object_runs_unchanged_and_stops_the_run(
 
         def on_log(self, context: TrainingContext) -> Any:
             self._see("on_log", context)
+            if context.step < stop_at:
+                time.sleep(0.5)  # a slow consumer: training must not run ahead of it
             if context.step == stop_at:
                 return Control.stop("enough")
             return None
