@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -88,18 +89,14 @@ class Completions:
         with self._lock:
             return sum(1 for b in self._batches if b.pending > 0)
 
-    def open_batch(
-        self, start: tuple[int, int], end: tuple[int, int], min_seq: int, pending: int
-    ) -> Batch:
-        """Records read from ``start`` to ``end`` (offset, line_no), from which ``pending``
-        deliveries were made."""
-        batch = Batch(*start, min_seq, pending)
+    def open_batch(self, batch: Batch, end: tuple[int, int]) -> None:
+        """Records read from ``batch``'s start to ``end`` (offset, line_no), from which
+        ``batch.pending`` deliveries were made (none of them handed to a queue yet)."""
         with self._lock:
             self._batches.append(batch)
             self._read_end = end
-        if not pending:
+        if not batch.pending:
             self.advance()
-        return batch
 
     def read_to(self, end: tuple[int, int]) -> None:
         """Read up to ``end`` with no record to deliver (only invalid lines, or nothing)."""
@@ -118,23 +115,27 @@ class Completions:
         line (:func:`ok_line`)."""
         outs: list[DeliveryResult] = []
         plain: dict[int, list[Delivery]] = {}  # id(hook) -> its plain successes, in order
-        for d, out in finished:
-            if d.lease is not None:
-                self.checkpoints.release(d)
-            if out is None:
-                plain.setdefault(id(d.hook), []).append(d)
-            else:
-                outs.append(out)
-        ended = time.time()
-        outs += [ok_line(ds, started, ended) for ds in plain.values()]
-        with self._lock:
+        leased: list[Delivery] = []
+        with self._lock:  # one pass, for every delivery of a replay: few lookups per hook
             done = self.state.done
-            for d, _ in finished:
+            hook: Any = None
+            seqs: set[int] = set()
+            mine: list[Delivery] = []
+            for d, out in finished:
+                if d.hook is not hook:
+                    hook = d.hook
+                    seqs = done.setdefault(hook.id, set())
+                    mine = plain.setdefault(id(hook), [])
                 d.batch.pending -= 1
-                seqs = done.get(d.hook.id)
-                if seqs is None:
-                    seqs = done[d.hook.id] = set()
                 seqs.add(d.record["seq"])
+                if out is None:
+                    mine.append(d)
+                else:
+                    outs.append(out)
+                if d.lease is not None:
+                    leased.append(d)
+            ended = time.time()
+            outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
             for out in outs:
                 self.tally[out.hook, out.event, out.status] += out.count
                 if out.failed:
@@ -142,6 +143,8 @@ class Completions:
                     errors = self.errors.setdefault((out.hook, out.event), [])
                     if len(errors) < ERRORS_KEPT:
                         errors.append(str(out.error))
+        for d in leased:  # before the cursor moves past the delivery (module doc)
+            self.checkpoints.release(d)
         if self.results_path is not None:
             self._append_results(self.results_path, outs)
         if self.reporter is not None:

@@ -107,7 +107,8 @@ class DeliveryResult:
 #: schema's): the checkpoint a save hook evaluates and the watcher leases.
 _NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
 _ENVELOPE = tuple(name for name, info in Record.model_fields.items() if info.is_required())
-_ENVELOPE_SET = frozenset(_ENVELOPE)
+#: The envelope fields every deliverable record has (``rec.keys() >= ENVELOPE``).
+ENVELOPE = frozenset(_ENVELOPE)
 
 
 def undeliverable(rec: dict[str, Any]) -> str | None:
@@ -116,7 +117,7 @@ def undeliverable(rec: dict[str, Any]) -> str | None:
     Readers tolerate absent fields; a hook would get a record that ``ilab-journal
     validate`` reports, with no run or checkpoint to act on (one appended by hand)."""
     needed = _NEEDED.get(rec.get("event"))  # type: ignore[arg-type]
-    if needed is None and rec.keys() >= _ENVELOPE_SET:  # the common case, checked in C
+    if needed is None and rec.keys() >= ENVELOPE:  # the common case, checked in C
         return None
     missing = [name for name in _ENVELOPE if name not in rec]
     data = rec.get("data") or {}

@@ -29,7 +29,14 @@ from watcher.callbacks import callable_name
 from watcher.command import end_leftovers
 from watcher.completion import Completions, Reporter
 from watcher.cursor import Cursor, CursorLock, CursorState
-from watcher.delivery import Delivery, DeliveryResult, state_write_failed, undeliverable
+from watcher.delivery import (
+    ENVELOPE,
+    Batch,
+    Delivery,
+    DeliveryResult,
+    state_write_failed,
+    undeliverable,
+)
 from watcher.execute import Executor
 from watcher.follow import JournalFollower, RunProgress, StartAt
 from watcher.hooks import Hook
@@ -299,8 +306,8 @@ class Watcher:
         self._checkpoints.note_removals(records)
         routes = self._routes
         done_before, done_max = self._done_before, self._done_max
-        per_queue: dict[int, list[tuple[Hook, dict[str, Any], str, str | None]]] = {}
-        n = 0
+        batch = Batch(*start, records[0]["seq"], 0)  # its deliveries are counted below
+        per_queue: dict[int, list[Delivery]] = {}
         for rec in records:
             ev = rec.get("event")
             if ev == "train_end":
@@ -310,9 +317,9 @@ class Watcher:
             hooks = routes.get(ev) if type(ev) is str else None
             if not hooks:
                 continue
-            if why := undeliverable(rec):  # e.g. a save appended by hand
+            if (ev == "save" or not rec.keys() >= ENVELOPE) and (why := undeliverable(rec)):
                 self._notices(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
-                continue
+                continue  # e.g. a save appended by hand
             seq = rec["seq"]
             prefix = f"{rec.get('run_id', '')}-{seq}-"
             for hook, queue_key in hooks:
@@ -323,12 +330,12 @@ class Watcher:
                 todo = per_queue.get(queue_key)
                 if todo is None:
                     todo = per_queue[queue_key] = []
-                todo.append((hook, rec, prefix + hook.short_id, lease))
-                n += 1
-        batch = self.completions.open_batch(start, end, records[0]["seq"], n)
+                todo.append(Delivery(hook, rec, batch, prefix + hook.short_id, lease))
+        batch.pending = sum(map(len, per_queue.values()))
+        self.completions.open_batch(batch, end)
         for queue in self._distinct_queues():
             if todo := per_queue.get(id(queue)):
-                queue.submit_many([Delivery(h, r, batch, did, lease) for h, r, did, lease in todo])
+                queue.submit_many(todo)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()

@@ -133,16 +133,16 @@ class HookQueue:
                 self._running += len(taken)
             finished: list[Finished] = []
             started = time.time()
+            deliver, add = self._deliver, finished.append
             try:
                 for d in taken:
                     if self._closed:  # the watcher stops: what was not started is abandoned
-                        out = DeliveryResult.of(d, "abandoned", error="watcher stopped")
-                    else:
-                        try:
-                            out = self._deliver(d)
-                        except Exception as exc:
-                            out = DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
-                    finished.append((d, out))
+                        add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
+                        continue
+                    try:
+                        add((d, deliver(d)))
+                    except Exception as exc:
+                        add((d, DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")))
                 if self._after is not None and not self._closed:
                     finished = self._after_deliveries(finished)
                 self._complete(finished, started)
