@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -43,9 +43,6 @@ from watcher.command import OUTPUT_KEEP_BYTES, command_env, read_tail
 from watcher.delivery import Delivery, DeliveryResult
 from watcher.scheduler import JobSpec, JobState, SchedulerError
 from watcher.scheduler.board import JobBoard
-
-if TYPE_CHECKING:
-    from watcher.execute import Executor
 
 log = logging.getLogger("watcher")
 
@@ -66,7 +63,10 @@ exit "$code"
 class JobRunner:
     """Runs command deliveries of one executor as jobs of ``board``'s scheduler."""
 
-    def __init__(self, executor: Executor, board: JobBoard) -> None:
+    def __init__(self, executor: Any, board: JobBoard) -> None:
+        """``executor``: the watcher.execute.Executor whose deliveries these are (its
+        dirs, stop event, notices, placeholder values and $ILAB_REPORT reading); not
+        imported here, as it imports this module."""
         self.ex = executor
         self.board = board
         running = executor.running_dir
