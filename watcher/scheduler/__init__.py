@@ -108,16 +108,3 @@ def run_tool(argv: list[str], *, env: dict[str, str] | None = None) -> str:
         why = lines[-1] if lines else f"exit code {done.returncode}"
         raise SchedulerError(f"{argv[0]}: {why}")
     return done.stdout
-
-
-def make_scheduler(via: str, scheduler_args: str | None = None) -> Scheduler:
-    """The scheduler named by ``--via`` (``local`` or ``slurm``)."""
-    if via == "slurm":
-        from watcher.scheduler.slurm import SlurmScheduler
-
-        return SlurmScheduler(scheduler_args)
-    if via == "local":
-        from watcher.scheduler.local import LocalScheduler
-
-        return LocalScheduler()
-    raise ValueError(f"unknown scheduler {via!r} (local or slurm)")

@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from watcher.hooks import Hook, HookOptions
-from watcher.scheduler import make_scheduler
+from watcher.scheduler import Scheduler
 from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
+from watcher.scheduler.local import LocalScheduler
+from watcher.scheduler.slurm import SlurmScheduler
 
 SCHEDULER_OPTIONS = [
     click.option(
@@ -42,6 +44,15 @@ SCHEDULER_OPTIONS = [
         help="With --via: how often the jobs' states are queried (one query for all of them).",
     ),
 ]
+
+
+def make_scheduler(via: str, sbatch_args: str | None = None) -> Scheduler:
+    """The scheduler named by ``--via`` (``local`` or ``slurm``)."""
+    if via == "slurm":
+        return SlurmScheduler(sbatch_args)
+    if via == "local":
+        return LocalScheduler()
+    raise ValueError(f"unknown scheduler {via!r} (local or slurm)")
 
 
 def job_board(
