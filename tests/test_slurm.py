@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import BIN, cli, make_checkpoint, pythonpath, records, wait_for, write_run
+from tests.helpers import (
+    BIN,
+    cli,
+    make_checkpoint,
+    pythonpath,
+    records,
+    train,
+    wait_for,
+    write_run,
+)
 from tests.slurm_cluster import SlurmCluster
 from watcher.scheduler import JobSpec
 from watcher.scheduler.board import JobBoard
@@ -265,3 +274,124 @@ def test_slurm_env_gives_nodes_rank_and_rendezvous() -> None:
     assert slurm_torchrun({}, {**env, "SLURM_JOB_NUM_NODES": "1"}) == {}
     assert slurm_torchrun({}, {}) == {}
     assert sys.platform != "win32"
+
+
+@pytest.mark.extended
+@pytest.mark.dist
+def test_eval_jobs_beside_two_rank_training_keep_their_checkpoints(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The issue's acceptance: 2-rank ilab-train with --keep-last-n 1 --keep-best
+    accuracy:max, each save's eval a Slurm job (2 s, reports accuracy): every checkpoint
+    evaluated exactly once by a job whose id is journaled, none removed while its job was
+    pending or running (its removal comes after the job's end), the best kept."""
+    ckpt = tmp_path / "run"
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 6\n" + EVAL)
+    watcher = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(ckpt),
+            *("--on-save", str(script), "--name", "eval", "--via", "slurm"),
+            *("--sbatch-args", "-c1", "--job-poll", "0.5"),
+        ],
+        env={**os.environ, **_env(slurm, EVAL_SECONDS="2")},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc = train(
+            ckpt,
+            *("--max-steps", "15", "--save-every", "3", "--keep-last-n", "1"),
+            *("--keep-best", "accuracy:max"),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        code = watcher.wait(timeout=300)
+    finally:
+        watcher.kill()
+    assert code == 0, watcher.stderr.read()[-3000:] if watcher.stderr else ""
+    recs = records(ckpt)
+    saves = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
+    assert len(saves) == 5
+    by_ckpt = _jobs_by_checkpoint(recs)
+    assert sorted(by_ckpt) == sorted(saves) and all(len(v) == 1 for v in by_ckpt.values())
+    results = _results(ckpt, "eval")
+    assert [r["status"] for r in results] == ["ok"] * 5  # the eval saw its checkpoint throughout
+    assert {r["jobs"][0]["id"] for r in results} == {j for v in by_ckpt.values() for j in v}
+    for r in recs:
+        if r["event"] == "checkpoint_removed":
+            path = r["data"]["checkpoint_path"]
+            ended = [
+                j["seq"]
+                for j in recs
+                if j["event"] == "job"
+                and j["data"]["checkpoint_path"] == path
+                and j["data"]["state"] == "COMPLETED"
+            ]
+            assert ended and ended[0] < r["seq"], f"{path} removed before its job ended"
+    best = str(ckpt / "checkpoints" / "step-000006")
+    assert Path(best).is_dir()
+    q = cli("ilab-journal", "query", str(ckpt), "--best", "accuracy:max")  # reports after
+    assert q.returncode == 0 and q.stdout.strip() == best  # train_end count too
+    on_disk = sorted(p.name for p in (ckpt / "checkpoints").glob("step-*"))
+    assert on_disk == ["step-000006", "step-000015"]  # the best and the last (keep-last-n 1)
+    assert not list((ckpt / "leases").glob("*.json"))
+
+
+SBATCH_TRAIN = """#!/bin/sh
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+exec {train} --demo --ckpt-dir {ckpt} --nproc-per-node 2 --max-steps 12 --save-every 4 --quiet
+"""
+
+
+@pytest.mark.extended
+@pytest.mark.dist
+def test_ilab_train_inside_sbatch_followed_by_a_watcher_outside(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """ilab-train submitted with sbatch (1 node, 2 ranks) trains and journals; a watcher
+    outside the job follows it and evaluates every save as a job of its own."""
+    ckpt = tmp_path / "run"
+    job = tmp_path / "train.sbatch"
+    job.write_text(SBATCH_TRAIN.format(train=BIN / "ilab-train", ckpt=ckpt))
+    env = {**os.environ, **_env(slurm, OMP_NUM_THREADS="1", EVAL_SECONDS="0.2")}
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(tmp_path / "train.log"), str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    train_job = submitted.stdout.strip()
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 8\n" + EVAL)
+    watched = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--on-save", str(script), "--name", "eval", "--via", "slurm"),
+        *("--sbatch-args", "-c1", "--job-poll", "0.5"),
+        env=env,
+        timeout=400,
+    )
+    log = (tmp_path / "train.log").read_text() if (tmp_path / "train.log").exists() else ""
+    assert watched.returncode == 0, watched.stderr + log[-2000:]
+    state = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", train_job, "-o", "%T"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    assert state in ("COMPLETED", "COMPLETING"), log[-2000:]
+    recs = records(ckpt)
+    begin = next(r for r in recs if r["event"] == "train_begin")
+    assert begin["data"]["world_size"] == 2 and begin["data"]["nnodes"] == 1
+    assert recs[-1]["event"] in ("train_end", "job", "report")
+    end = next(r for r in recs if r["event"] == "train_end")
+    assert end["data"]["status"] == "completed"
+    saves = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
+    assert len(saves) == 3 and sorted(_jobs_by_checkpoint(recs)) == sorted(saves)
+    assert [r["status"] for r in _results(ckpt, "eval")] == ["ok"] * 3
