@@ -395,3 +395,71 @@ def test_ilab_train_inside_sbatch_followed_by_a_watcher_outside(
     saves = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
     assert len(saves) == 3 and sorted(_jobs_by_checkpoint(recs)) == sorted(saves)
     assert [r["status"] for r in _results(ckpt, "eval")] == ["ok"] * 3
+
+
+@pytest.mark.extended
+def test_cancel_on_abort_cancels_the_queued_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """--cancel-on-abort: a train_end of an aborted run cancels the jobs still queued; their
+    deliveries are skipped (not failures) and their checkpoints released."""
+    from journal import JournalWriter
+
+    ckpt = tmp_path / "run"
+    ckpt.mkdir()
+    w = write_run(ckpt, steps=10, save_every=5, end=None)
+    for s in (5, 10):
+        make_checkpoint(ckpt, s, w.run_id)
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", f"-c{slurm.cpus}", "-o", "/dev/null", "--wrap", "sleep 300"],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    watcher = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(ckpt),
+            *("--on-save", "true", "--name", "eval", "--concurrency", "2", "--via", "slurm"),
+            *("--sbatch-args", "-c1", "--job-poll", "0.3", "--cancel-on-abort"),
+        ],
+        env={**os.environ, **_env(slurm)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: len(_jobs_by_checkpoint(records(ckpt))) == 2, 60, "two queued jobs journaled"
+        )
+        with JournalWriter(ckpt, join=True) as end:
+            end.append("train_end", {"status": "stopped", "command": "abort", "reason": "t"})
+        code = watcher.wait(timeout=60)
+    finally:
+        watcher.kill()
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+    assert code == 0, watcher.stderr.read() if watcher.stderr else ""
+    results = [r for r in _results(ckpt, "eval") if r["event"] == "save"]
+    assert [r["status"] for r in results] == ["skipped", "skipped"]
+    assert all("the run was aborted" in r["error"] for r in results)
+    states = [r["data"]["state"] for r in records(ckpt) if r["event"] == "job"]
+    assert states.count("CANCELLED") == 2
+    assert not list((ckpt / "leases").glob("*.json"))
+
+
+@pytest.mark.extended
+def test_a_job_past_its_timeout_is_cancelled(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """--timeout counts from the job's start: then scancel, a 'timeout' delivery, and the
+    job's CANCELLED state journaled."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    out = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--on-save", "sleep 120", "--name", "slow", "--timeout", "1", "--replay"),
+        *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+        env=_env(slurm),
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    (res,) = _results(ckpt, "slow")
+    assert res["status"] == "timeout" and "cancelled" in res["error"]
+    states = [r["data"]["state"] for r in records(ckpt) if r["event"] == "job"]
+    assert states[-1] == "CANCELLED"
