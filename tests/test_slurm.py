@@ -338,27 +338,39 @@ def test_eval_jobs_beside_two_rank_training_keep_their_checkpoints(
     assert not list((ckpt / "leases").glob("*.json"))
 
 
-SBATCH_TRAIN = """#!/bin/sh
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=1
-exec {train} --demo --ckpt-dir {ckpt} --nproc-per-node 2 --max-steps 12 --save-every 4 --quiet
-"""
+def _doc_script() -> str:
+    """The sbatch script of docs/slurm.md (the block after its ``slurm-script`` mark)."""
+    doc = (Path(__file__).parent.parent / "docs" / "slurm.md").read_text()
+    block = doc.split("<!-- slurm-script -->", 1)[1].split("```bash\n", 1)[1]
+    return block.split("```", 1)[0]
 
 
 @pytest.mark.extended
 @pytest.mark.dist
-def test_ilab_train_inside_sbatch_followed_by_a_watcher_outside(
+def test_the_documented_sbatch_script_trains_and_is_followed_outside(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """ilab-train submitted with sbatch (1 node, 2 ranks) trains and journals; a watcher
-    outside the job follows it and evaluates every save as a job of its own."""
+    """docs/slurm.md's script submitted with sbatch (1 node, 2 ranks): ilab-train trains and
+    journals, the watcher in the script evaluates every save as a job of its own, and a
+    watcher outside the job follows the run to its end."""
     ckpt = tmp_path / "run"
     job = tmp_path / "train.sbatch"
-    job.write_text(SBATCH_TRAIN.format(train=BIN / "ilab-train", ckpt=ckpt))
-    env = {**os.environ, **_env(slurm, OMP_NUM_THREADS="1", EVAL_SECONDS="0.2")}
+    job.write_text(_doc_script())
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 8\n" + EVAL)
+    env = {
+        **os.environ,
+        **_env(slurm, OMP_NUM_THREADS="1", EVAL_SECONDS="0.2"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RUN": str(ckpt),
+        "NPROC": "2",
+        "TRAIN_ARGS": "--demo --max-steps 12 --save-every 4 --quiet",
+        "EVAL": str(script),
+        "EVAL_SBATCH_ARGS": "-c1",
+    }
+    log = tmp_path / "train.log"
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "-o", str(tmp_path / "train.log"), str(job)],
+        ["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=1", f"--output={log}", str(job)],
         env=env,
         capture_output=True,
         text=True,
@@ -366,35 +378,41 @@ def test_ilab_train_inside_sbatch_followed_by_a_watcher_outside(
     )
     assert submitted.returncode == 0, submitted.stderr
     train_job = submitted.stdout.strip()
-    script = tmp_path / "eval.py"
-    script.write_text("BEST = 8\n" + EVAL)
-    watched = cli(
-        "ilab-watch",
-        str(ckpt),
-        *("--on-save", str(script), "--name", "eval", "--via", "slurm"),
-        *("--sbatch-args", "-c1", "--job-poll", "0.5"),
-        env=env,
-        timeout=400,
+    seen = tmp_path / "seen.sh"
+    seen.write_text('#!/bin/sh\necho "$ILAB_STEP" >> "$(dirname "$0")/seen.txt"\n')
+    seen.chmod(0o755)
+    outside = cli(
+        "ilab-watch", str(ckpt), "--on-save", str(seen), "--name", "outside", env=env, timeout=400
     )
-    log = (tmp_path / "train.log").read_text() if (tmp_path / "train.log").exists() else ""
-    assert watched.returncode == 0, watched.stderr + log[-2000:]
-    state = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-j", train_job, "-o", "%T"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.strip()
-    assert state in ("COMPLETED", "COMPLETING"), log[-2000:]
+    assert outside.returncode == 0, outside.stderr
+
+    def job_state() -> str:
+        return subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", train_job, "-o", "%T"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+
+    wait_for(lambda: job_state() in ("COMPLETED", "FAILED"), 300, "the training job's end")
+    text = log.read_text() if log.exists() else ""
+    assert job_state() == "COMPLETED", text[-3000:]
     recs = records(ckpt)
     begin = next(r for r in recs if r["event"] == "train_begin")
     assert begin["data"]["world_size"] == 2 and begin["data"]["nnodes"] == 1
-    assert recs[-1]["event"] in ("train_end", "job", "report")
     end = next(r for r in recs if r["event"] == "train_end")
     assert end["data"]["status"] == "completed"
     saves = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
-    assert len(saves) == 3 and sorted(_jobs_by_checkpoint(recs)) == sorted(saves)
-    assert [r["status"] for r in _results(ckpt, "eval")] == ["ok"] * 3
+    assert len(saves) == 3
+    by_ckpt = _jobs_by_checkpoint(recs)  # the watcher inside: a job per save
+    assert sorted(by_ckpt) == sorted(saves) and all(len(v) == 1 for v in by_ckpt.values())
+    inside = [p for p in (ckpt / "watch").glob("*.results.jsonl") if p.stem != "outside.results"]
+    (results,) = inside
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert [r["status"] for r in lines if r["event"] == "save"] == ["ok"] * 3
+    steps = sorted(int(x) for x in (tmp_path / "seen.txt").read_text().split())
+    assert steps == [r["step"] for r in recs if r["event"] == "save"]
 
 
 @pytest.mark.extended
