@@ -71,7 +71,7 @@ class JobRunner:
         self.board = board
         running = executor.running_dir
         self.dir = (
-            running.with_suffix(".jobs")
+            running.with_suffix(".jobs").absolute()
             if running is not None
             else Path(tempfile.mkdtemp(prefix="ilab-jobs-"))
         )
@@ -151,7 +151,9 @@ class JobRunner:
             "final": None,
         }
         self._save(marker_path, marker)  # before submitting: a restart finds the job by name
-        spec = JobSpec(marker["job_name"], script, env, log_path, Path(self.ex.ckpt_dir))
+        # the watcher's cwd, as for a local command: relative paths (DIR, placeholders,
+        # ILAB_CKPT_DIR) mean the same in the job, on the shared filesystem
+        spec = JobSpec(marker["job_name"], script, env, log_path.absolute(), Path.cwd())
         try:
             marker["job_id"] = self.board.scheduler.submit(spec)
         except SchedulerError as exc:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,8 @@ from watcher.scheduler import Scheduler
 from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
 from watcher.scheduler.local import LocalScheduler
 from watcher.scheduler.slurm import SlurmScheduler
+
+_SLURM_COMMANDS = ("sbatch", "squeue", "scancel")
 
 SCHEDULER_OPTIONS = [
     click.option(
@@ -65,6 +68,8 @@ def job_board(
         return None
     if sbatch_args is not None and via != "slurm":
         raise click.UsageError("--sbatch-args needs --via slurm")
+    if via == "slurm" and (missing := [c for c in _SLURM_COMMANDS if shutil.which(c) is None]):
+        raise click.UsageError(f"--via slurm: {', '.join(missing)} not found on PATH")
     try:
         scheduler = make_scheduler(via, sbatch_args)
     except ValueError as exc:
