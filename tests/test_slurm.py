@@ -179,10 +179,11 @@ def test_watch_via_local_runs_jobs_as_processes(tmp_path: Path) -> None:
     script.write_text("BEST = 5\n" + EVAL)
     done = cli(
         "ilab-watch",
-        str(ckpt),
+        "run",  # relative: the job runs in the watcher's cwd, as a local command would
         *("--on-save", str(script), "--name", "local", "--via", "local", "--replay"),
         *("--job-poll", "0.2"),
         env={"EVAL_SECONDS": "0", "PYTHONPATH": pythonpath()},
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     (res,) = _results(ckpt, "local")
@@ -190,6 +191,35 @@ def test_watch_via_local_runs_jobs_as_processes(tmp_path: Path) -> None:
     (end,) = [r for r in records(ckpt) if r["event"] == "job" and r["data"]["state"] == "COMPLETED"]
     assert end["data"]["job_id"] == res["jobs"][0]["id"]
     assert any(r["event"] == "report" for r in records(ckpt))
+
+
+def test_a_restarted_watcher_reattaches_to_its_local_job(tmp_path: Path) -> None:
+    """--via local, kill -9 of the watcher while its job runs: the job (a process of its own
+    session) runs on, the restarted watcher re-attaches to it instead of starting another,
+    and records its result."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    go = tmp_path / "go"
+    job = tmp_path / "job.sh"
+    job.write_text(
+        f"#!/bin/sh\necho started >> {tmp_path}/starts\n"
+        f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n"
+    )
+    job.chmod(0o755)
+    argv = [str(ckpt), "--on-save", str(job), "--name", "j", "--via", "local", "--replay"]
+    argv += ["--job-poll", "0.2"]
+    first = subprocess.Popen([str(BIN / "ilab-watch"), *argv], stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (tmp_path / "starts").exists(), 30, "the job's start")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        first.kill()
+    go.touch()
+    again = cli("ilab-watch", *argv)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "starts").read_text().split() == ["started"]  # one job, not two
+    (res,) = _results(ckpt, "j")
+    assert res["status"] == "ok" and res["jobs"][0]["adopted"] and "done" in res["stdout_tail"]
 
 
 def test_scheduler_options_are_usage_errors_without_via(tmp_path: Path) -> None:
