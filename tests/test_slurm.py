@@ -170,6 +170,8 @@ def test_watch_via_slurm_journals_jobs_and_retries_failures(
     assert all("broken" in r["stdout_tail"] for r in failed)
     assert not list((ckpt / "leases").glob("*.json"))
     assert not list((ckpt / "watch" / "eval.jobs").glob("*.json"))  # ended: markers gone
+    status = cli("ilab-journal", "status", str(ckpt))  # job records after train_end:
+    assert status.returncode == 0 and "completed" in status.stdout  # still completed, exit 0
 
 
 def test_watch_via_local_runs_jobs_as_processes(tmp_path: Path) -> None:
