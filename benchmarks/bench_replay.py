@@ -11,7 +11,7 @@ run, side by side:
   subprocess. ``Count.on_log`` only counts; ``on_train_end`` writes the count it saw to a
   file, so the ``seen@end`` column tells whether ``on_train_end`` came after every
   ``on_log`` (it should be N; issue 35 saw 1 of 2,000). ``late`` counts ``on_log`` calls
-  that arrived after ``on_train_end``.
+  that arrived after ``on_train_end``; ``peak`` is the watcher process's peak RSS then.
 - ``tensorboard``: ``ilab-watch DIR --tensorboard LOGDIR --replay`` (skipped, with the reason,
   without the tensorboard package).
 - ``mlflow``: ``ilab-watch DIR --mlflow sqlite:///FILE --replay`` into an MLflow sqlite store
@@ -94,7 +94,8 @@ def plain_loop(path: Path, loads: Callable[[bytes], Any]) -> dict[str, Any]:
 
 
 def delivered_logs(state_dir: Path) -> int:
-    """``log`` deliveries recorded ok in the results files under ``state_dir``."""
+    """``log`` deliveries recorded ok in the results files under ``state_dir`` (a line
+    stands for ``count`` of them: a callable's plain successes in one batch share one)."""
     n = 0
     for path in state_dir.glob("*.results.jsonl"):
         with open(path, "rb") as f:
@@ -104,7 +105,7 @@ def delivered_logs(state_dir: Path) -> int:
                 except orjson.JSONDecodeError:
                     continue  # a line cut by the kill
                 if r.get("event") == "log" and r.get("status") == "ok":
-                    n += 1
+                    n += r.get("count", 1)
     return n
 
 
@@ -141,6 +142,7 @@ def watch_case(case: str, ckpt: Path, work: Path, n: int, timeout_s: float) -> d
     if seen_file.exists():
         seen = json.loads(seen_file.read_text())
         row.update(seen_at_end=seen["seen_at_end"], on_log=seen["on_log"], late=seen["late"])
+        row["max_rss_mb"] = seen.get("max_rss_mb")
     if rc is None:
         k = row["delivered"]
         row["status"] = "timeout"
@@ -176,6 +178,8 @@ def fmt_row(r: dict[str, Any]) -> str:
         f"{r['case']:<13} {r['n']:>9,} {r['wall_s']:>9.2f} {rate:>12,.0f} "
         f"{'-' if ratio is None else f'{ratio:,.1f}':>9} {r['delivered']:>10,} {seen_s:>20}"
     )
+    if r.get("max_rss_mb"):
+        line += f"  peak {r['max_rss_mb']:,.0f} MB"
     return line + ("" if r["status"] == "ok" else f"  {r['note']}")
 
 

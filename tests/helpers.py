@@ -261,9 +261,11 @@ def begin_payload(
 #: how many it had seen, in all, and after ``on_train_end``. The replay bench and the
 #: callback-order tests read it.
 COUNT_CALLBACK = '''\
-"""Counts on_log calls; on_train_end writes what it saw (the caller reads it)."""
+"""Counts on_log calls; on_train_end writes what it saw (the caller reads it), with the
+watcher process's peak memory so far."""
 import atexit
 import json
+import resource
 
 OUT = {out!r}
 
@@ -286,7 +288,9 @@ class Count:
 
     def dump(self):
         with open(OUT, "w") as f:
-            json.dump({{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}, f)
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            seen = {{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}
+            json.dump({{**seen, "max_rss_mb": rss_mb}}, f)
 '''
 
 

@@ -56,7 +56,10 @@ class Event:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any], ckpt_dir: str, delivery_id: str) -> Event:
-        return cls(
+        # Once per delivery, so filled without the frozen __init__'s per-field
+        # object.__setattr__ (3x slower); what callbacks get is as frozen as ever.
+        event = object.__new__(cls)
+        event.__dict__.update(
             name=rec["event"],
             seq=rec["seq"],
             step=rec.get("step", 0),
@@ -70,6 +73,7 @@ class Event:
             delivery_id=delivery_id,
             record=rec,
         )
+        return event
 
 
 class TrainerCallback:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -28,9 +28,17 @@ from watcher.wake import Waker
 
 Reporter = Callable[[DeliveryResult], None]
 
+#: Errors kept per hook for summaries (every one is in the results file).
+ERRORS_KEPT = 3
+
 
 class Completions:
-    """Thread-safe record of finished deliveries; saves the cursor after each change.
+    """Thread-safe record of finished deliveries; saves the cursor as they complete.
+
+    Deliveries complete in batches (:meth:`complete_many`: what a queue's worker ran in one
+    go): the results file gets one write and the cursor one save per batch, so a crash
+    repeats at most the batch that was running. Nothing here grows with the number of
+    deliveries already made: finished results are counted (:attr:`tally`), not kept.
 
     A results file or cursor that cannot be written (full disk, read-only state dir) is
     said once through ``notice`` and counted in ``unrecorded``; delivery goes on.
@@ -56,22 +64,29 @@ class Completions:
         self._notice = notice
         self._read_end = (0, 0)  # (offset, line_no) just past what the engine has read
         self.state = CursorState()
-        self.results: list[DeliveryResult] = []
+        #: finished deliveries by (hook label, event, status)
+        self.tally: Counter[tuple[str, str, str]] = Counter()
+        #: the first errors of each hook (label, event), at most ERRORS_KEPT each
+        self.errors: dict[tuple[str, str], list[str]] = {}
         self.failed = 0
         self.unrecorded = 0  # results that could not be appended to the results file
         self._batches: deque[Batch] = deque()
+        self._floor: int | None = None  # the min seq of the head batch, done sets pruned to it
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
 
     def reset(self, state: CursorState) -> None:
         """Start over from ``state`` (a new start position, or a replaced journal)."""
         with self._lock:
             self._batches.clear()
+            self._floor = None
             self.state = state
             self._read_end = (state.offset, state.line_no)
 
-    def is_done(self, hook_id: str, seq: int) -> bool:
-        """Completed before a restart (the cursor remembers it)."""
-        return seq in self.state.done.get(hook_id, ())
+    def open_batches(self) -> int:
+        """Read batches with deliveries still pending."""
+        with self._lock:
+            return sum(1 for b in self._batches if b.pending > 0)
 
     def open_batch(
         self, start: tuple[int, int], end: tuple[int, int], min_seq: int, pending: int
@@ -93,62 +108,105 @@ class Completions:
 
     def complete(self, d: Delivery, out: DeliveryResult) -> None:
         """A delivery finished (or was coalesced away, or abandoned at shutdown)."""
-        self.checkpoints.release(d)
+        self.complete_many([(d, out)], out.start_ts or time.time())
+
+    def complete_many(
+        self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
+    ) -> None:
+        """Deliveries a worker ran in one go since ``started``, in order, recorded together.
+        A None result is a callable's plain success: those of one hook become one results
+        line (:func:`ok_line`)."""
+        outs: list[DeliveryResult] = []
+        plain: dict[int, list[Delivery]] = {}  # id(hook) -> its plain successes, in order
+        for d, out in finished:
+            if d.lease is not None:
+                self.checkpoints.release(d)
+            if out is None:
+                plain.setdefault(id(d.hook), []).append(d)
+            else:
+                outs.append(out)
+        ended = time.time()
+        outs += [ok_line(ds, started, ended) for ds in plain.values()]
         with self._lock:
-            self.results.append(out)
-            if out.failed:
-                self.failed += 1
-            d.batch.pending -= 1
-            self.state.done.setdefault(d.hook.id, set()).add(d.record["seq"])
+            done = self.state.done
+            for d, _ in finished:
+                d.batch.pending -= 1
+                seqs = done.get(d.hook.id)
+                if seqs is None:
+                    seqs = done[d.hook.id] = set()
+                seqs.add(d.record["seq"])
+            for out in outs:
+                self.tally[out.hook, out.event, out.status] += out.count
+                if out.failed:
+                    self.failed += 1
+                    errors = self.errors.setdefault((out.hook, out.event), [])
+                    if len(errors) < ERRORS_KEPT:
+                        errors.append(str(out.error))
         if self.results_path is not None:
-            self._append_result(self.results_path, out)
-        if self.reporter is not None and out.status != "coalesced":
-            try:
-                self.reporter(out)
-            except Exception as exc:  # the console must not stop deliveries
-                self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
-        self.advance()
+            self._append_results(self.results_path, outs)
+        if self.reporter is not None:
+            for out in outs:
+                if out.status == "coalesced" or out.count > 1:
+                    continue
+                try:
+                    self.reporter(out)
+                except Exception as exc:  # the console must not stop deliveries
+                    self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
+        # a command's result is worth a durable cursor at once: it may have run for an hour
+        commands = any(out.kind == "command" for out in outs)
+        self.advance(durable=True if commands else None)
         self.waker.wake()
 
-    def _append_result(self, path: Path, out: DeliveryResult) -> None:
-        line = orjson.dumps(asdict(out), option=orjson.OPT_APPEND_NEWLINE)
+    def _append_results(self, path: Path, outs: list[DeliveryResult]) -> None:
+        data = b"".join(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE) for out in outs)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             try:
-                view = memoryview(line)
+                view = memoryview(data)
                 while view:  # a short write (disk full) raises on the next one
                     view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
         except OSError as exc:
             with self._lock:
-                self.unrecorded += 1
+                self.unrecorded += len(outs)
             self._notice(state_write_failed(path.parent, exc))
 
-    def advance(self) -> None:
-        """Move the durable cursor past every leading batch whose deliveries are all done."""
-        with self._lock:
-            while self._batches and self._batches[0].pending <= 0:
-                self._batches.popleft()
-            if self._batches:
-                head = self._batches[0]
-                self.state.offset, self.state.line_no = head.offset, head.line_no
-                floor = head.min_seq
-                self.state.done = {
-                    k: {s for s in v if s >= floor} for k, v in self.state.done.items()
-                }
-            else:
-                self.state.offset, self.state.line_no = self._read_end
-                self.state.done = {}
-            snapshot = CursorState(
-                self.state.offset,
-                self.state.line_no,
-                self.state.fingerprint,
-                {k: set(v) for k, v in self.state.done.items()},
-            )
+    def advance(self, *, durable: bool | None = None) -> None:
+        """Move the durable cursor past every leading batch whose deliveries are all done,
+        and save it (with the seqs completed in batches still open; ``durable``: see
+        :meth:`Cursor.save`)."""
+        with self._save_lock:  # saves in the order their states were taken
+            with self._lock:
+                while self._batches and self._batches[0].pending <= 0:
+                    self._batches.popleft()
+                if self._batches:
+                    head = self._batches[0]
+                    self.state.offset, self.state.line_no = head.offset, head.line_no
+                    if head.min_seq != self._floor:  # only when the head moved: linear in all
+                        self._floor = floor = head.min_seq
+                        self.state.done = {
+                            k: {s for s in v if s >= floor} for k, v in self.state.done.items()
+                        }
+                else:
+                    self.state.offset, self.state.line_no = self._read_end
+                    self.state.done = {}
+                    self._floor = None
+                if self.cursor.path is None:
+                    return
+                data = self.state.to_json()  # under the lock: the done sets change outside it
             try:
-                self.cursor.save(snapshot)
+                self.cursor.save(data, durable=durable)
             except OSError as exc:
-                where = self.cursor.path.parent if self.cursor.path else Path(".")
-                self._notice(state_write_failed(where, exc))
+                self._notice(state_write_failed(self.cursor.path.parent, exc))
+
+
+def ok_line(ds: list[Delivery], started: float, ended: float) -> DeliveryResult:
+    """One results line for the plain successes of one callable in a batch: ``count`` of
+    them, from ``seq`` to ``last_seq`` (its first delivery's id; the batch's times)."""
+    out = DeliveryResult.of(ds[0], "ok", attempts=1, start_ts=started, end_ts=ended)
+    out.duration = ended - started
+    if len(ds) > 1:
+        out.count, out.last_seq = len(ds), ds[-1].record["seq"]
+    return out

@@ -12,6 +12,7 @@ same state dir and name is refused instead of running every delivery a second ti
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from journal.files import atomic_write
 from journal.lock import HEARTBEAT_S, FileLock, Locked, describe, holder
 
 log = logging.getLogger("watcher")
+
+#: Seconds between fsynced cursor saves (each save is atomic, see Cursor.save).
+DURABLE_EVERY_S = 1.0
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Cursor:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.warning: str | None = None
+        self._synced = -DURABLE_EVERY_S  # when a save was last fsynced (monotonic)
 
     def load(self) -> CursorState | None:
         """The saved state, or None when there is none. An unreadable or empty cursor means
@@ -69,11 +74,22 @@ class Cursor:
             log.warning(self.warning)
             return CursorState()
 
-    def save(self, state: CursorState) -> None:
+    def save(self, state: CursorState | bytes, *, durable: bool | None = None) -> None:
+        """Write ``state`` (or its :meth:`CursorState.to_json`) atomically.
+
+        Always atomic (a ``kill -9`` leaves the old cursor or the new one); fsynced when
+        ``durable``, by default at most once a second: a replay saves it many times a
+        second, and after a power loss an older cursor only repeats deliveries."""
         if self.path is None:
             return
+        now = time.monotonic()
+        if durable is None:
+            durable = now - self._synced >= DURABLE_EVERY_S
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, state.to_json())
+        data = state if isinstance(state, bytes) else state.to_json()
+        atomic_write(self.path, data, durable=durable)
+        if durable:
+            self._synced = now
 
 
 class CursorBusy(RuntimeError):

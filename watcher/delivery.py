@@ -13,7 +13,7 @@ from watcher.callbacks import CommandTarget
 from watcher.hooks import Hook
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """Records read together: the cursor may move past them once ``pending`` reaches 0."""
 
@@ -23,7 +23,7 @@ class Batch:
     pending: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     hook: Hook
     record: dict[str, Any]
@@ -55,7 +55,7 @@ def state_write_failed(where: Path, exc: OSError) -> str:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class DeliveryResult:
     """The recorded result of one delivery (one line of the results file)."""
 
@@ -79,6 +79,10 @@ class DeliveryResult:
     reports: list[str] | None = None  # ids of the reports it sent
     #: with --via: each attempt's job (scheduler, id, node, state changes; watcher/jobs.py)
     jobs: list[dict[str, Any]] | None = None
+    #: A callable's plain successes in one batch share a line: ``count`` deliveries, from
+    #: ``seq`` to ``last_seq`` (watcher.completion.ok_line); otherwise 1 and None.
+    count: int = 1
+    last_seq: int | None = None
 
     @classmethod
     def of(cls, d: Delivery, status: str, **fields: Any) -> DeliveryResult:
@@ -105,6 +109,7 @@ class DeliveryResult:
 #: schema's): the checkpoint a save hook evaluates and the watcher leases.
 _NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
 _ENVELOPE = tuple(name for name, info in Record.model_fields.items() if info.is_required())
+_ENVELOPE_SET = frozenset(_ENVELOPE)
 
 
 def undeliverable(rec: dict[str, Any]) -> str | None:
@@ -112,7 +117,10 @@ def undeliverable(rec: dict[str, Any]) -> str | None:
 
     Readers tolerate absent fields; a hook would get a record that ``ilab-journal
     validate`` reports, with no run or checkpoint to act on (one appended by hand)."""
+    needed = _NEEDED.get(rec.get("event"))  # type: ignore[arg-type]
+    if needed is None and rec.keys() >= _ENVELOPE_SET:  # the common case, checked in C
+        return None
     missing = [name for name in _ENVELOPE if name not in rec]
     data = rec.get("data") or {}
-    missing += [f"data.{f}" for f in _NEEDED.get(str(rec.get("event")), ()) if data.get(f) is None]
+    missing += [f"data.{f}" for f in needed or () if data.get(f) is None]
     return f"missing {', '.join(missing)}" if missing else None

@@ -140,33 +140,39 @@ class EmbeddedWatcher:
         if self._thread.is_alive():
             self.watcher.request_stop()
             self._thread.join(10)
-            n = sum(1 for o in self.watcher.results if o.status == "abandoned")
+            n = self.watcher.count("abandoned")
             log.warning(
                 "callbacks still running after %.0fs grace; abandoned %d deliveries",
                 grace_s,
                 n,
             )
         close_all(self.exporters)
-        return summarize(self.watcher.hooks, self.watcher.results)
+        done = self.watcher.completions
+        return summarize(self.watcher.hooks, done.tally, done.errors)
 
 
-def summarize(hooks: list[Hook], results: list[DeliveryResult]) -> list[dict[str, Any]]:
+def summarize(
+    hooks: list[Hook],
+    tally: Counter[tuple[str, str, str]],
+    errors: dict[tuple[str, str], list[str]],
+) -> list[dict[str, Any]]:
     """Per callback: counts by status and the first errors."""
     rows = []
     for h in hooks:
-        mine = [o for o in results if o.hook == h.label and o.event == h.event]
-        counts = Counter(o.status for o in mine)
+        counts = Counter(
+            {st: n for (label, ev, st), n in tally.items() if (label, ev) == (h.label, h.event)}
+        )
         rows.append(
             {
                 "callback": h.label,
                 "event": h.event,
-                "deliveries": len(mine),
+                "deliveries": sum(counts.values()),
                 "ok": counts.get("ok", 0),
                 "failed": counts.get("failed", 0) + counts.get("abandoned", 0),
                 "timeout": counts.get("timeout", 0),
                 "skipped": counts.get("skipped", 0),
                 "coalesced": counts.get("coalesced", 0),
-                "errors": [o.error for o in mine if o.failed][:3],
+                "errors": errors.get((h.label, h.event), []),
             }
         )
     return rows

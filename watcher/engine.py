@@ -40,6 +40,11 @@ from watcher.queues import HookQueue, lanes
 log = logging.getLogger("watcher")
 
 SAFETY_POLL_S = 1.0
+#: Bytes of journal read (and dispatched) at once: about 9,000 ``log`` records.
+READ_BYTES = 4 << 20
+#: Read batches with deliveries pending before reading waits for them (memory stays
+#: bounded however long the journal is; a slow hook holds back reading, not delivery).
+MAX_OPEN_BATCHES = 4
 
 
 class Watcher:
@@ -125,14 +130,20 @@ class Watcher:
         self._queues: dict[int, HookQueue] = {}
         for lane in lanes(hooks):
             queue = HookQueue(
-                lane, self._executor.deliver, self.completions.complete, notice=self._notices
+                lane, self._executor.deliver, self.completions.complete_many, notice=self._notices
             )
             self._queues.update((id(h), queue) for h in lane)
+        # event -> its hooks, each with the key of its queue (the dispatch loop's table)
+        self._routes: dict[str, list[tuple[Hook, int]]] = {}
+        for hook in hooks:
+            self._routes.setdefault(hook.event, []).append((hook, id(self._queues[id(hook)])))
+        # what a saved cursor says completed (per hook id), up to which seq
+        self._done_before: dict[str, set[int]] = {}
+        self._done_max = -1
 
-    @property
-    def results(self) -> list[DeliveryResult]:
-        """Every finished delivery so far (coalesced ones included)."""
-        return self.completions.results
+    def count(self, status: str) -> int:
+        """Finished deliveries with ``status`` (ok, failed, skipped, coalesced, ...)."""
+        return sum(n for (_, _, st), n in self.completions.tally.items() if st == status)
 
     @property
     def failed_final(self) -> int:
@@ -190,9 +201,12 @@ class Watcher:
             waiting_at: int | None = None
             while not self._stop.is_set():
                 self._check_identity()
+                if self.completions.open_batches() >= MAX_OPEN_BATCHES:
+                    follower.waker.wait(SAFETY_POLL_S)  # a completion wakes it
+                    continue
                 final = self._run.final  # taken before the read: it reads to the end
                 before = follower.position
-                batch = follower.read(final=final)
+                batch = follower.read(final=final, max_bytes=READ_BYTES)
                 for bad in batch.invalid:
                     self._notices(
                         f"{self.journal}:{bad.line_no}: skipped invalid line ({bad.reason})"
@@ -203,6 +217,8 @@ class Watcher:
                     self.completions.read_to(follower.position)
                 if self._finished(final, progressed=follower.position != before):
                     break
+                if follower.position[0] - before[0] >= READ_BYTES // 2:
+                    continue  # a full chunk: more is there to read at once
                 if waiting_at != follower.position[0] and self._idle():
                     # Said once per position, only with nothing in flight: a watcher that
                     # says this is following, not about to finish.
@@ -245,7 +261,9 @@ class Watcher:
             self._notices(self.cursor.warning)
         if saved is not None and saved.offset and not isinstance(self._start, int):
             log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
-        self.completions.reset(self._follower.start_state(self._start, saved, self._notices))
+        state = self._follower.start_state(self._start, saved, self._notices)
+        self._remember_done(state)
+        self.completions.reset(state)
         # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
         self._run.ended = ended_before(self.journal, self._follower.position[0])
         if self.stateful_callbacks:
@@ -256,6 +274,11 @@ class Watcher:
                 except Exception:
                     log.exception("restore_state() of %s failed", callable_name(obj))
 
+    def _remember_done(self, state: CursorState) -> None:
+        """The deliveries a saved cursor says completed: not made again."""
+        self._done_before = {k: set(v) for k, v in state.done.items()}
+        self._done_max = max((max(v) for v in state.done.values() if v), default=-1)
+
     def _check_identity(self) -> None:
         what = self._follower.check_identity()
         if what is None:
@@ -263,34 +286,49 @@ class Watcher:
                 self.completions.state.fingerprint = self._follower.fingerprint()
             return
         self._notices(f"{self.journal} was {what}; reading it again from the start")
-        self.completions.reset(CursorState(fingerprint=self._follower.fingerprint()))
+        state = CursorState(fingerprint=self._follower.fingerprint())
+        self._remember_done(state)
+        self.completions.reset(state)
         self._run.ended = False
 
     def _dispatch(
         self, records: list[dict[str, Any]], start: tuple[int, int], end: tuple[int, int]
     ) -> None:
+        """Turn the records read together into deliveries, handed to each queue at once.
+        Per record only dict lookups: this loop runs for every record of a replay."""
         self._checkpoints.note_removals(records)
-        todo: list[tuple[Hook, dict[str, Any]]] = []
+        routes = self._routes
+        done_before, done_max = self._done_before, self._done_max
+        per_queue: dict[int, list[tuple[Hook, dict[str, Any], str, str | None]]] = {}
+        n = 0
         for rec in records:
             ev = rec.get("event")
             if ev == "train_end":
                 self._run.ended = True
             elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
                 self._run.ended = False
-            hooks = [
-                hook
-                for hook in self.hooks
-                if hook.event == ev and not self.completions.is_done(hook.id, rec["seq"])
-            ]
-            if hooks and (why := undeliverable(rec)):  # e.g. a save appended by hand
+            hooks = routes.get(ev) if type(ev) is str else None
+            if not hooks:
+                continue
+            if why := undeliverable(rec):  # e.g. a save appended by hand
                 self._notices(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
                 continue
-            todo.extend((hook, rec) for hook in hooks)
-        batch = self.completions.open_batch(start, end, records[0]["seq"], len(todo))
-        for hook, rec in todo:
-            did = f"{rec.get('run_id', '')}-{rec['seq']}-{hook.short_id}"
-            lease = self._checkpoints.lease_for(rec)
-            self._queues[id(hook)].submit(Delivery(hook, rec, batch, did, lease=lease))
+            seq = rec["seq"]
+            prefix = f"{rec.get('run_id', '')}-{seq}-"
+            for hook, queue_key in hooks:
+                if seq <= done_max and seq in done_before.get(hook.id, ()):
+                    continue  # completed before a restart
+                # a save's checkpoint is leased per delivery, released as each completes
+                lease = self._checkpoints.lease_for(rec) if ev == "save" else None
+                todo = per_queue.get(queue_key)
+                if todo is None:
+                    todo = per_queue[queue_key] = []
+                todo.append((hook, rec, prefix + hook.short_id, lease))
+                n += 1
+        batch = self.completions.open_batch(start, end, records[0]["seq"], n)
+        for queue in self._distinct_queues():
+            if todo := per_queue.get(id(queue)):
+                queue.submit_many([Delivery(h, r, batch, did, lease) for h, r, did, lease in todo])
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,15 @@ TAIL_BYTES = 2000
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 #: The most a command may write to ``$ILAB_REPORT``.
 REPORT_FILE_MAX_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A callable's first attempt, made by :meth:`Executor.deliver` before any result."""
+
+    returned: Any
+    error: BaseException | None
+    t0: float  # its perf_counter start
 
 
 class Executor:
@@ -82,19 +92,42 @@ class Executor:
                 self._jobs[id(board)] = JobRunner(self, board)
             return self._jobs[id(board)]
 
-    def deliver(self, d: Delivery) -> DeliveryResult:
-        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
+    def deliver(self, d: Delivery) -> DeliveryResult | None:
+        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops.
+
+        None: a callable that returned nothing at its first attempt, the common case of a
+        replay (it is counted, and written in its batch's results line, without a result
+        object of its own)."""
+        hook = d.hook
+        if not hook.inline:
+            return self._deliver(d)
+        t0 = time.perf_counter()
+        event = Event.from_record(d.record, self.ckpt_dir, d.delivery_id)
+        try:
+            returned = hook.target(event, **_keywords(event.data))  # type: ignore[operator]
+        except BaseException as exc:  # a callback's SystemExit too: the hook fails, not us
+            return self._deliver(d, first=Attempt(None, exc, t0))
+        if returned is None:
+            return None
+        return self._deliver(d, first=Attempt(returned, None, t0))
+
+    def _deliver(self, d: Delivery, first: Attempt | None = None) -> DeliveryResult:
         opts = d.hook.options
         if self.checkpoints.removed(d):
             path = (d.record.get("data") or {}).get("checkpoint_path")
             return DeliveryResult.of(d, "skipped", error=f"checkpoint {path} was removed")
-        out = DeliveryResult.of(d, "failed", start_ts=time.time())
+        started = time.time()
+        out = DeliveryResult.of(d, "failed", start_ts=started)
         for attempt in range(1, opts.retries + 2):
             out.attempts = attempt
             t0 = time.perf_counter()
             try:
                 if isinstance(d.hook.target, CommandTarget):
                     self._run_command(d.hook.target, d, out, attempt)
+                elif first is not None and attempt == 1:  # it ran already (deliver)
+                    out.start_ts = started - (t0 - first.t0)
+                    t0 = first.t0
+                    self._judge_callable(first.returned, first.error, d, out)
                 else:
                     self._run_callable(d.hook.target, d, out)
             except Exception as exc:  # ours, not the hook's: the attempt and its log still count
@@ -229,7 +262,7 @@ class Executor:
 
     def _run_callable(self, fn: Callable[..., Any], d: Delivery, out: DeliveryResult) -> None:
         event = Event.from_record(d.record, self.ckpt_dir, d.delivery_id)
-        kwargs = {k: v for k, v in event.data.items() if k.isidentifier()}
+        kwargs = _keywords(event.data)
         result: list[Any] = []
         error: list[BaseException] = []
 
@@ -249,8 +282,13 @@ class Executor:
             if t.is_alive():
                 out.status, out.error = "timeout", f"timed out after {timeout:g}s (left running)"
                 return
-        if error:
-            exc = error[0]
+        self._judge_callable(result[0] if result else None, error[0] if error else None, d, out)
+
+    def _judge_callable(
+        self, returned: Any, exc: BaseException | None, d: Delivery, out: DeliveryResult
+    ) -> None:
+        """Record what a callable's attempt gave: its exception, or what it returned."""
+        if exc is not None:
             if isinstance(exc, TrackerUnavailable):  # its exporter's one line, said once
                 self.notice(str(exc))
                 out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -267,7 +305,8 @@ class Executor:
             out.stderr_tail = tb[-TAIL_BYTES:]
             return
         out.status, out.error = "ok", None
-        self._act_on(result[0], d, out)
+        if returned is not None:
+            self._act_on(returned, d, out)
 
     # -- what a callback hands back ------------------------------------------------------
 
@@ -307,6 +346,21 @@ class Executor:
         except (OSError, orjson.JSONDecodeError, InvalidReport, RejectedFile) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             out.status, out.error = "failed", f"$ILAB_REPORT: {why}"
+
+
+#: Payload key sets seen, and whether all of them are identifiers (a few per journal).
+_IDENTIFIER_KEYS: dict[tuple[str, ...], bool] = {}
+
+
+def _keywords(data: dict[str, Any]) -> dict[str, Any]:
+    """The payload fields that can be keyword arguments (a bridge may log ``train/loss``)."""
+    keys = tuple(data)
+    plain = _IDENTIFIER_KEYS.get(keys)
+    if plain is None:
+        plain = _IDENTIFIER_KEYS[keys] = all(k.isidentifier() for k in keys)
+        if len(_IDENTIFIER_KEYS) > 1024:  # a journal whose every record has its own keys
+            _IDENTIFIER_KEYS.clear()
+    return data if plain else {k: v for k, v in data.items() if k.isidentifier()}
 
 
 def _discard(path: Path) -> None:

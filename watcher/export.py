@@ -106,5 +106,10 @@ class MetricsExport(TrainerCallback):
         time ``event.ts``, skipping what the target already holds."""
         raise NotImplementedError
 
+    def after_deliveries(self) -> None:
+        """Write what is buffered. The watcher calls it after each batch of deliveries to
+        this object (a replay's thousands of records, a live run's one or few), before
+        recording them: an exporter writes a batch in a few calls, not one per record."""
+
     def close(self) -> None:
         """Flush and finish (the watcher is done); the default has nothing to do."""

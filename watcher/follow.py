@@ -62,9 +62,10 @@ class JournalFollower:
             return []
         return JournalReader(self.journal).read(max_bytes=self.reader.offset).records
 
-    def read(self, *, final: bool) -> ReadBatch:
-        """New complete records (``final``: the writer is gone, a torn tail is consumed)."""
-        return self.reader.read(final=final)
+    def read(self, *, final: bool, max_bytes: int | None = None) -> ReadBatch:
+        """New complete records (``final``: the writer is gone, a torn tail is consumed),
+        about ``max_bytes`` of them at most (at least one line)."""
+        return self.reader.read(final=final, max_bytes=max_bytes)
 
     @property
     def position(self) -> tuple[int, int]:

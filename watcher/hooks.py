@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from journal.events import MICROBATCH_EVENTS
@@ -64,12 +65,22 @@ class Hook:
         if self.options.queue is None:
             self.options.queue = "latest" if self.event in HIGH_RATE_EVENTS else "all"
 
-    @property
+    @cached_property  # asked once per delivery
     def id(self) -> str:
         """Stable identity (cursor key): the event and what runs."""
         return f"{self.event}:{self.label}"
 
-    @property
+    @cached_property
+    def inline(self) -> bool:
+        """A Python callable called directly, on its queue's worker: no timeout thread, and
+        no checkpoint to check first (a save's is checked: it may be removed)."""
+        return (
+            not isinstance(self.target, CommandTarget)
+            and self.options.timeout is None
+            and self.event != "save"
+        )
+
+    @cached_property
     def short_id(self) -> str:
         return hashlib.sha1(self.id.encode()).hexdigest()[:8]
 

@@ -165,6 +165,8 @@ class CheckpointGuard:
         later save of the same step brings one back)."""
         with self._removed_cond:
             for rec in records:
+                if rec.get("event") not in ("save", "checkpoint_removed"):
+                    continue
                 path = (rec.get("data") or {}).get("checkpoint_path")
                 if not isinstance(path, str):
                     continue
@@ -190,8 +192,10 @@ class CheckpointGuard:
         A checkpoint of this run that is missing on disk while the trainer still writes may
         have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
         checkpoint to come back: rotation puts back one that got leased meanwhile)."""
+        if d.hook.event != "save":
+            return False
         path = (d.record.get("data") or {}).get("checkpoint_path")
-        if d.hook.event != "save" or not isinstance(path, str):
+        if not isinstance(path, str):
             return False
         key = checkpoint_key(path)
         live = not self.run.over

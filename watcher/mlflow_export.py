@@ -45,6 +45,7 @@ DEFAULT_EXPERIMENT = "ilab-journal"
 _STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_BATCH = 100  # MLflow's limit on params or tags per log_batch call
+_MAX_METRICS = 1000  # and on metrics
 _MAX_VALUE = 6000  # MLflow's limit on a param value's length
 
 PROBE_EVERY_S = 2.0  # while a call is in flight, /health is asked this often
@@ -62,6 +63,7 @@ class _Run:
     seen: set[tuple[str, int, int]] = field(default_factory=set)  # (key, step, timestamp ms)
     params: set[str] = field(default_factory=set)
     tags: dict[str, str] = field(default_factory=dict)
+    pending: list[Any] = field(default_factory=list)  # metrics not sent yet (Metric)
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
@@ -254,7 +256,10 @@ class MlflowExport(MetricsExport):
         status = str(data.get("status"))
         with self._lock:
             run = self._run(event)
-            if run is None or not self._newer(run, event):
+            if run is None:
+                return
+            self._send(run)  # the points before the ending
+            if not self._newer(run, event):
                 return
             self._tag(run, "ilab.status", status)
             if data.get("reason"):
@@ -276,9 +281,24 @@ class MlflowExport(MetricsExport):
             new = [
                 Metric(k, v, ts, step) for k, v in values.items() if (k, step, ts) not in run.seen
             ]
-            if new:
-                self.client.log_batch(run.id, metrics=new)
-                run.seen.update((m.key, step, ts) for m in new)
+            run.seen.update((m.key, step, ts) for m in new)
+            run.pending += new
+            if len(run.pending) >= _MAX_METRICS:
+                self._send(run)
+
+    def after_deliveries(self) -> None:
+        """Send the batch's metrics: ``log_batch`` calls of up to 1,000 points each."""
+        with self._lock:
+            for run in self._runs.values():
+                self._send(run)
+
+    def close(self) -> None:
+        self.after_deliveries()
+
+    def _send(self, run: _Run) -> None:
+        metrics, run.pending = run.pending, []
+        for i in range(0, len(metrics), _MAX_METRICS):
+            self.client.log_batch(run.id, metrics=metrics[i : i + _MAX_METRICS])
 
     def _tag(self, run: _Run, key: str, value: str) -> None:
         if run.tags.get(key) != value:

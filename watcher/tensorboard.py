@@ -86,8 +86,12 @@ class TensorBoardExport(MetricsExport):
             self._writer.add_event(
                 TBEvent(wall_time=wall_time, step=step, summary=Summary(value=new))
             )
-            self._writer.flush()
             self._seen.update((v.tag, step, wall_time) for v in new)
+
+    def after_deliveries(self) -> None:
+        """On disk once per batch of records (live: per record), not once per point."""
+        with self._lock:
+            self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
