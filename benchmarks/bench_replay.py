@@ -13,7 +13,8 @@ run, side by side:
   ``on_log`` (it should be N; issue 35 saw 1 of 2,000). ``late`` counts ``on_log`` calls
   that arrived after ``on_train_end``; ``peak`` is the watcher process's peak RSS then.
 - ``tensorboard``: ``ilab-watch DIR --tensorboard LOGDIR --replay`` (skipped, with the reason,
-  without the tensorboard package).
+  without the tensorboard package); then, untimed, TensorBoard's reader checks that every
+  ``train/loss`` point is there once (``seen@end`` shows the points found; a miss fails it).
 - ``mlflow``: ``ilab-watch DIR --mlflow sqlite:///FILE --replay`` into an MLflow sqlite store
   (skipped without mlflow).
 
@@ -153,7 +154,30 @@ def watch_case(case: str, ckpt: Path, work: Path, n: int, timeout_s: float) -> d
         row["note"] = f"exit {rc}: {' | '.join(tail)}"
     else:
         row["status"] = "ok"
+    if case == "tensorboard" and rc == 0:
+        row.update(tensorboard_points(work / "tb", n))
     return row
+
+
+def tensorboard_points(logdir: Path, n: int) -> dict[str, Any]:
+    """Whether every ``train/loss`` point is in the event files once: steps 1..n (read
+    back with TensorBoard's own reader, after the timed replay)."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        SCALARS,
+        EventAccumulator,
+    )
+
+    acc = EventAccumulator(str(logdir), size_guidance={SCALARS: 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("train/loss")]
+    once = sorted(steps) == list(range(1, n + 1))
+    out: dict[str, Any] = {"points": len(steps), "every_point_once": once}
+    if not once:
+        out["status"] = "failed"
+        out["note"] = (
+            f"{len(steps)} train/loss points, {len(set(steps))} distinct steps, not 1..{n}"
+        )
+    return out
 
 
 def missing(case: str) -> str | None:
@@ -170,7 +194,7 @@ def fmt_row(r: dict[str, Any]) -> str:
         return f"{r['case']:<13} {r['n']:>9,}  skipped: {r['note']}"
     rate = r["n"] / r["wall_s"] if r["status"] == "ok" else r["delivered"] / r["wall_s"]
     ratio = r.get("x_plain")
-    seen = r.get("seen_at_end")
+    seen = r.get("seen_at_end", r.get("points"))
     seen_s = "-" if seen is None else f"{seen:,}/{r['n']:,}"
     if r.get("late"):
         seen_s += f" ({r['late']:,} late)"

@@ -98,6 +98,12 @@ def watch_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     return Path(ckpt_dir) / WATCH_DIR_NAME
 
 
+def callbacks_progress_path(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """The step up to which the launcher's paced callbacks have handled the journal (rank 0
+    waits on it before a step's all-reduce: trainer/steering/callback_pacing.py)."""
+    return watch_dir(ckpt_dir) / "embedded.progress"
+
+
 def leases_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     """Lease files that keep checkpoints from rotation."""
     return Path(ckpt_dir) / LEASES_DIR_NAME

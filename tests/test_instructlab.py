@@ -134,8 +134,6 @@ def test_lora_options_map_onto_ours(tmp_path: Path) -> None:
             {"cpu_offload_params": True},
             "train_args.fsdp_options.cpu_offload_params: not supported",
         ),
-        ("wandb_project", "p", "train_args.wandb_project: refused for now"),
-        ("tensorboard_log_dir", "tb", "--tensorboard DIR"),
         ("validation_split", 0.05, "train_args.validation_frequency: must be > 0"),
         ("warmup_step", 3, "train_args.warmup_step: unknown field"),
         ("learning_rate", -1.0, "train_args.learning_rate: Input should be greater than 0"),
@@ -152,7 +150,7 @@ def test_lora_options_map_onto_ours(tmp_path: Path) -> None:
             1e12,
             "train_args.effective_batch_size: expected a whole number, got the float 1000000000000.0",
         ),
-        ("callbacks", [object()], "train_args.callbacks: not supported"),
+        ("callbacks", [object()], "train_args.callbacks: 'object' object has no on_<hook> method"),
         ("data_path", "/", "training data file / is a directory, not a data file"),
     ],
 )
@@ -164,9 +162,38 @@ def test_a_field_that_cannot_run_here_is_one_line_naming_it(
     assert line in str(err.value) and "\n" not in str(err.value)
 
 
+def test_tracker_fields_map_onto_report_to_and_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """InstructLab's logger rules: any mlflow_* field, wandb_project, tensorboard_log_dir."""
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    ours, _ = to_ours({}, base_args(tmp_path))
+    assert (ours.report_to, ours.tracker_settings) == ([], {})
+    trackers = {
+        "mlflow_tracking_uri": "http://127.0.0.1:5000",
+        "mlflow_experiment_name": "exp",
+        "mlflow_run_name": "r1",
+        "wandb_entity": "team",  # alone it enables nothing, as in InstructLab
+        "tensorboard_log_dir": str(tmp_path / "tb"),
+    }
+    ours, _ = to_ours({}, {**base_args(tmp_path), **trackers})
+    assert ours.report_to == ["tensorboard", "mlflow"]
+    assert ours.tracker_settings == {
+        "mlflow_tracking_uri": "http://127.0.0.1:5000",
+        "mlflow_experiment": "exp",
+        "mlflow_run_name": "r1",
+        "wandb_entity": "team",
+        "tensorboard_dir": str(tmp_path / "tb"),
+    }
+    monkeypatch.setenv("WANDB_PROJECT", "p")  # as InstructLab: the variable enables W&B
+    ours, _ = to_ours({}, {**base_args(tmp_path), "wandb_run_name": "w"})
+    assert (ours.report_to, ours.tracker_settings) == (["wandb"], {"wandb_run_name": "w"})
+
+
 def test_every_problem_at_once_and_missing_required_fields(tmp_path: Path) -> None:
-    args = {**base_args(tmp_path), "lora": {"rank": 4, "x": 1}, "mlflow_run_name": "r"}
-    with pytest.raises(InstructLabConfigError, match=r"lora: .*; train_args\.mlflow_run_name"):
+    args = {**base_args(tmp_path), "lora": {"rank": 4, "x": 1}, "trust_remote_code": True}
+    with pytest.raises(InstructLabConfigError, match=r"lora: .*; train_args\.trust_remote_code"):
         to_ours({}, args)
     del args["learning_rate"]
     with pytest.raises(InstructLabConfigError, match=r"train_args\.learning_rate: required"):

@@ -30,6 +30,7 @@ BRIDGES = {
     "trainer.integrations.hf_trainer": ("transformers", "JournalCallback"),
     "trainer.integrations.accelerate_tracker": ("accelerate", "JournalTracker"),
     "trainer.integrations.lightning": ("lightning", "JournalCallback"),
+    "trainer.instructlab.hub": ("training_hub", "IlabJournalSFTBackend"),
 }
 
 

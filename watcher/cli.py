@@ -23,6 +23,7 @@ from watcher.cli_options import parse_queue, watch_options
 from watcher.cursor import CursorBusy
 from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
+from watcher.foreign import adapt
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
 from watcher.scheduler.options import abort_hook, job_board
 from watcher.text import PrintableFormatter
@@ -142,7 +143,8 @@ def main(
             if event not in EVENTS:
                 raise CallbackSpecError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
             hooks.append(hook_for(event, cmd, options_for(event), shell=shell))
-        objects = [instantiate(load_object(spec), spec) for spec in callbacks]
+        # InstructLab's and training_hub's callbacks run as their trainers would call them
+        objects = adapt([instantiate(load_object(spec), spec) for spec in callbacks])
         if early_stopping is not None:
             objects.append(parse_builtin("early-stopping", early_stopping))
         if divergence is not None:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from journal.paths import journal_path, watch_dir
-from watcher.callbacks import CallbackSpecError
+from watcher.callbacks import CallbackSpecError, callable_name
 from watcher.delivery import DeliveryResult
 from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
-from watcher.trackers import make_exporter
+from watcher.trackers import make_exporter, replay_command
 
 log = logging.getLogger("watcher")
 
@@ -50,18 +50,52 @@ def _log_result(out: DeliveryResult) -> None:
 
 
 def start_exporters(ckpt_dir: Path, names: list[str]) -> list[Any]:
-    """The exporters of ``report_to`` that can work here. One that cannot (its package is
-    missing, the tracking server does not answer) is one warning line: training goes on."""
-    out = []
-    for name in names:
-        try:
-            out.append(make_exporter(name, ckpt_dir))
-        except CallbackSpecError as exc:
-            print(
-                f"ilab-train: warning: --report-to {name}: {exc}; training goes on without it",
-                file=sys.stderr,
-            )
-    return out
+    """The exporters of ``report_to`` that can work here (see :class:`Trackers`)."""
+    return list(Trackers(ckpt_dir, names).exporters.values())
+
+
+class Trackers:
+    """``report_to``'s exporters, run beside training, and what became of each.
+
+    One that cannot start (its package is missing, the tracking server does not answer) is
+    one warning line naming the ``ilab-watch`` line that replays the run into it later:
+    training goes on. :meth:`outcomes` says the same for one that failed during the run.
+    """
+
+    def __init__(
+        self, ckpt_dir: Path, names: list[str], settings: dict[str, str] | None = None
+    ) -> None:
+        self.ckpt_dir, self.settings = ckpt_dir, settings or {}
+        self.exporters: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}
+        for name in names:
+            try:
+                self.exporters[name] = make_exporter(name, ckpt_dir, settings=self.settings)
+            except CallbackSpecError as exc:
+                self.errors[name] = str(exc)
+                print(
+                    f"ilab-train: warning: --report-to {name}: {exc}; training goes on "
+                    f"without it (afterwards: {self.replay(name)})",
+                    file=sys.stderr,
+                )
+
+    def replay(self, name: str) -> str:
+        return replay_command(name, self.ckpt_dir, self.settings)
+
+    def outcomes(self, rows: list[dict[str, Any]]) -> dict[str, str]:
+        """``{tracker: "ok" | what failed, and how to replay}`` from :func:`summarize`'s rows."""
+        out = {n: f"not started: {e}; replay: {self.replay(n)}" for n, e in self.errors.items()}
+        for name, exporter in self.exporters.items():
+            label = callable_name(type(exporter)) + "."
+            errors = [e for r in rows if r["callback"].startswith(label) for e in r["errors"]]
+            failed = sum(r["failed"] for r in rows if r["callback"].startswith(label))
+            out[name] = "ok"
+            if failed:
+                out[name] = (
+                    f"incomplete: {failed} record(s) not written ({errors[0] if errors else ''}); "
+                    f"replay: {self.replay(name)}"
+                )
+        return out
 
 
 class EmbeddedWatcher:

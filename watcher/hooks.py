@@ -3,6 +3,7 @@ from what users give (command strings, callables, callback objects)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,14 +97,22 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
 def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
     """One hook per ``on_<event>`` method the object implements (class-based callbacks);
     events in its ``context_events`` make context hooks. The hooks name the object as their
-    ``owner``: the watcher calls its methods one at a time, in journal order."""
+    ``owner``: the watcher calls its methods one at a time, in journal order. An object
+    with ``deliver_every_record`` true gets every record (no coalescing); one with a
+    ``callback_label`` is named by it (an adapter, by the object it runs)."""
     methods = hooked_methods(obj)
     if not methods:
         raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
-    name = callable_name(type(obj))
+    name = getattr(obj, "callback_label", None) or callable_name(type(obj))
     context = set(getattr(obj, "context_events", ()))
+    every = bool(getattr(obj, "deliver_every_record", False))
+
+    def options(ev: str) -> HookOptions:
+        opts = options_for(ev)
+        return dataclasses.replace(opts, queue="all") if every else opts
+
     return [
-        Hook(ev, meth, options_for(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
+        Hook(ev, meth, options(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
         for ev, meth in methods.items()
     ]
 

@@ -173,6 +173,7 @@ class MlflowExport(MetricsExport):
             ``ilab-journal``); created when missing.
         log_artifacts: copy each saved checkpoint into the run's artifacts (default: only
             its path, as a tag).
+        run_name: the MLflow run's name (default: ``<ckpt dir name>-<journal run id>``).
 
     Raises:
         CallbackSpecError: mlflow is not installed, or the tracking URI does not work.
@@ -184,7 +185,9 @@ class MlflowExport(MetricsExport):
         *,
         experiment: str | None = None,
         log_artifacts: bool = False,
+        run_name: str | None = None,
     ) -> None:
+        self.run_name = run_name
         try:
             import mlflow
             from mlflow.tracking import MlflowClient
@@ -346,7 +349,7 @@ class MlflowExport(MetricsExport):
                 self._experiment_id,
                 start_time=int(event.ts * 1000),
                 tags={"ilab.run_id": rid, "ilab.ckpt_dir": event.ckpt_dir},
-                run_name=f"{Path(event.ckpt_dir).name}-{rid}",
+                run_name=self.run_name or f"{Path(event.ckpt_dir).name}-{rid}",
             )
             run = _Run(created.info.run_id, tags=dict(created.data.tags))
         self._runs[rid] = run

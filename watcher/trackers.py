@@ -5,6 +5,8 @@ a tracker's package is loaded only when it is asked for."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +24,42 @@ def make_exporter(
     tensorboard_dir: Path | None = None,
     mlflow_uri: str | None = None,
     mlflow_log_artifacts: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> MetricsExport:
     """The exporter called ``name`` (one of :data:`TRACKERS`) for the run in ``ckpt_dir``.
 
     TensorBoard writes to ``tensorboard_dir`` (default ``ckpt_dir/tensorboard``); MLflow
     to ``mlflow_uri`` (default ``$MLFLOW_TRACKING_URI``); W&B under ``ckpt_dir/wandb``.
+    ``settings`` (``TrainingArgs.tracker_settings``: ``tensorboard_dir``,
+    ``mlflow_tracking_uri``, ``mlflow_experiment``, ``mlflow_run_name``, ``wandb_project``,
+    ``wandb_entity``, ``wandb_run_name``) fill what the arguments leave out.
     Raises :class:`watcher.callbacks.CallbackSpecError` (one line) when it cannot work:
     its package is missing, the tracking server does not answer, ...
     """
+    s = settings or {}
     if name == "tensorboard":
         from watcher.tensorboard import TensorBoardExport
 
-        return TensorBoardExport(tensorboard_dir or ckpt_dir / "tensorboard")
+        tb = tensorboard_dir or (Path(s["tensorboard_dir"]) if s.get("tensorboard_dir") else None)
+        return TensorBoardExport(tb or ckpt_dir / "tensorboard")
     if name == "mlflow":
         from watcher.mlflow_export import MlflowExport
 
-        return MlflowExport(mlflow_uri, log_artifacts=mlflow_log_artifacts)
+        return MlflowExport(
+            mlflow_uri or s.get("mlflow_tracking_uri"),
+            log_artifacts=mlflow_log_artifacts,
+            experiment=s.get("mlflow_experiment"),
+            run_name=s.get("mlflow_run_name"),
+        )
     if name == "wandb":
         from watcher.wandb_export import WandbExport
 
-        return WandbExport(ckpt_dir)
+        return WandbExport(
+            ckpt_dir,
+            project=s.get("wandb_project"),
+            entity=s.get("wandb_entity"),
+            run_name=s.get("wandb_run_name"),
+        )
     raise CallbackSpecError(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
 
 
@@ -68,3 +86,24 @@ def exporters_for(
         for name, on in wanted.items()
         if on
     ]
+
+
+def replay_command(name: str, ckpt_dir: Path, settings: Mapping[str, str] | None = None) -> str:
+    """The ``ilab-watch`` line that writes (or completes) the tracker ``name``'s copy of the
+    run from its journal: exporters skip the points the tracker already holds."""
+    s, q = settings or {}, shlex.quote
+    env = ""
+    if name == "tensorboard":
+        where = s.get("tensorboard_dir") or str(ckpt_dir / "tensorboard")
+        opt = f"--tensorboard {q(where)}"
+    elif name == "mlflow":
+        uri = s.get("mlflow_tracking_uri")
+        opt = f"--mlflow {q(uri)}" if uri else "--mlflow"
+        if s.get("mlflow_experiment"):
+            env = f"MLFLOW_EXPERIMENT_NAME={q(s['mlflow_experiment'])} "
+    else:
+        opt = "--wandb"
+        for key, var in (("wandb_project", "WANDB_PROJECT"), ("wandb_entity", "WANDB_ENTITY")):
+            if s.get(key):
+                env += f"{var}={q(s[key])} "
+    return f"{env}ilab-watch {q(str(ckpt_dir))} {opt} --replay"

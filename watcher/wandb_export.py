@@ -44,13 +44,23 @@ class WandbExport(MetricsExport):
         ckpt_dir: the run's directory; run directories go under ``ckpt_dir/wandb`` unless
             ``WANDB_DIR`` is set.
         project: W&B project (default: ``WANDB_PROJECT``, else ``ilab-journal``).
+        entity: W&B team or user (default: ``WANDB_ENTITY``, else wandb's default).
+        run_name: the W&B run's name (default: ``<ckpt dir name>-<journal run id>``).
 
     Raises:
         CallbackSpecError: wandb is not installed, ``WANDB_MODE`` is neither offline nor
             online, or the directory cannot be written.
     """
 
-    def __init__(self, ckpt_dir: str | Path, *, project: str | None = None) -> None:
+    def __init__(
+        self,
+        ckpt_dir: str | Path,
+        *,
+        project: str | None = None,
+        entity: str | None = None,
+        run_name: str | None = None,
+    ) -> None:
+        self.entity, self.run_name = entity, run_name
         try:
             import wandb  # noqa: F401
         except ImportError:
@@ -125,7 +135,8 @@ class WandbExport(MetricsExport):
         self._run = wandb.init(
             id=event.run_id,
             project=self.project,
-            name=f"{Path(event.ckpt_dir).name}-{event.run_id}",
+            entity=self.entity,
+            name=self.run_name or f"{Path(event.ckpt_dir).name}-{event.run_id}",
             dir=str(self.root),
             mode="online" if self.mode == "online" else "offline",
             resume="allow",

@@ -4,6 +4,7 @@ made from them. No torch here: the launcher, ``ilab-train --help`` and the bridg
 The public names live in :mod:`trainer.config.args` and are re-exported here, so
 ``from trainer.config import TrainingArgs`` is the import to use."""
 
-from trainer.config.args import ConfigError, ModelConfig, TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.config.args import ConfigError, ModelConfig, TorchrunArgs, TrainingArgs
+from trainer.config.worker_config import WorkerConfig
 
 __all__ = ["ConfigError", "ModelConfig", "TorchrunArgs", "TrainingArgs", "WorkerConfig"]

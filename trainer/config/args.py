@@ -16,7 +16,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
-from trainer.config.fields import Seed, Settings, data_file_problem, parse_profile_steps
+from trainer.config.fields import (
+    Seed,
+    Settings,
+    TrackerSettings,
+    data_file_problem,
+    parse_profile_steps,
+)
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
@@ -211,6 +217,11 @@ class TrainingArgs(Settings):
         "unless WANDB_MODE=online; CKPT_DIR/wandb). One that cannot work is a warning; "
         "training goes on.",
     )
+    tracker_settings: TrackerSettings = Field(
+        default_factory=dict,
+        description="Where report_to's trackers write (TRACKER_SETTINGS keys; the launcher's "
+        "exporters read it).",
+    )
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto",
         description="Compute dtype; weights, grads and optimizer state stay fp32 (auto: bf16 "
@@ -381,15 +392,6 @@ class TrainingArgs(Settings):
     def data_dict(self) -> dict[str, Any]:
         """The plain-data fields (callbacks excluded) as JSON types."""
         return dict(json.loads(self.model_dump_json()))
-
-
-class WorkerConfig(Settings):
-    """What the launcher hands every torchrun worker, as a JSON file: plain data only."""
-
-    args: TrainingArgs
-    callbacks_named: dict[str, list[str]] = Field(
-        default_factory=dict, description="the launcher's callbacks by name, for train_begin"
-    )
 
 
 class ConfigError(ValueError):

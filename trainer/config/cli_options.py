@@ -56,6 +56,7 @@ OVERRIDES: dict[str, Override] = {
 CONFIG_ONLY: dict[str, str] = {
     "callback_grace_s": "bounds the wait for on_<event> callbacks, which no flag sets",
     "model.max_seq_len": "--max-seq-len sets it (one setting for the built-in model)",
+    "tracker_settings": "a mapping of the trackers' options (InstructLab's tracker fields)",
 }
 
 #: Help sections: the top-level field that opens each, in the models' declaration order.

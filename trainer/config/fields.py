@@ -95,3 +95,25 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
     if first < 1 or last < first:
         raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
     return first, last
+
+
+#: ``TrainingArgs.tracker_settings`` keys (the exporters' options, watcher/trackers.py).
+TRACKER_SETTINGS = (
+    "tensorboard_dir",
+    "mlflow_tracking_uri",
+    "mlflow_experiment",
+    "mlflow_run_name",
+    "wandb_project",
+    "wandb_entity",
+    "wandb_run_name",
+)
+
+
+def _known_trackers(v: dict[str, str]) -> dict[str, str]:
+    if unknown := sorted(set(v) - set(TRACKER_SETTINGS)):
+        raise ValueError(f"unknown {unknown}; known: {', '.join(TRACKER_SETTINGS)}")
+    return v
+
+
+#: Where ``report_to``'s trackers write, by :data:`TRACKER_SETTINGS` key.
+TrackerSettings = Annotated[dict[str, str], AfterValidator(_known_trackers)]

@@ -12,6 +12,7 @@ the same rule, so a run behaves as InstructLab's would with the same input.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,13 @@ def _packing(_v: Any, a: Mapping[str, Any]) -> dict[str, Any]:
     return {"packing": "on"} if a["is_padding_free"] else {}
 
 
+def _callbacks(value: list[Any] | None, _a: Mapping[str, Any]) -> dict[str, Any]:
+    for cb in value or []:
+        if not any(n.startswith("on_") and callable(getattr(cb, n)) for n in dir(cb)):
+            raise Refused(f"{type(cb).__name__!r} object has no on_<hook> method")
+    return {"callbacks": list(value or [])}
+
+
 def _validation_frequency(value: int | None, a: Mapping[str, Any]) -> dict[str, Any]:
     if a["validation_split"] > 0 and (value is None or value <= 0):
         raise Refused("must be > 0 when validation_split > 0 (as in InstructLab)")
@@ -147,10 +155,45 @@ DEEPSPEED_NOOP = {
     "cpu_offload_optimizer_pin_memory": False,
     "save_samples": None,
 }
-_TRACKER = (
-    "refused for now: trackers are fed from the journal here; use "
-    "`ilab-watch CKPT_DIR --tensorboard DIR` (or a callback) instead"
-)
+#: InstructLab's tracker fields -> our ``tracker_settings`` keys (and what each sets).
+_TRACKER_NOTES = {
+    "mlflow_tracking_uri": "report_to mlflow, to this tracking URI",
+    "mlflow_experiment_name": "report_to mlflow, in this experiment",
+    "mlflow_run_name": "report_to mlflow, the MLflow run's name",
+    "wandb_project": "report_to wandb, in this project",
+    "wandb_entity": "the W&B entity (with wandb_project)",
+    "wandb_run_name": "the W&B run's name (with wandb_project)",
+    "tensorboard_log_dir": "report_to tensorboard, into this directory",
+}
+_SETTING = {
+    "mlflow_tracking_uri": "mlflow_tracking_uri",
+    "mlflow_experiment_name": "mlflow_experiment",
+    "mlflow_run_name": "mlflow_run_name",
+    "wandb_project": "wandb_project",
+    "wandb_entity": "wandb_entity",
+    "wandb_run_name": "wandb_run_name",
+    "tensorboard_log_dir": "tensorboard_dir",
+}
+
+
+def _trackers(_v: Any, a: Mapping[str, Any]) -> dict[str, Any]:
+    """The trackers InstructLab's logger would enable (its setup_metric_logger's rules,
+    environment variables included), with their settings."""
+    env = os.environ
+    report = []
+    if a["tensorboard_log_dir"]:
+        report.append("tensorboard")
+    mlflow_env = env.get("MLFLOW_TRACKING_URI") or env.get("MLFLOW_EXPERIMENT_NAME")
+    if (
+        any(a[k] for k in ("mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name"))
+        or mlflow_env
+    ):
+        report.append("mlflow")
+    if a["wandb_project"] or env.get("WANDB_PROJECT"):
+        report.append("wandb")
+    settings = {_SETTING[k]: str(a[k]) for k in _SETTING if a[k] is not None}
+    return {"report_to": report, "tracker_settings": settings} if report else {}
+
 
 #: instructlab-training 0.16.2 ``TrainingArgs``, in its order.
 TRAIN_RULES: dict[str, Rule] = {
@@ -261,18 +304,15 @@ TRAIN_RULES: dict[str, Rule] = {
     ),
     "trust_remote_code": refused(False, "not supported: models with custom code are not loaded"),
     "log_level": ignored("INFO", "console verbosity only"),
-    **dict.fromkeys(
-        (
-            "mlflow_tracking_uri",
-            "mlflow_experiment_name",
-            "mlflow_run_name",
-            "wandb_project",
-            "wandb_entity",
-            "wandb_run_name",
-            "tensorboard_log_dir",
-        ),
-        refused(None, _TRACKER),
-    ),
+    **{
+        name: mapped(
+            ("report_to", "tracker_settings"),
+            None,
+            _trackers,
+            f"{note}; run by the launcher from the journal, as ilab-train --report-to runs it",
+        )
+        for name, note in _TRACKER_NOTES.items()
+    },
     "validation_split": same("validation_split", 0.0),
     "validation_frequency": mapped(
         ("eval_every",),
@@ -286,11 +326,12 @@ TRAIN_RULES: dict[str, Rule] = {
         lambda _v, _a: {},
         "always on here: SIGTERM/SIGINT save at the next step boundary and end the run",
     ),
-    "callbacks": refused(
+    "callbacks": mapped(
+        ("callbacks",),
         None,
-        "not supported: give callbacks to trainer.instructlab.run_training(..., "
-        "on_save=fn, callbacks=[...]) or use ilab-watch",
-        [],
+        _callbacks,
+        "the same objects run in the launching process, once (not per rank), in journal "
+        "order, given their TrainingContext; they may return a journal.Control",
     ),
 }
 

@@ -156,8 +156,11 @@ def map_train_args(given: dict[str, Any], overrides: Mapping[str, Any]) -> Train
             errors.append(f"train_args.{name}: invalid value {values[name]!r} ({exc})")
     if errors:
         raise InstructLabConfigError("; ".join(errors))
+    merged = {**ours, **overrides}
+    if ours.get("callbacks") and overrides.get("callbacks"):  # theirs, then ours
+        merged["callbacks"] = [*ours["callbacks"], *overrides["callbacks"]]
     try:
-        return TrainingArgs.model_validate({**ours, **overrides})
+        return TrainingArgs.model_validate(merged)
     except ValidationError as exc:
         raise InstructLabConfigError(_describe(exc, overrides)) from None
 

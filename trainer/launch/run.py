@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from journal.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
-from journal.paths import checkpoints_dir, journal_path, logs_dir
+from journal.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.query import find_last
 from journal.reader import JournalReader
@@ -35,6 +35,7 @@ from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight
 from watcher.callbacks import callable_name
+from watcher.foreign import Progress, adapt, foreign_base, microbatch_hooks, wants_pacing
 
 #: Why a checkpoint dir cannot be made where it was asked for: a bad option (exit 2). A full
 #: disk or an I/O error is not one and stays an OSError (exit 1).
@@ -95,6 +96,8 @@ class TrainingResult:
     run_id: str | None = None
     attempt: int | None = None
     callbacks: list[dict[str, Any]] = field(default_factory=list)
+    #: report_to's trackers: "ok", or what failed and the ilab-watch line that replays it
+    trackers: dict[str, str] = field(default_factory=dict)
 
 
 def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
@@ -112,13 +115,33 @@ def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
     return [*cmd, "-m", "trainer.rank.worker", str(cfg_path)]
 
 
-def worker_config(args: TrainingArgs) -> WorkerConfig:
+def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerConfig:
     """The workers' config: the plain-data args plus the callbacks' names (the callbacks
-    themselves stay in this process)."""
+    themselves stay in this process), and the paced callbacks' progress file."""
     named = {f"on_{k}": [callable_name(cb) for cb in v] for k, v in args.hooks().items()}
     if args.callbacks:
         named["callbacks"] = [callable_name(cb) for cb in args.callbacks]
-    return WorkerConfig(args=args, callbacks_named=named)
+    if micro := microbatch_hooks(args.callbacks):  # why journal_detail is microbatch
+        named["microbatch_hooks"] = micro
+    return WorkerConfig(
+        args=args,
+        callbacks_named=named,
+        callback_progress=str(progress) if progress else None,
+    )
+
+
+def _foreign_callbacks(
+    args: TrainingArgs, ckpt_dir: Path, node_rank: int
+) -> tuple[TrainingArgs, Progress | None]:
+    """InstructLab's and training_hub's callbacks (watcher/foreign.py): per-micro-batch
+    records where one hooks a micro-batch, and callback pacing where one hooks a step (by
+    node 0's launcher: rank 0, which waits, is on node 0)."""
+    if not any(foreign_base(cb) for cb in args.callbacks):
+        return args, None
+    if microbatch_hooks(args.callbacks) and args.journal_detail == "step":
+        args = args.model_copy(update={"journal_detail": "microbatch"})
+    wanted = wants_pacing(args.callbacks) and args.journal_detail != "off" and node_rank == 0
+    return args, Progress(callbacks_progress_path(ckpt_dir)) if wanted else None
 
 
 def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
@@ -239,18 +262,23 @@ def _launch(
     make_dir(logs)  # the workers read their config from here: nobody else writes it
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
-    cfg_path.write_text(worker_config(train_args).model_dump_json())
+    train_args, progress = _foreign_callbacks(train_args, ckpt_dir, t.node_rank)
+    cfg_path.write_text(
+        worker_config(train_args, progress.path if progress else None).model_dump_json()
+    )
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
     journal = journal_path(ckpt_dir)
     before = journal.stat() if journal.exists() else None
     start_offset = before.st_size if before else 0
 
     watcher = None
-    exporters = []
+    trackers = None
+    exporters: list[Any] = []
     if train_args.report_to:
-        from watcher.embedded import start_exporters
+        from watcher.embedded import Trackers
 
-        exporters = start_exporters(ckpt_dir, list(train_args.report_to))
+        trackers = Trackers(ckpt_dir, list(train_args.report_to), train_args.tracker_settings)
+        exporters = list(trackers.exporters.values())
     if train_args.has_callbacks() or exporters:
         from watcher.cursor import CursorBusy
         from watcher.embedded import EmbeddedWatcher
@@ -260,7 +288,7 @@ def _launch(
                 watcher = EmbeddedWatcher(
                     ckpt_dir,
                     hooks=train_args.hooks(),
-                    callbacks=train_args.callbacks,
+                    callbacks=adapt(train_args.callbacks, progress),
                     start_offset=start_offset,
                     exporters=exporters,
                     node_rank=t.node_rank,
@@ -319,6 +347,7 @@ def _launch(
         run_id=(end or {}).get("run_id"),
         attempt=(end or {}).get("attempt"),
         callbacks=callbacks,
+        trackers=trackers.outcomes(callbacks) if trackers else {},
     )
     if stopped_now:
         raise StoppedNow

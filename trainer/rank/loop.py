@@ -41,6 +41,7 @@ from trainer.model.lora import export_kind
 from trainer.rank.profiling import StepProfiler
 from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
+from trainer.steering.callback_pacing import CallbackPacer
 from trainer.steering.control_poller import command_names
 from trainer.steering.decisions import EndReason, decide, export_decision
 from trainer.steering.lease_pacing import LeasePacer, save_scheduled
@@ -66,7 +67,9 @@ class Trainer:
     """Holds the training state of one rank; ``run()`` trains until done, stopped or
     interrupted. The journal follows ``state``: every record carries its position."""
 
-    def __init__(self, args: TrainingArgs, built: Built, journal: RunJournal) -> None:
+    def __init__(
+        self, args: TrainingArgs, built: Built, journal: RunJournal, progress: Path | None = None
+    ) -> None:
         self.args, self.model, self.device = args, built.model, built.device
         model, device = built.model, built.device
         self.opt, self.sched = built.optimizer, built.scheduler
@@ -99,6 +102,10 @@ class Trainer:
         poller, interrupted = journal.poller, lambda: bool(journal.interrupted)
         self.pacer = LeasePacer.for_run(args, poller.watch, interrupted) if poller else None
         self.lease_wait_s = 0.0  # rank 0's wait for leases before the coming save
+        # and it runs one step ahead of the launcher's paced callbacks at most
+        self.callback_pacer = CallbackPacer.for_run(
+            args, progress, built.state.step, poller, interrupted
+        )
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -215,7 +222,9 @@ class Trainer:
         return grad_norm
 
     def _pace(self, plan: StepPlan) -> None:
-        """Rank 0, before the all-reduce of a scheduled save: wait for leases (lease_pacing)."""
+        """Rank 0, before the all-reduce: callback_pacing, and lease_pacing at a save."""
+        if self.callback_pacer is not None:
+            self.callback_pacer.wait(self.state.step)
         st, ends = self.state, self.state.step_in_epoch + 1 >= self.planner.steps_per_epoch
         n = plan.global_samples
         if self.pacer and save_scheduled(self.args, st.step, st.samples_seen + n, n, ends):

@@ -104,7 +104,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         built = build_run(
             cfg, rank=rank, world=world, local_rank=local_rank, resume_from=resume_from
         )
-        trainer = Trainer(args, built, journal)
+        progress = Path(cfg.callback_progress) if cfg.callback_progress else None
+        trainer = Trainer(args, built, journal, progress)
         begin_step = built.state.step
         journal.begin(_config(cfg), **_begin_fields(built))
         outcome: RunOutcome = trainer.run()

@@ -1,0 +1,66 @@
+"""Callback pacing (trainer/steering/callback_pacing.py): rank 0 waits before a step's
+all-reduce until the launcher's paced callbacks handled the step before, within bounds."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from trainer.steering.callback_pacing import CallbackPacer, read_progress
+from watcher.foreign import Progress
+
+
+class Owner:
+    """A stand-in for one paced adapter (Progress keys them by identity)."""
+
+
+def test_no_wait_for_steps_written_before_this_attempt_or_already_handled(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "p")
+    pacer = CallbackPacer(progress.path, first_step=11, limit_s=30)
+    assert pacer.wait(11) == 0.0  # step 10 was a former attempt's: never delivered now
+    a = Owner()
+    progress.register(a)
+    progress.done(a, 11)
+    assert read_progress(progress.path) == 11
+    assert pacer.wait(12) == 0.0 and pacer.on
+
+
+def test_progress_is_the_slowest_paced_callbacks_step(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "p")
+    a, b = Owner(), Owner()
+    progress.register(a)
+    progress.register(b)
+    progress.done(a, 5)
+    assert read_progress(progress.path) == 0
+    progress.done(b, 4)
+    assert read_progress(progress.path) == 4
+
+
+def test_the_wait_ends_when_the_callbacks_catch_up(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "p")
+    a = Owner()
+    progress.register(a)
+    pacer = CallbackPacer(progress.path, first_step=1, limit_s=60)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (pacer.wait(3), done.set()), daemon=True)
+    t.start()
+    progress.done(a, 1)  # not enough: step 2 is awaited
+    assert not done.wait(0.2)
+    progress.done(a, 2)
+    assert done.wait(30) and pacer.on
+
+
+def test_a_stuck_callback_ends_pacing_after_the_limit(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "p")
+    progress.register(Owner())
+    pacer = CallbackPacer(progress.path, first_step=1, limit_s=0.05)
+    assert pacer.wait(5) >= 0.05 and not pacer.on
+    assert pacer.wait(6) == 0.0  # off for the rest of the attempt
+
+
+def test_an_interrupt_ends_the_wait(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "p")
+    progress.register(Owner())
+    pacer = CallbackPacer(progress.path, first_step=1, limit_s=60, interrupted=lambda: True)
+    pacer.wait(5)
+    assert pacer.on
