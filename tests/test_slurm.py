@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -147,7 +146,7 @@ def test_watch_via_slurm_journals_jobs_and_retries_failures(
         timeout=120,
     )
     assert bad.returncode == 1, bad.stderr
-    assert "exit code 3" in bad.stderr
+    assert "exit code 3" in bad.stderr and ": broken" in bad.stderr  # the log's last line
     recs = records(ckpt)
     saves = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
     good = [r for r in _results(ckpt, "eval")]
@@ -305,7 +304,6 @@ def test_slurm_env_gives_nodes_rank_and_rendezvous() -> None:
     }
     assert slurm_torchrun({}, {**env, "SLURM_JOB_NUM_NODES": "1"}) == {}
     assert slurm_torchrun({}, {}) == {}
-    assert sys.platform != "win32"
 
 
 @pytest.mark.extended

@@ -276,6 +276,7 @@ class JobRunner:
             out.status = "failed"
             code_text = f", exit code {out.exit_code}" if out.exit_code is not None else ""
             out.error = f"{name} job {job_id} {st.state}{code_text}"
+            out.stderr_tail = out.stdout_tail  # one log for both: its last line says why
         for suffix in (".sh", ".event.json", ".exit"):
             prefix.with_suffix(suffix).unlink(missing_ok=True)
 
