@@ -33,10 +33,13 @@ RESULT_EVENTS: tuple[str, ...] = ("control", "report", "checkpoint_removed")
 #: methods, ``ilab-watch --on-<event>``).
 CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, *RESULT_EVENTS)
 #: Every event name a writer of this version produces (``checkpoint_kept``: a bridge kept a
-#: checkpoint its trainer's rotation asked to delete, because it is leased).
-EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap", "checkpoint_kept")
+#: checkpoint its trainer's rotation asked to delete, because it is leased; ``job``: a
+#: scheduler job that ran a watcher delivery changed state, see journal/jobs.py).
+EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap", "checkpoint_kept", "job")
 #: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
-DURABLE_EVENTS: frozenset[str] = frozenset({"save", "train_end", "journal_gap", *RESULT_EVENTS})
+DURABLE_EVENTS: frozenset[str] = frozenset(
+    {"save", "train_end", "journal_gap", "job", *RESULT_EVENTS}
+)
 #: Final states of a run, as written in ``train_end.data.status``.
 END_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "interrupted")
 #: Commands accepted on the control channel (docs/python-api.md).

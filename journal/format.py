@@ -56,6 +56,12 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
     keys: tuple[str, ...]
     if event == "report":
         return _report_digest(data, width)
+    if event == "job":  # which job evaluated which checkpoint (journal/jobs.py)
+        where = Path(str(data.get("checkpoint_path") or "-")).name
+        keys = ("state", "node", "exit_code", "attempt")
+        parts = [f"{k}={data[k]}" for k in keys if data.get(k) is not None]
+        text = f"{data.get('scheduler')} job {data.get('job_id')} {where} " + " ".join(parts)
+        return text if len(text) <= width else text[: width - 1] + "…"
     if event == "log":
         keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
     elif event == "train_begin":

@@ -40,6 +40,7 @@ from journal.inbox import (
     read_json_object,
     refusal,
 )
+from journal.jobs import JOB_KIND, InvalidJob, check_job
 from journal.lock import JournalLock, JournalLocked
 from journal.paths import (
     CHECKPOINTS_DIR_NAME,
@@ -322,17 +323,18 @@ def ingest(
         try:
             obj = read_json_object(path)
             source = obj.get("source")
-            payload = check_payload(ckpt_dir, obj)
+            is_job = obj.get("kind") == JOB_KIND  # a scheduler job's state (journal/jobs.py)
+            payload = check_job(obj) if is_job else check_payload(ckpt_dir, obj)
         except FileNotFoundError:
             continue  # taken by another holder of the lock meanwhile
-        except (RejectedFile, InvalidReport) as exc:
+        except (RejectedFile, InvalidReport, InvalidJob) as exc:
             log.warning("refusing report file %s: %s", path, exc)
             moved = move_aside(path)
             if moved is None:
                 handled.add(path.name)
             append("control", refusal(path, str(exc), moved, source))
             continue
-        append("report", payload)
+        append("job" if is_job else "report", payload)
         done += 1
         try:
             processed.mkdir(mode=0o750, exist_ok=True)

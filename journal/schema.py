@@ -141,6 +141,23 @@ class ReportData(_Open):
     reported_at: float = Field(description="Unix time the reporter wrote it")
 
 
+class JobData(_Open):
+    id: str = Field(description="unique per record; a job record is journaled at least once")
+    job_id: str = Field(description="the scheduler's id of the job (Slurm: the sbatch job id)")
+    scheduler: str = Field(description="slurm or local")
+    state: str = Field(description="PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...")
+    node: str | None = Field(None, description="where it runs or ran")
+    exit_code: int | None = Field(None, description="once it ended")
+    log_path: str | None = None
+    checkpoint_path: str | None = Field(description="the checkpoint of the delivered save")
+    step: int | None = None
+    delivery_id: str = Field(description="the watcher delivery the job runs")
+    hook: str | None = None
+    attempt: int | None = Field(None, description="the delivery's attempt (1, then retries)")
+    source: str | None = None
+    reported_at: float
+
+
 class CheckpointRemovedData(_Open):
     checkpoint_path: str
     reason: str = Field(description="why, e.g. 'rotation: keep_last_n=3'")
@@ -174,6 +191,7 @@ PAYLOAD_MODELS: dict[str, type[_Open]] = {
     "checkpoint_removed": CheckpointRemovedData,
     "journal_gap": JournalGapData,
     "checkpoint_kept": CheckpointKeptData,
+    "job": JobData,
 }
 
 

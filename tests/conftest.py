@@ -71,3 +71,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for row in RELIABILITY_ROWS:
         figures = ", ".join(f"{k}={v}" for k, v in row.items() if k != "scenario")
         terminalreporter.write_line(f"  {row['scenario']:<58} {figures}")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A one-node Slurm cluster for the session (tests/slurm_cluster.py), started once;
+    tests skip with the reason where Slurm is not installed or cannot start."""
+    from tests.slurm_cluster import SlurmUnavailable, start_cluster
+
+    try:
+        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        pytest.skip(str(exc))
+    yield cluster
+    cluster.stop()

@@ -74,6 +74,7 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     """
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
     from trainer.launch.interrupts import StoppedNow
+    from trainer.launch.slurm_env import slurm_torchrun
 
     base: dict[str, Any] = {}
     if instructlab_config is not None:
@@ -87,6 +88,8 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     source = "--config" if config else "--instructlab-config" if instructlab_config else ""
     given = flags if source else None  # no file: every setting came from a flag
     torchrun_base = base.pop("torchrun", None) or {}
+    if isinstance(torchrun_base, dict):  # inside sbatch/srun: nodes and rendezvous from SLURM_*
+        torchrun_base = slurm_torchrun(torchrun_base)
     if "ckpt_dir" not in base:
         raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
     try:

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
 from watcher.foreign import adapt
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
+from watcher.scheduler.options import abort_hook, job_board
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
 
@@ -72,6 +74,10 @@ def main(
     lease_ttl: float,
     quiet: bool,
     verbose: int,
+    via: str | None,
+    sbatch_args: str | None,
+    cancel_on_abort: bool,
+    job_poll: float,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -116,6 +122,7 @@ def main(
         if directory is not None and (why := not_a_directory(directory)):
             raise click.UsageError(why)
     policies = parse_queue(queue)
+    board = job_board(via, sbatch_args, cancel_on_abort, job_poll)  # --via: scheduler jobs
 
     def options_for(event: str) -> HookOptions:
         return HookOptions(
@@ -124,6 +131,7 @@ def main(
             backoff=backoff,
             concurrency=concurrency,
             queue=policies.get(event, policies.get(None)),
+            via=board,
         )
 
     hooks: list[Hook] = []
@@ -152,6 +160,11 @@ def main(
             hooks.extend(hooks_for_object(exporter, every_record(options_for)))
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
+    if board is not None:
+        if not pairs:
+            raise click.UsageError(f"--via {via} runs command hooks: give --on-save CMD")
+        if cancel_on_abort:
+            hooks.append(abort_hook(board, lambda e: replace(options_for(e), via=None)))
     if not hooks:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
@@ -210,6 +223,10 @@ def main(
         )
     code = watcher.run()
     close_all(exporters)
+    if board is not None:
+        board.close()
+        if not interrupted:
+            board.finish()
     if interrupted:
         sys.exit(130)
     n_ok, n_skipped = watcher.count("ok"), watcher.count("skipped")

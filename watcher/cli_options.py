@@ -11,6 +11,7 @@ import click
 from journal.events import EVENTS
 from journal.leases import DEFAULT_TTL_S
 from watcher.hooks import QueuePolicy
+from watcher.scheduler.options import SCHEDULER_OPTIONS
 
 _SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
 
@@ -191,6 +192,6 @@ _OPTIONS = [
 
 def watch_options(fn: Any) -> Any:
     """Every ``ilab-watch`` option (in ``--help`` order) on ``fn``."""
-    for option in reversed(_OPTIONS):
+    for option in reversed([*_OPTIONS, *SCHEDULER_OPTIONS]):
         fn = option(fn)
     return event_options(fn)  # applied last: the --on-<event> options come first

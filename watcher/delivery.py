@@ -77,6 +77,8 @@ class DeliveryResult:
     log_path: str | None = None
     control: list[str] | None = None  # command:id of each Control the callback returned
     reports: list[str] | None = None  # ids of the reports it sent
+    #: with --via: each attempt's job (scheduler, id, node, state changes; watcher/jobs.py)
+    jobs: list[dict[str, Any]] | None = None
     #: A callable's plain successes in one batch share a line: ``count`` deliveries, from
     #: ``seq`` to ``last_seq`` (watcher.completion.ok_line); otherwise 1 and None.
     count: int = 1

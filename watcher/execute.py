@@ -80,6 +80,17 @@ class Executor:
         self._scratch: Path | None = None  # <state>/<name>.reports: event and report files
         self._tmp_scratch: Path | None = None  # the same in the system's temp dir (fallback)
         self._running_ready = False
+        self._jobs: dict[int, Any] = {}  # JobRunner per JobBoard (--via)
+        self._jobs_lock = threading.Lock()
+
+    def jobs(self, board: Any) -> Any:
+        """The :class:`watcher.jobs.JobRunner` of this executor for ``board``."""
+        with self._jobs_lock:
+            if id(board) not in self._jobs:
+                from watcher.jobs import JobRunner  # only with --via
+
+                self._jobs[id(board)] = JobRunner(self, board)
+            return self._jobs[id(board)]
 
     def deliver(self, d: Delivery) -> DeliveryResult | None:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops.
@@ -123,7 +134,7 @@ class Executor:
                 log.exception("delivery %s, attempt %d", d.delivery_id, attempt)
                 out.status, out.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
             out.duration = time.perf_counter() - t0
-            if out.status == "ok" or self.stop.is_set():
+            if out.status in ("ok", "skipped") or self.stop.is_set():
                 break
             if attempt <= opts.retries:
                 delay = min(60.0, opts.backoff * 2 ** (attempt - 1))
@@ -133,7 +144,10 @@ class Executor:
         return out
 
     def close(self) -> None:
-        """Remove the scratch dir made in the system's temp dir, if one was needed."""
+        """Remove the scratch dir made in the system's temp dir, if one was needed (and
+        journal the job states still pending, with --via)."""
+        for runner in self._jobs.values():
+            runner.close()
         if self._tmp_scratch is not None:
             shutil.rmtree(self._tmp_scratch, ignore_errors=True)
             self._tmp_scratch = None
@@ -151,6 +165,9 @@ class Executor:
     def _run_command(
         self, target: CommandTarget, d: Delivery, out: DeliveryResult, attempt: int
     ) -> None:
+        if d.hook.options.via is not None:  # a scheduler job (--via): watcher/jobs.py
+            self.jobs(d.hook.options.via).run(target, d, out, attempt)
+            return
         payload = orjson.dumps(d.record)
         argv = target.render(self._values(d))
         timeout = d.hook.options.timeout

@@ -36,6 +36,9 @@ class HookOptions:
     backoff: float = 1.0  # first retry delay; doubles each time, capped at 60 s
     concurrency: int = 1
     queue: QueuePolicy | None = None  # None: "latest" for high-rate events, else "all"
+    #: a command hook's deliveries run as jobs of this watcher.scheduler.board.JobBoard
+    #: (``--via``); None: as processes of the watcher. Any: hooks sits below the scheduler.
+    via: Any = None
 
 
 @dataclass

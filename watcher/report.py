@@ -49,6 +49,10 @@ class ConsoleReporter:
         dur = f"{out.duration:.2f}s" if out.duration is not None else "-"
         tries = f", {out.attempts} attempts" if out.attempts > 1 else ""
         head = printable(f"{out.event} step {out.step} seq {out.seq}: {out.hook}")
+        if out.jobs:  # --via: the last attempt's job and where it ran
+            job = out.jobs[-1]
+            where = f" on {job['node']}" if job.get("node") else ""
+            head += printable(f" [{job['scheduler']} job {job['id']}{where}]")
         error = printable(str(out.error))
         lines: list[Text] = []
         if out.status == "skipped":

@@ -1,0 +1,83 @@
+"""``ilab-watch``'s scheduler options (``--via``, ``--sbatch-args``, ``--cancel-on-abort``,
+``--job-poll``) and the :class:`~watcher.scheduler.board.JobBoard` they make."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from watcher.hooks import Hook, HookOptions
+from watcher.scheduler import Scheduler
+from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
+from watcher.scheduler.local import LocalScheduler
+from watcher.scheduler.slurm import SlurmScheduler
+
+_SLURM_COMMANDS = ("sbatch", "squeue", "scancel")
+
+SCHEDULER_OPTIONS = [
+    click.option(
+        "--via",
+        type=click.Choice(["slurm", "local"]),
+        default=None,
+        help="Run the command hooks as scheduler jobs: slurm (sbatch --parsable, one squeue "
+        "per poll for all jobs) or local (processes). A delivery runs, and its checkpoint stays "
+        "leased, until its job ends; a restarted watcher re-attaches to its jobs.",
+    ),
+    click.option(
+        "--sbatch-args",
+        default=None,
+        metavar="ARGS",
+        help="With --via slurm: options for every sbatch, e.g. '--gres=gpu:1 --time=30'.",
+    ),
+    click.option(
+        "--cancel-on-abort",
+        is_flag=True,
+        help="With --via: a train_end of an aborted run cancels its queued jobs and submits "
+        "no more.",
+    ),
+    click.option(
+        "--job-poll",
+        type=click.FloatRange(min=0.1),
+        default=DEFAULT_POLL_S,
+        show_default=True,
+        metavar="SECONDS",
+        help="With --via: how often the jobs' states are queried (one query for all of them).",
+    ),
+]
+
+
+def make_scheduler(via: str, sbatch_args: str | None = None) -> Scheduler:
+    """The scheduler named by ``--via`` (``local`` or ``slurm``)."""
+    if via == "slurm":
+        return SlurmScheduler(sbatch_args)
+    if via == "local":
+        return LocalScheduler()
+    raise ValueError(f"unknown scheduler {via!r} (local or slurm)")
+
+
+def job_board(
+    via: str | None, sbatch_args: str | None, cancel_on_abort: bool, job_poll: float
+) -> JobBoard | None:
+    """The board of ``--via`` (None without it); usage mistakes as click.UsageError."""
+    if via is None:
+        if sbatch_args is not None or cancel_on_abort:
+            raise click.UsageError("--sbatch-args and --cancel-on-abort need --via")
+        return None
+    if sbatch_args is not None and via != "slurm":
+        raise click.UsageError("--sbatch-args needs --via slurm")
+    if via == "slurm" and (missing := [c for c in _SLURM_COMMANDS if shutil.which(c) is None]):
+        raise click.UsageError(f"--via slurm: {', '.join(missing)} not found on PATH")
+    try:
+        scheduler = make_scheduler(via, sbatch_args)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return JobBoard(scheduler, poll_s=job_poll, cancel_on_abort=cancel_on_abort)
+
+
+def abort_hook(board: JobBoard, options_for: Callable[[str], HookOptions]) -> Hook:
+    """The ``train_end`` hook of ``--cancel-on-abort`` (left out of the cursor's name)."""
+    fn: Any = board.on_train_end
+    return Hook("train_end", fn, options_for("train_end"), label="cancel-on-abort", context=True)
