@@ -65,6 +65,18 @@ SAMPLE_PAYLOADS = {
         "checkpoint_path": "/ck/lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt",
         "reason": "leased",
     },
+    "job": {
+        "id": "19a-cd",
+        "job_id": "42",
+        "scheduler": "slurm",
+        "state": "COMPLETED",
+        "node": "n1",
+        "exit_code": 0,
+        "checkpoint_path": "/ck/checkpoints/step-000040",
+        "step": 40,
+        "delivery_id": "r-40-abc",
+        "reported_at": 1795316640.5,
+    },
 }
 
 
