@@ -22,6 +22,7 @@ from watcher.cursor import CursorBusy
 from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
+from watcher.mirror.options import mirror_options, open_mirror, run_alone
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
 
@@ -46,6 +47,7 @@ def _unless_said(reporter: Any) -> Any:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @watch_options
+@mirror_options
 def main(
     dir: Path,
     on_pairs: tuple[tuple[str, str], ...],
@@ -70,6 +72,7 @@ def main(
     lease_ttl: float,
     quiet: bool,
     verbose: int,
+    mirror_uri: str | None,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -144,10 +147,11 @@ def main(
             hooks.extend(hooks_for_object(exporter, every_record(options_for)))
     except CallbackSpecError as exc:
         raise click.UsageError(str(exc)) from None
-    if not hooks:
+    mirror = open_mirror(ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl)
+    if not hooks and mirror is None:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
-            "--tensorboard LOGDIR, --mlflow or --wandb"
+            "--tensorboard LOGDIR, --mlflow, --wandb or --mirror URI"
         )
 
     if poll is None and (fstype := needs_polling(journal.parent)):
@@ -163,6 +167,8 @@ def main(
         check_run_dir(ckpt_dir)
     except UnsafeRunDir as exc:
         raise click.UsageError(str(exc)) from None
+    if mirror is not None and not hooks:
+        sys.exit(run_alone(mirror, quiet))
     from watcher.report import ConsoleReporter
 
     name = name or default_name(hooks)
@@ -191,6 +197,8 @@ def main(
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append(signum)
         watcher.request_stop()
+        if mirror is not None:
+            mirror.stop()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -200,7 +208,11 @@ def main(
             f"{'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
             err=True,
         )
+    if mirror is not None:
+        mirror.start()
     code = watcher.run()
+    if mirror is not None:
+        code = max(code, mirror.finish(quiet))
     close_all(exporters)
     if interrupted:
         sys.exit(130)

