@@ -18,6 +18,14 @@ _SECRET_PARAM = re.compile(r"(secret|key|token|password|passwd|signature|credent
 #: s3: fail fast on a dead store (the mirror retries itself, on its own schedule).
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
+#: ``ilab-train --restore-from``'s help (here: its field's module is at its size limit).
+RESTORE_FROM_HELP = (
+    "A store URI that ilab-watch --mirror fills (s3://bucket/run, any fsspec URI): a launch "
+    "whose checkpoint dir holds no journal first fetches the mirrored journal and the newest "
+    "checkpoint with its completion marker, then resumes it. Credentials from the "
+    "environment or config files, never the URI."
+)
+
 
 class StoreURIError(ValueError):
     """A URI the mirror refuses (one line for the user)."""

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
+from journal.remote.store import RESTORE_FROM_HELP
 from trainer.config.fields import Seed, Settings, data_file_problem, parse_profile_steps
 
 CallbackSpec = Callable[..., Any] | str
@@ -199,6 +200,7 @@ class TrainingArgs(Settings):
         "holds checkpoints: give a new --ckpt-dir).",
     )
 
+    restore_from: str | None = Field(None, description=RESTORE_FROM_HELP, min_length=1)
     journal_detail: Literal["step", "microbatch", "off"] = Field(
         "step",
         description="step: every event but the per-micro-batch ones; microbatch: those too; "
