@@ -285,14 +285,18 @@ class Mirror:
         rec = job.record
         about = {k: rec.get(k) for k in ("run_id", "seq", "step", "attempt")}
         up = upload_checkpoint(self.store, job.local, job.name, about=about)
+        if up is not None:
+            self.uploaded.append(up)
+            log.info(
+                "mirror: %s: %d files, %.1f MB in %.1fs",
+                up.name,
+                up.files,
+                up.bytes / 1e6,
+                up.seconds,
+            )
+            # before the lease ends: a report on a checkpoint rotated away is refused
+            self._journal_upload(up, job.local, rec.get("step"))
         self._release(job)
-        if up is None:
-            return
-        self.uploaded.append(up)
-        log.info(
-            "mirror: %s: %d files, %.1f MB in %.1fs", up.name, up.files, up.bytes / 1e6, up.seconds
-        )
-        self._journal_upload(up, job.local, rec.get("step"))
 
     def _journal_upload(self, up: Uploaded, local: Path, step: Any) -> None:
         metrics = {
