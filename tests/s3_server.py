@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,20 +32,46 @@ def weed_binary() -> str | None:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` free ports below Linux's ephemeral range (32768 and up): a restarted server
+    gets its ports back, never taken meanwhile by some client's outgoing connection."""
+    rng = random.Random()
+    out: list[int] = []
+    while len(out) < n:
+        port = rng.randrange(20000, 32700)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in out:
+            out.append(port)
+    return out
 
 
 def _answers(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
         return True
     return False
+
+
+class PortTaken(RuntimeError):
+    """A port of the server was still in use."""
+
+
+def _wait_free(ports: list[int], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = []
+        for port in ports:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    busy.append(port)
+        if not busy:
+            return
+        time.sleep(0.2)
 
 
 @dataclass
@@ -55,6 +82,7 @@ class S3Server:
     s3_port: int
     proc: subprocess.Popen[bytes] | None = None
     args: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
@@ -81,7 +109,18 @@ class S3Server:
         return f"s3://{name}"
 
     def start(self) -> None:
-        """Start (or restart, same ports and data) and wait until S3 answers a request."""
+        """Start (or restart, same ports and data) and wait until S3 answers a request. A
+        restart waits for the ports to be free and tries again when one was still taken
+        (the stopped server's sockets close a moment after it exits)."""
+        for attempt in range(3):
+            _wait_free(self.ports)
+            try:
+                return self._start_once()
+            except PortTaken:
+                if attempt == 2:
+                    raise
+
+    def _start_once(self) -> None:
         log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the server's own log)
         self.proc = subprocess.Popen(
             self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -89,6 +128,8 @@ class S3Server:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log_tail():
+                    raise PortTaken(self.log_tail())
                 raise RuntimeError(f"weed server exited {self.proc.returncode}: {self.log_tail()}")
             if _answers(self.s3_port) and self._serves():
                 return
@@ -123,7 +164,7 @@ class S3Server:
 
     def log_tail(self) -> str:
         try:
-            return (self.dir / "weed.log").read_text(errors="replace")[-600:]
+            return (self.dir / "weed.log").read_text(errors="replace")[-2000:]
         except OSError:
             return ""
 
@@ -152,7 +193,7 @@ def s3_server(base: Path) -> Iterator[S3Server]:
     config = base / "identities.json"
     config.write_text(json.dumps(identities()))
     master, volume, filer, s3, *grpc = _free_ports(8)
-    server = S3Server(base, s3)
+    server = S3Server(base, s3, ports=[master, volume, filer, s3, *grpc])
     server.args = [
         weed,
         "server",

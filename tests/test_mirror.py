@@ -185,3 +185,46 @@ def test_a_live_run_is_followed_until_its_end(ckpt: Path, s3: Any) -> None:
         job.kill()
         _, err = job.communicate()
     assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes(), err
+
+
+EVAL = """\
+import json, os, sys
+rec = json.load(open(os.environ["ILAB_EVENT_FILE"]))
+data = rec["data"]
+files = sorted(os.listdir(os.path.join(data["checkpoint_path"], "full_state")))
+with open({out!r}, "a") as f:
+    f.write(json.dumps({{"step": rec["step"], "uri": data["checkpoint_uri"], "files": files}}) + "\\n")
+with open(os.environ["ILAB_REPORT"], "w") as f:
+    json.dump({{"accuracy": rec["step"] / 100}}, f)
+"""
+
+
+def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
+    tmp_path: Path, ckpt: Path, s3: Any
+) -> None:
+    """``ilab-watch URI --on-save eval.py --download DIR`` on a mirrored run: each save's
+    checkpoint fetched and evaluated once (a second pass repeats none), its report sent
+    back through the store and journaled in the run by the mirroring watcher."""
+    finished_run(ckpt)
+    uri = s3.bucket() + "/remote"
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    out = tmp_path / "evaluated.jsonl"
+    script = tmp_path / "eval.py"
+    script.write_text(EVAL.format(out=str(out)))
+    replica = tmp_path / "replica"
+    for _ in range(2):
+        r = cli("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
+        assert r.returncode == 0, r.stderr
+    seen = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [s["step"] for s in seen] == [5, 10]
+    assert seen[0]["uri"] == f"{uri}/checkpoints/step-000005"
+    assert seen[0]["files"] == sorted(os.listdir(ckpt / "checkpoints/step-000005/full_state"))
+    assert len(Store(uri).listing("reports/")) == 2
+    assert mirror(ckpt, uri, "--replay").returncode == 0  # brings them in
+    reported = {
+        rec["data"]["step"]: rec["data"]["metrics"]
+        for rec in records(ckpt)
+        if rec["event"] == "report" and "accuracy" in rec["data"]["metrics"]
+    }
+    assert reported == {5: {"accuracy": 0.05}, 10: {"accuracy": 0.1}}
+    assert Store(uri).listing("reports/") == {}

@@ -23,6 +23,7 @@ from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
 from watcher.mirror.options import mirror_options, open_mirror, run_alone
+from watcher.mirror.remote import follow_remote
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
 
@@ -49,7 +50,7 @@ def _unless_said(reporter: Any) -> Any:
 @watch_options
 @mirror_options
 def main(
-    dir: Path,
+    dir: Path | str,
     on_pairs: tuple[tuple[str, str], ...],
     callbacks: tuple[str, ...],
     early_stopping: str | None,
@@ -73,6 +74,7 @@ def main(
     quiet: bool,
     verbose: int,
     mirror_uri: str | None,
+    download_dir: Path | None,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -104,6 +106,8 @@ def main(
     handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
     logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
+    remote = follow_remote(dir, download_dir, poll)  # a URI: followed through a replica
+    dir = remote.dir if remote is not None else Path(dir)
     journal = resolve_journal(dir, must_exist=False)  # followed, it may not exist yet
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
@@ -211,6 +215,8 @@ def main(
     if mirror is not None:
         mirror.start()
     code = watcher.run()
+    if remote is not None:
+        remote.finish()  # the last reports and commands reach the store
     if mirror is not None:
         code = max(code, mirror.finish(quiet))
     close_all(exporters)

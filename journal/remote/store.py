@@ -102,6 +102,10 @@ class Store:
             if info.get("type") != "directory"
         }
 
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache()
+        return bool(self.fs.exists(self.path(key)))
+
     def put_bytes(self, key: str, data: bytes) -> None:
         self.fs.pipe_file(self.path(key), data)
 

@@ -25,6 +25,16 @@ _OPTIONS = [
         "is there; rotated checkpoints are deleted there too. Credentials and endpoint from "
         "the environment (AWS_*) or config files, never the URI (docs/mirror.md).",
     ),
+    click.option(
+        "--download",
+        "download_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        metavar="DIR",
+        help="With a store URI for DIR: keep the run in DIR and fetch each checkpoint there "
+        "before its callbacks run (default: the checkpoint's URI in checkpoint_uri, no "
+        "download).",
+    ),
 ]
 
 
