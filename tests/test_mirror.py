@@ -228,3 +228,31 @@ def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     }
     assert reported == {5: {"accuracy": 0.05}, 10: {"accuracy": 0.1}}
     assert Store(uri).listing("reports/") == {}
+
+
+def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: Any) -> None:
+    """status, show, query, tail and stats given the URI answer as for the run dir (same
+    output, same exit code); a store that cannot be read is one line, exit 2."""
+    finished_run(ckpt)
+    uri = s3.bucket() + "/read"
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    for args in (
+        ("show", "-e", "save", "--json"),
+        ("query", "-e", "save", "--field", "checkpoint_path"),
+        ("tail", "-n", "3", "--json"),
+        ("stats", "--json"),
+        ("status", "--json"),
+    ):
+        here = cli("ilab-journal", args[0], str(ckpt), *args[1:])
+        there = cli("ilab-journal", args[0], uri, *args[1:])
+        assert (there.returncode, there.stderr) == (here.returncode, here.stderr), args
+        if args[0] == "status":  # the journal's path and liveness checks differ
+            assert '"state": "completed"' in there.stdout.replace('":"', '": "'), there.stdout
+        else:
+            assert there.stdout == here.stdout, args
+    gone = cli("ilab-journal", "status", "s3://no-such-bucket-ilab/x")
+    assert gone.returncode == 2, gone.stderr
+    assert "Traceback" not in gone.stderr
+    assert (
+        gone.stderr.strip().splitlines()[-1].endswith("holds no mirrored journal (journal/*.jsonl)")
+    )

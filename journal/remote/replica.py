@@ -52,16 +52,22 @@ class Replica:
     """Copy ``uri``'s journal into ``replica_dir`` (see the module docstring); call
     :meth:`sync` repeatedly (each call does what the store allows now)."""
 
-    def __init__(self, uri: str, replica_dir: Path, *, download: bool = False) -> None:
+    def __init__(
+        self, uri: str, replica_dir: Path, *, download: bool = False, for_watchers: bool = True
+    ) -> None:
         self.store = Store(uri)
         self.dir = Path(replica_dir)
         self.download = download
+        #: False (readers): every line copied as it is, saves not held for their marker,
+        #: no journal lock taken
+        self.for_watchers = for_watchers
         self.journal = journal_path(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = JournalLock(self.dir, role="replica")
-        if not self._lock.try_acquire():
+        if for_watchers and not self._lock.try_acquire():
             raise ReplicaBusy(f"{self.dir} is already followed from a store by another process")
         self._state_path = watch_dir(self.dir) / STATE_NAME
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
         self._offset, size = self._load_state()
         with open(self.journal, "ab") as f:  # what a killed sync appended after its state
             f.truncate(size)
@@ -70,7 +76,8 @@ class Replica:
         self.ended = False
 
     def close(self) -> None:
-        self._lock.release()
+        if self.for_watchers:
+            self._lock.release()
 
     def _load_state(self) -> tuple[int, int]:
         try:
@@ -87,7 +94,8 @@ class Replica:
                 data = self.store.get_bytes(seg.key)
                 self._pending += data[self._offset + len(self._pending) - seg.start :]
         copied = self._copy()
-        self._send_out()
+        if self.for_watchers:
+            self._send_out()
         return copied
 
     def _copy(self) -> bool:
@@ -96,7 +104,7 @@ class Replica:
         used = 0
         for i, line in enumerate(lines):
             rec = _record(line)
-            if rec is not None and rec.get("event") == "save":
+            if rec is not None and rec.get("event") == "save" and self.for_watchers:
                 rewritten = self._save(rec, lines[i + 1 :])
                 if rewritten is None:
                     break  # its checkpoint is not in the store yet
