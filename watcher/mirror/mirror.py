@@ -197,6 +197,8 @@ class Mirror:
         self._jobs.put(_Job("end", "", Path(), {}))
 
     def _find_sent(self) -> None:
+        if not self.journal.exists():  # not yet (a restore writes it whole): decide then
+            return
         try:
             self._sent = uploaded_end(self.store, self.journal)
         except JournalMismatch as exc:

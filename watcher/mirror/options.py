@@ -3,6 +3,7 @@ instead of, the watcher's hooks."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ from journal.paths import watch_dir
 from journal.remote.store import StoreURIError
 from watcher.cursor import CursorBusy, CursorLock
 from watcher.mirror.mirror import Mirror
+
+#: How much lower than training a mirroring watcher alone runs (``nice``).
+MIRROR_NICE = 10
 
 _OPTIONS = [
     click.option(
@@ -108,6 +112,9 @@ def run_alone(run: MirrorRun, quiet: bool) -> int:
         click.echo(
             f"ilab-watch: mirroring {run.mirror.ckpt_dir} to {run.mirror.store.uri}", err=True
         )
+    # Background work: on a node whose cores training keeps busy, uploads take what is
+    # left (with hooks beside it, the process keeps its priority: evals are not slowed).
+    os.nice(MIRROR_NICE)
     run.start()
     code = run.finish(quiet)
     return 130 if interrupted else code
