@@ -86,11 +86,17 @@ def step_times(ckpt: Path) -> list[tuple[float, float]]:
 
 #: How often the bench looks for markers (the lag's resolution).
 POLL_S = 0.25
+#: Steps between saves (--save-every): a 14 MB demo checkpoint every ~4 s at 0.2 s a step.
+SAVE_EVERY = 20
 
 
-def run(ckpt: Path, steps: int, bucket: str, uri: str | None, outage: Any = None) -> dict[str, Any]:
+def run(
+    ckpt: Path, steps: int, save_every: int, bucket: str, uri: str | None, outage: Any = None
+) -> dict[str, Any]:
     """A 2-rank demo run, with a mirroring watcher when ``uri`` is given; lags polled."""
-    argv = train_argv(ckpt, "--max-steps", str(steps), "--save-every", "5", "--keep-last-n", "2")
+    argv = train_argv(
+        ckpt, "--max-steps", str(steps), "--save-every", str(save_every), "--keep-last-n", "2"
+    )
     job = subprocess.Popen(argv, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     watcher = None
     seen: dict[str, float] = {}
@@ -129,20 +135,22 @@ def run(ckpt: Path, steps: int, bucket: str, uri: str | None, outage: Any = None
 
 def main() -> int:
     ap = bench_parser(__doc__)
+    ap.add_argument("--save-every", type=int, default=SAVE_EVERY, help="steps between saves")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-mirror-"))
     # nice: the server stands in for storage elsewhere; here it shares training's cores
     with s3_server(root / "s3", nice=10) as s3:
         os.environ.update(s3.env())
-        bucket = s3.bucket()
+        bucket = s3.fresh_uri()
         ckpt = fake_checkpoint(root / "fake", 16 if args.quick else 64, 4)
         result: dict[str, Any] = throughput(bucket, ckpt, 2 if args.quick else 3)
-        steps = 30 if args.quick else 60
-        plain = run(root / "plain", steps, bucket, None)
-        mirrored = run(root / "mirrored", steps, bucket, f"{bucket}/run")
+        steps = 40 if args.quick else 100
+        plain = run(root / "plain", steps, args.save_every, bucket, None)
+        mirrored = run(root / "mirrored", steps, args.save_every, bucket, f"{bucket}/run")
         result.update(
             {
                 "steps": steps,
+                "save_every": args.save_every,
                 "step_s_median_without": round(statistics.median(plain["step_s"]), 4),
                 "step_s_median_with_mirror": round(statistics.median(mirrored["step_s"]), 4),
                 "step_time_ratio": round(
@@ -163,7 +171,7 @@ def main() -> int:
                 window.append(time.time())
                 s3.start()
 
-            down = run(root / "outage", 90, bucket, f"{bucket}/outage", outage)
+            down = run(root / "outage", 150, args.save_every, bucket, f"{bucket}/outage", outage)
             lo, hi = down["window"]
             during = [d for ts, d in down["timed"] if lo <= ts <= hi]
             rest = [d for ts, d in down["timed"] if not lo - 1 <= ts <= hi + 1]

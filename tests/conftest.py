@@ -77,7 +77,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real S3 server (SeaweedFS's ``weed``) on loopback for the whole session, its keys
     and endpoint in this process's environment (AWS_*: what s3fs and every subprocess read);
-    skips with the reason where it cannot start. ``s3.bucket()`` makes a fresh bucket."""
+    skips with the reason where it cannot start. ``s3.fresh_uri()`` gives a fresh prefix in its bucket."""
     from tests.s3_server import s3_server
 
     try:

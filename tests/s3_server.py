@@ -83,6 +83,7 @@ class S3Server:
     proc: subprocess.Popen[bytes] | None = None
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
+    bucket_name: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -97,16 +98,23 @@ class S3Server:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
 
-    def bucket(self) -> str:
-        """A fresh bucket (created), as ``s3://name``."""
+    def fresh_uri(self) -> str:
+        """``s3://BUCKET/PREFIX``: a new prefix in the server's one bucket (made at the first
+        call). One bucket, not one per test: SeaweedFS gives each bucket volumes of its
+        own, and a bucket per test would use up the server's volumes."""
         import s3fs
 
-        name = f"ilab-{uuid.uuid4().hex[:12]}"
-        fs = s3fs.S3FileSystem(
-            key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=self.endpoint, skip_instance_cache=True
-        )
-        fs.mkdir(name)
-        return f"s3://{name}"
+        if self.bucket_name is None:
+            fs = s3fs.S3FileSystem(
+                key=ACCESS_KEY,
+                secret=SECRET_KEY,
+                endpoint_url=self.endpoint,
+                skip_instance_cache=True,
+            )
+            name = f"ilab-{uuid.uuid4().hex[:12]}"
+            fs.mkdir(name)
+            self.bucket_name = name
+        return f"s3://{self.bucket_name}/{uuid.uuid4().hex[:12]}"
 
     def start(self) -> None:
         """Start (or restart, same ports and data) and wait until S3 answers a request. A
@@ -215,7 +223,7 @@ def s3_server(base: Path, *, nice: int = 0) -> Iterator[S3Server]:
         f"-s3.config={config}",
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=64",
-        "-volume.max=50",
+        "-volume.max=0",  # 0: as many as the disk holds
     ]
     server.start()
     try:

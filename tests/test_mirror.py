@@ -72,7 +72,7 @@ def test_a_uri_with_a_secret_is_refused_in_one_line(ckpt: Path, uri: str) -> Non
 
 def test_a_finished_run_is_mirrored_marker_last_and_journaled(ckpt: Path, s3: Any) -> None:
     finished_run(ckpt)
-    uri = s3.bucket() + "/runs/a"
+    uri = s3.fresh_uri() + "/runs/a"
     r = mirror(ckpt, uri, "--replay")
     assert r.returncode == 0, r.stderr
     store = Store(uri)
@@ -105,7 +105,7 @@ def test_an_upload_cut_short_is_finished_and_only_then_marked(ckpt: Path, s3: An
     """What a mirror killed mid-upload leaves (some files, one of them short, no marker) is
     no checkpoint; the next mirror sends what is missing, then the marker."""
     finished_run(ckpt, steps=5)
-    uri = s3.bucket() + "/cut"
+    uri = s3.fresh_uri() + "/cut"
     store = Store(uri)
     name = "checkpoints/step-000005"
     store.put_bytes(f"{name}/full_state/__0_0.distcp", b"short")
@@ -120,7 +120,7 @@ def test_an_upload_cut_short_is_finished_and_only_then_marked(ckpt: Path, s3: An
 
 def test_rotation_is_followed_except_what_a_remote_watcher_leases(ckpt: Path, s3: Any) -> None:
     finished_run(ckpt, steps=15)
-    uri = s3.bucket() + "/rot"
+    uri = s3.fresh_uri() + "/rot"
     assert mirror(ckpt, uri, "--replay").returncode == 0
     store = Store(uri)
     lease = "leases/checkpoints/step-000010/w1.json"
@@ -161,7 +161,7 @@ def test_rotation_is_followed_except_what_a_remote_watcher_leases(ckpt: Path, s3
 def test_a_live_run_is_followed_until_its_end(ckpt: Path, s3: Any) -> None:
     """Following (no --replay): a save's checkpoint and the record are in the store while
     the run goes on; the mirror ends once train_end is there."""
-    uri = s3.bucket() + "/live"
+    uri = s3.fresh_uri() + "/live"
     store = Store(uri)
     w = JournalWriter(ckpt)
     w.append("train_begin", {"config": {}, "world_size": 1, "total_steps": 10})
@@ -206,7 +206,7 @@ def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     checkpoint fetched and evaluated once (a second pass repeats none), its report sent
     back through the store and journaled in the run by the mirroring watcher."""
     finished_run(ckpt)
-    uri = s3.bucket() + "/remote"
+    uri = s3.fresh_uri() + "/remote"
     assert mirror(ckpt, uri, "--replay").returncode == 0
     out = tmp_path / "evaluated.jsonl"
     script = tmp_path / "eval.py"
@@ -234,7 +234,7 @@ def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: An
     """status, show, query, tail and stats given the URI answer as for the run dir (same
     output, same exit code); a store that cannot be read is one line, exit 2."""
     finished_run(ckpt)
-    uri = s3.bucket() + "/read"
+    uri = s3.fresh_uri() + "/read"
     assert mirror(ckpt, uri, "--replay").returncode == 0
     for args in (
         ("show", "-e", "save", "--json"),

@@ -49,7 +49,7 @@ def assert_marked_complete(store: Store, ckpt: Path, names: set[str]) -> None:
 
 
 def test_rotation_with_a_mirroring_watcher(tmp_path: Path, s3: Any) -> None:
-    ckpt, uri = tmp_path / "run", s3.bucket() + "/rot"
+    ckpt, uri = tmp_path / "run", s3.fresh_uri() + "/rot"
     watcher = watch(ckpt, uri)
     run = train(ckpt, "--max-steps", "12", "--save-every", "2", "--keep-last-n", "2")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -67,7 +67,7 @@ def test_rotation_with_a_mirroring_watcher(tmp_path: Path, s3: Any) -> None:
 
 
 def test_a_mirroring_watcher_killed_mid_upload_finishes_on_restart(tmp_path: Path, s3: Any) -> None:
-    ckpt, uri = tmp_path / "run", s3.bucket() + "/kill"
+    ckpt, uri = tmp_path / "run", s3.fresh_uri() + "/kill"
     store = Store(uri)
     job = subprocess.Popen(
         train_argv(ckpt, "--max-steps", "8", "--save-every", "2"),
@@ -109,7 +109,7 @@ def test_a_mirroring_watcher_killed_mid_upload_finishes_on_restart(tmp_path: Pat
 def test_a_lost_run_dir_is_restored_at_the_last_mirrored_step(tmp_path: Path, s3: Any) -> None:
     """3 of 6 saves mirrored, the run dir deleted, a relaunch with --restore-from resumes
     at the last mirrored step with the losses of an uninterrupted run."""
-    ref, victim, uri = tmp_path / "ref", tmp_path / "victim", s3.bucket() + "/lost"
+    ref, victim, uri = tmp_path / "ref", tmp_path / "victim", s3.fresh_uri() + "/lost"
     args = ("--max-steps", "12", "--save-every", "2", "--seed", "7")
     ref_proc = subprocess.Popen(
         train_argv(ref, *args), env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -170,7 +170,7 @@ def step_times(ckpt: Path) -> dict[int, tuple[float, float]]:
 def test_the_store_down_for_20s_never_stops_training(tmp_path: Path, s3: Any) -> None:
     """Training steps on through the outage (how fast: benchmarks/bench_mirror.py, which
     times it; tests do not), the watcher says so, and the mirror catches up after."""
-    ckpt, uri = tmp_path / "run", s3.bucket() + "/down"
+    ckpt, uri = tmp_path / "run", s3.fresh_uri() + "/down"
     job = subprocess.Popen(
         train_argv(ckpt, "--max-steps", "80", "--save-every", "10", "--keep-last-n", "2"),
         env=train_env(step_delay=0.4),
@@ -220,7 +220,7 @@ def test_a_watcher_elsewhere_evaluates_every_save_and_keep_best_hears_it(
     """A second directory, standing in for another machine, runs ``ilab-watch URI --on-save
     eval.py``: every save is evaluated once, and the best one's report, come back through
     the store, keeps it from rotation on the training side."""
-    ckpt, uri = tmp_path / "run", s3.bucket() + "/eval"
+    ckpt, uri = tmp_path / "run", s3.fresh_uri() + "/eval"
     out, script = tmp_path / "evaluated.jsonl", tmp_path / "eval.py"
     script.write_text(EVAL.format(out=str(out)))
     args = ("--max-steps", "16", "--save-every", "4", "--keep-last-n", "2")
