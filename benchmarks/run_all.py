@@ -24,6 +24,7 @@ BENCHES = [
     "bench_checkpoint",
     "bench_hf_peer",
     "bench_hf_bridge",
+    "bench_mirror",  # issue 38: loopback S3 (SeaweedFS); needs the dev extra (s3fs, weed)
     "bench_replay",  # issue 35; each watcher case stops at --case-timeout (300 s)
     "bench_slurm",  # issue 37; one line and skipped where Slurm is not installed
     "bench_callback_pacing",  # issue 36; skipped without instructlab-training

@@ -28,6 +28,7 @@ from journal.events import EVENTS
 from journal.format import holder_text, printable, stats_text, status_text
 from journal.lock import run_holder
 from journal.paths import resolve_journal
+from journal.remote.readers import RUN_DIR_OR_URI
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,7 +47,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("dir", type=click.Path())
+@click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--stale-after",
@@ -104,7 +105,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
 
 
 @main.command()
-@click.argument("dir", type=click.Path())
+@click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("--event", "-e", "events", multiple=True, help="Only these events (repeatable).")
 @click.option(
     "--since-step",
@@ -153,7 +154,7 @@ def show(
 
 
 @main.command()
-@click.argument("dir", type=click.Path())
+@click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("-f", "--follow", is_flag=True, help="Keep following until train_end.")
 @click.option(
     "-n",
@@ -194,7 +195,7 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
 
 
 @main.command()
-@click.argument("dir", type=click.Path())
+@click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("--event", "-e", default=None, help="Event name, e.g. save.")
 @click.option(
     "--best",
@@ -276,7 +277,7 @@ JOBS_OPTION = click.option(
 
 
 @main.command()
-@click.argument("dir", type=click.Path())
+@click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @JOBS_OPTION
 @user_errors

@@ -85,3 +85,28 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pytest.skip(str(exc))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real S3 server (SeaweedFS's ``weed``) on loopback for the whole session, its keys
+    and endpoint in this process's environment (AWS_*: what s3fs and every subprocess read);
+    skips with the reason where it cannot start. ``s3.fresh_uri()`` gives a fresh prefix in its bucket."""
+    from tests.s3_server import s3_server
+
+    try:
+        server_cm = s3_server(tmp_path_factory.mktemp("s3"))
+        server = server_cm.__enter__()
+    except RuntimeError as exc:
+        pytest.skip(f"no S3 server: {exc}")
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server_cm.__exit__(None, None, None)

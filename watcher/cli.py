@@ -25,6 +25,8 @@ from watcher.engine import Watcher
 from watcher.export import already_said, close_all, every_record
 from watcher.foreign import adapt
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
+from watcher.mirror.options import mirror_options, open_mirror, run_alone
+from watcher.mirror.remote import follow_remote
 from watcher.scheduler.options import abort_hook, job_board
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
@@ -50,8 +52,9 @@ def _unless_said(reporter: Any) -> Any:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @watch_options
+@mirror_options
 def main(
-    dir: Path,
+    dir: Path | str,
     on_pairs: tuple[tuple[str, str], ...],
     callbacks: tuple[str, ...],
     early_stopping: str | None,
@@ -78,6 +81,8 @@ def main(
     sbatch_args: str | None,
     cancel_on_abort: bool,
     job_poll: float,
+    mirror_uri: str | None,
+    download_dir: Path | None,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -114,6 +119,8 @@ def main(
     handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
     logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
+    remote = follow_remote(dir, download_dir, poll)  # a URI: followed through a replica
+    dir = remote.dir if remote is not None else Path(dir)
     journal = resolve_journal(dir, must_exist=False)  # followed, it may not exist yet
     ckpt_dir = journal.parent
     if replay and not journal.is_file():
@@ -165,10 +172,11 @@ def main(
             raise click.UsageError(f"--via {via} runs command hooks: give --on-save CMD")
         if cancel_on_abort:
             hooks.append(abort_hook(board, lambda e: replace(options_for(e), via=None)))
-    if not hooks:
+    mirror = open_mirror(ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl)
+    if not hooks and mirror is None:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
-            "--tensorboard LOGDIR, --mlflow or --wandb"
+            "--tensorboard LOGDIR, --mlflow, --wandb or --mirror URI"
         )
 
     if poll is None and (fstype := needs_polling(journal.parent)):
@@ -184,6 +192,8 @@ def main(
         check_run_dir(ckpt_dir)
     except UnsafeRunDir as exc:
         raise click.UsageError(str(exc)) from None
+    if mirror is not None and not hooks:
+        sys.exit(run_alone(mirror, quiet))
     from watcher.report import ConsoleReporter
 
     name = name or default_name(hooks)
@@ -212,6 +222,8 @@ def main(
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append(signum)
         watcher.request_stop()
+        if mirror is not None:
+            mirror.stop()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -221,7 +233,13 @@ def main(
             f"{'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
             err=True,
         )
+    if mirror is not None:
+        mirror.start()
     code = watcher.run()
+    if remote is not None:
+        remote.finish()  # the last reports and commands reach the store
+    if mirror is not None:
+        code = max(code, mirror.finish(quiet))
     close_all(exporters)
     if board is not None:
         board.close()

@@ -11,6 +11,7 @@ import click
 from journal.events import EVENTS
 from journal.leases import DEFAULT_TTL_S
 from watcher.hooks import QueuePolicy
+from watcher.mirror.remote import RunDirOrURI
 from watcher.scheduler.options import SCHEDULER_OPTIONS
 
 _SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
@@ -42,7 +43,7 @@ def parse_queue(values: tuple[str, ...]) -> dict[str | None, QueuePolicy]:
 
 
 _OPTIONS = [
-    click.argument("dir", type=click.Path(path_type=Path)),
+    click.argument("dir", type=RunDirOrURI()),  # a URI: a mirrored run (watcher/mirror)
     click.option(
         "--on",
         "on_pairs",

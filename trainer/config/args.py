@@ -1,9 +1,6 @@
 """Training and launch configuration (pydantic), shared by ``ilab-train`` and ``run_training``.
-
-Callback fields (``on_<event>``, ``callbacks``) live here for the flat Python API, but they
-never travel to the torchrun workers: :class:`WorkerConfig` carries plain data only (and
-the callbacks' names), and the launching process runs them through the embedded watcher.
-"""
+Callback fields (``on_<event>``, ``callbacks``) never travel to the torchrun workers: the
+launching process runs them through the embedded watcher (WorkerConfig: plain data only)."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from journal.best import MetricGoal
 from journal.events import CALLBACK_EVENTS
+from journal.remote.store import RESTORE_FROM_HELP
 from trainer.config.fields import (
     Seed,
     Settings,
@@ -205,6 +203,7 @@ class TrainingArgs(Settings):
         "holds checkpoints: give a new --ckpt-dir).",
     )
 
+    restore_from: str | None = Field(None, description=RESTORE_FROM_HELP, min_length=1)
     journal_detail: Literal["step", "microbatch", "off"] = Field(
         "step",
         description="step: every event but the per-micro-batch ones; microbatch: those too; "

@@ -34,6 +34,7 @@ from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight
+from trainer.launch.restore import check_restore_uri, restore_if_empty
 from watcher.callbacks import callable_name
 from watcher.foreign import Progress, adapt, foreign_base, microbatch_hooks, wants_pacing
 
@@ -189,6 +190,7 @@ def run_training(
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
+    check_restore_uri(train_args)
     # a dir someone else could steer: refused before anything is read or written there
     with _checkpoint_dir_errors(train_args.ckpt_dir):
         check_run_dir(train_args.ckpt_dir)
@@ -213,6 +215,7 @@ def run_training(
             file=sys.stderr,
         )
     try:
+        restore_if_empty(train_args, ckpt_dir)  # under the run lock: one restore per dir
         if train_args.resume == "never":
             _refuse_another_runs_checkpoints(ckpt_dir)
         model_path = train_args.model_path

@@ -1,0 +1,43 @@
+"""Reports and control commands that remote watchers write into the store's ``reports/``
+and ``control/`` prefixes, moved into the run dir's inboxes (where the trainer polls them)
+and then deleted from the store."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from pathlib import Path
+
+from journal.files import atomic_write
+from journal.paths import control_dir, reports_dir
+from journal.remote.layout import CONTROL_PREFIX, REPORTS_PREFIX
+from journal.remote.store import Store
+from journal.reports import drain
+
+log = logging.getLogger("watcher.mirror")
+
+
+def bring_in(store: Store, ckpt_dir: Path) -> int:
+    """Move every ``*.json`` file of the two prefixes in; returns how many. A report is then
+    journaled as one written locally would be (by the trainer, or here once it is gone)."""
+    moved = {"reports": 0, "control": 0}
+    for prefix, inbox, kind in (
+        (REPORTS_PREFIX, reports_dir(ckpt_dir), "reports"),
+        (CONTROL_PREFIX, control_dir(ckpt_dir), "control"),
+    ):
+        for key in sorted(store.listing(prefix)):
+            name = posixpath.basename(key)
+            if posixpath.dirname(key) != prefix.rstrip("/") or not name.endswith(".json"):
+                continue  # only files directly in the prefix, as in the local inboxes
+            data = store.get_bytes(key)
+            inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic_write(inbox / name, data)
+            store.delete([key])
+            moved[kind] += 1
+    if moved["reports"]:
+        drain(ckpt_dir, role="mirror")
+    if any(moved.values()):
+        log.info(
+            "mirror: brought in %d report(s), %d command(s)", moved["reports"], moved["control"]
+        )
+    return sum(moved.values())

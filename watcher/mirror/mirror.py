@@ -1,0 +1,350 @@
+"""The mirror: a run dir's checkpoints and journal copied to a store as they are written.
+
+Two threads. One follows the journal: it leases each saved checkpoint as soon as its
+``save`` record is read (rotation then keeps it until it is in the store), queues it, and
+uploads the new complete lines as a segment every ``interval`` seconds, at once when they
+hold a ``save`` or ``train_end``. The other uploads the queued checkpoints, marker last,
+journals what each sent (a ``report`` of ``mirror_bytes``, ``mirror_files`` and
+``mirror_seconds``), releases its lease, and deletes from the store what rotation deleted
+locally (unless a remote watcher leases it). Where uploads stand is read back from the store
+at start, so a mirror killed with ``kill -9`` and started again goes on where it was.
+
+A store that does not answer never reaches training (which writes only to its disk): the
+uploads wait and retry with backoff, the console says so once per outage, and the mirror
+catches up when the store is back.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from journal.leases import DEFAULT_TTL_S
+from journal.paths import checkpoint_root, journal_path
+from journal.remote.store import Store
+from journal.reports import InvalidReport, Report, submit_report
+from journal.rotation import prune_finished_run
+from watcher.leasing import LeaseKeeper
+from watcher.mirror.checkpoints import Uploaded, remove_checkpoint, upload_checkpoint
+from watcher.mirror.inbound import bring_in
+from watcher.mirror.segments import (
+    JournalMismatch,
+    complete_end,
+    is_replaced,
+    read_range,
+    records_in,
+    upload_segment,
+    uploaded_end,
+)
+
+log = logging.getLogger("watcher.mirror")
+T = TypeVar("T")
+
+#: Seconds between segment uploads of a journal that holds no save or train_end.
+DEFAULT_INTERVAL_S = 2.0
+TICK_S = 0.2
+MAX_BACKOFF_S = 10.0
+
+
+class Outage:
+    """Whether the store answers; says so on the console once per outage and once when it
+    is back (several threads report to one)."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+                log.warning(
+                    "mirror: the store does not answer (%s: %s); training goes on, uploads "
+                    "wait and retry",
+                    what,
+                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                )
+
+    def ok(self) -> None:
+        with self._lock:
+            if self._since is not None:
+                log.warning(
+                    "mirror: the store answers again after %.0fs; catching up",
+                    time.monotonic() - self._since,
+                )
+                self._since = None
+
+
+@dataclass
+class _Job:
+    kind: str  # "upload" or "remove"
+    name: str  # checkpoints/step-000010
+    local: Path
+    record: dict[str, Any]
+    lease: str | None = None
+    not_before: float = 0.0
+
+
+class Mirror:
+    """Mirror the run dir ``ckpt_dir`` to ``uri`` (see the module docstring).
+
+    Args:
+        follow: keep mirroring until the run's ``train_end`` is mirrored (False: what the
+            run dir holds now, then stop).
+        interval: seconds between segment uploads when nothing urgent is pending.
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        uri: str,
+        *,
+        follow: bool = True,
+        interval: float = DEFAULT_INTERVAL_S,
+        lease_ttl: float = DEFAULT_TTL_S,
+    ) -> None:
+        self.ckpt_dir = Path(ckpt_dir)
+        self.store = Store(uri)
+        self.journal = journal_path(self.ckpt_dir)
+        self.follow = follow
+        self.interval = interval
+        self.uploaded: list[Uploaded] = []
+        self.segments_sent = 0
+        self.failed = False
+        self._leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=f"mirror:{self.store.uri}")
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._stop = threading.Event()
+        self._outage = Outage()
+        self._threads: list[threading.Thread] = []
+        self._parsed = 0  # journal bytes read for records
+        self._sent: int | None = None  # journal bytes in the store (None: not known yet)
+        self._deferred: list[_Job] = []  # removals a remote lease holds back
+
+    # -- running --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._leases.start()
+        for target, name in ((self._follow_journal, "journal"), (self._checkpoints, "ckpts")):
+            t = threading.Thread(target=target, name=f"ilab-mirror-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def join(self) -> int:
+        """Wait until done (or stopped); 0, or 1 when the journal could not be mirrored."""
+        for t in self._threads:
+            while t.is_alive():
+                t.join(0.5)
+        self._leases.stop()
+        return 1 if self.failed else 0
+
+    def run(self) -> int:
+        self.start()
+        return self.join()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def sent(self) -> int:
+        """Journal bytes in the store (0 before the store first answered)."""
+        return self._sent or 0
+
+    # -- the journal thread ---------------------------------------------------------------
+
+    def _follow_journal(self) -> None:
+        ended = False
+        urgent_to = 0  # the end of the last save/train_end line read
+        last_sent = 0.0
+        last_inbound = 0.0
+        backoff = _Backoff()
+        while not self._stop.is_set():
+            idle = self._jobs.unfinished_tasks == 0 and not self._deferred  # before the end
+            end = complete_end(self.journal, self._parsed)
+            fresh = end > self._parsed  # its records may have queued work: not done yet
+            if fresh:
+                for rec in records_in(read_range(self.journal, self._parsed, end)):
+                    ev = rec.get("event")
+                    ended = (ended or ev == "train_end") and ev != "train_begin"
+                    if ev in ("save", "train_end"):
+                        urgent_to = end
+                    self._note(rec)
+                self._parsed = end
+            now = time.monotonic()
+            if backoff.ready(now):
+                ok = True
+                if self._sent is None:
+                    ok = self._try("reading the journal's segments", self._find_sent)
+                if self._sent is not None and self._parsed > self._sent:
+                    due = self._sent < urgent_to or ended or now - last_sent >= self.interval
+                    if due and (ok := self._try("uploading a journal segment", self._send)):
+                        last_sent = now
+                if ok and now - last_inbound >= self.interval:
+                    ok = self._try("reading reports/ and control/", self._bring_in)
+                    last_inbound = now if ok else last_inbound
+                backoff.after(ok, now)
+            if self.failed or (
+                (ended or not self.follow) and idle and not fresh and self._sent == end
+            ):
+                break
+            self._stop.wait(TICK_S)
+        self._jobs.put(_Job("end", "", Path(), {}))
+
+    def _find_sent(self) -> None:
+        if not self.journal.exists():  # not yet (a restore writes it whole): decide then
+            return
+        try:
+            self._sent = uploaded_end(self.store, self.journal)
+        except JournalMismatch as exc:
+            log.error("mirror: %s", exc)
+            self.failed = True
+
+    def _send(self) -> None:
+        assert self._sent is not None
+        if is_replaced(self.journal, self._sent):
+            log.error(
+                "mirror: %s was replaced; its mirror stops at byte %d", self.journal, self._sent
+            )
+            self.failed = True
+            return
+        while self._sent < self._parsed:
+            self._sent = upload_segment(self.store, self.journal, self._sent, self._parsed)
+            self.segments_sent += 1
+
+    def _bring_in(self) -> None:
+        bring_in(self.store, self.ckpt_dir)
+
+    def _note(self, rec: dict[str, Any]) -> None:
+        """Queue the work a record asks for: a save's upload (leased now), a removal."""
+        ev = rec.get("event")
+        path = (rec.get("data") or {}).get("checkpoint_path")
+        if ev not in ("save", "checkpoint_removed") or not isinstance(path, str):
+            return
+        local = self._local(path)
+        name = local.relative_to(self.ckpt_dir).as_posix()
+        if ev == "checkpoint_removed":
+            self._jobs.put(_Job("remove", name, local, rec))
+        elif local.exists():
+            lease = self._leases.take(str(local))
+            self._jobs.put(_Job("upload", name, local, rec, lease=lease))
+
+    def _local(self, path: str) -> Path:
+        """A record's checkpoint in this run dir (records keep the path the run had when
+        it was written: a restored run's earlier ones name another dir)."""
+        given = Path(path)
+        try:
+            return self.ckpt_dir / given.relative_to(self.ckpt_dir)
+        except ValueError:
+            pass
+        return checkpoint_root(self.ckpt_dir, given.name) / given.name
+
+    # -- the checkpoint thread ------------------------------------------------------------
+
+    def _checkpoints(self) -> None:
+        backoff = _Backoff()
+        while True:
+            try:
+                job = self._jobs.get(timeout=TICK_S)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                if self._deferred and self._deferred[0].not_before <= time.monotonic():
+                    self._jobs.put(self._deferred[0])  # queued before it leaves the list
+                    self._deferred.pop(0)
+                continue
+            if job.kind == "end" or self._stop.is_set():
+                self._release(job)
+                self._jobs.task_done()
+                if job.kind == "end":
+                    return
+                continue
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if not backoff.ready(now):
+                    self._stop.wait(TICK_S)
+                    continue
+                done = self._try(f"{job.kind} {job.name}", functools.partial(self._do, job))
+                backoff.after(done, now)
+                if done:
+                    break
+            self._jobs.task_done()
+
+    def _do(self, job: _Job) -> None:
+        if job.kind == "remove":
+            if not remove_checkpoint(self.store, job.name):  # a remote watcher holds it
+                job.not_before = time.monotonic() + 5.0
+                self._deferred.append(job)
+            return
+        if not job.local.exists():
+            self._release(job)
+            return  # removed before it could be leased: nothing to upload
+        rec = job.record
+        about = {k: rec.get(k) for k in ("run_id", "seq", "step", "attempt")}
+        up = upload_checkpoint(self.store, job.local, job.name, about=about)
+        if up is not None:
+            self.uploaded.append(up)
+            log.info(
+                "mirror: %s: %d files, %.1f MB in %.1fs",
+                up.name,
+                up.files,
+                up.bytes / 1e6,
+                up.seconds,
+            )
+            # before the lease ends: a report on a checkpoint rotated away is refused
+            self._journal_upload(up, job.local, rec.get("step"))
+        self._release(job)
+
+    def _journal_upload(self, up: Uploaded, local: Path, step: Any) -> None:
+        metrics = {
+            "mirror_bytes": up.bytes,
+            "mirror_files": up.files,
+            "mirror_seconds": round(up.seconds, 3),
+        }
+        try:
+            submit_report(
+                self.ckpt_dir,
+                Report(
+                    metrics,
+                    checkpoint_path=str(local),
+                    step=step if isinstance(step, int) else None,
+                ),
+                source="mirror",
+            )
+        except (InvalidReport, OSError) as exc:
+            log.info("mirror: not journaled for %s: %s", up.name, exc)
+
+    def _release(self, job: _Job) -> None:
+        if job.lease is not None:
+            self._leases.release(job.lease)
+            job.lease = None
+            prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: rotation is ours
+
+    def _try(self, what: str, fn: Callable[[], None]) -> bool:
+        try:
+            fn()
+        except Exception as exc:  # any client error: the store's, the network's
+            self._outage.failed(what, exc)
+            return False
+        self._outage.ok()
+        return True
+
+
+class _Backoff:
+    """Retry delays: 1 s doubling to MAX_BACKOFF_S while attempts fail."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.at = 0.0
+
+    def ready(self, now: float) -> bool:
+        return now >= self.at
+
+    def after(self, ok: bool, now: float) -> None:
+        self.delay = 0.0 if ok else min(MAX_BACKOFF_S, max(1.0, self.delay * 2))
+        self.at = now + self.delay

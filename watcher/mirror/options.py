@@ -1,0 +1,120 @@
+"""``ilab-watch``'s mirror options (``--mirror URI``) and running the mirror beside, or
+instead of, the watcher's hooks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from journal.paths import watch_dir
+from journal.remote.store import StoreURIError
+from watcher.cursor import CursorBusy, CursorLock
+from watcher.mirror.mirror import Mirror
+
+#: How much lower than training a mirroring watcher alone runs (``nice``).
+MIRROR_NICE = 10
+
+_OPTIONS = [
+    click.option(
+        "--mirror",
+        "mirror_uri",
+        default=None,
+        metavar="URI",
+        help="Copy each complete checkpoint (marker last) and the journal (as segments) to URI "
+        "(any fsspec URI; s3:// needs s3fs, the `s3` extra), leasing each checkpoint until it "
+        "is there; rotated checkpoints are deleted there too. Credentials and endpoint from "
+        "the environment (AWS_*) or config files, never the URI (docs/mirror.md).",
+    ),
+    click.option(
+        "--download",
+        "download_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        metavar="DIR",
+        help="With a store URI for DIR: keep the run in DIR and fetch each checkpoint there "
+        "before its callbacks run (default: the checkpoint's URI in checkpoint_uri, no "
+        "download).",
+    ),
+]
+
+
+def mirror_options(fn: Any) -> Any:
+    """The mirror's options on ``fn``."""
+    for option in reversed(_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+class MirrorRun:
+    """A mirror the watcher's CLI runs: its lock (one mirroring watcher per run dir), its
+    threads, its end."""
+
+    def __init__(self, ckpt_dir: Path, uri: str, *, follow: bool, lease_ttl: float) -> None:
+        try:
+            self.mirror = Mirror(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl)
+        except StoreURIError as exc:
+            raise click.UsageError(str(exc)) from None
+        self._lock = CursorLock(watch_dir(ckpt_dir), "mirror", store=self.mirror.store.uri)
+
+    def start(self) -> None:
+        """Take the run dir's mirror lock (exit 3 when another watcher mirrors it) and
+        start."""
+        try:
+            self._lock.claim()
+        except CursorBusy as exc:
+            click.echo(f"ilab-watch: mirror: {exc}", err=True)
+            sys.exit(3)
+        self.mirror.start()
+
+    def stop(self) -> None:
+        self.mirror.request_stop()
+
+    def finish(self, quiet: bool) -> int:
+        """Wait for the mirror to be done; its exit code."""
+        code = self.mirror.join()
+        self._lock.release()
+        if not quiet:
+            m = self.mirror
+            click.echo(
+                f"ilab-watch: mirror: {len(m.uploaded)} checkpoint(s), journal {m.sent} bytes "
+                f"in {m.store.uri}",
+                err=True,
+            )
+        return code
+
+
+def open_mirror(
+    ckpt_dir: Path, uri: str | None, *, follow: bool, lease_ttl: float
+) -> MirrorRun | None:
+    """The mirror ``--mirror URI`` asks for (None without it); a refused URI is a usage
+    error (one line)."""
+    return None if uri is None else MirrorRun(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl)
+
+
+def run_alone(run: MirrorRun, quiet: bool) -> int:
+    """``ilab-watch DIR --mirror URI`` with no hooks: the mirror until the run's end is in
+    the store; 130 when interrupted."""
+    import signal
+
+    interrupted: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signum)
+        run.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if not quiet:
+        click.echo(
+            f"ilab-watch: mirroring {run.mirror.ckpt_dir} to {run.mirror.store.uri}", err=True
+        )
+    # Background work: on a node whose cores training keeps busy, uploads take what is
+    # left (with hooks beside it, the process keeps its priority: evals are not slowed).
+    os.nice(MIRROR_NICE)
+    run.start()
+    code = run.finish(quiet)
+    return 130 if interrupted else code

@@ -1,0 +1,106 @@
+"""The local journal as segments: what has been uploaded (from the store's listing), the
+complete lines beyond it, and the records in them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.remote.layout import JOURNAL_PREFIX, segment_key, segments
+from journal.remote.store import Store
+
+#: One segment holds at most this much (a store back after an outage is caught up in
+#: pieces of this size).
+MAX_SEGMENT_BYTES = 16 << 20
+
+
+class JournalMismatch(Exception):
+    """The store holds another journal than the local one (one line)."""
+
+
+def uploaded_end(store: Store, journal: Path) -> int:
+    """How much of ``journal`` the store's segments hold. Raises :class:`JournalMismatch`
+    when their first bytes are not the local journal's (another run's mirror) or they
+    hold more than the local file."""
+    found = segments(store.listing(JOURNAL_PREFIX))
+    if not found:
+        return 0
+    end = found[-1].end
+    first = found[0]
+    head = store.get_bytes(first.key)[:4096]
+    local = read_range(journal, 0, len(head))
+    if local != head or end > _size(journal):
+        raise JournalMismatch(
+            f"{store.url(JOURNAL_PREFIX)} holds another journal than {journal} "
+            f"({end} bytes there); give the mirror a new URI"
+        )
+    return end
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_range(path: Path, start: int, end: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+    except FileNotFoundError:
+        return b""
+
+
+def complete_end(path: Path, start: int) -> int:
+    """The end of the last complete line at or after ``start`` (``start`` if none)."""
+    size = _size(path)
+    if size <= start:
+        return start
+    with open(path, "rb") as f:
+        pos = size
+        while pos > start:
+            step = min(1 << 16, pos - start)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return pos - step + i + 1
+            pos -= step
+    return start
+
+
+def records_in(data: bytes) -> list[dict[str, Any]]:
+    """The records of complete lines (lines that are not JSON objects are left out: the
+    mirror copies them as they are, and readers say so)."""
+    out = []
+    for line in data.splitlines():
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def upload_segment(store: Store, journal: Path, start: int, end: int) -> int:
+    """Upload ``[start, end)`` (cut at the last line end within MAX_SEGMENT_BYTES) as one
+    segment; returns its end."""
+    data = read_range(journal, start, min(end, start + MAX_SEGMENT_BYTES))
+    if end - start > MAX_SEGMENT_BYTES:
+        data = data[: data.rfind(b"\n") + 1]
+    if not data:
+        return start
+    stop = start + len(data)
+    store.put_bytes(segment_key(start, stop), data)
+    return stop
+
+
+def is_replaced(journal: Path, uploaded: int) -> bool:
+    """The local journal shrank below what was uploaded (replaced or truncated)."""
+    return os.path.exists(journal) and _size(journal) < uploaded
