@@ -30,7 +30,7 @@ smallest (issue 35: 1M/10k <= 120, the size ratio being 100). A case that runs p
 T s (K of N delivered)", K counted from the ``log`` lines of the results file in its state
 dir; nothing is extrapolated, and the case is not run at larger sizes.
 
-Usage: python benchmarks/bench_replay.py [--quick] [--sizes N ...] [--case-timeout S]
+Usage: python benchmarks/bench_replay.py [--quick] [--sizes N ...] [--case-timeout S] [--payload small]
 (default sizes 10k, 100k, 1M; --quick: 2k and 10k). JSON: benchmarks/results/bench_replay.json.
 """
 
@@ -60,10 +60,17 @@ PLAIN = ("plain-json", "plain-orjson")
 WATCHED = ("callable", "tensorboard", "mlflow")
 
 
-def write_journal(ckpt: Path, n: int) -> float:
+def small_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
+    """A ``log`` payload of loss, lr and grad_norm only (``--payload small``: 190-byte
+    lines, for a plain loop as fast as the one issue 35 measured)."""
+    return {"loss": loss, "lr": 1e-4, "grad_norm": 0.9}
+
+
+def write_journal(ckpt: Path, n: int, payload: str = "realistic") -> float:
     """``train_begin``, ``n`` log records, ``train_end``; returns the seconds it took."""
     t0 = time.perf_counter()
-    write_log_journal(ckpt, n, run_id="bench")
+    make = small_payload if payload == "small" else None
+    write_log_journal(ckpt, n, run_id="bench", payload=make)
     return time.perf_counter() - t0
 
 
@@ -212,6 +219,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="log records per journal")
     ap.add_argument("--case-timeout", type=float, default=300.0, help="seconds per watcher run")
     ap.add_argument("--cases", nargs="+", default=list(PLAIN + WATCHED), help="cases to run")
+    ap.add_argument(
+        "--payload",
+        choices=["realistic", "small"],
+        default="realistic",
+        help="log payload: realistic (510-byte lines) or small (loss, lr, grad_norm)",
+    )
     args = ap.parse_args()
     sizes = sorted(args.sizes or ([2_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000]))
     rows: list[dict[str, Any]] = []
@@ -220,7 +233,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-replay-") as d:
             tmp = Path(d)
             ckpt = tmp / "ckpt"
-            write_s = write_journal(ckpt, n)
+            write_s = write_journal(ckpt, n, args.payload)
             journal_path = ckpt / "journal.jsonl"
             mb = journal_path.stat().st_size / 1e6
             print(f"-- N={n:,}: journal {mb:.1f} MB written in {write_s:.1f} s", flush=True)
@@ -271,6 +284,7 @@ def main() -> None:
             )
         sys.stdout.flush()
     result = {
+        "payload": args.payload,
         "sizes": sizes,
         "case_timeout_s": args.case_timeout,
         "rows": rows,

@@ -294,13 +294,15 @@ class Count:
 '''
 
 
-def write_log_journal(ckpt: Path, n: int, *, run_id: str = "logs") -> None:
+def write_log_journal(ckpt: Path, n: int, *, run_id: str = "logs", payload: Any = None) -> None:
     """A finished run of logs only: ``train_begin``, ``n`` log records, ``train_end``
-    (the replay benchmark's and the callback-order tests' journal)."""
+    (the replay benchmark's and the callback-order tests' journal); ``payload(step, loss)``
+    makes each log's payload (default :func:`log_payload`)."""
+    make = payload or log_payload
     with JournalWriter(ckpt, run_id=run_id, durable_events=frozenset()) as w:
         w.append("train_begin", begin_payload(n), step=0)
         for s in range(1, n + 1):
-            w.append("log", log_payload(s, loss=10.0 / s), step=s, samples_seen=s * 8)
+            w.append("log", make(s, loss=10.0 / s), step=s, samples_seen=s * 8)
         end = {"status": "completed", "reason": None, "final_checkpoint": None}
         w.append("train_end", end, step=n)
 
