@@ -189,6 +189,12 @@ def test_tracker_fields_map_onto_report_to_and_its_settings(
     monkeypatch.setenv("WANDB_PROJECT", "p")  # as InstructLab: the variable enables W&B
     ours, _ = to_ours({}, {**base_args(tmp_path), "wandb_run_name": "w"})
     assert (ours.report_to, ours.tracker_settings) == (["wandb"], {"wandb_run_name": "w"})
+    # a password in the URI would be journaled: refused in one line that does not repeat it
+    secret = {"mlflow_tracking_uri": "http://me:hunter2@127.0.0.1:5000"}
+    with pytest.raises(InstructLabConfigError) as err:
+        to_ours({}, {**base_args(tmp_path), **secret})
+    assert "MLFLOW_TRACKING_PASSWORD" in str(err.value) and "hunter2" not in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_every_problem_at_once_and_missing_required_fields(tmp_path: Path) -> None:

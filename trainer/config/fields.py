@@ -13,6 +13,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -112,6 +113,12 @@ TRACKER_SETTINGS = (
 def _known_trackers(v: dict[str, str]) -> dict[str, str]:
     if unknown := sorted(set(v) - set(TRACKER_SETTINGS)):
         raise ValueError(f"unknown {unknown}; known: {', '.join(TRACKER_SETTINGS)}")
+    # the settings are journaled (train_begin's config) and become MLflow params
+    if "@" in urlsplit(v.get("mlflow_tracking_uri", "")).netloc:
+        raise ValueError(
+            "refusing an mlflow_tracking_uri with credentials in it (it would be journaled): "
+            "give them as MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+        )
     return v
 
 
