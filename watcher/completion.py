@@ -72,6 +72,7 @@ class Completions:
         self.failed = 0
         self.unrecorded = 0  # results that could not be appended to the results file
         self._batches: deque[Batch] = deque()
+        self._pending = 0  # deliveries of the open batches not completed yet
         self._floor: int | None = None  # the min seq of the head batch, done sets pruned to it
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
@@ -79,15 +80,15 @@ class Completions:
     def reset(self, state: CursorState) -> None:
         """Start over from ``state`` (a new start position, or a replaced journal)."""
         with self._lock:
-            self._batches.clear()
+            self._batches.clear()  # (deliveries in flight still count in _pending)
             self._floor = None
             self.state = state
             self._read_end = (state.offset, state.line_no)
 
-    def open_batches(self) -> int:
-        """Read batches with deliveries still pending."""
-        with self._lock:
-            return sum(1 for b in self._batches if b.pending > 0)
+    @property
+    def pending(self) -> int:
+        """Deliveries made and not completed yet."""
+        return self._pending
 
     def open_batch(self, batch: Batch, end: tuple[int, int]) -> None:
         """Records read from ``batch``'s start to ``end`` (offset, line_no), from which
@@ -95,6 +96,7 @@ class Completions:
         with self._lock:
             self._batches.append(batch)
             self._read_end = end
+            self._pending += batch.pending
         if not batch.pending:
             self.advance()
 
@@ -127,6 +129,7 @@ class Completions:
                     seqs = done.setdefault(hook.id, set())
                     mine = plain.setdefault(id(hook), [])
                 d.batch.pending -= 1
+                self._pending -= 1
                 seqs.add(d.record["seq"])
                 if out is None:
                     mine.append(d)

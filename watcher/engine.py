@@ -49,9 +49,11 @@ log = logging.getLogger("watcher")
 SAFETY_POLL_S = 1.0
 #: Bytes of journal read (and dispatched) at once: about 9,000 ``log`` records.
 READ_BYTES = 4 << 20
-#: Read batches with deliveries pending before reading waits for them (memory stays
-#: bounded however long the journal is; a slow hook holds back reading, not delivery).
-MAX_OPEN_BATCHES = 4
+#: Deliveries pending before reading waits for some to complete: memory stays bounded
+#: however long the journal is (a replay keeps several read chunks in flight). Counted in
+#: deliveries, not batches: live, a slow eval leaves many small batches open, and the
+#: watcher must go on reading (and leasing) the saves that arrive meanwhile.
+MAX_PENDING = 65_536
 
 
 class Watcher:
@@ -208,7 +210,7 @@ class Watcher:
             waiting_at: int | None = None
             while not self._stop.is_set():
                 self._check_identity()
-                if self.completions.open_batches() >= MAX_OPEN_BATCHES:
+                if self.completions.pending >= MAX_PENDING:
                     follower.waker.wait(SAFETY_POLL_S)  # a completion wakes it
                     continue
                 final = self._run.final  # taken before the read: it reads to the end
