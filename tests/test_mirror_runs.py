@@ -5,7 +5,9 @@ restored, the store down for 20 s. Each is a real launch: extended."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -86,8 +88,19 @@ def test_a_mirroring_watcher_killed_mid_upload_finishes_on_restart(tmp_path: Pat
             seen_marked.add(name)
         return bool(now["any"] - now["marked"])
 
+    def frozen_mid_upload() -> bool:
+        """The watcher stopped (SIGSTOP: nothing moves) with an upload unfinished; an upload
+        that ended between the look and the stop lets it go on, to be caught at the next."""
+        if not mid_upload():
+            return False
+        os.kill(watcher.pid, signal.SIGSTOP)
+        if mid_upload():
+            return True
+        os.kill(watcher.pid, signal.SIGCONT)
+        return False
+
     try:
-        wait_for(mid_upload, timeout=120, what="a checkpoint half uploaded")
+        wait_for(frozen_mid_upload, timeout=120, what="a checkpoint half uploaded")
         kill_tree(watcher.pid)
         watcher.wait()
         partial = in_store(store)
