@@ -27,22 +27,13 @@ from training_hub import utils
 from training_hub.algorithms import AlgorithmRegistry, Backend
 from training_hub.checkpoint_utils import resolve_checkpoint_storage
 
-from trainer.instructlab.run import InstructLabConfigError, run_training
+from trainer.instructlab.run import TORCH_FIELDS, InstructLabConfigError, run_training
 from trainer.launch import TrainingResult
 
 #: The name to pass as ``sft(..., backend=...)``.
 BACKEND = "ilab-journal"
-TORCHRUN_KEYS = frozenset(
-    {
-        "nproc_per_node",
-        "nnodes",
-        "node_rank",
-        "rdzv_id",
-        "rdzv_endpoint",
-        "master_addr",
-        "master_port",
-    }
-)
+#: sft()'s torchrun parameters: those of InstructLab's TorchrunArgs (one list, run.py).
+TORCHRUN_KEYS = frozenset(TORCH_FIELDS)
 #: training_hub's parameter -> instructlab-training's field, as its backend renames them.
 RENAMED = {
     "max_tokens_per_gpu": "max_batch_len",
