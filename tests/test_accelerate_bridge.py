@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 
 LOOP = textwrap.dedent(
     """
-    import sys, time, torch
+    import os, sys, time, torch
     from accelerate import Accelerator
     from journal import send_command
     from trainer.integrations.accelerate_tracker import JournalTracker
@@ -47,7 +47,9 @@ LOOP = textwrap.dedent(
             send_command(run, "stop", reason="enough")
         command = journal.poll_control(step)
         if command in ("stop", "abort") or time.monotonic() > deadline:
-            print("stopped at", step, command)
+            # one write(2) per line: under torchrun both ranks share this pipe, and a
+            # print() of several parts (unbuffered) can interleave with the other rank's
+            os.write(1, f"stopped at {step} {command}\\n".encode())
             break
     acc.end_training()
     """
