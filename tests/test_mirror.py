@@ -256,3 +256,39 @@ def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: An
     assert (
         gone.stderr.strip().splitlines()[-1].endswith("holds no mirrored journal (journal/*.jsonl)")
     )
+
+
+def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
+    tmp_path: Path, ckpt: Path, s3: Any
+) -> None:
+    """A checkpoint downloaded by ``ilab-watch URI --download DIR`` is deleted from DIR once
+    the run removed it (its ``checkpoint_removed`` reached the store), unless a lease in the
+    replica holds it then: that one goes when the lease is gone. The eval machine's disk
+    holds what the run holds, not every checkpoint it ever saw."""
+    finished_run(ckpt, steps=15)
+    uri = s3.fresh_uri() + "/pruned"
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    out = tmp_path / "evaluated.jsonl"
+    script = tmp_path / "eval.py"
+    script.write_text(EVAL.format(out=str(out)))
+    replica = tmp_path / "replica"
+    watch = ("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
+    assert cli(*watch).returncode == 0
+    held = replica / "checkpoints"
+    assert sorted(os.listdir(held)) == ["step-000005", "step-000010", "step-000015"]
+    lease = cli("ilab-journal", "lease", str(replica), str(held / "step-000010"), "--ttl", "600")
+    assert lease.returncode == 0, lease.stderr
+    w = JournalWriter(ckpt, resume=True)
+    for step in (5, 10):
+        path = ckpt / f"checkpoints/step-{step:06d}"
+        w.append("checkpoint_removed", {"checkpoint_path": str(path), "reason": "keep_last_n"})
+        subprocess.run(["rm", "-r", str(path)], check=True)
+    w.close()
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    assert cli(*watch).returncode == 0
+    assert sorted(os.listdir(held)) == ["step-000010", "step-000015"]  # 10 is leased here
+    lease_id = lease.stdout.split()[0]
+    assert cli("ilab-journal", "release", str(replica), lease_id).returncode == 0
+    assert cli(*watch).returncode == 0  # the next look deletes it
+    assert sorted(os.listdir(held)) == ["step-000015"]
+    assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [5, 10, 15]

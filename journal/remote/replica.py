@@ -8,6 +8,9 @@ in the store (or the store's journal says it was removed), with ``checkpoint_pat
 ``<replica>/checkpoints/<name>`` and ``checkpoint_uri`` to the checkpoint's URI: with
 ``download`` the checkpoint's files are fetched there first (under a remote lease, so the
 mirror keeps it meanwhile); without, that directory holds only a ``URI`` file naming it.
+When the store's journal says a checkpoint was removed (the run rotated it), its local copy
+goes too, once no lease in the replica holds it (a watcher's delivery on it is running), as
+the trainer's rotation treats the run dir.
 
 The replica holds its journal lock, as a trainer would: reports and control commands that
 its watchers write into ``reports/`` and ``control/`` are sent to the store's prefixes of
@@ -27,8 +30,10 @@ from typing import Any
 import orjson
 
 from journal.files import atomic_write, json_files
+from journal.leases import LeaseError, checkpoint_name
 from journal.lock import JournalLock
 from journal.paths import checkpoint_root, control_dir, journal_path, reports_dir, watch_dir
+from journal.reader import iter_events
 from journal.remote.layout import (
     CONTROL_PREFIX,
     JOURNAL_PREFIX,
@@ -39,6 +44,7 @@ from journal.remote.layout import (
 )
 from journal.remote.restore import fetch_checkpoint
 from journal.remote.store import Store
+from journal.rotation import remove_unless_leased
 
 log = logging.getLogger("journal.remote")
 STATE_NAME = "replica.json"
@@ -74,6 +80,10 @@ class Replica:
         self._pending = b""  # store bytes fetched, not yet copied (whole lines)
         self._waiting: str | None = None  # a save whose marker is awaited (said once)
         self.ended = False
+        #: local checkpoints the run removed, deleted here once no lease holds them
+        self._removed: set[Path] = set()
+        if for_watchers:
+            self._removed = self._removed_before()
 
     def close(self) -> None:
         if self.for_watchers:
@@ -96,6 +106,7 @@ class Replica:
         copied = self._copy()
         if self.for_watchers:
             self._send_out()
+            self._prune()
         return copied
 
     def _copy(self) -> bool:
@@ -111,6 +122,8 @@ class Replica:
                 line = rewritten
             elif rec is not None and rec.get("event") in ("train_end", "train_begin"):
                 self.ended = rec["event"] == "train_end"
+            if rec is not None and self.for_watchers:
+                self._note_removal(rec)
             out.append(line)
             used += len(lines[i])
         if not out:
@@ -157,6 +170,44 @@ class Replica:
         data = {**data, "checkpoint_path": str(local), "checkpoint_uri": self.store.url(key)}
         return orjson.dumps({**rec, "data": data}) + b"\n"
 
+    def _local(self, rec: dict[str, Any]) -> Path | None:
+        """Where a save's or a removal's checkpoint is kept in the replica."""
+        path = (rec.get("data") or {}).get("checkpoint_path")
+        if not isinstance(path, str):
+            return None
+        name = Path(path).name
+        return checkpoint_root(self.dir, name) / name
+
+    def _note_removal(self, rec: dict[str, Any]) -> None:
+        event = rec.get("event")
+        if event in ("save", "checkpoint_removed") and (local := self._local(rec)) is not None:
+            if event == "checkpoint_removed":
+                self._removed.add(local)
+            else:  # a later save of that step brings it back
+                self._removed.discard(local)
+
+    def _removed_before(self) -> set[Path]:
+        """After a restart: what the replica's journal says was removed and is still here."""
+        for rec in iter_events(self.journal, {"save", "checkpoint_removed"}):
+            self._note_removal(rec)
+        return {p for p in self._removed if p.exists()}
+
+    def _prune(self) -> None:
+        """Delete the local copies of removed checkpoints that no lease holds now."""
+        for local in sorted(self._removed):
+            if not local.exists():
+                self._removed.discard(local)
+                continue
+            try:
+                name = checkpoint_name(self.dir, local)
+            except LeaseError:
+                self._removed.discard(local)  # not a checkpoint this replica knows how to hold
+                continue
+            reason = "removed from the mirrored run"
+            if remove_unless_leased(self.dir, local, name, emit=_journaled_already, reason=reason):
+                self._removed.discard(local)
+                log.info("removed %s: the run removed that checkpoint", local)
+
     def _fetch(self, key: str, local: Path) -> None:
         """Download under a remote lease (the mirror keeps the checkpoint meanwhile)."""
         lease = f"{LEASES_PREFIX}{key}/{uuid.uuid4().hex[:12]}.json"
@@ -182,6 +233,10 @@ class Replica:
                     obj["checkpoint_path"] = Path(obj["checkpoint_path"]).name  # a bare name
                 self.store.put_bytes(prefix + path.name, orjson.dumps(obj))
                 os.unlink(path)
+
+
+def _journaled_already(event: str, data: dict[str, Any]) -> None:
+    """The replica's journal has the run's own ``checkpoint_removed``: nothing to add."""
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
