@@ -292,3 +292,48 @@ def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
     assert cli(*watch).returncode == 0  # the next look deletes it
     assert sorted(os.listdir(held)) == ["step-000015"]
     assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [5, 10, 15]
+
+
+def test_a_lingering_mirror_journals_reports_sent_after_the_run_ended(
+    tmp_path: Path, ckpt: Path, s3: Any
+) -> None:
+    """``--linger``: the run has ended and is all in the store, and an eval elsewhere ends
+    after that; its reports still reach the run's journal (and the store's copy of it),
+    without a second mirroring watcher. Without --linger the mirror would have exited."""
+    finished_run(ckpt)
+    uri = s3.fresh_uri() + "/linger"
+    store = Store(uri)
+    job = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(ckpt), "--mirror", uri, "--linger", "120"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        local = ckpt / "journal.jsonl"
+        wait_for(lambda: journal_in(store) == local.read_bytes(), timeout=60, what="all mirrored")
+        script = tmp_path / "eval.py"
+        script.write_text(EVAL.format(out=str(tmp_path / "evaluated.jsonl")))
+        replica = tmp_path / "replica"
+        remote = ("ilab-watch", uri, "--on-save", str(script), "--replay", "--download")
+        assert cli(*remote, str(replica)).returncode == 0
+        wait_for(
+            lambda: (
+                sum(
+                    r["event"] == "report" and "accuracy" in r["data"]["metrics"]
+                    for r in records(ckpt)
+                )
+                == 2
+            ),
+            timeout=60,
+            what="both reports journaled in the run",
+        )
+        wait_for(lambda: journal_in(store) == local.read_bytes(), timeout=60, what="mirrored")
+        assert job.poll() is None  # still lingering
+        job.terminate()
+        assert job.wait(60) == 130
+    finally:
+        job.kill()
+        job.wait()
+    assert store.listing("reports/") == {}
+    quick = mirror(ckpt, uri, "--replay", "--linger", "1")  # ends by itself after 1 s
+    assert quick.returncode == 0, quick.stderr

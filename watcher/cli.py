@@ -82,6 +82,7 @@ def main(
     cancel_on_abort: bool,
     job_poll: float,
     mirror_uri: str | None,
+    linger: float,
     download_dir: Path | None,
     **on_event: tuple[str, ...],
 ) -> None:
@@ -172,7 +173,9 @@ def main(
             raise click.UsageError(f"--via {via} runs command hooks: give --on-save CMD")
         if cancel_on_abort:
             hooks.append(abort_hook(board, lambda e: replace(options_for(e), via=None)))
-    mirror = open_mirror(ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl)
+    mirror = open_mirror(
+        ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl, linger=linger
+    )
     if not hooks and mirror is None:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "

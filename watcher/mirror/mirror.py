@@ -99,6 +99,9 @@ class Mirror:
         follow: keep mirroring until the run's ``train_end`` is mirrored (False: what the
             run dir holds now, then stop).
         interval: seconds between segment uploads when nothing urgent is pending.
+        linger: seconds to go on once the run's end and all after it is mirrored,
+            bringing in what remote watchers report late (journaled here, and mirrored:
+            each report brought in starts the wait again).
     """
 
     def __init__(
@@ -109,8 +112,10 @@ class Mirror:
         follow: bool = True,
         interval: float = DEFAULT_INTERVAL_S,
         lease_ttl: float = DEFAULT_TTL_S,
+        linger: float = 0.0,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
+        self.linger = linger
         self.store = Store(uri)
         self.journal = journal_path(self.ckpt_dir)
         self.follow = follow
@@ -163,6 +168,7 @@ class Mirror:
         urgent_to = 0  # the end of the last save/train_end line read
         last_sent = 0.0
         last_inbound = 0.0
+        done_at = 0.0  # when everything was first found mirrored (for --linger)
         backoff = _Backoff()
         while not self._stop.is_set():
             idle = self._jobs.unfinished_tasks == 0 and not self._deferred  # before the end
@@ -189,10 +195,15 @@ class Mirror:
                     ok = self._try("reading reports/ and control/", self._bring_in)
                     last_inbound = now if ok else last_inbound
                 backoff.after(ok, now)
-            if self.failed or (
-                (ended or not self.follow) and idle and not fresh and self._sent == end
-            ):
+            if self.failed:
                 break
+            if (ended or not self.follow) and idle and not fresh and self._sent == end:
+                # all mirrored; with --linger, reports sent after the end are still awaited
+                done_at = done_at or now
+                if now - done_at >= self.linger:
+                    break
+            else:
+                done_at = 0.0
             self._stop.wait(TICK_S)
         self._jobs.put(_Job("end", "", Path(), {}))
 

@@ -30,6 +30,17 @@ _OPTIONS = [
         "the environment (AWS_*) or config files, never the URI (docs/mirror.md).",
     ),
     click.option(
+        "--linger",
+        type=click.FloatRange(0, 86400),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="With --mirror: once the run's train_end (and all after it) is in the store, go "
+        "on bringing in the reports that watchers elsewhere send through the store (an eval "
+        "of the last checkpoint ending after the run) until SECONDS pass with nothing new; "
+        "each is journaled in the run and mirrored.",
+    ),
+    click.option(
         "--download",
         "download_dir",
         type=click.Path(file_okay=False, path_type=Path),
@@ -53,9 +64,11 @@ class MirrorRun:
     """A mirror the watcher's CLI runs: its lock (one mirroring watcher per run dir), its
     threads, its end."""
 
-    def __init__(self, ckpt_dir: Path, uri: str, *, follow: bool, lease_ttl: float) -> None:
+    def __init__(
+        self, ckpt_dir: Path, uri: str, *, follow: bool, lease_ttl: float, linger: float = 0.0
+    ) -> None:
         try:
-            self.mirror = Mirror(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl)
+            self.mirror = Mirror(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl, linger=linger)
         except StoreURIError as exc:
             raise click.UsageError(str(exc)) from None
         self._lock = CursorLock(watch_dir(ckpt_dir), "mirror", store=self.mirror.store.uri)
@@ -88,11 +101,15 @@ class MirrorRun:
 
 
 def open_mirror(
-    ckpt_dir: Path, uri: str | None, *, follow: bool, lease_ttl: float
+    ckpt_dir: Path, uri: str | None, *, follow: bool, lease_ttl: float, linger: float = 0.0
 ) -> MirrorRun | None:
-    """The mirror ``--mirror URI`` asks for (None without it); a refused URI is a usage
-    error (one line)."""
-    return None if uri is None else MirrorRun(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl)
+    """The mirror ``--mirror URI`` asks for (None without it); a refused URI, or
+    ``--linger`` without a mirror, is a usage error (one line)."""
+    if uri is None:
+        if linger:
+            raise click.UsageError("--linger is for a mirroring watcher: give --mirror URI")
+        return None
+    return MirrorRun(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl, linger=linger)
 
 
 def run_alone(run: MirrorRun, quiet: bool) -> int:
