@@ -53,6 +53,16 @@ def stored_files(store: Store, name: str) -> dict[str, int]:
     return {k[len(prefix) :]: v for k, v in store.listing(prefix).items()}
 
 
+def rotate_by_hand(ckpt: Path, *steps: int) -> None:
+    """What rotation does in the run dir: ``checkpoint_removed`` journaled, the dir gone."""
+    w = JournalWriter(ckpt, resume=True)
+    for step in steps:
+        path = ckpt / f"checkpoints/step-{step:06d}"
+        w.append("checkpoint_removed", {"checkpoint_path": str(path), "reason": "keep_last_n"})
+        subprocess.run(["rm", "-r", str(path)], check=True)
+    w.close()
+
+
 @pytest.mark.parametrize(
     "uri",
     [
@@ -125,12 +135,7 @@ def test_rotation_is_followed_except_what_a_remote_watcher_leases(ckpt: Path, s3
     store = Store(uri)
     lease = "leases/checkpoints/step-000010/w1.json"
     store.put_bytes(lease, json.dumps({"expires": time.time() + 120}).encode())
-    w = JournalWriter(ckpt, resume=True)
-    for step in (5, 10):
-        path = ckpt / f"checkpoints/step-{step:06d}"
-        w.append("checkpoint_removed", {"checkpoint_path": str(path), "reason": "keep_last_n"})
-        subprocess.run(["rm", "-r", str(path)], check=True)
-    w.close()
+    rotate_by_hand(ckpt, 5, 10)
     job = subprocess.Popen(
         [str(BIN / "ilab-watch"), str(ckpt), "--mirror", uri, "--replay"],
         stderr=subprocess.PIPE,
@@ -199,6 +204,23 @@ with open(os.environ["ILAB_REPORT"], "w") as f:
 """
 
 
+def eval_script(tmp_path: Path) -> tuple[Path, Path]:
+    """:data:`EVAL` as a script, and the file where it notes each checkpoint it evaluated."""
+    out = tmp_path / "evaluated.jsonl"
+    script = tmp_path / "eval.py"
+    script.write_text(EVAL.format(out=str(out)))
+    return script, out
+
+
+def eval_reports(ckpt: Path) -> dict[int, dict[str, Any]]:
+    """The run's journaled reports from :data:`EVAL`: step -> metrics."""
+    return {
+        rec["data"]["step"]: rec["data"]["metrics"]
+        for rec in records(ckpt)
+        if rec["event"] == "report" and "accuracy" in rec["data"]["metrics"]
+    }
+
+
 def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     tmp_path: Path, ckpt: Path, s3: Any
 ) -> None:
@@ -208,9 +230,7 @@ def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     finished_run(ckpt)
     uri = s3.fresh_uri() + "/remote"
     assert mirror(ckpt, uri, "--replay").returncode == 0
-    out = tmp_path / "evaluated.jsonl"
-    script = tmp_path / "eval.py"
-    script.write_text(EVAL.format(out=str(out)))
+    script, out = eval_script(tmp_path)
     replica = tmp_path / "replica"
     for _ in range(2):
         r = cli("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
@@ -221,12 +241,7 @@ def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     assert seen[0]["files"] == sorted(os.listdir(ckpt / "checkpoints/step-000005/full_state"))
     assert len(Store(uri).listing("reports/")) == 2
     assert mirror(ckpt, uri, "--replay").returncode == 0  # brings them in
-    reported = {
-        rec["data"]["step"]: rec["data"]["metrics"]
-        for rec in records(ckpt)
-        if rec["event"] == "report" and "accuracy" in rec["data"]["metrics"]
-    }
-    assert reported == {5: {"accuracy": 0.05}, 10: {"accuracy": 0.1}}
+    assert eval_reports(ckpt) == {5: {"accuracy": 0.05}, 10: {"accuracy": 0.1}}
     assert Store(uri).listing("reports/") == {}
 
 
@@ -268,9 +283,7 @@ def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
     finished_run(ckpt, steps=15)
     uri = s3.fresh_uri() + "/pruned"
     assert mirror(ckpt, uri, "--replay").returncode == 0
-    out = tmp_path / "evaluated.jsonl"
-    script = tmp_path / "eval.py"
-    script.write_text(EVAL.format(out=str(out)))
+    script, out = eval_script(tmp_path)
     replica = tmp_path / "replica"
     watch = ("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
     assert cli(*watch).returncode == 0
@@ -278,12 +291,7 @@ def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
     assert sorted(os.listdir(held)) == ["step-000005", "step-000010", "step-000015"]
     lease = cli("ilab-journal", "lease", str(replica), str(held / "step-000010"), "--ttl", "600")
     assert lease.returncode == 0, lease.stderr
-    w = JournalWriter(ckpt, resume=True)
-    for step in (5, 10):
-        path = ckpt / f"checkpoints/step-{step:06d}"
-        w.append("checkpoint_removed", {"checkpoint_path": str(path), "reason": "keep_last_n"})
-        subprocess.run(["rm", "-r", str(path)], check=True)
-    w.close()
+    rotate_by_hand(ckpt, 5, 10)
     assert mirror(ckpt, uri, "--replay").returncode == 0
     assert cli(*watch).returncode == 0
     assert sorted(os.listdir(held)) == ["step-000010", "step-000015"]  # 10 is leased here
@@ -311,19 +319,12 @@ def test_a_lingering_mirror_journals_reports_sent_after_the_run_ended(
     try:
         local = ckpt / "journal.jsonl"
         wait_for(lambda: journal_in(store) == local.read_bytes(), timeout=60, what="all mirrored")
-        script = tmp_path / "eval.py"
-        script.write_text(EVAL.format(out=str(tmp_path / "evaluated.jsonl")))
+        script, _ = eval_script(tmp_path)
         replica = tmp_path / "replica"
         remote = ("ilab-watch", uri, "--on-save", str(script), "--replay", "--download")
         assert cli(*remote, str(replica)).returncode == 0
         wait_for(
-            lambda: (
-                sum(
-                    r["event"] == "report" and "accuracy" in r["data"]["metrics"]
-                    for r in records(ckpt)
-                )
-                == 2
-            ),
+            lambda: len(eval_reports(ckpt)) == 2,
             timeout=60,
             what="both reports journaled in the run",
         )

@@ -143,13 +143,11 @@ class Replica:
     def _save(self, rec: dict[str, Any], later: list[bytes]) -> bytes | None:
         """A save record as copied into the replica, or None while its marker is awaited."""
         data = rec.get("data") or {}
-        path = data.get("checkpoint_path")
-        if not isinstance(path, str):
+        local = self._local(rec)
+        if local is None:
             return orjson.dumps(rec) + b"\n"
-        name = Path(path).name
-        root = checkpoint_root(self.dir, name)
-        local = root / name
-        key = f"{root.relative_to(self.dir).as_posix()}/{name}".lstrip("./")
+        name = local.name
+        key = local.relative_to(self.dir).as_posix()
         removed = any(
             (r := _record(line)) is not None
             and r.get("event") == "checkpoint_removed"
