@@ -82,8 +82,9 @@ class Replica:
         self.ended = False
         #: local checkpoints the run removed, deleted here once no lease holds them
         self._removed: set[Path] = set()
-        if for_watchers:
-            self._removed = self._removed_before()
+        if for_watchers:  # after a restart: what the replica's journal says was removed
+            for rec in iter_events(self.journal, {"save", "checkpoint_removed"}):
+                self._note_removal(rec)
 
     def close(self) -> None:
         if self.for_watchers:
@@ -183,12 +184,6 @@ class Replica:
                 self._removed.add(local)
             else:  # a later save of that step brings it back
                 self._removed.discard(local)
-
-    def _removed_before(self) -> set[Path]:
-        """After a restart: what the replica's journal says was removed and is still here."""
-        for rec in iter_events(self.journal, {"save", "checkpoint_removed"}):
-            self._note_removal(rec)
-        return {p for p in self._removed if p.exists()}
 
     def _prune(self) -> None:
         """Delete the local copies of removed checkpoints that no lease holds now."""
