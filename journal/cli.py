@@ -13,9 +13,10 @@ from typing import Any
 import click
 import orjson
 
-from journal.cli_common import UserError, dumps, require_journal, user_errors
+from journal.cli_common import Seconds, UserError, dumps, require_journal, user_errors
 from journal.cli_export import export
 from journal.cli_read import (
+    ManyEventsCommand,
     check_events,
     echo_value,
     journal_to_follow,
@@ -51,7 +52,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--stale-after",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=600.0,
     show_default=True,
     help="Seconds without a record (and no train_end) after which a run counts as stale.",
@@ -104,9 +105,16 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
 # -- show -----------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=ManyEventsCommand)
 @click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option("--event", "-e", "events", multiple=True, help="Only these events (repeatable).")
+@click.option(
+    "--event",
+    "-e",
+    "events",
+    multiple=True,
+    metavar="EVENT ...",
+    help="Only these events: -e save report (or -e save -e report).",
+)
 @click.option(
     "--since-step",
     type=click.IntRange(min=0),
@@ -167,7 +175,7 @@ def show(
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(low_open=True),
     default=0.25,
     show_default=True,
     help="Seconds between checks while following.",

@@ -80,3 +80,62 @@ def echo_value(text: str) -> None:
     Not ``click.echo``: it would drop what looks like a colour code from the value."""
     sys.stdout.write((printable(text) if sys.stdout.isatty() else text) + "\n")
     sys.stdout.flush()
+
+
+class ManyEventsCommand(click.Command):
+    """A command whose ``-e``/``--event`` takes every word that follows it, up to the next
+    option: ``show DIR -e save report`` is ``show DIR -e save -e report`` (both work, as
+    the docs write ``[-e EVENT ...]``). click has no option taking a variable number of
+    values, so the words are spread over repeated flags before click parses them."""
+
+    greedy: tuple[str, ...] = ("-e", "--event")
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not p.is_flag and not p.count
+            for opt in p.opts
+        }
+        return super().parse_args(ctx, spread_values(args, self.greedy, takes_value))
+
+
+def spread_values(args: list[str], greedy: tuple[str, ...], takes_value: set[str]) -> list[str]:
+    """``args`` with the words after a ``greedy`` option each given its own copy of it.
+
+    When no positional argument is left outside those words (``show -e save report
+    runs/x``), the last of them is the positional one (DIR), as it would be with one
+    event: ``-e save runs/x`` keeps meaning the events ``save`` of ``runs/x``."""
+    out: list[str] = []
+    added: list[int] = []  # where a copy of the option was put before a word
+    positional = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            positional = positional or i < len(args)
+            out += args[i - 1 :]
+            break
+        attached = any(  # --event=save, -esave: the first value in the same word
+            arg.startswith(f"{g}=") if g.startswith("--") else arg.startswith(g) and arg != g
+            for g in greedy
+        )
+        if arg in greedy or attached:
+            out.append(arg)
+            if not attached and i < len(args):  # its first value, whatever it looks like
+                out.append(args[i])
+                i += 1
+            while i < len(args) and not args[i].startswith("-"):
+                added.append(len(out))
+                out += [greedy[0], args[i]]
+                i += 1
+        elif arg in takes_value:
+            out += args[i - 1 : i + 1]
+            i += 1
+        else:
+            positional = positional or not arg.startswith("-") or arg == "-"
+            out.append(arg)
+    if not positional and added:
+        del out[added[-1]]  # that word is DIR
+    return out

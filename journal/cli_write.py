@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from journal.cli_common import UserError, user_errors
+from journal.cli_common import Seconds, UserError, user_errors
 from journal.events import CONTROL_COMMANDS
+from journal.leases import MAX_TTL_S
 from journal.paths import JOURNAL_NAME, checkpoint_step, ckpt_dir_of, resolve_journal
 
 # -- control --------------------------------------------------------------------------------
@@ -26,10 +27,15 @@ WAIT_DEFAULT_S = 300.0  # ``control --wait`` without SECONDS
 @click.argument("dir", type=click.Path())
 @click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
 @click.option("--source", default=None, help="Who asks (default: host:pid).")
-@click.option("--id", "command_id", default=None, help="Command id (default: a fresh unique id).")
+@click.option(
+    "--id",
+    "command_id",
+    default=None,
+    help="Command id: 1 to 200 letters, digits and _.:@+=- (default: a fresh unique id).",
+)
 @click.option(
     "--wait",
-    type=click.FloatRange(min=0, max=86400),
+    type=Seconds(high=86400),
     is_flag=False,
     flag_value=WAIT_DEFAULT_S,
     default=None,
@@ -59,8 +65,19 @@ def control(
     The outcome appears in the journal as a "control" record (accepted or rejected).
     With --wait, print that outcome instead of the id, in one line, when it comes.
     """
-    from journal.control import InvalidCommand, journal_end, send_command, wait_for_verdict
+    from journal.control import (
+        InvalidCommand,
+        check_command_id,
+        journal_end,
+        send_command,
+        wait_for_verdict,
+    )
 
+    try:
+        if command_id is not None:  # before anything is read or written
+            check_command_id(command_id)
+    except InvalidCommand as exc:
+        raise UserError(str(exc)) from None
     p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
@@ -196,7 +213,7 @@ def prune(dir: str) -> None:
 @click.argument("checkpoint")
 @click.option(
     "--ttl",
-    type=float,
+    type=Seconds(1, MAX_TTL_S),
     default=3600.0,
     show_default=True,
     help="Seconds until the lease expires unless released (1 to 2592000, i.e. 30 days).",
@@ -210,10 +227,8 @@ def lease(dir: str, checkpoint: str, ttl: float) -> None:
     a checkpoint directory of the run or its name (step-000040), or a Lightning .ckpt file
     inside DIR (a path, or relative to DIR).
     """
-    from journal.leases import MAX_TTL_S, LeaseError, acquire
+    from journal.leases import LeaseError, acquire
 
-    if not 1 <= ttl <= MAX_TTL_S:  # also false for nan: every lease must end
-        raise UserError(f"--ttl {ttl:g}: expected 1 to {MAX_TTL_S:.0f} seconds (30 days)")
     ckpt_dir = _run_dir(dir)
     try:
         held = acquire(ckpt_dir, checkpoint, ttl=ttl)

@@ -9,6 +9,7 @@ same directory and renamed, so the trainer never sees half a command and many wr
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import uuid
@@ -24,10 +25,20 @@ from journal.format import printable
 from journal.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.lock import lock_holder, run_holder
 from journal.paths import control_dir, journal_path
-from journal.reader import end_of_complete_lines, last_record
+from journal.reader import end_of_complete_lines, lines_backwards
 from journal.tailing import RotatingReader
 
 COMMAND_FILE_SUFFIX = ".json"
+#: What a command id may hold: it names a file in ``control/`` and is printed in one line
+#: (``--wait``'s verdict, the watcher's notices), so no separator, newline or other control
+#: character; up to 200 characters, so that ``<id>.json`` fits a file name's 255 bytes.
+_COMMAND_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,199}")
+#: Records that others than the trainer append after its ``train_end``: a late eval's
+#: ``report``, a scheduler ``job``, a refused inbox file's ``control``, ``prune``'s
+#: ``checkpoint_removed``. They do not make an ended run a running one.
+AFTER_END_EVENTS = frozenset(
+    {"report", "job", "control", "checkpoint_removed", "checkpoint_kept", "journal_gap"}
+)
 
 
 class InvalidCommand(ValueError):
@@ -81,6 +92,20 @@ def new_command_id() -> str:
     return f"{time.time_ns():x}-{uuid.uuid4().hex[:8]}"
 
 
+def check_command_id(command_id: str) -> str:
+    """``command_id`` if it can name a command (letters, digits and ``_.:@+=-``, not first
+    ``.`` or ``-``, 1 to 200 characters); raises InvalidCommand in one line otherwise."""
+    if not _COMMAND_ID.fullmatch(command_id):
+        shown = repr(command_id[:64]) + ("..." if len(command_id) > 64 else "")
+        raise InvalidCommand(
+            printable(
+                f"invalid command id {shown}: use 1 to 200 letters, digits and _.:@+=- "
+                "(the first not . or -)"
+            )
+        )
+    return command_id
+
+
 def send_command(
     ckpt_dir: str | os.PathLike[str],
     command: str | Control,
@@ -98,12 +123,9 @@ def send_command(
         reason = command.reason if reason is None else reason
         command = command.command
     Control(command, reason)  # validate
+    cid = check_command_id(command_id) if command_id is not None else new_command_id()
     cdir = control_dir(ckpt_dir)
     cdir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    cid = command_id or new_command_id()
-    # 200 bytes: the file name (id + .json) must fit the file system's 255
-    if not cid or "/" in cid or cid.startswith(".") or len(cid.encode()) > 200:
-        raise InvalidCommand(f"invalid command id {cid!r}")
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
@@ -169,13 +191,13 @@ def wait_for_verdict(
 ) -> Verdict:
     """Follow the journal from byte ``since`` until the ``control`` record of
     ``command_id`` appears, ``timeout`` seconds pass, or no attempt is running to read the
-    command: the journal ends with ``train_end`` (or does not exist) and nobody holds the
-    run dir (no journal writer, no launcher). A crashed attempt (no ``train_end``) or a lock
+    command: the run ended (its last trainer record is ``train_end``, late reports aside; or
+    no journal) and nobody holds the run dir (no journal writer, no launcher). A crashed attempt (no ``train_end``) or a lock
     this host cannot see (some network file systems) is waited on: ``timeout`` then."""
     path = Path(journal_path(ckpt_dir))
     reader = RotatingReader(path, since)  # mv and copytruncate lose no record
-    last = last_record(path) if path.exists() else None
-    seen = _Seen(command_id, last.get("event") if last else None)
+    last = last_trainer_record(path)
+    seen = _Seen(command_id, ended=last is None or last.get("event") == "train_end")
     deadline = time.monotonic() + timeout
     next_check = time.monotonic()
     try:
@@ -184,7 +206,7 @@ def wait_for_verdict(
             if verdict := seen.read(reader):
                 return verdict
             now = time.monotonic()
-            if now >= next_check and seen.last_event in (None, "train_end"):
+            if now >= next_check and seen.ended:
                 next_check = now + RUNNING_CHECK_S
                 if lock_holder(ckpt_dir) is None and run_holder(ckpt_dir) is None:
                     # the verdict may have come just before the trainer let go: one more look
@@ -199,20 +221,47 @@ def wait_for_verdict(
 class _Seen:
     """What :func:`wait_for_verdict` learnt from the records so far."""
 
-    def __init__(self, command_id: str, last_event: str | None) -> None:
-        self.command_id, self.last_event = command_id, last_event
+    def __init__(self, command_id: str, *, ended: bool) -> None:
+        # ended: no attempt runs by the journal (it ended with train_end, maybe followed
+        # by late reports; or there is no journal yet)
+        self.command_id, self.ended = command_id, ended
 
     def read(self, reader: RotatingReader) -> Verdict | None:
         """The verdict among the records the journal gained, if there."""
         for rec in reader.read().records:
-            self.last_event = rec.get("event")
+            event = rec.get("event")
+            if event not in AFTER_END_EVENTS:
+                self.ended = event == "train_end"
             data = rec.get("data") or {}
-            if self.last_event == "control" and data.get("id") == self.command_id:
+            if event == "control" and data.get("id") == self.command_id:
                 outcome: Literal["applied", "rejected"] = (
                     "applied" if data.get("accepted") is True else "rejected"
                 )
                 return Verdict(outcome, data, rec.get("step"))
         return None
+
+
+def last_trainer_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The journal's last record that is not one of :data:`AFTER_END_EVENTS` (None: no
+    journal, or no such record). Read backwards past the records others append after the
+    end (a late eval's report, a job's state) up to the trainer's last one, so the cost
+    follows those few records, not the journal's length."""
+    for _, line in lines_backwards(path, block=64 * 1024):
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # an invalid line (the readers skip it too)
+        is_record = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
+        if is_record and rec.get("event") not in AFTER_END_EVENTS:
+            return rec
+    return None
+
+
+def run_end(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``train_end`` that ended the journal's run, wherever it is (late reports may
+    follow it); None while an attempt runs, or with no journal."""
+    last = last_trainer_record(path)
+    return last if last is not None and last.get("event") == "train_end" else None
 
 
 @dataclass(frozen=True)
@@ -236,16 +285,16 @@ def unapplied_commands(
 ) -> tuple[int | None, list[UnappliedCommand]]:
     """The commands that arrived after the run ended, with the step it ended at.
 
-    When the journal ends with ``train_end``, no attempt reads ``control/`` any more (the
+    When the run's last ``train_end`` is the journal's last trainer record (only records of
+    :data:`AFTER_END_EVENTS`, such as late reports, after it), no attempt reads ``control/`` any more (the
     trainer's last look came before that record, and a resumed attempt writes
     ``train_begin`` first): the command files still there were not applied and will not be.
     Nothing is moved or journaled: the journal has one writer, and a record after
     ``train_end`` would make the next attempt continue this run. A later attempt rejects
     them as stale (their files are there when it starts), with a ``control`` record each.
     Returns ``(None, [])`` while the run goes on (or has no journal)."""
-    path = journal_path(ckpt_dir)
-    last = last_record(path) if path.exists() else None
-    if last is None or last.get("event") != "train_end":
+    end = run_end(journal_path(ckpt_dir))
+    if end is None:
         return None, []
     directory = control_dir(ckpt_dir)
     try:
@@ -270,5 +319,5 @@ def unapplied_commands(
                 command if isinstance(command, str) and command in CONTROL_COMMANDS else None,
             )
         )
-    step = last.get("step")
+    step = end.get("step")
     return step if isinstance(step, int) else None, out

@@ -140,9 +140,18 @@ def stats_text(d: dict[str, Any]) -> str:
     lines = ["events:"]
     for ev, c in sorted(d["counts"].items(), key=lambda kv: order.get(kv[0], 99)):
         lines.append(f"  {printable(ev):<24}{c:>10}")
-    lines.append("phases:            count     total s      mean s")
+    # A phase with no measured record has no time ("n/a", not 0); records that carry no
+    # duration (the bridges' saves) get a column of their own, only when there are some.
+    unmeasured = any(v.get("unmeasured") for v in d["phases"].values())
+    lines.append(
+        "phases:            count     total s      mean s"
+        + ("   no duration" if unmeasured else "")
+    )
     for ph, v in d["phases"].items():
-        lines.append(f"  {ph:<14}{v['count']:>9}{v['total_s']:>12.3f}{v['mean_s']:>12.4f}")
+        total = "n/a" if v["total_s"] is None else f"{v['total_s']:.3f}"
+        mean = "n/a" if v["mean_s"] is None else f"{v['mean_s']:.4f}"
+        row = f"  {ph:<14}{v['count']:>9}{total:>12}{mean:>12}"
+        lines.append(row + (f"{v.get('unmeasured', 0):>14}" if unmeasured else ""))
     lines.append(f"wall time: {d['wall_s']:.1f}s  invalid lines: {d['invalid_lines']}")
     if d["tokens_per_s"]:
         lines.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -192,12 +193,27 @@ class Summarizer:
 
 @dataclass
 class PhaseStats:
+    """Time spent in one phase. ``count``: records that say how long they took;
+    ``unmeasured``: records of the phase that do not (the HF, Accelerate and Lightning
+    bridges' saves carry ``duration: null``), left out of the time rather than taken as 0 s."""
+
     count: int = 0
     total_s: float = 0.0
+    unmeasured: int = 0
 
     @property
-    def mean_s(self) -> float:
-        return self.total_s / self.count if self.count else 0.0
+    def mean_s(self) -> float | None:
+        """None when nothing was measured: no time is known, which is not 0 s."""
+        return self.total_s / self.count if self.count else None
+
+    def to_dict(self) -> dict[str, Any]:
+        total = self.total_s if self.count else None
+        return {
+            "count": self.count,
+            "total_s": total,
+            "mean_s": self.mean_s,
+            "unmeasured": self.unmeasured,
+        }
 
 
 _PHASE_EVENTS = frozenset({"log", "evaluate", "save"})
@@ -245,6 +261,7 @@ class JournalStats:
         for name, phase in later.phases.items():
             self.phases[name].count += phase.count
             self.phases[name].total_s += phase.total_s
+            self.phases[name].unmeasured += phase.unmeasured
         self.tokens += later.tokens
         self.samples += later.samples
         self.log_time_s += later.log_time_s
@@ -265,9 +282,11 @@ class JournalStats:
                 self.samples += _count(bm.get("total_samples"))
         else:
             d = data.get("duration")
-            if isinstance(d, (int, float)):
+            if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
                 self.phases[ev].count += 1
                 self.phases[ev].total_s += d
+            else:  # no duration recorded (a bridge's save): not known, so not 0 s
+                self.phases[ev].unmeasured += 1
 
     def to_dict(self) -> dict[str, Any]:
         wall = (
@@ -277,10 +296,7 @@ class JournalStats:
         )
         return {
             "counts": dict(self.counts),
-            "phases": {
-                k: {"count": v.count, "total_s": v.total_s, "mean_s": v.mean_s}
-                for k, v in self.phases.items()
-            },
+            "phases": {k: v.to_dict() for k, v in self.phases.items()},
             "wall_s": wall,
             "tokens_per_s": self.tokens / self.log_time_s if self.log_time_s else None,
             "samples_per_s": self.samples / self.log_time_s if self.log_time_s else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import orjson
@@ -125,6 +126,42 @@ def test_show_filters_table_and_json(ckpt: Path) -> None:
     assert "loss=0.2" in table and "event" in table.splitlines()[0]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["{run}", "-e", "save", "train_end"],  # as docs/cli.md writes it: [-e EVENT ...]
+        ["{run}", "-e", "save", "-e", "train_end"],
+        ["-e", "save", "train_end", "{run}"],  # DIR after the events
+        ["{run}", "--event=save", "train_end", "--since-step", "6"],
+        ["-e", "save", "train_end", "{run}", "--last", "3"],
+    ],
+)
+def test_show_takes_several_events_after_one_flag(ckpt: Path, args: list[str]) -> None:
+    write_run(ckpt, steps=10, save_every=3)
+    argv = [a.format(run=ckpt) for a in args]
+    proc = cli("ilab-journal", "show", *argv, "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = [(r["event"], r["step"]) for r in map(json.loads, proc.stdout.splitlines())]
+    assert got[-2:] == [("save", 9), ("train_end", 10)]
+    assert {e for e, _ in got} == {"save", "train_end"}
+    typo = cli("ilab-journal", "show", str(ckpt), "-e", "save", "tarin_end")
+    assert typo.returncode == 2 and "did you mean 'train_end'" in typo.stderr
+
+
+def test_the_readme_status_comment_names_the_codes_its_example_gives() -> None:
+    """The README's example stops the run (``control stop``): its ``status`` comment names
+    that exit code (4 stopped) and only codes ``status`` gives."""
+    from journal.summary import STATE_EXIT_CODES
+    from tests.helpers import ROOT
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    [comment] = [line.split("#", 1)[1] for line in lines if "ilab-journal status runs/x;" in line]
+    named = dict(re.findall(r"(\d) (\w+)", comment))
+    assert "control stop runs/x" in "\n".join(lines)
+    assert named["4"] == "stopped", comment
+    assert all(STATE_EXIT_CODES[state] == int(code) for code, state in named.items()), comment
+
+
 def test_show_warns_on_invalid_lines_and_keeps_going(ckpt: Path) -> None:
     write_run(ckpt, steps=2)
     path = ckpt / "journal.jsonl"
@@ -185,6 +222,34 @@ def test_stats(ckpt: Path) -> None:
     assert js["phases"]["save"]["total_s"] == pytest.approx(0.2)
     assert js["tokens_per_s"] == pytest.approx(1024 / 0.25)
     assert "phases" in cli("ilab-journal", "stats", str(ckpt)).stdout
+
+
+def test_stats_leave_saves_without_a_duration_out_of_the_time(ckpt: Path) -> None:
+    """The HF, Accelerate and Lightning bridges' saves carry ``duration: null``: stats count
+    them apart ("no duration") and give no time for them, never 0 s, nor a mean halved by
+    them (issue 43)."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+        for step, duration in ((2, None), (4, None), (6, 0.3)):
+            path = str(ckpt / f"checkpoint-{step}")
+            payload = {"checkpoint_path": path, "kind": ["hf"], "duration": duration}
+            w.append("save", payload, step=step)  # as trainer.integrations.hf_trainer writes
+            if step == 4:
+                w.append("train_end", {"status": "completed"}, step=4)
+                bridge = json.loads(cli("ilab-journal", "stats", str(ckpt), "--json").stdout)
+                text = cli("ilab-journal", "stats", str(ckpt)).stdout
+    save = bridge["phases"]["save"]
+    assert save == {"count": 0, "total_s": None, "mean_s": None, "unmeasured": 2}
+    phases = text.split("phases:")[1].splitlines()
+    [row] = [line.split() for line in phases if line.strip().startswith("save ")]
+    assert row == ["save", "0", "n/a", "n/a", "2"] and "no duration" in text
+    mixed = json.loads(cli("ilab-journal", "stats", str(ckpt), "--json").stdout)
+    assert mixed["phases"]["save"] == {
+        "count": 1,
+        "total_s": pytest.approx(0.3),
+        "mean_s": pytest.approx(0.3),  # not 0.1: the two without a duration are not 0 s
+        "unmeasured": 2,
+    }
 
 
 def test_validate_clean_and_corrupt(ckpt: Path) -> None:

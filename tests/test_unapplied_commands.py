@@ -10,7 +10,7 @@ from pathlib import Path
 from journal import send_command
 from journal.control import unapplied_commands
 from journal.writer import JournalWriter
-from tests.helpers import cli, records
+from tests.helpers import cli, make_checkpoint, records
 
 
 def ended_run(tmp_path: Path) -> Path:
@@ -60,3 +60,44 @@ def test_a_running_or_resumed_run_has_none(tmp_path: Path) -> None:
         w.append("train_begin", {"config": {}})
     assert unapplied_commands(run) == (None, [])
     assert "arrived after" not in cli("ilab-journal", "status", str(run)).stdout
+
+
+def test_commands_are_reported_when_late_reports_follow_train_end(tmp_path: Path) -> None:
+    """A late eval's report (and a scheduler job's state) after ``train_end`` leaves the
+    run ended: the commands that came after it are still said, by status and the watcher,
+    and ``control --wait`` says at once that no attempt runs (issue 43)."""
+    run = ended_run(tmp_path)
+    run_id = records(run)[0]["run_id"]
+    make_checkpoint(run, 5, run_id)
+    # A real late report: an eval that outlived the run, journaled after train_end
+    late = cli("ilab-journal", "report", str(run), "--checkpoint", "step-000005", "accuracy=0.9")
+    assert late.returncode == 0, late.stderr
+    send_command(run, "stop", reason="accuracy reached", command_id="late-1")
+    assert [r["event"] for r in records(run)][-2:] == ["train_end", "report"]
+
+    assert unapplied_commands(run)[0] == 5
+    status = cli("ilab-journal", "status", str(run))
+    assert status.returncode == 0, status.stderr
+    assert "1 control command(s) arrived after the run ended: not applied" in status.stdout
+    watch = cli("ilab-watch", str(run), "--replay", "--on-report", "true")
+    assert watch.returncode == 0, watch.stderr
+    assert "control stop (id late-1) arrived after the run ended at step 5" in watch.stderr
+
+    wait = cli("ilab-journal", "control", "save", str(run), "--wait", "30", timeout=20)
+    assert wait.returncode == 124, wait.stderr
+    assert "no training attempt is running" in wait.stdout
+
+
+def test_a_command_id_is_one_printable_word(tmp_path: Path) -> None:
+    """An id names a file and is printed in one line: a newline, a slash or a terminal
+    escape in it is refused in one line (exit 2), nothing written."""
+    run = ended_run(tmp_path)
+    for bad in ("a\nb", "a/b", "\x1b[31mred", "-x", ".hidden", "x" * 201, "a b"):
+        proc = cli("ilab-journal", "control", "stop", str(run), "--id", bad)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "invalid command id" in proc.stderr and "\x1b" not in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (run / "control").exists() or not any((run / "control").iterdir())
+    ok = cli("ilab-journal", "control", "stop", str(run), "--id", "eval-42_retry.1")
+    assert ok.returncode == 0 and ok.stdout.strip() == "eval-42_retry.1", ok.stderr

@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
+from journal.cli_common import Seconds
 from journal.events import EVENTS
-from journal.leases import DEFAULT_TTL_S
+from journal.leases import DEFAULT_TTL_S, MAX_TTL_S
 from watcher.hooks import QueuePolicy
 from watcher.mirror.remote import RunDirOrURI
 from watcher.scheduler.options import SCHEDULER_OPTIONS
@@ -127,7 +128,7 @@ _OPTIONS = [
     ),
     click.option(
         "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Seconds(low_open=True),
         default=None,
         help="Seconds per delivery before its process group is killed [default: 3600].",
     ),
@@ -140,7 +141,7 @@ _OPTIONS = [
     ),
     click.option(
         "--backoff",
-        type=click.FloatRange(min=0),
+        type=Seconds(),
         default=1.0,
         show_default=True,
         help="First retry delay in seconds (doubles).",
@@ -166,14 +167,14 @@ _OPTIONS = [
     ),
     click.option(
         "--poll",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Seconds(low_open=True),
         default=None,
         metavar="SECONDS",
         help="Poll instead of filesystem events (automatic on network filesystems).",
     ),
     click.option(
         "--lease-ttl",
-        type=click.FloatRange(min=1, max=30 * 86400),  # inf and nan refused: a lease must end
+        type=Seconds(1, MAX_TTL_S),  # inf and nan refused: a lease must end
         default=DEFAULT_TTL_S,
         show_default=True,
         metavar="SECONDS",
