@@ -84,6 +84,8 @@ def test_accelerate_loop_journal_reads_with_status_and_stats(tmp_path: Path) -> 
     assert status["state"] == "completed" and status["last_step"] == 7
     stats = json.loads(cli("ilab-journal", "stats", str(run), "--json").stdout)
     assert stats["counts"]["log"] == 7 and stats["counts"]["save"] == 2
+    # the bridge's saves carry no duration: counted apart, never as 0 s
+    assert stats["phases"]["save"] == {"count": 0, "total_s": None, "mean_s": None, "unmeasured": 2}
     recs = records(run)
     assert recs[0]["data"]["config"] == {"lr": 0.1, "steps": 7}
     assert [r["data"]["loss"] is not None for r in recs if r["event"] == "log"] == [True] * 7
