@@ -22,6 +22,9 @@ from pathlib import Path
 
 ACCESS_KEY = "ilabtestkey"
 SECRET_KEY = "ilabtestsecret0123456789"
+#: A second identity that may read and list, never write or delete (a store that denies).
+READER_KEY = "ilabreaderkey"
+READER_SECRET = "ilabreadersecret01234567"
 START_TIMEOUT_S = 60.0
 
 
@@ -96,6 +99,14 @@ class S3Server:
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def reader_env(self) -> dict[str, str]:
+        """:meth:`env` with the keys of the identity that may only read and list."""
+        return {
+            **self.env(),
+            "AWS_ACCESS_KEY_ID": READER_KEY,
+            "AWS_SECRET_ACCESS_KEY": READER_SECRET,
         }
 
     def fresh_uri(self) -> str:
@@ -184,7 +195,12 @@ def identities() -> dict[str, object]:
                 "name": "ilab",
                 "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }
+            },
+            {
+                "name": "reader",
+                "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
+                "actions": ["Read", "List"],
+            },
         ]
     }
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,16 @@ import pytest
 from journal import JournalWriter
 from journal.remote.layout import JOURNAL_PREFIX, marked_checkpoints, segments
 from journal.remote.store import Store
-from tests.helpers import BIN, cli, make_checkpoint, records, wait_for, write_run
+from tests.helpers import (
+    BIN,
+    cli,
+    free_port,
+    make_checkpoint,
+    records,
+    small_tmpfs,
+    wait_for,
+    write_run,
+)
 
 
 def mirror(
@@ -39,7 +50,12 @@ def finished_run(ckpt: Path, steps: int = 10, save_every: int = 5) -> str:
 
 def journal_in(store: Store) -> bytes:
     listing = store.listing(JOURNAL_PREFIX)
-    return b"".join(store.get_bytes(s.key) for s in segments(listing))
+    return b"".join(read(store, s.key) for s in segments(listing))
+
+
+def read(store: Store, key: str) -> bytes:
+    """An object's bytes, all of them (the test's own read: no cap)."""
+    return bytes(store.fs.cat_file(store.path(key)))
 
 
 def local_files(path: Path) -> dict[str, int]:
@@ -90,7 +106,7 @@ def test_a_finished_run_is_mirrored_marker_last_and_journaled(ckpt: Path, s3: An
     assert marked_checkpoints(store.listing("checkpoints/")) == set(names)
     for name in names:
         files = stored_files(store, name)
-        marker = json.loads(store.get_bytes(f"{name}/.upload_complete"))
+        marker = json.loads(read(store, f"{name}/.upload_complete"))
         del files[".upload_complete"]
         assert files == local_files(ckpt / name) == marker["files"]
     # what was sent is journaled, and the journal with those records is in the store
@@ -265,11 +281,21 @@ def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: An
             assert '"state": "completed"' in there.stdout.replace('":"', '": "'), there.stdout
         else:
             assert there.stdout == here.stdout, args
-    gone = cli("ilab-journal", "status", "s3://no-such-bucket-ilab/x")
+    empty = cli("ilab-journal", "status", s3.fresh_uri())
+    assert empty.returncode == 2, empty.stderr
+    assert "Traceback" not in empty.stderr
+    last = empty.stderr.strip().splitlines()[-1]
+    assert last.endswith("holds no mirrored journal (journal/*.jsonl)")
+    gone = cli("ilab-journal", "status", "s3://no-such-bucket-ilab/x")  # said as such
     assert gone.returncode == 2, gone.stderr
     assert "Traceback" not in gone.stderr
     assert (
-        gone.stderr.strip().splitlines()[-1].endswith("holds no mirrored journal (journal/*.jsonl)")
+        gone.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "cannot read s3://no-such-bucket-ilab/x: no such bucket (NoSuchBucket: The specified "
+            "bucket does not exist)"
+        )
     )
 
 
@@ -338,3 +364,175 @@ def test_a_lingering_mirror_journals_reports_sent_after_the_run_ended(
     assert store.listing("reports/") == {}
     quick = mirror(ckpt, uri, "--replay", "--linger", "1")  # ends by itself after 1 s
     assert quick.returncode == 0, quick.stderr
+
+
+# -- nothing pinned, nothing crossed, nothing silent (issue 43) ---------------------------
+
+
+def snapshot(store: Store) -> dict[str, bytes]:
+    """Every object under a store's URI, byte for byte."""
+    return {key: read(store, key) for key in store.listing("")}
+
+
+def test_a_mirror_refused_for_another_runs_prefix_leaves_it_byte_for_byte(
+    tmp_path: Path, s3: Any
+) -> None:
+    """Run A is mirrored; run B, which rotated checkpoints of A's step names away and saved
+    one A never had, is mirrored to A's URI: refused in one line (exit 1), and A's prefix
+    is as it was: no checkpoint of A deleted, none of B uploaded, nothing brought in."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    finished_run(a)
+    uri = s3.fresh_uri() + "/m6"
+    assert mirror(a, uri, "--replay").returncode == 0
+    store = Store(uri)
+    store.put_bytes("reports/late.json", b'{"checkpoint_path": "step-000010", "metrics": {}}')
+    before = snapshot(store)
+    assert {"checkpoints/step-000005", "checkpoints/step-000010"} <= {
+        "/".join(k.split("/")[:2]) for k in before
+    }
+    finished_run(b, steps=15)
+    rotate_by_hand(b, 5, 10)
+    for extra in (("--replay",), ()):  # a finished run's replay, and a follower
+        r = mirror(b, uri, *extra, timeout=60)
+        assert snapshot(store) == before
+        assert r.returncode == 1, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "give the mirror a new URI" in lines[0], r.stderr
+    assert not list((b / "reports").glob("*.json"))  # A's report stayed A's
+
+
+def test_store_errors_are_told_transient_or_permanent(
+    tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one classification (journal.remote.errors.classify) on what the real server and
+    this machine raise: a refusal is permanent and says its cause; no answer is transient;
+    a full local disk is local, never the store."""
+    from journal.remote.errors import Kind, classify
+
+    def problem(uri: str, act: Any = lambda st: st.check(), **kw: Any) -> Any:
+        try:
+            act(Store(uri, **kw))
+        except Exception as exc:
+            return classify(exc)
+        raise AssertionError(f"{uri}: no error")
+
+    bucket = s3.fresh_uri().split("/")[2]
+    cases = {
+        "s3://Invalid_Bucket/x": "no such bucket",  # SeaweedFS: listing it, NoSuchBucket
+        "s3://bkt:99999/x": 'invalid request: Invalid bucket name "bkt:99999"',
+        "s3://no-such-bucket-ilab/x": "no such bucket",
+    }
+    for uri, cause in cases.items():
+        got = problem(uri)
+        assert (got.kind, got.cause[: len(cause)]) == (Kind.PERMANENT, cause), uri
+    dotted = problem(f"s3://{bucket}/a/../b", lambda st: st.put_bytes("k", b"1"))
+    assert dotted.kind is Kind.PERMANENT and "InvalidRequest" in dotted.cause
+    with monkeypatch.context() as m:
+        m.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        got = problem(s3.fresh_uri())
+        assert got.kind is Kind.PERMANENT and "signature does not match" in got.cause
+        m.setenv("AWS_ACCESS_KEY_ID", "nosuchkey")
+        got = problem(s3.fresh_uri())
+        assert got.kind is Kind.PERMANENT and "access key" in got.cause
+    with monkeypatch.context() as m:
+        for k, v in s3.reader_env().items():
+            m.setenv(k, v)
+        got = problem(s3.fresh_uri(), lambda st: st.put_bytes("k", b"1"))
+        assert got.kind is Kind.PERMANENT and got.cause.startswith("access denied"), got
+    with monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+        assert problem(s3.fresh_uri()).kind is Kind.TRANSIENT
+    uri = s3.fresh_uri()
+    Store(uri).put_bytes("big", os.urandom(4 << 20))
+    with small_tmpfs(tmp_path, "1m") as disk:
+        full = problem(uri, lambda st: st.get_files([("big", str(disk / "big"))]))
+    assert (full.kind, full.cause) == (Kind.LOCAL, "No space left on device")
+    os.killpg(s3.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        got = problem(uri, lambda st: st.listing(""), read_timeout=1)
+    finally:
+        os.killpg(s3.proc.pid, signal.SIGCONT)
+    assert got.kind is Kind.TRANSIENT and "timeout" in got.cause.lower(), got
+
+
+@pytest.mark.parametrize(
+    "uri, env",
+    [
+        ("s3://Invalid_Bucket/x", {}),
+        ("s3://bkt:99999/x", {}),
+        ("fresh", {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}),
+        ("fresh", {"AWS_ACCESS_KEY_ID": "nosuchkey"}),
+    ],
+)
+def test_a_store_that_refuses_is_one_line_and_exit_2_at_start(
+    tmp_path: Path, ckpt: Path, s3: Any, uri: str, env: dict[str, str]
+) -> None:
+    """An invalid bucket or wrong credentials: the mirror (following a run) and a remote
+    watcher each say the cause in one line and exit 2 within 10 s; no retrying forever as
+    if the store were down."""
+    finished_run(ckpt)
+    uri = s3.fresh_uri() if uri == "fresh" else uri
+    for argv in (
+        ("ilab-watch", str(ckpt), "--mirror", uri),
+        ("ilab-watch", uri, "--on-save", "true"),
+    ):
+        t0 = time.monotonic()
+        r = cli(*argv, timeout=30, env={**env, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+        assert r.returncode == 2, r.stderr
+        assert time.monotonic() - t0 < 10
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr
+        assert "does not answer" not in lines[0] and "Traceback" not in r.stderr
+        assert any(
+            cause in lines[0]
+            for cause in ("no such bucket", "Invalid bucket name", "signature", "access key")
+        ), lines[0]
+
+
+def test_a_store_that_refuses_mid_run_stops_the_mirror_and_lets_go_of_its_leases(
+    tmp_path: Path, ckpt: Path, s3: Any
+) -> None:
+    """The bucket is deleted while a run is mirrored (beside a hook, so the watcher goes
+    on): the mirror says so in one line and holds no lease from then on, so rotation takes
+    the checkpoints as if no mirror ran; the watcher exits 2 at the run's end."""
+    import s3fs
+
+    from journal.leases import active
+
+    bucket = f"ilab-gone-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+    uri = f"s3://{bucket}/run"
+    store = Store(uri)
+    w = JournalWriter(ckpt)
+    w.append("train_begin", {"config": {}, "world_size": 1, "total_steps": 10})
+    err = tmp_path / "stderr"
+    with open(err, "w") as out:
+        job = subprocess.Popen(
+            [str(BIN / "ilab-watch"), str(ckpt), "--mirror", uri, "--on-log", "true"],
+            stderr=out,
+            text=True,
+        )
+    try:
+        path = make_checkpoint(ckpt, 5, w.run_id)
+        w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=5)
+        wait_for(lambda: marked_checkpoints(store.listing("checkpoints/")), what="a marker")
+        s3fs.S3FileSystem(skip_instance_cache=True).rm(bucket, recursive=True)
+        path = make_checkpoint(ckpt, 10, w.run_id)
+        w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=10)
+
+        def mirror_stopped_and_let_go() -> bool:
+            mine = [x for x in active(ckpt) if x.holder.startswith("mirror:")]
+            return "mirror: stopped" in err.read_text() and not mine
+
+        wait_for(mirror_stopped_and_let_go, timeout=60, what="the mirror stopped, no lease")
+        assert job.poll() is None  # the watcher's hook goes on following the run
+        w.append("train_end", {"status": "completed", "reason": None}, step=10)
+        w.close()
+        assert job.wait(60) == 2
+    finally:
+        job.kill()
+        job.wait()
+    text = err.read_text()
+    said = [line for line in text.splitlines() if "mirror: stopped" in line]
+    assert len(said) == 1 and "no such bucket" in said[0], text
+    assert "does not answer" not in text and "Traceback" not in text

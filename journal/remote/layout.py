@@ -12,6 +12,12 @@
   the mirroring watcher moves into the run dir's inboxes.
 - ``leases/<name>/<id>.json``: a remote watcher's hold on a checkpoint (``expires``): the
   mirror keeps it in the store while held.
+- ``owner.json``: whose mirror this is (the run's id and a hash of its journal's first
+  line), written by the mirror's first write: every later write and delete checks it.
+
+Every object is read with a cap on its size (a file of the inboxes: the local inboxes'
+:data:`journal.inbox.MAX_FILE_BYTES`; a segment, a marker: the sizes below), so a huge
+object in the store is refused unread.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ REPORTS_PREFIX = "reports/"
 CONTROL_PREFIX = "control/"
 LEASES_PREFIX = "leases/"
 MARKER_NAME = ".upload_complete"
+OWNER_KEY = "owner.json"
+
+#: One segment holds at most this much (the mirror cuts bigger ranges; a reader refuses a
+#: bigger object).
+MAX_SEGMENT_BYTES = 16 << 20
+#: A marker lists a checkpoint's files: thousands of them fit.
+MAX_MARKER_BYTES = 16 << 20
 
 _SEGMENT = re.compile(r"^journal/(\d{16})-(\d{16})\.jsonl$")
 
@@ -47,14 +60,15 @@ def segment_key(start: int, end: int) -> str:
 
 def segments(listing: dict[str, int]) -> list[Segment]:
     """The journal's segments from a listing (key -> size): the contiguous run from byte 0,
-    in order. Keys that are not segments, or whose size is wrong, are left out; so is all
-    after a gap (nothing past it can be read in order)."""
+    in order. Keys that are not segments, or whose size is wrong (or over
+    MAX_SEGMENT_BYTES), are left out; so is all after a gap (nothing past it can be read in
+    order)."""
     found: dict[int, Segment] = {}
     for key, size in listing.items():
         m = _SEGMENT.match(key)
         if m:
             seg = Segment(int(m.group(1)), int(m.group(2)))
-            if seg.end > seg.start and size == seg.end - seg.start:
+            if 0 < seg.end - seg.start == size <= MAX_SEGMENT_BYTES:
                 found.setdefault(seg.start, seg)
     out: list[Segment] = []
     pos = 0

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from journal.remote.errors import classify
 from journal.remote.replica import Replica
 from journal.remote.store import StoreURIError, is_uri
 
@@ -28,6 +29,7 @@ def open_for_reading(uri: str) -> Path:
     where = Path(tempfile.mkdtemp(prefix="ilab-remote-"))
     atexit.register(shutil.rmtree, where, True)
     replica = Replica(uri, where / "run", for_watchers=False)
+    replica.store.check()  # no such bucket is said as such, not as "holds no journal"
     replica.sync()
     if replica.journal.stat().st_size == 0:
         raise StoreURIError(f"{uri} holds no mirrored journal (journal/*.jsonl)")
@@ -58,8 +60,7 @@ class RunDirOrURI(click.ParamType):
         except StoreURIError as exc:
             self.fail(str(exc), param, ctx)
         except Exception as exc:  # the store's client: unreachable, denied, no such bucket
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self.fail(f"cannot read {text}: {first}", param, ctx)
+            self.fail(f"cannot read {text}: {classify(exc).cause}", param, ctx)
 
 
 RUN_DIR_OR_URI = RunDirOrURI()

@@ -38,6 +38,7 @@ from journal.remote.layout import (
     CONTROL_PREFIX,
     JOURNAL_PREFIX,
     LEASES_PREFIX,
+    MAX_SEGMENT_BYTES,
     REPORTS_PREFIX,
     marker_key,
     segments,
@@ -102,7 +103,7 @@ class Replica:
         whether anything was copied. Raises OSError and the store client's errors."""
         for seg in segments(self.store.listing(JOURNAL_PREFIX)):
             if seg.end > self._offset + len(self._pending):
-                data = self.store.get_bytes(seg.key)
+                data = self.store.get_bytes(seg.key, MAX_SEGMENT_BYTES)
                 self._pending += data[self._offset + len(self._pending) - seg.start :]
         copied = self._copy()
         if self.for_watchers:
@@ -114,21 +115,29 @@ class Replica:
         lines = self._pending.splitlines(keepends=True)
         out: list[bytes] = []
         used = 0
-        for i, line in enumerate(lines):
-            rec = _record(line)
-            if rec is not None and rec.get("event") == "save" and self.for_watchers:
-                rewritten = self._save(rec, lines[i + 1 :])
-                if rewritten is None:
-                    break  # its checkpoint is not in the store yet
-                line = rewritten
-            elif rec is not None and rec.get("event") in ("train_end", "train_begin"):
-                self.ended = rec["event"] == "train_end"
-            if rec is not None and self.for_watchers:
-                self._note_removal(rec)
-            out.append(line)
-            used += len(lines[i])
+        try:
+            for i, line in enumerate(lines):
+                rec = _record(line)
+                if rec is not None and rec.get("event") == "save" and self.for_watchers:
+                    rewritten = self._save(rec, lines[i + 1 :])
+                    if rewritten is None:
+                        break  # its checkpoint is not in the store yet
+                    line = rewritten
+                elif rec is not None and rec.get("event") in ("train_end", "train_begin"):
+                    self.ended = rec["event"] == "train_end"
+                if rec is not None and self.for_watchers:
+                    self._note_removal(rec)
+                out.append(line)
+                used += len(lines[i])
+        finally:  # a download that fails (a full disk) keeps what came before it: its
+            self._append(out, used)  # checkpoints were fetched whole, and are delivered
+        return bool(out)
+
+    def _append(self, out: list[bytes], used: int) -> None:
+        """Append the copied lines (``used`` bytes of the store's journal) and note how far
+        the copy is."""
         if not out:
-            return False
+            return
         with open(self.journal, "ab") as f:
             f.write(b"".join(out))
         self._pending = self._pending[used:]
@@ -139,7 +148,6 @@ class Replica:
                 {"store_offset": self._offset, "replica_size": self.journal.stat().st_size}
             ),
         )
-        return True
 
     def _save(self, rec: dict[str, Any], later: list[bytes]) -> bytes | None:
         """A save record as copied into the replica, or None while its marker is awaited."""

@@ -13,10 +13,13 @@ from pathlib import Path
 
 from journal.files import atomic_write
 from journal.paths import checkpoint_step, journal_path
+from journal.remote.errors import classify
 from journal.remote.layout import (
     CHECKPOINTS_PREFIX,
     JOURNAL_PREFIX,
     MARKER_NAME,
+    MAX_MARKER_BYTES,
+    MAX_SEGMENT_BYTES,
     checkpoint_prefix,
     marked_checkpoints,
     marker_key,
@@ -51,27 +54,33 @@ def newest_marked(store: Store) -> str | None:
 
 def fetch_journal(store: Store) -> bytes:
     """The mirrored journal: its segments joined in order (b"" when there are none)."""
-    return b"".join(store.get_bytes(s.key) for s in segments(store.listing(JOURNAL_PREFIX)))
+    found = segments(store.listing(JOURNAL_PREFIX))
+    return b"".join(store.get_bytes(s.key, MAX_SEGMENT_BYTES) for s in found)
 
 
 def fetch_checkpoint(store: Store, name: str, dest: Path) -> None:
     """Download marked checkpoint ``name`` to ``dest`` (through a ``.tmp-`` dir renamed at
     the end); raises RestoreError when a file is missing or of another size than its
-    marker says."""
+    marker says. Whatever fails (a full disk, the store), the ``.tmp-`` dir goes: a partial
+    copy never stays behind to fill the disk."""
     prefix = checkpoint_prefix(name)
-    files = json.loads(store.get_bytes(marker_key(name))).get("files") or {}
+    files = json.loads(store.get_bytes(marker_key(name), MAX_MARKER_BYTES)).get("files") or {}
     tmp = dest.with_name(f".tmp-{dest.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    pairs = []
-    for rel in files:
-        target = tmp / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        pairs.append((prefix + rel, str(target)))
-    store.get_files(pairs)
-    for rel, size in files.items():
-        if not (tmp / rel).is_file() or (tmp / rel).stat().st_size != size:
-            raise RestoreError(f"{store.url(prefix + rel)}: not the size its marker says")
-    os.replace(tmp, dest)
+    try:
+        pairs = []
+        for rel in files:
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pairs.append((prefix + rel, str(target)))
+        store.get_files(pairs)
+        for rel, size in files.items():
+            if not (tmp / rel).is_file() or (tmp / rel).stat().st_size != size:
+                raise RestoreError(f"{store.url(prefix + rel)}: not the size its marker says")
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def restore_run(uri: str, ckpt_dir: Path) -> Restored:
@@ -80,6 +89,7 @@ def restore_run(uri: str, ckpt_dir: Path) -> Restored:
     t0 = time.monotonic()
     store = Store(uri)
     try:
+        store.check()  # no such bucket is said as such, not as "holds no mirrored journal"
         data = fetch_journal(store)
         if not data:
             raise RestoreError(f"{uri} holds no mirrored journal ({JOURNAL_PREFIX}*.jsonl)")
@@ -90,9 +100,8 @@ def restore_run(uri: str, ckpt_dir: Path) -> Restored:
             fetch_checkpoint(store, name, dest)
     except (RestoreError, StoreURIError):
         raise
-    except Exception as exc:  # the store's client: unreachable, denied, ...
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise RestoreError(f"cannot restore from {uri}: {first}") from None
+    except Exception as exc:  # the store's client: unreachable, denied, ...; a full disk
+        raise RestoreError(f"cannot restore from {uri}: {classify(exc).cause}") from None
     atomic_write(journal_path(ckpt_dir), data)  # last: a journal means a restored run
     step = checkpoint_step(name.rsplit("/", 1)[-1]) if name else None
     return Restored(name, step, len(data), time.monotonic() - t0)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal.remote.layout import MARKER_NAME, checkpoint_prefix, marker_key
+from journal.inbox import MAX_FILE_BYTES
+from journal.remote.layout import LEASES_PREFIX, MARKER_NAME, checkpoint_prefix, marker_key
 from journal.remote.store import Store
 
 
@@ -73,13 +74,14 @@ def upload_checkpoint(
 
 
 def remote_leased(store: Store, name: str, now: float | None = None) -> bool:
-    """Whether a remote watcher holds an unexpired lease on checkpoint ``name``."""
-    from journal.remote.layout import LEASES_PREFIX
-
+    """Whether a remote watcher holds an unexpired lease on checkpoint ``name`` (a lease
+    file over the inboxes' size cap is none, and is not read)."""
     now = time.time() if now is None else now
-    for key in store.listing(f"{LEASES_PREFIX}{name}/"):
+    for key, size in store.listing(f"{LEASES_PREFIX}{name}/").items():
+        if size > MAX_FILE_BYTES:
+            continue
         try:
-            expires = json.loads(store.get_bytes(key)).get("expires")
+            expires = json.loads(store.get_bytes(key, MAX_FILE_BYTES)).get("expires")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(expires, (int, float)) and expires > now:

@@ -1,6 +1,8 @@
 """Reports and control commands that remote watchers write into the store's ``reports/``
 and ``control/`` prefixes, moved into the run dir's inboxes (where the trainer polls them)
-and then deleted from the store."""
+and then deleted from the store. A file over the local inboxes' cap
+(:data:`journal.inbox.MAX_FILE_BYTES`) is never read: it is moved aside in the store, to
+``reports/rejected/`` or ``control/rejected/``, with one line."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import posixpath
 from pathlib import Path
 
 from journal.files import atomic_write
+from journal.inbox import MAX_FILE_BYTES, REJECTED_DIR_NAME
 from journal.paths import control_dir, reports_dir
 from journal.remote.layout import CONTROL_PREFIX, REPORTS_PREFIX
-from journal.remote.store import Store
+from journal.remote.store import Store, TooLarge
 from journal.reports import drain
 
 log = logging.getLogger("watcher.mirror")
@@ -25,11 +28,27 @@ def bring_in(store: Store, ckpt_dir: Path) -> int:
         (REPORTS_PREFIX, reports_dir(ckpt_dir), "reports"),
         (CONTROL_PREFIX, control_dir(ckpt_dir), "control"),
     ):
-        for key in sorted(store.listing(prefix)):
+        for key, size in sorted(store.listing(prefix).items()):
             name = posixpath.basename(key)
             if posixpath.dirname(key) != prefix.rstrip("/") or not name.endswith(".json"):
                 continue  # only files directly in the prefix, as in the local inboxes
-            data = store.get_bytes(key)
+            try:
+                if size > MAX_FILE_BYTES:
+                    raise TooLarge(key)
+                data = store.get_bytes(key, MAX_FILE_BYTES)  # it may have grown since
+            except TooLarge:
+                aside = f"{prefix}{REJECTED_DIR_NAME}/{name}"
+                store.move(key, aside)
+                log.warning(
+                    "mirror: refused %s: %d bytes, over the %d KiB a %s file may hold; moved "
+                    "to %s unread",
+                    store.url(key),
+                    size,
+                    MAX_FILE_BYTES // 1024,
+                    "report" if kind == "reports" else "command",
+                    aside,
+                )
+                continue
             inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
             atomic_write(inbox / name, data)
             store.delete([key])

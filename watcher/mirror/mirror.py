@@ -11,7 +11,11 @@ at start, so a mirror killed with ``kill -9`` and started again goes on where it
 
 A store that does not answer never reaches training (which writes only to its disk): the
 uploads wait and retry with backoff, the console says so once per outage, and the mirror
-catches up when the store is back.
+catches up when the store is back. A store that answers no (:mod:`journal.remote.errors`:
+no such bucket, wrong keys, denied) is no outage: the mirror stops with one line and lets go
+of its leases, so training rotates as if no mirror ran (exit 2). So does a prefix that is
+another run's (:mod:`journal.remote.owner`: exit 1): nothing under it is written or deleted,
+and no checkpoint is touched before the prefix is found to be this run's.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from typing import Any, TypeVar
 
 from journal.leases import DEFAULT_TTL_S
 from journal.paths import checkpoint_root, journal_path
-from journal.remote.store import Store
+from journal.remote.errors import classify
+from journal.remote.owner import NotOwner, OwnedStore
 from journal.reports import InvalidReport, Report, submit_report
 from journal.rotation import prune_finished_run
 from watcher.leasing import LeaseKeeper
 from watcher.mirror.checkpoints import Uploaded, remove_checkpoint, upload_checkpoint
 from watcher.mirror.inbound import bring_in
+from watcher.mirror.outage import Backoff, Outage
 from watcher.mirror.segments import (
     JournalMismatch,
     complete_end,
@@ -50,36 +56,11 @@ T = TypeVar("T")
 #: Seconds between segment uploads of a journal that holds no save or train_end.
 DEFAULT_INTERVAL_S = 2.0
 TICK_S = 0.2
-MAX_BACKOFF_S = 10.0
+#: Seconds the start waits to learn whether the store refuses (then: exit 2 at once).
+PREFLIGHT_S = 8.0
 
-
-class Outage:
-    """Whether the store answers; says so on the console once per outage and once when it
-    is back (several threads report to one)."""
-
-    def __init__(self) -> None:
-        self._since: float | None = None
-        self._lock = threading.Lock()
-
-    def failed(self, what: str, exc: BaseException) -> None:
-        with self._lock:
-            if self._since is None:
-                self._since = time.monotonic()
-                log.warning(
-                    "mirror: the store does not answer (%s: %s); training goes on, uploads "
-                    "wait and retry",
-                    what,
-                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
-                )
-
-    def ok(self) -> None:
-        with self._lock:
-            if self._since is not None:
-                log.warning(
-                    "mirror: the store answers again after %.0fs; catching up",
-                    time.monotonic() - self._since,
-                )
-                self._since = None
+#: Exit codes of a mirror that stopped: the prefix is another run's; the store refuses.
+REFUSED, STORE_REFUSES = 1, 2
 
 
 @dataclass
@@ -116,23 +97,56 @@ class Mirror:
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
         self.linger = linger
-        self.store = Store(uri)
         self.journal = journal_path(self.ckpt_dir)
+        self.store = OwnedStore(uri, self.journal)
         self.follow = follow
         self.interval = interval
         self.uploaded: list[Uploaded] = []
         self.segments_sent = 0
-        self.failed = False
+        #: 0; REFUSED (another run's prefix, a replaced journal) or STORE_REFUSES once stopped
+        self.code = 0
         self._leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=f"mirror:{self.store.uri}")
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._stop = threading.Event()
         self._outage = Outage()
         self._threads: list[threading.Thread] = []
         self._parsed = 0  # journal bytes read for records
-        self._sent: int | None = None  # journal bytes in the store (None: not known yet)
+        self._sent = 0  # journal bytes in the store, once the prefix is found to be ours
+        self._claimed = threading.Event()  # no checkpoint is touched before
         self._deferred: list[_Job] = []  # removals a remote lease holds back
 
     # -- running --------------------------------------------------------------------------
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    def preflight(self, wait: float = PREFLIGHT_S) -> tuple[int, str] | None:
+        """Before the threads start: (exit code, one line) when this mirror can never work
+        (the store refuses: no such bucket, wrong keys, denied; or the prefix is another
+        run's), None otherwise. A store that does not answer within ``wait`` seconds is
+        for the threads to wait out (they lease the checkpoints meanwhile)."""
+        found: list[tuple[int, str] | None] = []
+
+        def look() -> None:
+            try:
+                self.store.check()
+                self._claim()
+            except (NotOwner, JournalMismatch) as exc:
+                found.append((REFUSED, str(exc)))
+            except Exception as exc:
+                problem = classify(exc)
+                permanent = problem.permanent
+                found.append(
+                    (STORE_REFUSES, f"{self.store.uri}: {problem.cause}") if permanent else None
+                )
+            else:
+                found.append(None)
+
+        t = threading.Thread(target=look, name="ilab-mirror-preflight", daemon=True)
+        t.start()
+        t.join(wait)
+        return found[0] if found else None
 
     def start(self) -> None:
         self._leases.start()
@@ -142,12 +156,12 @@ class Mirror:
             self._threads.append(t)
 
     def join(self) -> int:
-        """Wait until done (or stopped); 0, or 1 when the journal could not be mirrored."""
+        """Wait until done (or stopped); :attr:`code`."""
         for t in self._threads:
             while t.is_alive():
                 t.join(0.5)
         self._leases.stop()
-        return 1 if self.failed else 0
+        return self.code
 
     def run(self) -> int:
         self.start()
@@ -159,7 +173,15 @@ class Mirror:
     @property
     def sent(self) -> int:
         """Journal bytes in the store (0 before the store first answered)."""
-        return self._sent or 0
+        return self._sent
+
+    def _give_up(self, code: int, line: str) -> None:
+        """Stop for good (one line): nothing more is written to the store, and the leases
+        go (by the journal thread, once the checkpoint thread has ended)."""
+        if not self.code:
+            self.code = code
+            log.error("mirror: %s", line)
+        self._stop.set()
 
     # -- the journal thread ---------------------------------------------------------------
 
@@ -169,7 +191,7 @@ class Mirror:
         last_sent = 0.0
         last_inbound = 0.0
         done_at = 0.0  # when everything was first found mirrored (for --linger)
-        backoff = _Backoff()
+        backoff = Backoff()
         while not self._stop.is_set():
             idle = self._jobs.unfinished_tasks == 0 and not self._deferred  # before the end
             end = complete_end(self.journal, self._parsed)
@@ -185,13 +207,14 @@ class Mirror:
             now = time.monotonic()
             if backoff.ready(now):
                 ok = True
-                if self._sent is None:
-                    ok = self._try("reading the journal's segments", self._find_sent)
-                if self._sent is not None and self._parsed > self._sent:
+                if not self._claimed.is_set():
+                    ok = self._try("reading the store", self._claim)
+                claimed = self._claimed.is_set()
+                if claimed and self._parsed > self._sent:
                     due = self._sent < urgent_to or ended or now - last_sent >= self.interval
                     if due and (ok := self._try("uploading a journal segment", self._send)):
                         last_sent = now
-                if ok and now - last_inbound >= self.interval:
+                if ok and claimed and now - last_inbound >= self.interval:
                     ok = self._try("reading reports/ and control/", self._bring_in)
                     last_inbound = now if ok else last_inbound
                 backoff.after(ok, now)
@@ -206,23 +229,24 @@ class Mirror:
                 done_at = 0.0
             self._stop.wait(TICK_S)
         self._jobs.put(_Job("end", "", Path(), {}))
+        if self._stop.is_set() and self.failed:  # stopped for good: training rotates as
+            for t in self._threads[1:]:  # without a mirror from now, not from our exit
+                t.join()
+            self._leases.stop()
 
-    def _find_sent(self) -> None:
-        if not self.journal.exists():  # not yet (a restore writes it whole): decide then
-            return
-        try:
+    def _claim(self) -> None:
+        """Find the prefix to be this run's (or make it so) and how much of the journal it
+        holds; until the journal has a first line (a restore writes it whole), later."""
+        if self.store.claim():
             self._sent = uploaded_end(self.store, self.journal)
-        except JournalMismatch as exc:
-            log.error("mirror: %s", exc)
-            self.failed = True
+            self._claimed.set()
 
     def _send(self) -> None:
-        assert self._sent is not None
         if is_replaced(self.journal, self._sent):
             log.error(
                 "mirror: %s was replaced; its mirror stops at byte %d", self.journal, self._sent
             )
-            self.failed = True
+            self.code = REFUSED
             return
         while self._sent < self._parsed:
             self._sent = upload_segment(self.store, self.journal, self._sent, self._parsed)
@@ -258,7 +282,7 @@ class Mirror:
     # -- the checkpoint thread ------------------------------------------------------------
 
     def _checkpoints(self) -> None:
-        backoff = _Backoff()
+        backoff = Backoff()
         while True:
             try:
                 job = self._jobs.get(timeout=TICK_S)
@@ -275,15 +299,18 @@ class Mirror:
                 if job.kind == "end":
                     return
                 continue
+            done = False
             while not self._stop.is_set():
                 now = time.monotonic()
-                if not backoff.ready(now):
-                    self._stop.wait(TICK_S)
+                if not backoff.ready(now) or not self._claimed.is_set():
+                    self._stop.wait(TICK_S)  # nothing is touched before the prefix is ours
                     continue
                 done = self._try(f"{job.kind} {job.name}", functools.partial(self._do, job))
                 backoff.after(done, now)
                 if done:
                     break
+            if not done:  # stopped first
+                self._release(job)
             self._jobs.task_done()
 
     def _do(self, job: _Job) -> None:
@@ -337,25 +364,23 @@ class Mirror:
             prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: rotation is ours
 
     def _try(self, what: str, fn: Callable[[], None]) -> bool:
+        """Run one step against the store; whether it went through. What waiting can fix
+        is waited out (said once); a refusal stops the mirror (:meth:`_give_up`)."""
         try:
             fn()
-        except Exception as exc:  # any client error: the store's, the network's
-            self._outage.failed(what, exc)
+        except (NotOwner, JournalMismatch) as exc:
+            self._give_up(REFUSED, str(exc))
+            return False
+        except Exception as exc:  # any client error: the store's, the network's, the disk's
+            problem = classify(exc)
+            if problem.permanent:
+                self._give_up(
+                    STORE_REFUSES,
+                    f"stopped: {self.store.uri} refuses ({what}: {problem.cause}); training "
+                    "goes on as without a mirror, its checkpoints rotate as if none ran",
+                )
+            else:
+                self._outage.failed(what, problem)
             return False
         self._outage.ok()
         return True
-
-
-class _Backoff:
-    """Retry delays: 1 s doubling to MAX_BACKOFF_S while attempts fail."""
-
-    def __init__(self) -> None:
-        self.delay = 0.0
-        self.at = 0.0
-
-    def ready(self, now: float) -> bool:
-        return now >= self.at
-
-    def after(self, ok: bool, now: float) -> None:
-        self.delay = 0.0 if ok else min(MAX_BACKOFF_S, max(1.0, self.delay * 2))
-        self.at = now + self.delay

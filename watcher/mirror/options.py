@@ -72,15 +72,30 @@ class MirrorRun:
         except StoreURIError as exc:
             raise click.UsageError(str(exc)) from None
         self._lock = CursorLock(watch_dir(ckpt_dir), "mirror", store=self.mirror.store.uri)
+        self._checked = False
 
-    def start(self) -> None:
-        """Take the run dir's mirror lock (exit 3 when another watcher mirrors it) and
-        start."""
+    def check(self) -> None:
+        """Take the run dir's mirror lock (exit 3 when another watcher mirrors it) and check
+        the store: one line, and exit 2 when it refuses (no such bucket, wrong keys,
+        denied), exit 1 when the prefix is another run's."""
+        if self._checked:
+            return
         try:
             self._lock.claim()
         except CursorBusy as exc:
             click.echo(f"ilab-watch: mirror: {exc}", err=True)
             sys.exit(3)
+        refused = self.mirror.preflight()
+        if refused is not None:
+            self._lock.release()
+            code, line = refused
+            click.echo(f"ilab-watch: mirror: {line}", err=True)
+            sys.exit(code)
+        self._checked = True
+
+    def start(self) -> None:
+        """:meth:`check`, then start mirroring."""
+        self.check()
         self.mirror.start()
 
     def stop(self) -> None:
@@ -125,6 +140,7 @@ def run_alone(run: MirrorRun, quiet: bool) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    run.check()  # a store that refuses is its one line, not after a "mirroring" line
     if not quiet:
         click.echo(
             f"ilab-watch: mirroring {run.mirror.ckpt_dir} to {run.mirror.store.uri}", err=True

@@ -7,16 +7,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import click
 
+from journal.remote.errors import Kind, Problem, classify
 from journal.remote.replica import Replica, ReplicaBusy
 from journal.remote.store import StoreURIError, is_uri
 
 log = logging.getLogger("watcher.mirror")
+#: The longest wait between two tries of a sync that fails (a full disk must not be filled
+#: by a whole download every ``--poll`` seconds).
+MAX_RETRY_S = 30.0
 
 
 class RunDirOrURI(click.ParamType):
@@ -37,7 +42,10 @@ def default_replica_dir(uri: str) -> Path:
 
 
 class RemoteFollow:
-    """The replica of ``uri`` and the thread that syncs it every ``poll`` seconds."""
+    """The replica of ``uri`` and the thread that syncs it every ``poll`` seconds (a sync
+    that fails: tried again less and less often, up to MAX_RETRY_S apart). What goes wrong
+    is said once, as what it is (:func:`journal.remote.errors.classify`): the store not
+    answering, the store refusing, this machine's disk."""
 
     def __init__(self, uri: str, download: Path | None, poll: float) -> None:
         where = download or default_replica_dir(uri)
@@ -48,31 +56,67 @@ class RemoteFollow:
         self.poll = poll
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ilab-replica", daemon=True)
-        self._failing = False
+        self._said: Problem | None = None  # what was said of the failing syncs
 
     @property
     def dir(self) -> Path:
         return self.replica.dir
 
     def start(self) -> None:
-        self._sync()  # what the store holds now, before the watcher's first look
+        """Check the store (one that refuses, e.g. no such bucket or wrong keys: one line,
+        exit 2), copy what it holds now (before the watcher's first look), then sync in the
+        background."""
+        try:
+            self.replica.store.check()
+        except Exception as exc:
+            problem = classify(exc)
+            if problem.permanent:
+                self.replica.close()
+                click.echo(f"ilab-watch: {self.replica.store.uri}: {problem.cause}", err=True)
+                sys.exit(2)
+        self._sync()
         self._thread.start()
 
-    def _sync(self) -> None:
+    def _sync(self) -> bool:
         try:
             self.replica.sync()
-        except Exception as exc:  # the store's client: unreachable, denied, ...
-            if not self._failing:
-                log.warning("the store does not answer (%s); retrying", str(exc)[:200])
-            self._failing = True
+        except Exception as exc:  # the store's client (unreachable, denied), the disk
+            self._say(classify(exc))
+            return False
+        if self._said is not None:
+            log.warning(
+                "the store answers again"
+                if self._said.kind is Kind.TRANSIENT
+                else f"{self.dir}: in step with the store again"
+            )
+        self._said = None
+        return True
+
+    def _say(self, problem: Problem) -> None:
+        """One line per trouble (an outage is one, however its messages vary)."""
+        said = self._said
+        self._said = problem
+        if (
+            said is not None
+            and said.kind is problem.kind
+            and (problem.kind is Kind.TRANSIENT or said.cause == problem.cause)
+        ):
             return
-        if self._failing:
-            log.warning("the store answers again")
-        self._failing = False
+        if problem.kind is Kind.TRANSIENT:
+            log.warning("the store does not answer (%s); retrying", problem.cause[:200])
+        elif problem.kind is Kind.LOCAL:
+            log.warning(
+                "cannot copy into %s: %s (on this machine, not the store); retrying",
+                self.dir,
+                problem.cause,
+            )
+        else:
+            log.warning("%s refuses: %s; retrying", self.replica.store.uri, problem.cause)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            self._sync()
+        delay = self.poll
+        while not self._stop.wait(delay):
+            delay = self.poll if self._sync() else min(MAX_RETRY_S, max(self.poll, delay * 2))
 
     def finish(self) -> None:
         """Stop syncing; send out the last reports and commands."""

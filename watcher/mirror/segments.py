@@ -9,12 +9,8 @@ from typing import Any
 
 import orjson
 
-from journal.remote.layout import JOURNAL_PREFIX, segment_key, segments
+from journal.remote.layout import JOURNAL_PREFIX, MAX_SEGMENT_BYTES, segment_key, segments
 from journal.remote.store import Store
-
-#: One segment holds at most this much (a store back after an outage is caught up in
-#: pieces of this size).
-MAX_SEGMENT_BYTES = 16 << 20
 
 
 class JournalMismatch(Exception):
@@ -30,7 +26,7 @@ def uploaded_end(store: Store, journal: Path) -> int:
         return 0
     end = found[-1].end
     first = found[0]
-    head = store.get_bytes(first.key)[:4096]
+    head = store.head(first.key, 4096)
     local = read_range(journal, 0, len(head))
     if local != head or end > _size(journal):
         raise JournalMismatch(
@@ -89,8 +85,9 @@ def records_in(data: bytes) -> list[dict[str, Any]]:
 
 
 def upload_segment(store: Store, journal: Path, start: int, end: int) -> int:
-    """Upload ``[start, end)`` (cut at the last line end within MAX_SEGMENT_BYTES) as one
-    segment; returns its end."""
+    """Upload ``[start, end)`` (cut at the last line end within MAX_SEGMENT_BYTES: a store
+    back after an outage is caught up in pieces of that size) as one segment; returns its
+    end."""
     data = read_range(journal, start, min(end, start + MAX_SEGMENT_BYTES))
     if end - start > MAX_SEGMENT_BYTES:
         data = data[: data.rfind(b"\n") + 1]
