@@ -179,6 +179,10 @@ def status_text(s: RunSummary, path: Path) -> str:
     if s.unapplied_commands:  # sent too late: the run had ended (journal.control)
         n = s.unapplied_commands
         rows.append(("control", f"{n} control command(s) arrived after the run ended: not applied"))
+    if s.refused_reports:  # their metrics are not in the journal: never count for keep_best
+        n = s.refused_reports
+        why = f"ilab-journal show {path.parent} -e control"
+        rows.append(("reports", f"{n} report(s) refused when journaled (why: {why})"))
     if s.holder and s.state != "starting":  # "starting" names the holder already
         rows.append(("held by", holder_text(s.holder)))
     if path.exists():

@@ -14,7 +14,10 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +149,37 @@ def refusal(path: Path, why: str, moved_to: Path | None, source: Any = None) -> 
         "reason": clip(f"{clip(where, MAX_NAME_CHARS)} refused: {why}; {then}"),
         "applied_at_step": None,
     }
+
+
+@dataclass(frozen=True)
+class RefusedFile:
+    """An inbox file refused when it was read (what its ``control`` record says)."""
+
+    inbox: str  # control, reports or leases
+    name: str  # its file name there (a report's is its id and ``.json``)
+    why: str  # the reason, without where the file went
+
+    @property
+    def stem(self) -> str:
+        return self.name.removesuffix(".json")
+
+
+#: How :func:`refusal` words its reason: ``<inbox>/<name> refused: <why>; <where it went>``.
+_REFUSED = re.compile(r"(?P<inbox>[^/]+)/(?P<name>[^/]+) refused: (?P<why>.*)", re.S)
+_WENT = ("; moved to ", "; left in place (cannot be moved aside)")
+
+
+def refused_file(data: Mapping[str, Any]) -> RefusedFile | None:
+    """The inbox file a ``control`` record's payload says :func:`refusal` refused, or None
+    (a command's verdict names its command)."""
+    reason = data.get("reason")
+    if data.get("command") is not None or data.get("accepted") is not False:
+        return None
+    if not isinstance(reason, str) or not (m := _REFUSED.match(reason)):
+        return None
+    why = m["why"]
+    for went in _WENT:
+        if (at := why.rfind(went)) >= 0:
+            why = why[:at]
+            break
+    return RefusedFile(m["inbox"], m["name"], why)

@@ -28,8 +28,8 @@ from journal.paths import INDEX_NAME
 from journal.reader import CHUNK_SIZE, JournalReader
 from journal.summary import Summarizer
 
-VERSION = 3  # 2: folded only records of the right field types (journal/fields.py); 3: a new run
-# forgets the last run's checkpoint
+VERSION = 4  # 2: folded only records of the right field types (journal/fields.py); 3: a new run
+# forgets the last run's checkpoint; 4: refused reports are counted
 MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
 
 

@@ -35,10 +35,13 @@ from journal.files import atomic_write, json_files
 from journal.inbox import (
     MAX_FILE_BYTES,
     MAX_NAME_CHARS,
+    RefusedFile,
     RejectedFile,
+    clip,
     move_aside,
     read_json_object,
     refusal,
+    refused_file,
 )
 from journal.jobs import JOB_KIND, InvalidJob, check_job
 from journal.lock import JournalLock, JournalLocked
@@ -223,13 +226,15 @@ def not_on_disk(path: Path) -> str | None:
 def report_payload(
     report: Report, *, source: str | None, delivery_id: str | None
 ) -> dict[str, Any]:
-    """The JSON object of a report file (and of its ``report`` record)."""
+    """The JSON object of a report file (and of its ``report`` record). A ``source`` over
+    256 characters (a hook's long command line) is cut here, saying so: it only says who
+    reported, and must never cost the report its place in the journal."""
     return {
         "id": f"{time.time_ns():x}-{uuid.uuid4().hex[:8]}",
         "checkpoint_path": report.checkpoint_path,
         "step": report.step,
         "metrics": report.metrics,
-        "source": source or f"{socket.gethostname()}:{os.getpid()}",
+        "source": clip(source or f"{socket.gethostname()}:{os.getpid()}", MAX_NAME_CHARS),
         "delivery_id": delivery_id,
         "reported_at": time.time(),
     }
@@ -241,12 +246,14 @@ def submit_report(
     *,
     source: str | None = None,
     delivery_id: str | None = None,
+    written: Callable[[str], Any] | None = None,
 ) -> str:
     """Hand a report to the journal (see the module docstring); returns its id.
 
     Raises :class:`InvalidReport` when its checkpoint is not one of this run on disk now or
     when it is too large for the inbox (64 KiB: fewer or shorter metrics); nothing is
-    written then.
+    written then. ``written(id)`` is called once its file is in ``reports/``, before this
+    process tries to journal it: from then on a ``report`` record or a refusal may name it.
     """
     payload = report_payload(report, source=source, delivery_id=delivery_id)
     if report.checkpoint_path is not None:
@@ -260,6 +267,8 @@ def submit_report(
     inbox = reports_dir(ckpt_dir)
     inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
     atomic_write(inbox / f"{payload['id']}.json", body)
+    if written is not None:
+        written(str(payload["id"]))
     drain(ckpt_dir, role="report")
     return str(payload["id"])
 
@@ -294,9 +303,11 @@ def check_payload(ckpt_dir: str | os.PathLike[str], obj: dict[str, Any]) -> dict
         out["checkpoint_path"] = run_checkpoint(ckpt_dir, checkpoint)
     for key in ("source", "delivery_id"):
         value = obj.get(key)
-        if value is not None and (not isinstance(value, str) or len(value) > MAX_NAME_CHARS):
-            raise InvalidReport(f"{key} must be a string of at most {MAX_NAME_CHARS} characters")
-        out[key] = value
+        if value is not None and not isinstance(value, str):
+            raise InvalidReport(f"{key} must be a string or null")
+        # who reported is ours to shorten, never a reason to drop the metrics (an older
+        # watcher put a hook's whole command line in it)
+        out[key] = None if value is None else clip(value, MAX_NAME_CHARS)
     out["reported_at"] = float(reported_at)
     return out
 
@@ -343,6 +354,14 @@ def ingest(
             handled.add(path.name)
             log.warning("cannot archive %s: %s", path, exc)
     return done
+
+
+def refused_report(data: Mapping[str, Any]) -> RefusedFile | None:
+    """The report file a ``control`` record's payload says was refused (its ``name`` is
+    the report's id and ``.json``), or None (a command's verdict, another inbox's refusal).
+    ``ilab-journal status`` counts these, and a watcher tells the hook whose report it was."""
+    refused = refused_file(data)
+    return refused if refused is not None and refused.inbox == REPORTS_DIR_NAME else None
 
 
 def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> None:

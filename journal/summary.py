@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from journal.best import BEST_EVENTS, BestTracker, MetricGoal
+from journal.inbox import refused_file
+from journal.paths import REPORTS_DIR_NAME
 from journal.reader import iter_batches
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
@@ -57,6 +59,7 @@ class RunSummary:
     last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
     holder: dict[str, Any] | None = None  # the launcher holding the directory now
     unapplied_commands: int = 0  # command files in control/ after train_end: never applied
+    refused_reports: int = 0  # report files refused when journaled (journal.reports)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +128,10 @@ class Summarizer:
             s.last_report = {
                 k: data.get(k) for k in ("checkpoint_path", "step", "metrics", "source")
             }
+        elif event == "control" and data.get("command") is None:
+            refused = refused_file(data)  # a report file refused: its metrics are lost
+            if refused is not None and refused.inbox == REPORTS_DIR_NAME:
+                s.refused_reports += 1
         elif event == "train_end":
             self.ended = True
             s.state = str(data.get("status") or "failed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import reprlib
 import shlex
 import shutil
 import sys
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.control import Control
 from journal.events import ENVELOPE_FIELDS, EVENTS
+from journal.reports import Report
 from journal.schema import PAYLOAD_MODELS
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -167,6 +170,61 @@ class TrainerCallback:
         Stateful callbacks (early stopping, divergence detection) rebuild their state here,
         so a restarted watcher or a resumed run keeps counters and best values.
         """
+
+
+# -- what a callback returns -----------------------------------------------------------------
+
+
+class BadReturn(TypeError):
+    """A callback returned something that is neither None nor a :class:`Control` or
+    :class:`Report` (or a list of them): its delivery fails with this one line."""
+
+
+#: What a callback may return (alone, or in a list or tuple), besides None.
+ACTIONS = (Control, Report)
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+
+
+def forgot_call(value: Any) -> str | None:
+    """What makes a Control or Report without being one (``Control.stop``, ``Report``),
+    named as written, or None: returning it means a missing ``()``."""
+    if isinstance(value, type) and issubclass(value, ACTIONS):
+        return value.__name__
+    if inspect.ismethod(value):  # Control.stop: a classmethod bound to the class
+        owner = value.__self__
+        cls = owner if isinstance(owner, type) else type(owner)
+        if issubclass(cls, ACTIONS):
+            return f"{cls.__name__}.{value.__name__}"
+    return None
+
+
+def returned_actions(returned: Any) -> list[Control | Report]:
+    """The Controls and Reports a callback returned, in order (None: none). Anything else,
+    alone or in a list, raises :class:`BadReturn` naming its type: a return value dropped
+    without a word would be a ``stop`` that never happens (``return Control.stop``)."""
+    if returned is None:
+        return []
+    many = isinstance(returned, (list, tuple))
+    items = list(returned) if many else [returned]
+    for i, item in enumerate(items):
+        if isinstance(item, ACTIONS):
+            continue
+        where = f" (item {i} of the {type(returned).__name__} it returned)" if many else ""
+        if (name := forgot_call(item)) is not None:
+            kind = "the class" if isinstance(item, type) else "the method"
+            made = name.split(".")[0]
+            raise BadReturn(f"returned {kind} {name}{where}, not a {made}: did you forget the ()?")
+        what = type(item).__name__
+        if inspect.isgenerator(item) or inspect.iscoroutine(item):
+            what = f"a {what} (a function with yield or async def)"  # its repr says no more
+        else:
+            what += f" {_short.repr(item)}"
+        raise BadReturn(
+            f"returned {what}{where}: a callback returns None, a Control, a Report, or a "
+            "list of them"
+        )
+    return items
 
 
 def hooked_methods(obj: Any) -> dict[str, Any]:

@@ -12,6 +12,9 @@ the engine, which may be waiting for the last deliveries to finish.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import os
 import threading
 import time
@@ -28,9 +31,52 @@ from watcher.leasing import CheckpointGuard
 from watcher.wake import Waker
 
 Reporter = Callable[[DeliveryResult], None]
+log = logging.getLogger("watcher")
 
 #: Errors kept per hook for summaries (every one is in the results file).
 ERRORS_KEPT = 3
+#: A hook's failed deliveries shown one by one on the console; later ones are counted,
+#: said in one line at 10, 100, 1,000, ... failures and once more when the watcher ends.
+FAILURES_SHOWN = 3
+#: Every failure has its results line; the first and the last this many of a hook keep
+#: their output tails (a callback's traceback), the others their one-line error only.
+TAILS_KEPT = 5
+
+
+@dataclasses.dataclass
+class HookFailures:
+    """One hook's failed deliveries so far (a callback that raises on every record must
+    not write a traceback per record: 100,000 records once made 268 MB of stderr)."""
+
+    count: int = 0
+    first_seq: int = 0
+    last: DeliveryResult | None = None
+    #: the latest failures whose tails were left out of their results lines
+    tails: deque[DeliveryResult] = dataclasses.field(
+        default_factory=lambda: deque(maxlen=TAILS_KEPT)
+    )
+
+    def add(self, out: DeliveryResult) -> bool:
+        """Count ``out`` (trimming its tails past the first :data:`TAILS_KEPT`); whether the
+        console shows it."""
+        self.count += 1
+        if self.count == 1:
+            self.first_seq = out.seq
+        self.last = out
+        if self.count > TAILS_KEPT and (out.stderr_tail or out.stdout_tail):
+            self.tails.append(dataclasses.replace(out))
+            out.stderr_tail = out.stdout_tail = None
+        return self.count <= FAILURES_SHOWN
+
+    def so_far(self) -> str | None:
+        """The one line said at 10, 100, 1,000, ... failures (None at other counts)."""
+        n = self.count
+        if n <= FAILURES_SHOWN or 10 ** round(math.log10(n)) != n or self.last is None:
+            return None
+        return (
+            f"{self.last.hook} on {self.last.event}: {n} failures so far, the latest at seq "
+            f"{self.last.seq}: {self.last.error} (shown: the first {FAILURES_SHOWN})"
+        )
 
 
 class Completions:
@@ -69,6 +115,7 @@ class Completions:
         self.tally: Counter[tuple[str, str, str]] = Counter()
         #: the first errors of each hook (label, event), at most ERRORS_KEPT each
         self.errors: dict[tuple[str, str], list[str]] = {}
+        self.failures: dict[tuple[str, str], HookFailures] = {}  # per hook (label, event)
         self.failed = 0
         self.unrecorded = 0  # results that could not be appended to the results file
         self._batches: deque[Batch] = deque()
@@ -139,6 +186,8 @@ class Completions:
                     leased.append(d)
             ended = time.time()
             outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
+            hidden: set[int] = set()  # failures the console does not show one by one
+            said: list[str] = []
             for out in outs:
                 self.tally[out.hook, out.event, out.status] += out.count
                 if out.failed:
@@ -146,22 +195,79 @@ class Completions:
                     errors = self.errors.setdefault((out.hook, out.event), [])
                     if len(errors) < ERRORS_KEPT:
                         errors.append(str(out.error))
+                    hook_failures = self.failures.get((out.hook, out.event))
+                    if hook_failures is None:
+                        hook_failures = self.failures[out.hook, out.event] = HookFailures()
+                    if not hook_failures.add(out):
+                        hidden.add(id(out))
+                        if line := hook_failures.so_far():
+                            said.append(line)
         for d in leased:  # before the cursor moves past the delivery (module doc)
             self.checkpoints.release(d)
         if self.results_path is not None:
             self._append_results(self.results_path, outs)
         if self.reporter is not None:
             for out in outs:
-                if out.status == "coalesced" or out.count > 1:
+                if out.status == "coalesced" or out.count > 1 or id(out) in hidden:
                     continue
                 try:
                     self.reporter(out)
                 except Exception as exc:  # the console must not stop deliveries
                     self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
+        for line in said:  # after the failures shown one by one
+            log.warning("%s", line)
         # a command's result is worth a durable cursor at once: it may have run for an hour
         commands = any(out.kind == "command" for out in outs)
         self.advance(durable=True if commands else None)
         self.waker.wake()
+
+    def close(self) -> None:
+        """The watcher ends: for each hook that failed more often than the console showed,
+        one line with the count, and a ``failures`` line in the results file holding the
+        output tails of its last failures (the first ones have theirs in their own lines)."""
+        summaries = []
+        with self._lock:
+            failures, self.failures = self.failures, {}
+        for f in failures.values():
+            last = f.last
+            if last is None:
+                continue
+            if f.count > FAILURES_SHOWN:
+                where = f"; every failure is in {self.results_path}" if self.results_path else ""
+                log.warning(
+                    "%s on %s failed %d times in all (seq %d to %d), the last: %s%s",
+                    last.hook,
+                    last.event,
+                    f.count,
+                    f.first_seq,
+                    last.seq,
+                    last.error,
+                    where,
+                )
+            if f.tails:
+                tails = "".join(
+                    f"--- seq {t.seq} ({t.delivery_id}): {t.error}\n"
+                    + "".join(x for x in (t.stdout_tail, t.stderr_tail) if x)
+                    for t in f.tails
+                )
+                summaries.append(
+                    DeliveryResult(
+                        delivery_id="",
+                        hook=last.hook,
+                        event=last.event,
+                        seq=f.first_seq,
+                        step=last.step,
+                        status="failures",
+                        kind=last.kind,
+                        error=f"failed {f.count} times; the output of the last {len(f.tails)}"
+                        " follows",
+                        stderr_tail=tails,
+                        count=f.count,
+                        last_seq=last.seq,
+                    )
+                )
+        if summaries and self.results_path is not None:
+            self._append_results(self.results_path, summaries)
 
     def _append_results(self, path: Path, outs: list[DeliveryResult]) -> None:
         data = b"".join(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE) for out in outs)

@@ -306,6 +306,7 @@ class Watcher:
         """Turn the records read together into deliveries, handed to each queue at once.
         Per record only dict lookups: this loop runs for every record of a replay."""
         self._checkpoints.note_removals(records)
+        self._executor.note_records(records)  # a report of a hook refused: said
         routes = self._routes
         done_before, done_max = self._done_before, self._done_max
         batch = Batch(*start, records[0]["seq"], 0)  # its deliveries are counted below
@@ -348,5 +349,6 @@ class Watcher:
                 )
         self._checkpoints.stop()
         self._executor.close()
+        self.completions.close()  # a hook's repeated failures: their count, said once
         if self._lock is not None:
             self._lock.release()

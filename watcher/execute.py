@@ -24,15 +24,15 @@ from typing import Any
 
 import orjson
 
-from journal.control import Control, send_command
 from journal.files import atomic_write
 from journal.inbox import RejectedFile, read_file
 from journal.procs import start_time
-from journal.reports import InvalidReport, Report, submit_report
+from journal.reports import InvalidReport, Report
 from watcher.callbacks import CommandTarget, Event
 from watcher.command import command_env, log_text, run_command
 from watcher.delivery import Delivery, DeliveryResult, state_write_failed
 from watcher.export import TrackerUnavailable
+from watcher.handback import HandBack
 from watcher.leasing import CheckpointGuard
 
 log = logging.getLogger("watcher")
@@ -42,6 +42,9 @@ TAIL_BYTES = 2000
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 #: The most a command may write to ``$ILAB_REPORT``.
 REPORT_FILE_MAX_BYTES = 64 * 1024
+#: Full tracebacks a hook's failures print (the first ones); later failures are counted
+#: (watcher.completion keeps every failure's one-line error in the results file).
+TRACEBACKS_SAID = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,9 @@ class Executor:
         self._running_ready = False
         self._jobs: dict[int, Any] = {}  # JobRunner per JobBoard (--via)
         self._jobs_lock = threading.Lock()
+        self.handback = HandBack(self.ckpt_dir, control_source, notice)
+        self._tracebacks: dict[str, int] = {}  # hook id -> full tracebacks printed
+        self._tracebacks_lock = threading.Lock()
 
     def jobs(self, board: Any) -> Any:
         """The :class:`watcher.jobs.JobRunner` of this executor for ``board``."""
@@ -294,13 +300,14 @@ class Executor:
                 out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
                 return
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            log.error(
-                "callback %s failed on %s seq %s:\n%s",
-                d.hook.label,
-                d.hook.event,
-                d.record["seq"],
-                tb,
-            )
+            if self._say_traceback(d):  # the first ones: a callback failing on every record
+                log.error(  # must not flood the console (the later ones are counted)
+                    "callback %s failed on %s seq %s:\n%s",
+                    d.hook.label,
+                    d.hook.event,
+                    d.record["seq"],
+                    tb,
+                )
             out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
             out.stderr_tail = tb[-TAIL_BYTES:]
             return
@@ -308,32 +315,23 @@ class Executor:
         if returned is not None:
             self._act_on(returned, d, out)
 
-    # -- what a callback hands back ------------------------------------------------------
+    def _say_traceback(self, d: Delivery) -> bool:
+        """Whether this failure of ``d``'s hook prints its traceback: the first
+        :data:`TRACEBACKS_SAID` do (a hook's deliveries run on one thread at a time, but
+        hooks share this executor: the count is per hook)."""
+        with self._tracebacks_lock:
+            said = self._tracebacks.get(d.hook.id, 0)
+            self._tracebacks[d.hook.id] = said + 1
+        return said < TRACEBACKS_SAID
+
+    # -- what a callback hands back (watcher.handback) -----------------------------------
 
     def _act_on(self, returned: Any, d: Delivery, out: DeliveryResult) -> None:
-        """Send the ``Control``s and ``Report``s a callable returned (alone or in a list)."""
-        items = returned if isinstance(returned, (list, tuple)) else [returned]
-        source = f"{self.control_source}:{d.hook.label}"
-        for item in items:
-            if isinstance(item, Control):
-                cid = send_command(self.ckpt_dir, item, source=source)
-                out.control = [*(out.control or []), f"{item.command}:{cid}"]
-            elif isinstance(item, Report):
-                try:
-                    self._submit(item, d, out)
-                except InvalidReport as exc:  # e.g. a checkpoint outside the run
-                    out.status, out.error = "failed", f"report: {exc}"
+        self.handback.act_on(returned, d, out)
 
-    def _submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
-        """A report for the delivered event's checkpoint unless it names another one."""
-        data = d.record.get("data") or {}
-        if report.checkpoint_path is None and isinstance(data.get("checkpoint_path"), str):
-            report.checkpoint_path = data["checkpoint_path"]
-        if report.step is None:
-            report.step = d.record.get("step", 0)
-        source = f"{self.control_source}:{d.hook.label}"
-        rid = submit_report(self.ckpt_dir, report, source=source, delivery_id=d.delivery_id)
-        out.reports = [*(out.reports or []), rid]
+    def note_records(self, records: list[dict[str, Any]]) -> None:
+        """Records just read: see :meth:`HandBack.note_records`."""
+        self.handback.note_records(records)
 
     def _report_from_file(self, path: Path, d: Delivery, out: DeliveryResult) -> None:
         """A command wrote a JSON object of metrics to ``$ILAB_REPORT`` (a regular file of
@@ -342,7 +340,7 @@ class Executor:
             metrics = orjson.loads(read_file(path, REPORT_FILE_MAX_BYTES))
             if not isinstance(metrics, dict):
                 raise InvalidReport("expected a JSON object of name: value")
-            self._submit(Report(metrics), d, out)
+            self.handback.submit(Report(metrics), d, out)
         except (OSError, orjson.JSONDecodeError, InvalidReport, RejectedFile) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             out.status, out.error = "failed", f"$ILAB_REPORT: {why}"

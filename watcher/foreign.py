@@ -13,7 +13,11 @@ all work. Hooks fire once, in one process: ``is_world_process_zero`` is true.
 
 What they may return or set becomes a control command (applied on every rank at the same
 step): our :class:`journal.Control` returned by a hook, and a hub callback's
-``context.control.should_save`` / ``should_training_stop``.
+``context.control.should_save`` / ``should_training_stop``. Other return values are ignored,
+as their trainers ignore them, except ``Control.stop`` without its ``()``, which fails the
+delivery saying so; an ``async def`` hook is run to its end, as instructlab-training awaits
+it. A command asked for at ``on_train_end`` cannot be applied: it is journaled as rejected
+(watcher.execute), not left in ``control/``.
 
 Neither package is imported here until an object of theirs is given (its module is then
 loaded already): the watcher does not depend on them.
@@ -21,6 +25,8 @@ loaded already): the watcher does not depend on them.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -29,8 +35,7 @@ from typing import Any
 
 from journal.control import Control
 from journal.files import atomic_write
-from journal.reports import Report
-from watcher.callbacks import Event
+from watcher.callbacks import ACTIONS, Event, forgot_call
 
 #: instructlab-training's hooks (callbacks.HOOK_NAMES) -> the journal event that fires each.
 ILAB_HOOKS: dict[str, str] = {
@@ -251,7 +256,7 @@ class ForeignCallback:
                 return None
             ctx = self.state.snapshot(hook, event)
             if self.kind == "instructlab":
-                return getattr(self.callback, hook)(ctx)
+                return self._actions(_run(getattr(self.callback, hook)(ctx)))
             return self._call_hub(hook, ctx)
         finally:
             if self.progress is not None and event.name == "step_end":
@@ -266,8 +271,7 @@ class ForeignCallback:
         if self._hub_control is None:
             self._hub_control = TrainingHubControl()
         ctx.control = self._hub_control
-        returned = getattr(self.callback, hook)(ctx)
-        out = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+        out = self._actions(getattr(self.callback, hook)(ctx))
         name = f"{self.callback_label}.{hook}"
         if ctx.control.should_save:
             ctx.control.should_save = False  # once per request, as the unsloth adapter does
@@ -275,7 +279,16 @@ class ForeignCallback:
         if ctx.control.should_training_stop and not self._stop_sent:
             self._stop_sent = True
             out.append(Control.stop(f"{name}: control.should_training_stop"))
-        return [x for x in out if isinstance(x, (Control, Report))]
+        return out
+
+    @staticmethod
+    def _actions(returned: Any) -> list[Any]:
+        """Our Controls and Reports among what a hook of theirs returned. Their trainers
+        ignore return values, so anything else is left out too, but for ``Control.stop``
+        without its ``()`` (a stop the user meant): kept, it fails the delivery, saying so
+        (watcher.callbacks.returned_actions)."""
+        items = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+        return [x for x in items if isinstance(x, ACTIONS) or forgot_call(x) is not None]
 
     def restore_state(self, records: list[dict[str, Any]]) -> None:
         """The context as it stood before the first delivered record."""
@@ -287,6 +300,12 @@ class ForeignCallback:
         if name.startswith("on_") and name[3:] in self.__dict__.get("subscribed_events", ()):
             return self.handle
         raise AttributeError(name)
+
+
+def _run(returned: Any) -> Any:
+    """What a hook returned, an ``async def`` hook's coroutine run to its end first (the
+    watcher's worker thread runs no event loop of its own)."""
+    return asyncio.run(returned) if inspect.iscoroutine(returned) else returned
 
 
 def adapt(callbacks: list[Any], progress: Progress | None = None) -> list[Any]:

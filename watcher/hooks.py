@@ -18,6 +18,7 @@ from watcher.callbacks import (
     check_callable,
     hooked_methods,
 )
+from watcher.text import printable
 
 QueuePolicy = Literal["all", "latest"]
 #: Events that can fire many times a second: by default only the newest pending one runs.
@@ -118,12 +119,18 @@ def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> lis
 
 
 def instantiate(obj: Any, where: str) -> Any:
-    """A class given by name is constructed with no arguments."""
+    """A class given by name is constructed with no arguments; a constructor that raises
+    is a usage error in one line naming the class and the exception (the user's mistake,
+    not ours: no traceback)."""
     if isinstance(obj, type):
         try:
             return obj()
         except TypeError as exc:
             raise CallbackSpecError(
                 f"{where}: cannot construct {callable_name(obj)}() without arguments: {exc}"
+            ) from None
+        except Exception as exc:
+            raise CallbackSpecError(
+                printable(f"{where}: {callable_name(obj)}() raised {type(exc).__name__}: {exc}")
             ) from None
     return obj

@@ -58,12 +58,14 @@ class ConsoleReporter:
         if out.status == "skipped":
             lines.append(Text(f"- {head} skipped ({error})", style="yellow"))
         elif out.failed:
-            why = last_line(out.stderr_tail)
+            # a callable's traceback is logged once already (watcher.execute): not again
+            command = out.kind == "command"
+            why = last_line(out.stderr_tail) if command else None
             msg = f"✗ {head} {out.status} ({error}{tries}, {dur})"
             msg += f": {why}" if why else ""
             msg += f" log: {printable(out.log_path)}" if out.log_path else ""
             lines.append(Text(msg, style="red"))
-            if out.stderr_tail and not out.log_path:
+            if command and out.stderr_tail and not out.log_path:
                 tail = printable(out.stderr_tail.rstrip()[-800:], newlines=True)
                 lines.append(Text(tail, style="red"))
         else:
