@@ -146,6 +146,11 @@ def test_lora_options_map_onto_ours(tmp_path: Path) -> None:
             "train_args.random_seed: must be a whole number from 0 to 4294967295",
         ),
         (
+            "warmup_steps",
+            10**20,
+            "train_args.warmup_steps: must be at most 9223372036854775807 (2**63 - 1",
+        ),
+        (
             "effective_batch_size",
             1e12,
             "train_args.effective_batch_size: expected a whole number, got the float 1000000000000.0",

@@ -182,6 +182,10 @@ def test_settings_that_do_less_than_they_say_warn_at_start(tmp_path: Path) -> No
 
 
 SEED_RANGE = "must be a whole number from 0 to 4294967295 (2**32 - 1)"
+INT_RANGE = (
+    "must be at most 9223372036854775807 (2**63 - 1, the largest whole number the journal "
+    "and the workers hold)"
+)
 
 
 @pytest.mark.parametrize(
@@ -189,6 +193,8 @@ SEED_RANGE = "must be a whole number from 0 to 4294967295 (2**32 - 1)"
     [
         (["--seed", str(2**80)], f"--seed: {SEED_RANGE}, got {2**80}"),
         (["--seed", "-1"], f"--seed: {SEED_RANGE}, got -1"),
+        (["--warmup-steps", str(10**20)], f"--warmup-steps: {INT_RANGE}, got {10**20}"),
+        (["--save-every", str(2**63)], f"--save-every: {INT_RANGE}, got {2**63}"),
         (["--lr", "inf"], "--lr: Input should be a finite number"),
         (["--lr", "nan"], "--lr: Input should be a finite number"),
         (
@@ -252,6 +258,11 @@ def test_settings_the_workers_cannot_run_are_one_line_before_launch(
         ),
         (
             "c.yaml",
+            f"warmup_steps: {10**20}",
+            f"warmup_steps in --config (--warmup-steps): {INT_RANGE}, got {10**20}",
+        ),
+        (
+            "c.yaml",
             "model: {d_model: 64.5}",
             "model.d_model in --config (--d-model): expected a whole number, got the float 64.5",
         ),
@@ -291,7 +302,12 @@ def test_run_training_refuses_what_the_workers_cannot_run(tmp_path: Path) -> Non
     from trainer.launch import run_training
 
     run = tmp_path / "run"
-    for bad in ({"seed": 2**80}, {"lr": float("inf")}, {"effective_batch_size": 1e12}):
+    for bad in (
+        {"seed": 2**80},
+        {"lr": float("inf")},
+        {"effective_batch_size": 1e12},
+        {"warmup_steps": 10**20},
+    ):
         with pytest.raises(ValidationError):
             TrainingArgs(ckpt_dir=run, demo=True, **bad)
     args = TrainingArgs(ckpt_dir=run, demo=True, effective_batch_size=10**12)

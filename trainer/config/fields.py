@@ -6,6 +6,9 @@ are refused when the settings are made, in the launcher, as one line naming the 
 - A whole-number field takes no float and no float-looking string: pydantic would turn
   ``1e12`` from a JSON file into an int silently, and YAML reads ``1e12`` as a string.
 - A seed is what every seeded generator here and in InstructLab takes (:data:`Seed`).
+- A whole number fits in 64 bits (:data:`INT_LIMIT`): the workers journal every setting in
+  ``train_begin`` and orjson holds no larger one (``warmup_steps: 10**20`` failed in every
+  worker 43 s after the launch, naming no setting).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ def _seed(value: int) -> int:
 
 
 Seed = Annotated[int, AfterValidator(_seed)]
+
+
+#: The largest whole number a setting may be: what the journal (orjson) and torch's int64
+#: hold. Any step count, interval or size a run can reach is far below it.
+INT_LIMIT = 2**63 - 1
 
 
 def _is_int(annotation: Any) -> bool:
@@ -71,6 +79,16 @@ class Settings(BaseModel):
     def _whole_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
         return whole_number(value) if field and _is_int(field.annotation) else value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _in_64_bits(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+            raise ValueError(
+                f"must be at most {INT_LIMIT} (2**63 - 1, the largest whole number the journal "
+                f"and the workers hold), got {value}"
+            )
+        return value
 
 
 def data_file_problem(path: Path, what: str) -> str | None:
