@@ -108,9 +108,15 @@ def test_hf_trainer_journal_validates_and_every_checkpoint_is_delivered(tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert seen.read_text().split() == [s["data"]["checkpoint_path"] for s in saves]
-    assert (
-        json.loads(cli("ilab-journal", "status", str(out), "--json").stdout)["state"] == "completed"
-    )
+    status = json.loads(cli("ilab-journal", "status", str(out), "--json").stdout)
+    assert status["state"] == "completed"
+    # samples: 2 per rank per step, 2 ranks (was 0 in every envelope and in status)
+    assert [r["samples_seen"] for r in recs if r["event"] == "step_end"] == [
+        4 * s for s in range(1, 8)
+    ]
+    assert [s["samples_seen"] for s in saves] == [12, 24, 28]
+    assert status["samples_seen"] == 28
+    assert "samples 28" in cli("ilab-journal", "status", str(out)).stdout
 
 
 @pytest.mark.extended

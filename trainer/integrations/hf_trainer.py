@@ -59,10 +59,16 @@ log = logging.getLogger(__name__)
 
 class HFPosition:
     """HF's ``TrainerState`` as the journal's position. Inside a step (``on_step_begin`` to
-    ``on_step_end``) HF has not counted the step yet: its records carry global_step + 1."""
+    ``on_step_end``) HF has not counted the step yet: its records carry global_step + 1.
 
-    def __init__(self, state: Any) -> None:
+    ``samples_seen`` counts the samples of the steps done, on all ranks: each optimizer step
+    takes ``per_step`` of them (HF's total train batch size: the per-device batch, which
+    ``auto_find_batch_size`` may have lowered, times gradient accumulation times the ranks),
+    so it follows a resume too."""
+
+    def __init__(self, state: Any, per_step: int = 0) -> None:
         self.state = state
+        self.per_step = per_step
         self.in_step = False
 
     @property
@@ -75,7 +81,13 @@ class HFPosition:
 
     @property
     def samples_seen(self) -> int:
-        return 0
+        return int(self.state.global_step) * self.per_step
+
+
+def samples_per_step(args: Any, state: Any, world: int) -> int:
+    """Samples one optimizer step takes on all ranks, as HF counts its total batch size."""
+    per_device = getattr(state, "train_batch_size", None) or args.per_device_train_batch_size
+    return int(per_device) * int(args.gradient_accumulation_steps) * world
 
 
 class JournalCallback(TrainerCallback):
@@ -132,7 +144,7 @@ class JournalCallback(TrainerCallback):
         self.journal.catch_signals()
         self.journal.open(resume=bool(kw.get("resume_from_checkpoint")))
         self.journal.fail_on_uncaught_exception()
-        self.position = HFPosition(state)
+        self.position = HFPosition(state, samples_per_step(args, state, self.journal.world))
         self.journal.follow(self.position)
         if args.save_total_limit and state.is_world_process_zero:
             log.warning(
@@ -209,8 +221,7 @@ class JournalCallback(TrainerCallback):
         if "loss" not in logs:  # the end-of-training summary and eval logs go elsewhere
             return
         elapsed = time.perf_counter() - self.step_t0
-        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        samples *= self.journal.world
+        samples = samples_per_step(args, state, self.journal.world)
         self.journal.emit(
             "log",
             {
