@@ -316,6 +316,10 @@ def test_training_hub_sft_with_backend_ilab_journal_runs_hub_callbacks(
         def on_save(self, context: TrainingHubContext) -> None:
             self.saved.append((context.step, context.metrics["checkpoint_path"]))
 
+        def on_train_end(self, context: TrainingHubContext) -> None:
+            assert context.control is not None
+            context.control.should_save = True  # too late: the run has ended
+
     hub = Hub()
     result = training_hub.sft(
         model_path=str(tmp_path / "model"),
@@ -333,11 +337,17 @@ def test_training_hub_sft_with_backend_ilab_journal_runs_hub_callbacks(
     )
     assert result.status == "stopped"
     recs = records(tmp_path / "run")
-    assert next(r for r in recs if r["event"] == "train_end")["step"] in (3, 4)
+    end = next(r for r in recs if r["event"] == "train_end")
+    assert end["step"] in (3, 4)
     saves = [r for r in recs if r["event"] == "save"]
     assert [s for s, _ in hub.saved] == [r["step"] for r in saves] and len(saves) >= 2
     assert all(Path(p).is_dir() for _, p in hub.saved)
     assert hub.logged == [(r["step"], r["data"]["loss"]) for r in recs if r["event"] == "log"]
+    # the save asked for at on_train_end gets its verdict (was: a file left in control/)
+    late = [r["data"] for r in recs[recs.index(end) :] if r["event"] == "control"]
+    assert [(c["command"], c["accepted"]) for c in late] == [("save", False)]
+    assert late[0]["reason"] == f"the run had ended (train_end at step {end['step']})"
+    assert not list((tmp_path / "run" / "control").glob("*.json"))
 
 
 def test_a_hub_parameter_training_here_cannot_honour_is_one_line(tmp_path: Path) -> None:
