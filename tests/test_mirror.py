@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -85,11 +86,14 @@ def rotate_by_hand(ckpt: Path, *steps: int) -> None:
         "s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/run",
         "s3://bucket/run?secret_access_key=wJalrXUtnFEMI",
         "s3://AKIAEXAMPLE@bucket/run",
+        "s3://bucket/run?pass=wJalrXUtnFEMI",
+        "s3://bucket/run#secret=wJalrXUtnFEMI",
+        "s3://bucket/run?x=1&X-Amz-Credential=AKIAEXAMPLE",
     ],
 )
 def test_a_uri_with_a_secret_is_refused_in_one_line(ckpt: Path, uri: str) -> None:
     write_run(ckpt)
-    r = mirror(ckpt, uri, "--replay")
+    r = mirror(ckpt, uri, "--replay", timeout=30)
     assert r.returncode == 2, r.stderr
     assert "wJalrXUtnFEMI" not in r.stderr + r.stdout and "AKIAEXAMPLE" not in r.stderr
     assert "Traceback" not in r.stderr
@@ -536,3 +540,98 @@ def test_a_store_that_refuses_mid_run_stops_the_mirror_and_lets_go_of_its_leases
     said = [line for line in text.splitlines() if "mirror: stopped" in line]
     assert len(said) == 1 and "no such bucket" in said[0], text
     assert "does not answer" not in text and "Traceback" not in text
+
+
+def test_a_file_uri_is_a_store_too(tmp_path: Path, ckpt: Path) -> None:
+    """``--mirror file:///dir``: its directories are made as needed; the run is mirrored,
+    watched from there (a checkpoint downloaded and evaluated) and rotated there (no
+    empty directory left behind)."""
+    finished_run(ckpt)
+    uri = f"file://{tmp_path}/store/runs/x"
+    r = mirror(ckpt, uri, "--replay", timeout=60)
+    assert r.returncode == 0, r.stderr
+    store = Store(uri)
+    names = {"checkpoints/step-000005", "checkpoints/step-000010"}
+    assert marked_checkpoints(store.listing("checkpoints/")) == names
+    assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes()
+    script, out = eval_script(tmp_path)
+    replica = tmp_path / "replica"
+    r = cli("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [5, 10]
+    rotate_by_hand(ckpt, 5)
+    assert mirror(ckpt, uri, "--replay", timeout=60).returncode == 0
+    assert not (tmp_path / "store/runs/x/checkpoints/step-000005").exists()
+    assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes()
+
+
+def test_a_full_disk_while_downloading_is_said_as_such(tmp_path: Path, ckpt: Path, s3: Any) -> None:
+    """``ilab-watch URI --download DIR`` with DIR on a 16 MB disk and two 11 MB
+    checkpoints: the first, fetched whole, is evaluated; the second does not fit, which is
+    said in one line as this machine's disk (never as the store not answering), and its
+    partial copy is removed."""
+    finished_run(ckpt)
+    for step in (5, 10):
+        big = ckpt / f"checkpoints/step-{step:06d}/full_state/__1_0.distcp"
+        big.write_bytes(os.urandom(10 << 20))
+    uri = s3.fresh_uri() + "/full"
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    script, out = eval_script(tmp_path)
+    with small_tmpfs(tmp_path, "16m") as disk:
+        replica = disk / "replica"
+        r = cli("ilab-watch", uri, "--on-save", str(script), "--replay", "--download", str(replica))
+        assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [5]
+        assert not list((replica / "checkpoints").glob(".tmp-*")), r.stderr
+        assert sorted(os.listdir(replica / "checkpoints")) == ["step-000005"]
+    said = [line for line in r.stderr.splitlines() if "No space left on device" in line]
+    assert len(said) == 1 and "not the store" in said[0], r.stderr
+    assert "does not answer" not in r.stderr and "Traceback" not in r.stderr
+
+
+#: Run a console script's main and write its peak memory (VmHWM, KiB) to argv[1] at exit:
+#: the peak of this process alone (a child's ru_maxrss also counts its parent's).
+PEAK = """\
+import atexit, sys
+def peak(path):
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(path, "w") as f:
+        f.write(kib)
+atexit.register(peak, sys.argv[1])
+sys.argv = ["ilab-watch", *sys.argv[2:]]
+from watcher.cli import main
+main()
+"""
+
+
+def test_an_oversize_object_from_the_store_is_moved_aside_unread(
+    tmp_path: Path, ckpt: Path, s3: Any
+) -> None:
+    """A 64 MB object in the store's control/ and reports/ (the local inboxes take 64 KiB
+    at most): each is moved aside there with one line, never read (the mirror's memory
+    does not grow by it) and never written into the run; a small command still comes in."""
+    finished_run(ckpt)
+    uri = s3.fresh_uri() + "/huge"
+    store = Store(uri)
+    peak = tmp_path / "peak"
+
+    def mirrored() -> tuple[subprocess.CompletedProcess[str], int]:
+        argv = [sys.executable, "-c", PEAK, str(peak), str(ckpt), "--mirror", uri, "--replay"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        return r, int(peak.read_text())
+
+    r, baseline = mirrored()
+    assert r.returncode == 0, r.stderr
+    huge = b'{"command": "log", "reason": "' + b"x" * (64 << 20) + b'"}'
+    store.put_bytes("control/huge.json", huge)
+    store.put_bytes("reports/huge.json", huge)
+    store.put_bytes("control/small.json", b'{"command": "log", "reason": "hello"}')
+    r, kib = mirrored()
+    assert r.returncode == 0, r.stderr
+    assert kib < baseline + 32 * 1024, (kib, baseline)  # 64 MB read whole would show
+    for inbox in ("control", "reports"):
+        assert store.listing(f"{inbox}/") == {f"{inbox}/rejected/huge.json": len(huge)}
+        assert not (ckpt / inbox / "huge.json").exists()
+        said = [line for line in r.stderr.splitlines() if f"{inbox}/huge.json" in line]
+        assert len(said) == 1 and "64 KiB" in said[0], r.stderr
+    assert (ckpt / "control/small.json").exists()
