@@ -53,8 +53,14 @@ class Seconds(click.ParamType):
         self.low, self.high, self.low_open = low, high, low_open
 
     def _range(self) -> str:
-        low = f"more than {self.low:g}" if self.low_open else f"{self.low:g}"
-        return f"{low} to {self.high:g}" if self.high is not None else f"{low} or more"
+        if self.low_open:
+            low = f"more than {self.low:.15g}"
+            return low if self.high is None else f"{low} and at most {self.high:.15g}"
+        return (
+            f"{self.low:.15g} or more"
+            if self.high is None
+            else f"{self.low:.15g} to {self.high:.15g}"
+        )
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         name = max(param.opts, key=len) if param is not None and param.opts else "seconds"

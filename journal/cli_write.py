@@ -193,8 +193,10 @@ def prune(dir: str) -> None:
 
     The trainer rotates after every save (keeping --keep-last-n, the --keep-best one and
     leased ones). Checkpoints kept for a lease at the last save are removed by the watcher
-    that releases the lease; this does the same by hand. Nothing happens while a trainer is
-    writing the journal.
+    that releases the lease; this does the same by hand, and is the only way once a lease's
+    holder died (a watcher killed with kill -9: its leases expire, but nothing rotates after
+    the run; `status` names those checkpoints). A lease that has not expired keeps its
+    checkpoint. Nothing happens while a trainer is writing the journal.
     """
     from journal.lock import lock_holder
     from journal.rotation import prune_finished_run

@@ -183,6 +183,17 @@ def status_text(s: RunSummary, path: Path) -> str:
         n = s.refused_reports
         why = f"ilab-journal show {path.parent} -e control"
         rows.append(("reports", f"{n} report(s) refused when journaled (why: {why})"))
+    if s.prunable_checkpoints:  # kept by leases whose holders died: nothing rotates now
+        n, why = len(s.prunable_checkpoints), ""
+        if s.expired_leases:
+            why = f"; {s.expired_leases} expired lease(s) on them hold nothing"
+        rows.append(
+            (
+                "retention",
+                f"{n} checkpoint(s) beyond keep_last_n={s.keep_last_n} that no lease holds"
+                f"{why}; ilab-journal prune {path.parent} removes them",
+            )
+        )
     if s.holder and s.state != "starting":  # "starting" names the holder already
         rows.append(("held by", holder_text(s.holder)))
     if path.exists():

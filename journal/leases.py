@@ -266,6 +266,27 @@ def leased(
     return out
 
 
+def expiries(ckpt_dir: str | os.PathLike[str], names: set[str]) -> dict[str, list[float]]:
+    """When each lease of the checkpoints ``names`` ends (expired ones included), read only:
+    nothing is removed or moved, for ``status``. Files that are not leases are skipped."""
+    try:
+        entries = os.listdir(leases_dir(ckpt_dir))
+    except FileNotFoundError:
+        return {}
+    by_key = {lease_key(name): name for name in names}
+    out: dict[str, list[float]] = {}
+    for entry in entries:
+        name = by_key.get(entry.rpartition(_SEP)[0])
+        if name is None or not entry.endswith(_SUFFIX):
+            continue
+        try:
+            expires, _ = _lease(leases_dir(ckpt_dir) / entry)
+        except (FileNotFoundError, RejectedFile):
+            continue
+        out.setdefault(name, []).append(expires)
+    return out
+
+
 def active(ckpt_dir: str | os.PathLike[str], now: float | None = None) -> list[Lease]:
     """Every unexpired lease (for ``status`` and people); files that are not leases are
     skipped (and left alone: rotation moves them aside)."""

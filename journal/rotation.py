@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,11 +129,8 @@ def rotate(
             (None: every checkpoint in ``root``, for trainers that record no run in them).
     """
     finish_interrupted_removals(ckpt_dir, emit, root)
-    if not keep_last_n:
-        return []
-    found = list_checkpoints(ckpt_dir, root, run_id=run_id)
-    candidates = [p for p in found[:-keep_last_n] if p.name not in keep]
-    if not candidates:
+    candidates = beyond_retention(ckpt_dir, keep_last_n, keep=keep, root=root, run_id=run_id)
+    if not candidates or not keep_last_n:
         return []
 
     def refused(rec: dict[str, Any]) -> None:  # a bad lease file: journaled, moved aside
@@ -150,6 +148,35 @@ def rotate(
             removed.append(path)
             log.info("removed old checkpoint %s (keep_last_n=%d)", path, keep_last_n)
     return removed
+
+
+def beyond_retention(
+    ckpt_dir: Path,
+    keep_last_n: int | None,
+    *,
+    keep: set[str],
+    root: Path | None = None,
+    run_id: str | None = None,
+) -> list[Path]:
+    """The run's checkpoints no policy but a lease keeps, oldest first: all but the newest
+    ``keep_last_n`` (None keeps everything), less ``keep`` (the best)."""
+    if not keep_last_n:
+        return []
+    found = list_checkpoints(ckpt_dir, root, run_id=run_id)
+    return [p for p in found[:-keep_last_n] if p.name not in keep]
+
+
+def prunable(
+    ckpt_dir: Path, keep_last_n: int | None, *, keep: set[str], run_id: str | None
+) -> tuple[list[Path], int]:
+    """What ``ilab-journal prune`` would remove now, read only (for ``status``): the
+    checkpoints beyond retention that no unexpired lease holds, and how many expired leases
+    lie on them (their holders, e.g. a watcher killed with ``kill -9``, are gone)."""
+    candidates = beyond_retention(ckpt_dir, keep_last_n, keep=keep, run_id=run_id)
+    ends = leases.expiries(ckpt_dir, {p.name for p in candidates})
+    now = time.time()
+    unheld = [p for p in candidates if all(end <= now for end in ends.get(p.name, []))]
+    return unheld, sum(len(ends.get(p.name, [])) for p in unheld)
 
 
 def remove_unless_leased(

@@ -54,11 +54,16 @@ class RunSummary:
     pid: int | None = None
     error: str | None = None
     keep_best: str | None = None  # the run's METRIC:max|min, when it keeps the best
+    keep_last_n: int | None = None  # the run's rotation (train_begin's config)
     best_checkpoint: dict[str, Any] | None = None  # by keep_best, from reports/evaluate
     reports: int = 0
     last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
     holder: dict[str, Any] | None = None  # the launcher holding the directory now
     unapplied_commands: int = 0  # command files in control/ after train_end: never applied
+    #: an ended run's checkpoints beyond keep_last_n that no lease holds any more (their
+    #: holders died): ``ilab-journal prune`` removes them; and the expired leases on them
+    prunable_checkpoints: list[str] = field(default_factory=list)
+    expired_leases: int = 0
     refused_reports: int = 0  # report files refused when journaled (journal.reports)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,7 +84,7 @@ def _pid_gone(hostname: str | None, pid: int | None) -> bool:
 
 
 #: RunSummary fields computed when a result is asked for, never folded.
-_DERIVED = frozenset({"best_checkpoint", "holder"})
+_DERIVED = frozenset({"best_checkpoint", "holder", "prunable_checkpoints", "expired_leases"})
 
 
 class Summarizer:
@@ -109,7 +114,10 @@ class Summarizer:
         if self._best is not None and event in BEST_EVENTS:
             self._best.add(rec)
         if event == "train_begin":
-            self._track_best(rec.get("run_id"), (data.get("config") or {}).get("keep_best"))
+            config = data.get("config") or {}
+            self._track_best(rec.get("run_id"), config.get("keep_best"))
+            n = config.get("keep_last_n")
+            s.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
             s.total_steps = data.get("total_steps", s.total_steps)
@@ -152,6 +160,9 @@ class Summarizer:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Summarizer:
         summ = cls()
+        if "keep_last_n" not in state["summary"]:
+            # folded before keep_last_n was: not to be trusted (the index reads it again)
+            raise KeyError("keep_last_n")
         summ.summary = RunSummary(**state["summary"])
         summ.ended = bool(state["ended"])
         summ._best = BestTracker.from_state(state["best"]) if state.get("best") else None

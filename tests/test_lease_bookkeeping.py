@@ -3,14 +3,16 @@ renewal never brings back a lease its delivery just released."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from journal import leases
-from tests.helpers import cli
+from journal import JournalWriter, leases
+from tests.helpers import BIN, cli, make_checkpoint, wait_for
 from watcher.leasing import LeaseKeeper
 
 
@@ -174,3 +176,47 @@ def test_the_watcher_leases_the_ckpt_file_of_a_save(ckpt: Path) -> None:
     assert leases.leased(ckpt, {name}) == {name}
     keeper.release(lease_id)
     assert leases.leased(ckpt, {name}) == set()
+
+
+def test_leases_of_a_killed_watcher_stop_holding_checkpoints_after_the_run(ckpt: Path) -> None:
+    """Issue 43: a watcher killed with ``kill -9`` while its saves are queued leaves leases
+    that expire; the run has ended, so no save rotates any more. ``status`` says which
+    checkpoints beyond keep_last_n nothing holds now, and ``prune`` removes those, never one
+    a live lease holds."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"keep_last_n": 1}})
+        for step in (1, 2, 3):
+            path = make_checkpoint(ckpt, step, w.run_id)
+            save = {"checkpoint_path": str(path), "kind": ["full_state"], "duration": 0.1}
+            w.append("save", save, step=step)
+        w.append("train_end", {"status": "completed"}, step=3)
+    first, second, last = (ckpt / "checkpoints" / f"step-{s:06d}" for s in (1, 2, 3))
+    watcher = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(ckpt), "--on-save", "sleep 60", "--lease-ttl", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:  # every queued save is leased: the first one's delivery runs, two wait
+        wait_for(lambda: len(list((ckpt / "leases").glob("*.json"))) == 3, 60, "3 leases")
+    finally:
+        watcher.kill()  # kill -9: nothing is released
+        watcher.wait()
+    wait_for(lambda: not leases.active(ckpt), 30, "the leases to expire")
+
+    status = cli("ilab-journal", "status", str(ckpt))
+    assert status.returncode == 0, status.stderr
+    assert (
+        "2 checkpoint(s) beyond keep_last_n=1 that no lease holds; 2 expired lease(s) on them "
+        f"hold nothing; ilab-journal prune {ckpt} removes them"
+    ) in status.stdout
+    held = cli("ilab-journal", "lease", str(ckpt), "step-000002", "--ttl", "600")  # a live one
+    assert held.returncode == 0, held.stderr
+    as_json = json.loads(cli("ilab-journal", "status", str(ckpt), "--json").stdout)
+    assert as_json["prunable_checkpoints"] == [str(first)]
+
+    pruned = cli("ilab-journal", "prune", str(ckpt))
+    assert pruned.returncode == 0 and pruned.stdout.split() == [str(first)], pruned.stderr
+    assert not first.exists() and second.exists() and last.exists()
+    assert "retention" not in cli("ilab-journal", "status", str(ckpt)).stdout
+    assert cli("ilab-journal", "release", str(ckpt), held.stdout.strip()).returncode == 0
+    assert cli("ilab-journal", "prune", str(ckpt)).stdout.split() == [str(second)]
