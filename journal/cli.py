@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import orjson
@@ -17,6 +17,7 @@ from journal.cli_common import Seconds, UserError, dumps, require_journal, user_
 from journal.cli_export import export
 from journal.cli_read import (
     ManyEventsCommand,
+    add_retention,
     check_events,
     echo_value,
     journal_to_follow,
@@ -30,9 +31,6 @@ from journal.format import holder_text, printable, stats_text, status_text
 from journal.lock import run_holder
 from journal.paths import resolve_journal
 from journal.remote.readers import RUN_DIR_OR_URI
-
-if TYPE_CHECKING:
-    from journal.summary import RunSummary
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -96,7 +94,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
         s.unapplied_commands = len(unapplied_commands(path.parent)[1])
-        _retention(s, path.parent)
+        add_retention(s, path.parent)
     if s.state == "empty" and s.holder:
         s.state, s.reason = "starting", f"held by {holder_text(s.holder)}"
     if as_json:
@@ -104,22 +102,6 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     else:
         click.echo(status_text(s, path))
     sys.exit(STATE_EXIT_CODES.get(s.state, 1))
-
-
-def _retention(s: RunSummary, ckpt_dir: Path) -> None:
-    """An ended run's checkpoints beyond keep_last_n that nothing holds any more: the
-    trainer rotates no more, and a lease holder that died (a watcher killed with ``kill
-    -9``) never releases; said by ``status``, removed by ``prune``. A running trainer
-    rotates them at its next save. Cost: the run's checkpoint and lease dirs, not the
-    journal."""
-    from journal.rotation import prunable
-
-    if s.state in ("running", "starting", "empty") or not s.keep_last_n:
-        return
-    best = (s.best_checkpoint or {}).get("checkpoint_path")
-    keep = {Path(best).name} if isinstance(best, str) else set()
-    paths, s.expired_leases = prunable(ckpt_dir, s.keep_last_n, keep=keep, run_id=s.run_id)
-    s.prunable_checkpoints = [str(p) for p in paths]
 
 
 # -- show -----------------------------------------------------------------------------------

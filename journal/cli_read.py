@@ -1,12 +1,13 @@
-"""What ``ilab-journal``'s reading commands (show, tail, query) share beyond
-journal/cli_common.py: printing records, event names given by the user, the journal that
-``tail -f`` waits for, and values printed for scripts."""
+"""What ``ilab-journal``'s reading commands (status, show, tail, query) share beyond
+journal/cli_common.py: printing records, event names given by the user (``-e`` taking
+several), the journal that ``tail -f`` waits for, values printed for scripts, and what
+``status`` says of checkpoints left beyond retention."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
@@ -16,6 +17,9 @@ from journal.events import EVENTS
 from journal.format import print_records_table, printable
 from journal.paths import resolve_journal
 from journal.reader import InvalidLine
+
+if TYPE_CHECKING:
+    from journal.summary import RunSummary
 
 
 def show_all(path: Path, wanted: set[str], as_json: bool) -> None:
@@ -139,3 +143,19 @@ def spread_values(args: list[str], greedy: tuple[str, ...], takes_value: set[str
     if not positional and added:
         del out[added[-1]]  # that word is DIR
     return out
+
+
+def add_retention(s: RunSummary, ckpt_dir: Path) -> None:
+    """An ended run's checkpoints beyond keep_last_n that nothing holds any more: the
+    trainer rotates no more, and a lease holder that died (a watcher killed with ``kill
+    -9``) never releases; said by ``status``, removed by ``prune``. A running trainer
+    rotates them at its next save. Cost: the run's checkpoint and lease dirs, not the
+    journal."""
+    from journal.rotation import prunable
+
+    if s.state in ("running", "starting", "empty") or not s.keep_last_n:
+        return
+    best = (s.best_checkpoint or {}).get("checkpoint_path")
+    keep = {Path(best).name} if isinstance(best, str) else set()
+    paths, s.expired_leases = prunable(ckpt_dir, s.keep_last_n, keep=keep, run_id=s.run_id)
+    s.prunable_checkpoints = [str(p) for p in paths]
