@@ -44,6 +44,36 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
+    def kill_controller(self) -> None:
+        """``kill -9`` of slurmctld (a controller crash); the node's daemon runs on."""
+        ctld = self._controller()
+        ctld.kill()
+        ctld.wait()
+
+    def start_controller(self) -> None:
+        """Start slurmctld again on its saved state, as after a crash, and wait until it
+        answers (``sinfo``)."""
+        old = self._controller()
+        log = open(self.root / "slurmctld.out", "ab")  # noqa: SIM115 - the daemon keeps it
+        new = subprocess.Popen(list(old.args), env=self.env, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
+        log.close()
+        self.procs[self.procs.index(old)] = new
+        _wait(lambda: _node_state(self.env) != "", self, "slurmctld did not answer again")
+
+    def resume_node(self) -> None:
+        """Put the node back in service (slurmctld drains it when, after a restart, it
+        finds a job it thought queued already on the node) and wait until it is idle."""
+        subprocess.run(
+            ["scontrol", "update", f"nodename={self.node}", "state=resume"],
+            env=self.env,
+            capture_output=True,
+            timeout=30,
+        )
+        _wait(lambda: _node_state(self.env) == "idle", self, "the node never became idle")
+
+    def _controller(self) -> subprocess.Popen[bytes]:
+        return next(p for p in self.procs if Path(str(p.args[0])).name == "slurmctld")  # type: ignore[index]
+
     def stop(self) -> None:
         """Stop the daemons this cluster started (newest first), by pid."""
         for proc in reversed(self.procs):

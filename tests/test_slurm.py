@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -127,7 +128,8 @@ def test_watch_via_slurm_journals_jobs_and_retries_failures(
     fail = tmp_path / "fail.sh"
     fail.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     fail.chmod(0o755)
-    common = ("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3", "--replay")
+    common: tuple[str, ...] = ("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3")
+    common += ("--replay",)
     common += ("--concurrency", "2")  # both saves' jobs at once
     ok = cli(
         "ilab-watch",
@@ -211,6 +213,8 @@ def test_a_restarted_watcher_reattaches_to_its_local_job(tmp_path: Path) -> None
     first = subprocess.Popen([str(BIN / "ilab-watch"), *argv], stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: (tmp_path / "starts").exists(), 30, "the job's start")
+        # killed once the job's id is noted: before that, a local job cannot be found again
+        wait_for(lambda: _job_id(ckpt, "j"), 30, "the job's id in the marker")
         first.send_signal(signal.SIGKILL)
         first.wait()
     finally:
@@ -511,3 +515,403 @@ def test_a_job_past_its_timeout_is_cancelled(slurm: SlurmCluster, tmp_path: Path
     assert res["status"] == "timeout" and "cancelled" in res["error"]
     states = [r["data"]["state"] for r in records(ckpt) if r["event"] == "job"]
     assert states[-1] == "CANCELLED"
+
+
+# -- issue 43: nothing pinned, nothing crossed, nothing silent -------------------------------
+
+
+def _block_cpus(slurm: SlurmCluster) -> str:
+    """A job holding every CPU of the node: the jobs submitted after it stay PENDING."""
+    return subprocess.run(
+        ["sbatch", "--parsable", f"-c{slurm.cpus}", "-o", "/dev/null", "--wrap", "sleep 300"],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+
+
+def _state(slurm: SlurmCluster, job_id: str) -> str:
+    """The job's state and reason as squeue says them (``PENDING|JobHeldAdmin``)."""
+    return (
+        subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job_id, "-O", "State:|,Reason:|"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        .stdout.strip()
+        .rstrip("|")
+    )
+
+
+def _counted_squeue(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose ``squeue`` is the real one, each call noted in the returned file (how a
+    test counts a watcher's polls)."""
+    calls = tmp_path / "squeue.calls"
+    shim = tmp_path / "bin" / "squeue"
+    shim.parent.mkdir()
+    real = shutil.which("squeue")
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    calls.touch()
+    return f"{shim.parent}{os.pathsep}{os.environ['PATH']}", calls
+
+
+def _markers(ckpt: Path, name: str) -> list[Path]:
+    """The watcher's job markers (watch/<name>.jobs/<delivery>.json; not the jobs' files)."""
+    jobs = ckpt / "watch" / f"{name}.jobs"
+    return [p for p in jobs.glob("*.json") if not p.name.endswith((".event.json", ".report.json"))]
+
+
+def _job_id(ckpt: Path, name: str) -> str | None:
+    """The id of the one job a watcher noted in its marker, once noted."""
+    for path in _markers(ckpt, name):
+        job_id = json.loads(path.read_text()).get("job_id")
+        if job_id:
+            return str(job_id)
+    return None
+
+
+def _gated_eval(tmp_path: Path) -> Path:
+    """An eval that notes each run (its job id in ``runs``), waits for ``go``, reports."""
+    script = tmp_path / "gated.sh"
+    script.write_text(
+        f'#!/bin/sh\necho "$SLURM_JOB_ID" >> {tmp_path}/runs\n'
+        f"while [ ! -e {tmp_path}/go ]; do sleep 0.05; done\n"
+        'printf \'{"accuracy": 0.5}\' > "$ILAB_REPORT"\necho evaluated\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_a_restarted_watcher_ends_a_job_slurm_forgot_as_lost(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 43: a watcher restarted after kill -9 whose only job Slurm no longer knows
+    (purged after MinJobAge; here an id it never issued, which squeue answers the same way:
+    one id, exit 1, "Invalid job id specified") ends it LOST after 3 polls, a failed
+    delivery, its lease released: it no longer waits for ever renewing the lease."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 5\n" + EVAL)
+    argv = [str(ckpt), "--on-save", str(script), "--name", "eval", "--via", "slurm"]
+    argv += ["--sbatch-args", "-c1", "--job-poll", "0.3", "--replay"]
+    blocker = _block_cpus(slurm)
+    first = subprocess.Popen(
+        [str(BIN / "ilab-watch"), *argv],
+        env={**os.environ, **_env(slurm)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        job = wait_for(lambda: _job_id(ckpt, "eval"), 60, "the job's id in the marker")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        first.kill()
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+    subprocess.run(["scancel", job], env=slurm.env, timeout=30)
+    (marker,) = _markers(ckpt, "eval")
+    forgotten = str(int(job) + 100_000)
+    marker.write_text(marker.read_text().replace(f'"{job}"', f'"{forgotten}"'))
+    assert _state(slurm, forgotten) == ""
+    path, calls = _counted_squeue(tmp_path)
+    again = cli("ilab-watch", *argv, env=_env(slurm, PATH=path), timeout=60)
+    assert again.returncode == 1, again.stderr
+    (res,) = _results(ckpt, "eval")
+    assert res["status"] == "failed" and f"slurm job {forgotten} LOST" in res["error"]
+    assert res["jobs"][0]["adopted"] and [s["state"] for s in res["jobs"][0]["states"]] == ["LOST"]
+    assert len(calls.read_text().splitlines()) == 3  # LOST at the third poll, not later
+    lost = [r["data"] for r in records(ckpt) if r["event"] == "job"][-1]
+    assert (lost["job_id"], lost["state"]) == (forgotten, "LOST")
+    holders = [json.loads(p.read_text())["holder"] for p in (ckpt / "leases").glob("*.json")]
+    assert all(h.endswith(f":{first.pid}") for h in holders)  # only the killed one's is left
+
+
+def test_a_percent_in_the_run_dir_is_no_sbatch_pattern(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Issue 43: a run dir named with %j and %x (sbatch's --output patterns): the job runs,
+    and its log is where the result says, with the eval's output in it."""
+    base = tmp_path / "exp%j-%x"
+    base.mkdir()
+    ckpt = _saved_run(base, saves=1)
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 5\n" + EVAL)
+    out = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--on-save", str(script), "--name", "eval", "--replay"),
+        *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+        env=_env(slurm, EVAL_SECONDS="0"),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    (res,) = _results(ckpt, "eval")
+    assert res["status"] == "ok"
+    log = Path(res["log_path"])
+    assert "%j-%x" in str(log) and "evaluated" in log.read_text()
+    assert any(r["event"] == "report" for r in records(ckpt))
+
+
+def test_a_job_slurm_requeued_after_it_ended_is_done_and_runs_once(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 43: the job ran and wrote exit code 0, then Slurm put it back in the queue,
+    held (what a slurmctld restart after kill -9 does to jobs that ended meanwhile; here
+    ``scontrol requeuehold`` while the watcher is stopped). The exit file wins: the delivery
+    is ok with its report, the held copy is cancelled (said once), the eval ran once."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    script = _gated_eval(tmp_path)
+    errors = tmp_path / "watcher.err"
+    with open(errors, "w") as err:
+        watcher = subprocess.Popen(
+            [
+                str(BIN / "ilab-watch"),
+                str(ckpt),
+                *("--on-save", str(script), "--name", "eval", "--replay"),
+                *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+            ],
+            env={**os.environ, **_env(slurm)},
+            stderr=err,
+        )
+    try:
+        wait_for(lambda: (tmp_path / "runs").exists(), 60, "the eval's start")
+        job = (tmp_path / "runs").read_text().split()[0]
+        watcher.send_signal(signal.SIGSTOP)  # it must not see the job COMPLETED
+        (tmp_path / "go").touch()
+        wait_for(lambda: _state(slurm, job).startswith("COMPLETED"), 60, "the job's end")
+        subprocess.run(["scontrol", "requeuehold", job], env=slurm.env, check=True, timeout=30)
+        wait_for(lambda: _state(slurm, job).startswith("PENDING"), 30, "the held copy")
+        watcher.send_signal(signal.SIGCONT)
+        code = watcher.wait(timeout=60)
+    finally:
+        watcher.send_signal(signal.SIGCONT)
+        watcher.kill()
+        subprocess.run(["scancel", job], env=slurm.env, timeout=30)
+    assert code == 0, errors.read_text()
+    (res,) = _results(ckpt, "eval")
+    assert res["status"] == "ok" and res["exit_code"] == 0 and "evaluated" in res["stdout_tail"]
+    assert any(r["event"] == "report" for r in records(ckpt))
+    assert wait_for(lambda: _state(slurm, job).startswith("CANCELLED"), 30, "the copy cancelled")
+    said = [ln for ln in errors.read_text().splitlines() if "does not run twice" in ln]
+    assert len(said) == 1 and f"slurm job {job} ended (exit code 0)" in said[0]
+    assert (tmp_path / "runs").read_text().split() == [job]  # one run
+    assert not list((ckpt / "leases").glob("*.json"))
+
+
+@pytest.mark.extended
+def test_a_job_that_ends_while_slurmctld_is_down_is_evaluated_once(tmp_path: Path) -> None:
+    """Issue 43, the real thing, on a cluster of its own (a restarted slurmctld that lost
+    its last state save may give a forgotten job's id to the next job and drain the node):
+    kill -9 of slurmctld while an eval job runs, the job ends meanwhile (exit file 0),
+    slurmctld restarted on its saved state. The watcher, stopped throughout (as on a node
+    reboot), then finishes the delivery from the exit file. Where Slurm queued the job
+    again (its save said PENDING), the watcher says so and cancels that copy; either way
+    the eval ran once."""
+    from tests.slurm_cluster import SlurmUnavailable, start_cluster
+
+    ckpt = _saved_run(tmp_path, saves=1)
+    script = _gated_eval(tmp_path)
+    errors = tmp_path / "watcher.err"
+    try:
+        slurm = start_cluster(tmp_path / "slurm")
+    except SlurmUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        with open(errors, "w") as err:
+            watcher = subprocess.Popen(
+                [
+                    str(BIN / "ilab-watch"),
+                    str(ckpt),
+                    *("--on-save", str(script), "--name", "eval", "--replay"),
+                    *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+                ],
+                env={**os.environ, **_env(slurm)},
+                stderr=err,
+            )
+        try:
+            wait_for(lambda: (tmp_path / "runs").exists(), 60, "the eval's start")
+            job = (tmp_path / "runs").read_text().split()[0]
+            watcher.send_signal(signal.SIGSTOP)
+            slurm.kill_controller()
+            (tmp_path / "go").touch()
+            wait_for(lambda: list((ckpt / "watch" / "eval.jobs").glob("*.exit")), 60, "exit file")
+            slurm.start_controller()
+            requeued = _state(slurm, job).startswith("PENDING")
+            watcher.send_signal(signal.SIGCONT)
+            code = watcher.wait(timeout=60)
+            final = ("", "COMPLETED", "CANCELLED")  # "": the restarted slurmctld forgot it
+            wait_for(lambda: _state(slurm, job).split("|")[0] in final, 90, "the job's end")
+        finally:
+            watcher.send_signal(signal.SIGCONT)
+            watcher.kill()
+    finally:
+        slurm.stop()
+    assert code == 0, errors.read_text()
+    (res,) = _results(ckpt, "eval")
+    assert res["status"] == "ok" and res["exit_code"] == 0
+    assert (tmp_path / "runs").read_text().split() == [job]  # one run of the eval
+    if requeued:
+        assert "does not run twice" in errors.read_text()
+
+
+def _aborted_then_resumed(tmp_path: Path, *, aborted: bool = True) -> Path:
+    """A run whose attempt 1 saved step 5 and 10 and (``aborted``) ended by an abort
+    command; attempt 2 resumed from step 10, saved step 15 and completed."""
+    ckpt = tmp_path / "run"
+    ckpt.mkdir(exist_ok=True)
+    if not (ckpt / "journal.jsonl").exists():
+        w = write_run(ckpt, steps=10, save_every=5, end=None)
+        for s in (5, 10, 15):
+            make_checkpoint(ckpt, s, w.run_id)
+    if aborted:
+        from journal import JournalWriter
+
+        with JournalWriter(ckpt, join=True) as end:
+            end.append(
+                "train_end", {"status": "stopped", "command": "abort", "reason": "t"}, step=10
+            )
+        with JournalWriter(ckpt, resume=True) as w2:
+            w2.append("train_begin", {"world_size": 2, "resumed_from": "step-000010"}, step=10)
+            path = str(ckpt / "checkpoints" / "step-000015")
+            w2.append("save", {"checkpoint_path": path, "kind": ["full_state"]}, step=15)
+            w2.append("train_end", {"status": "completed", "reason": None}, step=15)
+    return ckpt
+
+
+def test_cancel_on_abort_spares_the_resumed_attempt_in_a_replay(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 43: --cancel-on-abort replaying a journal whose attempt 1 was aborted and
+    attempt 2 resumed: attempt 1's queued jobs are cancelled (skipped), attempt 2's save is
+    evaluated; the summary says the skips were the abort's, not removed checkpoints."""
+    ckpt = _aborted_then_resumed(tmp_path)
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 5\n" + EVAL)
+    blocker = _block_cpus(slurm)  # attempt 1's jobs stay queued until the abort
+    errors = tmp_path / "watcher.err"
+    with open(errors, "w") as err:
+        watcher = subprocess.Popen(
+            [
+                str(BIN / "ilab-watch"),
+                str(ckpt),
+                *("--on-save", str(script), "--name", "eval", "--replay", "--concurrency", "3"),
+                *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+                "--cancel-on-abort",
+            ],
+            env={**os.environ, **_env(slurm, EVAL_SECONDS="0")},
+            stderr=err,
+        )
+    try:
+
+        def attempt_1_done() -> bool:
+            path = ckpt / "watch" / "eval.results.jsonl"
+            results = _results(ckpt, "eval") if path.exists() else []
+            return len([r for r in results if r["event"] == "save" and r["step"] < 15]) == 2
+
+        wait_for(attempt_1_done, 60, "attempt 1's two deliveries")
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+        code = watcher.wait(timeout=90)
+    finally:
+        watcher.kill()
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+    assert code == 0, errors.read_text()
+    by_step = {r["step"]: r for r in _results(ckpt, "eval") if r["event"] == "save"}
+    assert {s: r["status"] for s, r in by_step.items()} == {5: "skipped", 10: "skipped", 15: "ok"}
+    assert all("the run was aborted" in by_step[s]["error"] for s in (5, 10))
+    ends = [r["data"] for r in records(ckpt) if r["event"] == "job"]
+    assert [d["state"] for d in ends if d["step"] == 15][-1] == "COMPLETED"
+    assert "ok, 0 failed, 2 skipped (run aborted); results in" in errors.read_text()
+
+
+def test_a_watcher_restarted_before_an_abort_evaluates_the_resumed_attempt(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 43: a --cancel-on-abort watcher whose cursor stands before attempt 1's abort
+    (it ran before the abort was journaled) meets the abort, then attempt 2's save: that
+    save is evaluated, not skipped."""
+    ckpt = _aborted_then_resumed(tmp_path, aborted=False)
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 5\n" + EVAL)
+    argv = [str(ckpt), "--on-save", str(script), "--name", "eval", "--replay", "--via", "slurm"]
+    argv += ["--sbatch-args", "-c1", "--job-poll", "0.3", "--cancel-on-abort"]
+    env = _env(slurm, EVAL_SECONDS="0")
+    first = cli("ilab-watch", *argv, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    _aborted_then_resumed(tmp_path)
+    again = cli("ilab-watch", *argv, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    by_step = {r["step"]: r["status"] for r in _results(ckpt, "eval") if r["event"] == "save"}
+    assert by_step == {5: "ok", 10: "ok", 15: "ok"}
+    assert "ok, 0 failed; results in" in again.stderr  # nothing skipped
+
+
+def test_array_and_hold_are_refused_at_start(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Issue 43: --array (one checkpoint's eval once per index) and --hold (a job that never
+    starts), in --sbatch-args however spelled or in sbatch's environment variables, are a
+    usage error before anything is submitted: one line naming it, exit 2."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    before = set(_squeue_all(slurm))
+    cases = [
+        (("--sbatch-args", "-c1 --array=0-3"), {}, "--array=0-3 is refused: a job array"),
+        (("--sbatch-args", "-c1 -a 0-3"), {}, "-a (--array) is refused"),
+        (("--sbatch-args", "-Hc1"), {}, "-Hc1 (--hold) is refused: a held job never starts"),
+        ((), {"SBATCH_ARRAY_INX": "0-3"}, "SBATCH_ARRAY_INX is set in the environment"),
+    ]
+    for args, extra, says in cases:
+        out = cli(
+            "ilab-watch",
+            str(ckpt),
+            *("--on-save", "true", "--replay", "--via", "slurm", *args),
+            env=_env(slurm, **extra),
+        )
+        assert out.returncode == 2, out.stderr
+        (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("Error:")]
+        assert says in line and "Traceback" not in out.stderr
+    assert set(_squeue_all(slurm)) == before  # nothing submitted
+    assert not (ckpt / "watch" / "eval.jobs").exists()
+
+
+def test_a_held_job_is_said_once_and_runs_when_released(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Issue 43: a job held while queued (``scontrol hold``) is one console line naming it,
+    its reason and how to release it, said once however many polls; released, it runs."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    script = tmp_path / "eval.py"
+    script.write_text("BEST = 5\n" + EVAL)
+    blocker = _block_cpus(slurm)
+    path, calls = _counted_squeue(tmp_path)
+    errors = tmp_path / "watcher.err"
+    with open(errors, "w") as err:
+        watcher = subprocess.Popen(
+            [
+                str(BIN / "ilab-watch"),
+                str(ckpt),
+                *("--on-save", str(script), "--name", "eval", "--replay"),
+                *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.2"),
+            ],
+            env={**os.environ, **_env(slurm, EVAL_SECONDS="0", PATH=path)},
+            stderr=err,
+        )
+    try:
+        job = wait_for(lambda: _job_id(ckpt, "eval"), 60, "the job's id")
+        subprocess.run(["scontrol", "hold", job], env=slurm.env, check=True, timeout=30)
+        wait_for(lambda: "is held" in errors.read_text(), 30, "the held line")
+        n = len(calls.read_text().splitlines())
+        wait_for(lambda: len(calls.read_text().splitlines()) >= n + 3, 30, "3 polls more")
+        assert _state(slurm, job) == "PENDING|JobHeldAdmin"
+        subprocess.run(["scontrol", "release", job], env=slurm.env, check=True, timeout=30)
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+        code = watcher.wait(timeout=90)
+    finally:
+        watcher.kill()
+        subprocess.run(["scancel", blocker], env=slurm.env, timeout=30)
+    assert code == 0, errors.read_text()
+    said = [ln for ln in errors.read_text().splitlines() if "is held" in ln]
+    assert said == [
+        f"ilab-watch: slurm job {job} (step-000005) is held (JobHeldAdmin): it starts only "
+        f"once released (scontrol release {job})"
+    ]
+    (res,) = _results(ckpt, "eval")
+    assert res["status"] == "ok"

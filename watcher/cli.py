@@ -27,7 +27,7 @@ from watcher.foreign import adapt
 from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object, instantiate
 from watcher.mirror.options import mirror_options, open_mirror, run_alone
 from watcher.mirror.remote import follow_remote
-from watcher.scheduler.options import abort_hook, job_board
+from watcher.scheduler.options import abort_hook, job_board, skipped_words
 from watcher.text import PrintableFormatter
 from watcher.trackers import exporters_for
 
@@ -252,7 +252,7 @@ def main(
         sys.exit(130)
     n_ok, n_skipped = watcher.count("ok"), watcher.count("skipped")
     if not quiet:
-        skipped = f", {n_skipped} skipped (checkpoint removed)" if n_skipped else ""
+        skipped = skipped_words(n_skipped, board)
         lost = watcher.completions.unrecorded
         where = (
             f"the results of {lost} deliveries could not be saved in {watcher.results_path}"

@@ -3,8 +3,12 @@
 One attempt: write the record and a job script on the shared filesystem, submit it, and
 wait (the delivery stays running, so its checkpoint lease is renewed) until the job ends;
 the job's exit code, state changes, node and log make the result. The script runs the
-command with the record on stdin, then writes its exit code beside it: how the watcher
-learns a job's end after the scheduler forgot it.
+command with the record on stdin, then writes its exit code beside it. That exit file is
+asked first, the scheduler second: a job whose exit file exists has ended, whatever the
+scheduler says (it may have forgotten the job, or requeued it after a controller restart:
+such a queued copy is cancelled, and the script will not run the command a second time);
+a job the scheduler does not know and that left no exit file is ``LOST`` after
+:data:`LOST_AFTER_POLLS` polls.
 
 Durable state, for a watcher killed with ``kill -9``: a marker per delivery in
 ``<state>/<name>.jobs/<delivery>.json``, written before the job is submitted (its unique
@@ -41,8 +45,8 @@ from journal.reports import drain
 from watcher.callbacks import CommandTarget
 from watcher.command import OUTPUT_KEEP_BYTES, command_env, read_tail
 from watcher.delivery import Delivery, DeliveryResult
-from watcher.scheduler import JobSpec, JobState, SchedulerError
-from watcher.scheduler.board import JobBoard
+from watcher.scheduler import QUEUED_STATES, JobSpec, JobState, SchedulerError
+from watcher.scheduler.board import JobBoard, attempt_of
 
 log = logging.getLogger("watcher")
 
@@ -53,6 +57,8 @@ _TAIL = 2000
 
 _SCRIPT = """#!/bin/sh
 # ilab-watch delivery {did} (attempt {attempt}): the command, then its exit code
+# A copy the scheduler runs again (a requeue) after the first ended must not run it twice.
+if [ -e {exit} ] || [ ! -e {event} ]; then exit 0; fi
 {command} < {event}
 code=$?
 printf '%s\\n' "$code" > {exit}.tmp && mv -f {exit}.tmp {exit}
@@ -94,7 +100,7 @@ class JobRunner:
             if marker.get("job_id") is not None:
                 self._follow(marker_path, marker, d, out, adopted=True)
                 return
-        if self.board.aborted:
+        if self.board.skipped(d.record):
             out.status, out.error = "skipped", "not submitted: the run was aborted"
             return
         k = int(marker["attempt"]) + 1 if marker else 1
@@ -208,27 +214,52 @@ class JobRunner:
     ) -> tuple[JobState | None, bool]:
         timeout = d.hook.options.timeout or DEFAULT_JOB_TIMEOUT_S
         board = self.board
+        name = board.scheduler.name
         last: JobState | None = None
-        misses, timed_out = 0, False
+        timed_out, cancelled, said_held = False, False, False
         running_since: float | None = None
-        polls = board.watch(job_id)
+        exit_seen: int | None = None  # the poll count when the exit file was first seen
+        exit_waits = 0
+        polls = board.watch(job_id, attempt_of(d.record))
         try:
             while True:
                 if self.ex.stop.is_set():
                     return None, False
                 seen, st = board.wait(job_id, polls, board.poll_s + 1)
-                if seen == polls:
-                    continue  # no poll answered yet (a scheduler command failing, say)
-                polls = seen
-                if st is None:  # the scheduler does not know it (any more)
-                    code = _exit_code(prefix.with_suffix(".exit"))
-                    if code is not None:
-                        node = last.node if last else None
-                        st = JobState("COMPLETED" if code == 0 else "FAILED", node, code)
-                    elif (misses := misses + 1) >= LOST_AFTER_POLLS:
-                        st = JobState("LOST")
-                    else:
+                answered, polls = seen != polls, seen
+                # the exit file first: the command ended, whatever the scheduler says (or
+                # whether it answers at all)
+                code = _exit_code(prefix.with_suffix(".exit"))
+                if code is not None:
+                    exit_seen = seen if exit_seen is None else exit_seen
+                    # Unless the scheduler already said the job ended, one poll begun after
+                    # the exit file was seen says whether it queued the job again (a
+                    # controller restarted on an older state does); a scheduler that does
+                    # not answer is waited for LOST_AFTER_POLLS times, not more.
+                    fresh, said_ended = seen >= exit_seen + 2, st is not None and st.final
+                    exit_waits += 1
+                    if not (said_ended or fresh or exit_waits > LOST_AFTER_POLLS):
                         continue
+                    if fresh and st is not None and st.state in QUEUED_STATES:
+                        self._cancel_copy(job_id, code, st)
+                    node = (last.node if last else None) or (st.node if st else None)
+                    st = JobState("COMPLETED" if code == 0 else "FAILED", node, code)
+                elif not answered:
+                    continue  # no poll answered yet (a scheduler command failing, say)
+                elif st is None:  # the scheduler does not know it (any more)
+                    if board.unknown(job_id) < LOST_AFTER_POLLS:
+                        continue
+                    st = JobState("LOST")
+                else:
+                    if st.state in QUEUED_STATES and not cancelled and board.aborted(d.record):
+                        cancelled = True  # submitted as its attempt's abort came
+                        board.cancel_queued([job_id])
+                    if st.held and not said_held:
+                        said_held = True  # once per job: it waits, not hangs
+                        self.ex.notice(
+                            f"{name} job {job_id} ({_what(d)}) is held ({st.reason}): it "
+                            f"starts only once released (scontrol release {job_id})"
+                        )
                 if last is None or (st.state, st.node) != (last.state, last.node):
                     if not (st.state == "PENDING" and last is None):
                         self._note(job, st, d, marker)
@@ -248,6 +279,20 @@ class JobRunner:
                         board.scheduler.cancel([job_id])
         finally:
             board.forget(job_id)
+
+    def _cancel_copy(self, job_id: str, code: int, st: JobState) -> None:
+        """The job ended (its exit file says ``code``) but the scheduler queued it again:
+        cancel that copy, so that the command never runs twice, and say so."""
+        name = self.board.scheduler.name
+        try:
+            self.board.scheduler.cancel([job_id])
+        except SchedulerError as exc:
+            self.ex.notice(f"cannot cancel {name} job {job_id}, queued again after it ended: {exc}")
+            return
+        self.ex.notice(
+            f"{name} job {job_id} ended (exit code {code}) but {name} queued it again "
+            f"({st.state}, {st.reason or 'requeued'}): cancelled, so that it does not run twice"
+        )
 
     def _result(
         self, st: JobState, marker: dict[str, Any], prefix: Path, d: Delivery, out: DeliveryResult
@@ -269,7 +314,7 @@ class JobRunner:
             if report.exists():
                 self.ex._report_from_file(report, d, out)
                 report.unlink(missing_ok=True)  # submitted once, also after a restart
-        elif st.state == "CANCELLED" and self.board.aborted:
+        elif st.state == "CANCELLED" and self.board.skipped(d.record):
             out.status = "skipped"
             out.error = f"{name} job {job_id} cancelled: the run was aborted"
         else:
@@ -353,6 +398,12 @@ def _load(path: Path) -> dict[str, Any] | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return obj if isinstance(obj, dict) and "attempt" in obj else None
+
+
+def _what(d: Delivery) -> str:
+    """What a delivery's job is for, in a console line: its checkpoint, or its record."""
+    path = (d.record.get("data") or {}).get("checkpoint_path")
+    return Path(path).name if isinstance(path, str) else f"{d.hook.event} seq {d.record['seq']}"
 
 
 def _exit_code(path: Path) -> int | None:

@@ -37,8 +37,11 @@ FINAL_STATES = frozenset(
         "LOST",  # ours: the scheduler no longer knows the job and it left no exit code
     }
 )
-#: States of a job that has not started: what ``--cancel-on-abort`` cancels.
-QUEUED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD"})
+#: States of a job that has not started: what ``--cancel-on-abort`` cancels, and what a
+#: job whose exit file exists must not be in (a copy the scheduler would run again).
+QUEUED_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"}
+)
 
 
 class SchedulerError(RuntimeError):
@@ -64,10 +67,16 @@ class JobState:
     state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     node: str | None = None
     exit_code: int | None = None
+    reason: str | None = None  # why a queued job waits (Slurm's: Resources, JobHeldUser, ...)
 
     @property
     def final(self) -> bool:
         return self.state in FINAL_STATES
+
+    @property
+    def held(self) -> bool:
+        """Queued and held: it starts only once released (``scontrol release``)."""
+        return self.state in QUEUED_STATES and "held" in (self.reason or "").lower()
 
 
 class Scheduler(Protocol):

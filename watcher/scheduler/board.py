@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from watcher.scheduler import QUEUED_STATES, JobState, Scheduler, SchedulerError
@@ -19,14 +19,23 @@ log = logging.getLogger("watcher")
 
 DEFAULT_POLL_S = 1.0
 
+#: One attempt of one run: what an abort applies to (``(run_id, attempt)``).
+AttemptKey = tuple[str, int]
+
+
+def attempt_of(record: Mapping[str, Any]) -> AttemptKey:
+    """The attempt a journal record belongs to."""
+    return str(record.get("run_id", "")), int(record.get("attempt", 1))
+
 
 class JobBoard:
     """The scheduler behind ``--via`` and its jobs in flight.
 
-    ``seen(job_id)`` is ``(polls, state)``: how many polls have run, and the state the
+    :meth:`wait` gives ``(polls, state)``: how many polls have run, and the state the
     last one gave (None when the scheduler did not know the job: ended long ago, or never
-    was). ``cancel_on_abort``: a ``train_end`` of an aborted run (``command`` abort)
-    cancels the queued jobs and no new one is submitted (:meth:`on_train_end`)."""
+    was); :meth:`unknown` how many polls in a row that included the job did not know it. ``cancel_on_abort``: a ``train_end`` of an aborted run (``command`` abort)
+    cancels the queued jobs of that attempt and none is submitted for its saves
+    (:meth:`on_train_end`); a later (resumed) attempt's jobs are not its concern."""
 
     def __init__(
         self,
@@ -40,9 +49,12 @@ class JobBoard:
         self.poll_s = poll_s
         self.cancel_on_abort = cancel_on_abort
         self.notice = notice
-        self.aborted = False
-        self.polls = 0  # scheduler state queries made (one per poll with jobs in flight)
+        self.polls = 0  # scheduler state queries answered (one per poll with jobs in flight)
+        self.skipped_on_abort = 0  # deliveries skipped because their attempt was aborted
+        self._aborted: dict[AttemptKey, int] = {}  # attempt -> seq of its train_end
         self._jobs: dict[str, JobState | None] = {}
+        self._unknown: dict[str, int] = {}  # job id -> polls in a row that did not know it
+        self._attempts: dict[str, AttemptKey] = {}  # job id -> the attempt whose save it is
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -55,11 +67,14 @@ class JobBoard:
         for runner in self.runners:
             runner.forget_finished()
 
-    def watch(self, job_id: str) -> int:
-        """Follow ``job_id`` until :meth:`forget`. Returns the poll number after which
-        the polls include it (one may be under way without it)."""
+    def watch(self, job_id: str, attempt: AttemptKey | None = None) -> int:
+        """Follow ``job_id`` (the job of a record of ``attempt``) until :meth:`forget`.
+        Returns the poll number after which the polls include it (one may be under way
+        without it)."""
         with self._cond:
             self._jobs.setdefault(job_id, None)
+            if attempt is not None:
+                self._attempts[job_id] = attempt
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="ilab-jobs", daemon=True)
                 self._thread.start()
@@ -69,12 +84,20 @@ class JobBoard:
     def forget(self, job_id: str) -> None:
         with self._cond:
             self._jobs.pop(job_id, None)
+            self._attempts.pop(job_id, None)
+            self._unknown.pop(job_id, None)
 
     def wait(self, job_id: str, after: int, timeout: float) -> tuple[int, JobState | None]:
         """Wait until a poll after poll number ``after`` (or ``timeout``); ``(polls, state)``."""
         with self._cond:
             self._cond.wait_for(lambda: self.polls > after or self._closed, timeout)
             return self.polls, self._jobs.get(job_id)
+
+    def unknown(self, job_id: str) -> int:
+        """How many polls in a row asked the scheduler about ``job_id`` and it did not know
+        the job (counted from the first poll that surely included it)."""
+        with self._cond:
+            return self._unknown.get(job_id, 0)
 
     def close(self) -> None:
         with self._cond:
@@ -83,19 +106,43 @@ class JobBoard:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def on_train_end(self, event: Any, **data: Any) -> None:
-        """A hook on ``train_end`` (``--cancel-on-abort``): an aborted run's queued jobs are
-        cancelled, and its deliveries not yet submitted are skipped."""
-        if self.cancel_on_abort and data.get("command") == "abort":
-            self.abort()
+    def aborted(self, record: Mapping[str, Any]) -> bool:
+        """Whether ``record`` (a save) belongs to an attempt aborted after it: its job is
+        not submitted, or cancelled while queued. A resumed attempt is a new one."""
+        seq = self._aborted.get(attempt_of(record))
+        return seq is not None and int(record.get("seq", -1)) < seq
 
-    def abort(self) -> None:
+    def skipped(self, record: Mapping[str, Any]) -> str | None:
+        """The error of a delivery of ``record`` skipped because its attempt was aborted
+        (counted for the watcher's summary), or None when it was not."""
+        if not self.aborted(record):
+            return None
         with self._cond:
-            self.aborted = True
-            queued = [j for j, st in self._jobs.items() if st is None or st.state in QUEUED_STATES]
-        if queued:
+            self.skipped_on_abort += 1
+        return "the run was aborted"
+
+    def on_train_end(self, event: Any, **data: Any) -> None:
+        """A hook on ``train_end`` (``--cancel-on-abort``): an aborted attempt's queued jobs
+        are cancelled, and its deliveries not yet submitted are skipped."""
+        if self.cancel_on_abort and data.get("command") == "abort":
+            self.abort((str(event.run_id), int(event.attempt)), int(event.seq))
+
+    def abort(self, attempt: AttemptKey, seq: int) -> None:
+        """The ``train_end`` at ``seq`` aborted ``attempt``: cancel its queued jobs."""
+        with self._cond:
+            self._aborted[attempt] = seq
+            queued = [
+                j
+                for j, st in self._jobs.items()
+                if self._attempts.get(j) == attempt and (st is None or st.state in QUEUED_STATES)
+            ]
+        self.cancel_queued(queued)
+
+    def cancel_queued(self, job_ids: list[str]) -> None:
+        """Cancel the aborted run's queued jobs (a failure is one line)."""
+        if job_ids:
             try:
-                self.scheduler.cancel(queued)
+                self.scheduler.cancel(job_ids)
             except SchedulerError as exc:
                 self.notice(f"cannot cancel the aborted run's queued jobs: {exc}")
 
@@ -117,7 +164,9 @@ class JobBoard:
                 if states is not None:
                     for job_id in ids:
                         if job_id in self._jobs:
-                            self._jobs[job_id] = states.get(job_id)
+                            st = self._jobs[job_id] = states.get(job_id)
+                            known = st is not None
+                            self._unknown[job_id] = 0 if known else self._unknown.get(job_id, 0) + 1
                     self.polls += 1
                     self._cond.notify_all()
                 if self._cond.wait_for(lambda: self._closed, self.poll_s):

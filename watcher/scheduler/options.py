@@ -30,13 +30,14 @@ SCHEDULER_OPTIONS = [
         "--sbatch-args",
         default=None,
         metavar="ARGS",
-        help="With --via slurm: options for every sbatch, e.g. '--gres=gpu:1 --time=30'.",
+        help="With --via slurm: options for every sbatch, e.g. '--gres=gpu:1 --time=30' "
+        "(not --array or --hold: an eval would run several times, or never).",
     ),
     click.option(
         "--cancel-on-abort",
         is_flag=True,
-        help="With --via: a train_end of an aborted run cancels its queued jobs and submits "
-        "no more.",
+        help="With --via: a train_end of an aborted run cancels that attempt's queued jobs and "
+        "submits no more for its saves (a resumed attempt's saves are evaluated).",
     ),
     click.option(
         "--job-poll",
@@ -81,3 +82,18 @@ def abort_hook(board: JobBoard, options_for: Callable[[str], HookOptions]) -> Ho
     """The ``train_end`` hook of ``--cancel-on-abort`` (left out of the cursor's name)."""
     fn: Any = board.on_train_end
     return Hook("train_end", fn, options_for("train_end"), label="cancel-on-abort", context=True)
+
+
+def skipped_words(n_skipped: int, board: JobBoard | None) -> str:
+    """The summary's words for ``n_skipped`` deliveries, with why they were skipped: a
+    removed checkpoint, or (``--cancel-on-abort``) an aborted attempt."""
+    if not n_skipped:
+        return ""
+    aborted = min(board.skipped_on_abort, n_skipped) if board is not None else 0
+    if aborted == 0:
+        return f", {n_skipped} skipped (checkpoint removed)"
+    if aborted == n_skipped:
+        return f", {n_skipped} skipped (run aborted)"
+    return (
+        f", {n_skipped} skipped ({n_skipped - aborted} checkpoint removed, {aborted} run aborted)"
+    )
