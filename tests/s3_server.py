@@ -237,6 +237,7 @@ def s3_server(base: Path, *, nice: int = 0) -> Iterator[S3Server]:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={config}",
+        "-s3.autoCreateBucket=false",  # as AWS: an upload into no bucket is NoSuchBucket
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=64",
         "-volume.max=0",  # 0: as many as the disk holds

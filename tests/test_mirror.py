@@ -520,6 +520,8 @@ def test_a_store_that_refuses_mid_run_stops_the_mirror_and_lets_go_of_its_leases
         path = make_checkpoint(ckpt, 5, w.run_id)
         w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=5)
         wait_for(lambda: marked_checkpoints(store.listing("checkpoints/")), what="a marker")
+        local = ckpt / "journal.jsonl"  # all mirrored (the upload's report too): no write
+        wait_for(lambda: journal_in(store) == local.read_bytes(), what="all mirrored")
         s3fs.S3FileSystem(skip_instance_cache=True).rm(bucket, recursive=True)
         path = make_checkpoint(ckpt, 10, w.run_id)
         w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=10)

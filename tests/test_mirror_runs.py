@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from journal.remote.layout import marked_checkpoints
 from journal.remote.store import Store
 from tests.helpers import BIN, kill_tree, records, train, train_argv, train_env, wait_for
-from tests.test_mirror import journal_in, local_files, stored_files
+from tests.test_mirror import journal_in, local_files, snapshot, stored_files
 
 pytestmark = [pytest.mark.extended, pytest.mark.dist]
 
@@ -286,3 +287,74 @@ def test_a_watcher_elsewhere_evaluates_every_save_and_keep_best_hears_it(
     local = sorted(p.name for p in (ckpt / "checkpoints").glob("step-*"))
     assert local == ["step-000004", "step-000012", "step-000016"]  # 4: the best, by its report
     assert "checkpoints/step-000004" in in_store(Store(uri))["marked"]
+
+
+def test_a_mirror_refused_for_another_runs_prefix_leaves_it_as_it_was(
+    tmp_path: Path, s3: Any
+) -> None:
+    """Run A is mirrored (3 saves); run B trains with ``--keep-last-n 1`` and its mirror is
+    given A's URI: refused in one line (exit 1) once B's journal begins, and A's prefix is
+    byte for byte as it was (B's rotation deleted none of A's same-named checkpoints there,
+    B's saves went nowhere); B rotates as without a mirror."""
+    a, b, uri = tmp_path / "a", tmp_path / "b", s3.fresh_uri() + "/m6"
+    args = ("--max-steps", "6", "--save-every", "2")
+    mirroring = watch(a, uri)
+    run = train(a, *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _, err = mirroring.communicate(timeout=120)
+    assert mirroring.returncode == 0, err
+    store = Store(uri)
+    assert len(in_store(store)["marked"]) == 3
+    before = snapshot(store)
+    mirroring = watch(b, uri)  # before B's journal exists, as beside a launch
+    try:
+        run = train(b, *args, "--keep-last-n", "1")
+        assert run.returncode == 0, run.stderr[-3000:]
+        _, err = mirroring.communicate(timeout=120)
+        assert sorted(p.name for p in (b / "checkpoints").glob("step-*")) == ["step-000006"]
+        mirroring = watch(b, uri)  # and after B's run, its saves and removals journaled
+        _, err2 = mirroring.communicate(timeout=120)
+    finally:
+        kill_tree(mirroring.pid)
+    assert snapshot(store) == before
+    for said in (err, err2):
+        lines = [line for line in said.splitlines() if "give the mirror a new URI" in line]
+        assert len(lines) == 1, said
+    assert mirroring.returncode == 1, err2
+
+
+def test_a_store_that_refuses_mid_run_leaves_rotation_as_without_a_mirror(
+    tmp_path: Path, s3: Any
+) -> None:
+    """The bucket is deleted after the first checkpoint is in it, beside ``ilab-train
+    --keep-last-n 1``: the mirror stops in one line (exit 2, no "does not answer"), lets go
+    of its leases, and the run ends holding only its last checkpoint, as without a
+    mirror."""
+    import s3fs
+
+    from journal.leases import active
+
+    bucket = f"ilab-gone-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+    ckpt, uri = tmp_path / "run", f"s3://{bucket}/run"
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "16", "--save-every", "2", "--keep-last-n", "1"),
+        env=train_env(step_delay=0.5),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    mirroring = watch(ckpt, uri)
+    try:
+        wait_for(lambda: in_store(Store(uri))["marked"], timeout=180, what="a first checkpoint")
+        s3fs.S3FileSystem(skip_instance_cache=True).rm(bucket, recursive=True)
+        assert job.wait(300) == 0, job.stderr.read()[-3000:] if job.stderr else ""
+        _, err = mirroring.communicate(timeout=120)
+    finally:
+        kill_tree(job.pid)
+        kill_tree(mirroring.pid)
+    assert mirroring.returncode == 2, err
+    assert len([line for line in err.splitlines() if "mirror: stopped" in line]) == 1, err
+    assert "does not answer" not in err and "Traceback" not in err
+    assert sorted(p.name for p in (ckpt / "checkpoints").glob("step-*")) == ["step-000016"]
+    assert not active(ckpt)

@@ -31,6 +31,11 @@ class NotOwner(Exception):
     """The prefix is another run's mirror (one line for the user): nothing is written."""
 
 
+class PrefixGone(NotOwner):
+    """The prefix this mirror owned lost its ``owner.json`` (emptied by hand, its bucket
+    deleted): nothing more is written there; no retry brings it back."""
+
+
 def journal_head(data: bytes) -> bytes | None:
     """A journal's first line (through its newline, HEAD_BYTES at most); None while the
     first line is not complete."""
@@ -146,9 +151,9 @@ class OwnedStore(Store):
             raise NotOwner(f"{self.uri}: not claimed for {self.journal} yet (nothing written)")
         there = self._owner()
         if there is None:
-            raise NotOwner(
-                f"{self.url(OWNER_KEY)} is gone (the prefix emptied by hand?): this mirror "
-                "stops; give the mirror a new URI"
+            raise PrefixGone(
+                f"{self.url(OWNER_KEY)} is gone (the prefix emptied, the bucket deleted?): "
+                "nothing more is written there"
             )
         if there.get("journal_head_sha256") != self._mine["journal_head_sha256"]:
             raise NotOwner(self._refusal(there))

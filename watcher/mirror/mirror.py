@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from journal.leases import DEFAULT_TTL_S
 from journal.paths import checkpoint_root, journal_path
 from journal.remote.errors import classify
-from journal.remote.owner import NotOwner, OwnedStore
+from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
 from journal.reports import InvalidReport, Report, submit_report
 from journal.rotation import prune_finished_run
 from watcher.leasing import LeaseKeeper
@@ -61,6 +61,7 @@ PREFLIGHT_S = 8.0
 
 #: Exit codes of a mirror that stopped: the prefix is another run's; the store refuses.
 REFUSED, STORE_REFUSES = 1, 2
+_AS_IF_NONE = "training goes on as without a mirror, its checkpoints rotate as if none ran"
 
 
 @dataclass
@@ -233,6 +234,7 @@ class Mirror:
             for t in self._threads[1:]:  # without a mirror from now, not from our exit
                 t.join()
             self._leases.stop()
+            prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: ours to do
 
     def _claim(self) -> None:
         """Find the prefix to be this run's (or make it so) and how much of the journal it
@@ -368,6 +370,9 @@ class Mirror:
         is waited out (said once); a refusal stops the mirror (:meth:`_give_up`)."""
         try:
             fn()
+        except PrefixGone as exc:
+            self._give_up(STORE_REFUSES, f"stopped: {exc}; {_AS_IF_NONE}")
+            return False
         except (NotOwner, JournalMismatch) as exc:
             self._give_up(REFUSED, str(exc))
             return False
@@ -376,8 +381,7 @@ class Mirror:
             if problem.permanent:
                 self._give_up(
                     STORE_REFUSES,
-                    f"stopped: {self.store.uri} refuses ({what}: {problem.cause}); training "
-                    "goes on as without a mirror, its checkpoints rotate as if none ran",
+                    f"stopped: {self.store.uri} refuses ({what}: {problem.cause}); {_AS_IF_NONE}",
                 )
             else:
                 self._outage.failed(what, problem)
