@@ -9,7 +9,8 @@
   URI or the credentials. At start: one line, exit 2. Mid-run: the mirror stops with one
   line and lets go of its leases, so training rotates as if no mirror ran.
 - ``LOCAL``: this machine's own files, not the store (no space left on device, a file
-  gone). Said as such, and retried: space may be freed.
+  gone). Said as such, and retried: space may be freed. (A local permission denied or
+  read-only filesystem is permanent, and said as this machine's: ``Problem.local``.)
 
 The client libraries (botocore through s3fs, aiohttp) are never imported here: an
 exception of theirs can exist only once they are loaded, so their classes are looked up
@@ -41,10 +42,12 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Problem:
-    """An error's kind and its cause in one line, fit for the console."""
+    """An error's kind and its cause in one line, fit for the console; ``local`` when it
+    came from this machine's files (a denied or full disk), not from the store."""
 
     kind: Kind
     cause: str
+    local: bool = False
 
     @property
     def permanent(self) -> bool:
@@ -120,8 +123,8 @@ def classify(exc: BaseException) -> Problem:
             where = f": {e.filename}" if e.filename else ""
             text = f"{e.strerror or _first_line(e)}{where}"
             if e.errno in _DENIED:
-                return Problem(Kind.PERMANENT, text)
-            return Problem(Kind.LOCAL, text)
+                return Problem(Kind.PERMANENT, text, local=True)
+            return Problem(Kind.LOCAL, text, local=True)
     return Problem(Kind.TRANSIENT, _first_line(exc))
 
 

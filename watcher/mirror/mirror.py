@@ -137,10 +137,9 @@ class Mirror:
                 found.append((REFUSED, str(exc)))
             except Exception as exc:
                 problem = classify(exc)
+                where = "this machine" if problem.local else self.store.uri
                 permanent = problem.permanent
-                found.append(
-                    (STORE_REFUSES, f"{self.store.uri}: {problem.cause}") if permanent else None
-                )
+                found.append((STORE_REFUSES, f"{where}: {problem.cause}") if permanent else None)
             else:
                 found.append(None)
 
@@ -379,9 +378,10 @@ class Mirror:
         except Exception as exc:  # any client error: the store's, the network's, the disk's
             problem = classify(exc)
             if problem.permanent:
+                who = "this machine" if problem.local else self.store.uri
                 self._give_up(
                     STORE_REFUSES,
-                    f"stopped: {self.store.uri} refuses ({what}: {problem.cause}); {_AS_IF_NONE}",
+                    f"stopped: {who} refuses ({what}: {problem.cause}); {_AS_IF_NONE}",
                 )
             else:
                 self._outage.failed(what, problem)

@@ -70,7 +70,7 @@ class RemoteFollow:
             self.replica.store.check()
         except Exception as exc:
             problem = classify(exc)
-            if problem.permanent:
+            if problem.permanent:  # the check reads the store only: the store's answer
                 self.replica.close()
                 click.echo(f"ilab-watch: {self.replica.store.uri}: {problem.cause}", err=True)
                 sys.exit(2)
@@ -104,14 +104,19 @@ class RemoteFollow:
             return
         if problem.kind is Kind.TRANSIENT:
             log.warning("the store does not answer (%s); retrying", problem.cause[:200])
-        elif problem.kind is Kind.LOCAL:
+        elif problem.local:
             log.warning(
                 "cannot copy into %s: %s (on this machine, not the store); retrying",
                 self.dir,
                 problem.cause,
             )
-        else:
-            log.warning("%s refuses: %s; retrying", self.replica.store.uri, problem.cause)
+        else:  # nothing on the training side waits for this watcher: it may come back
+            log.warning(
+                "%s refuses: %s; trying again at most %gs apart",
+                self.replica.store.uri,
+                problem.cause,
+                MAX_RETRY_S,
+            )
 
     def _run(self) -> None:
         delay = self.poll
