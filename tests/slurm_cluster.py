@@ -55,24 +55,15 @@ class SlurmCluster:
         answers (``sinfo``)."""
         old = self._controller()
         log = open(self.root / "slurmctld.out", "ab")  # noqa: SIM115 - the daemon keeps it
-        new = subprocess.Popen(list(old.args), env=self.env, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
+        new = subprocess.Popen(
+            _controller_argv(self.conf), env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()
         self.procs[self.procs.index(old)] = new
         _wait(lambda: _node_state(self.env) != "", self, "slurmctld did not answer again")
 
-    def resume_node(self) -> None:
-        """Put the node back in service (slurmctld drains it when, after a restart, it
-        finds a job it thought queued already on the node) and wait until it is idle."""
-        subprocess.run(
-            ["scontrol", "update", f"nodename={self.node}", "state=resume"],
-            env=self.env,
-            capture_output=True,
-            timeout=30,
-        )
-        _wait(lambda: _node_state(self.env) == "idle", self, "the node never became idle")
-
     def _controller(self) -> subprocess.Popen[bytes]:
-        return next(p for p in self.procs if Path(str(p.args[0])).name == "slurmctld")  # type: ignore[index]
+        return next(p for p in self.procs if p.args == _controller_argv(self.conf))
 
     def stop(self) -> None:
         """Stop the daemons this cluster started (newest first), by pid."""
@@ -86,6 +77,11 @@ class SlurmCluster:
                     proc.kill()
                     proc.wait()
         self.procs.clear()
+
+
+def _controller_argv(conf: Path) -> list[str]:
+    """slurmctld in the foreground; ``-i``: start on whatever state it saved."""
+    return ["slurmctld", "-D", "-i", "-f", str(conf)]
 
 
 def _free_port() -> int:
@@ -194,7 +190,7 @@ def start_cluster(root: Path) -> SlurmCluster:
             f"--log-file={root / 'munged.log'}",
             f"--seed-file={root / 'munged.seed'}",
         ],
-        ["slurmctld", "-D", "-i", "-f", str(conf)],
+        _controller_argv(conf),
         ["slurmd", "-D", "-f", str(conf), "-N", node],
     ]
     try:

@@ -100,7 +100,7 @@ class JobRunner:
             if marker.get("job_id") is not None:
                 self._follow(marker_path, marker, d, out, adopted=True)
                 return
-        if self.board.skipped(d.record):
+        if self.board.skips(d.record):
             out.status, out.error = "skipped", "not submitted: the run was aborted"
             return
         k = int(marker["attempt"]) + 1 if marker else 1
@@ -314,7 +314,7 @@ class JobRunner:
             if report.exists():
                 self.ex._report_from_file(report, d, out)
                 report.unlink(missing_ok=True)  # submitted once, also after a restart
-        elif st.state == "CANCELLED" and self.board.skipped(d.record):
+        elif st.state == "CANCELLED" and self.board.skips(d.record):
             out.status = "skipped"
             out.error = f"{name} job {job_id} cancelled: the run was aborted"
         else:

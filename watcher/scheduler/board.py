@@ -33,9 +33,11 @@ class JobBoard:
 
     :meth:`wait` gives ``(polls, state)``: how many polls have run, and the state the
     last one gave (None when the scheduler did not know the job: ended long ago, or never
-    was); :meth:`unknown` how many polls in a row that included the job did not know it. ``cancel_on_abort``: a ``train_end`` of an aborted run (``command`` abort)
-    cancels the queued jobs of that attempt and none is submitted for its saves
-    (:meth:`on_train_end`); a later (resumed) attempt's jobs are not its concern."""
+    was); :meth:`unknown`, how many polls in a row that included the job did not know it.
+
+    ``cancel_on_abort``: a ``train_end`` of an aborted run (``command`` abort) cancels the
+    queued jobs of that attempt and none is submitted for its saves (:meth:`on_train_end`);
+    a later (resumed) attempt's jobs are not its concern."""
 
     def __init__(
         self,
@@ -109,17 +111,18 @@ class JobBoard:
     def aborted(self, record: Mapping[str, Any]) -> bool:
         """Whether ``record`` (a save) belongs to an attempt aborted after it: its job is
         not submitted, or cancelled while queued. A resumed attempt is a new one."""
-        seq = self._aborted.get(attempt_of(record))
+        with self._cond:
+            seq = self._aborted.get(attempt_of(record))
         return seq is not None and int(record.get("seq", -1)) < seq
 
-    def skipped(self, record: Mapping[str, Any]) -> str | None:
-        """The error of a delivery of ``record`` skipped because its attempt was aborted
-        (counted for the watcher's summary), or None when it was not."""
+    def skips(self, record: Mapping[str, Any]) -> bool:
+        """:meth:`aborted`, for a delivery of ``record`` that is then skipped: counted for
+        the watcher's summary (``skipped (run aborted)``)."""
         if not self.aborted(record):
-            return None
+            return False
         with self._cond:
             self.skipped_on_abort += 1
-        return "the run was aborted"
+        return True
 
     def on_train_end(self, event: Any, **data: Any) -> None:
         """A hook on ``train_end`` (``--cancel-on-abort``): an aborted attempt's queued jobs
@@ -165,8 +168,8 @@ class JobBoard:
                     for job_id in ids:
                         if job_id in self._jobs:
                             st = self._jobs[job_id] = states.get(job_id)
-                            known = st is not None
-                            self._unknown[job_id] = 0 if known else self._unknown.get(job_id, 0) + 1
+                            misses = 0 if st is not None else self._unknown.get(job_id, 0) + 1
+                            self._unknown[job_id] = misses
                     self.polls += 1
                     self._cond.notify_all()
                 if self._cond.wait_for(lambda: self._closed, self.poll_s):
