@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, pct
 from journal import read_all, send_command
-from journal.paths import control_dir, journal_path
+from journal.rundir.paths import control_dir, journal_path
 from tests.helpers import wait_for
 from trainer.steering.control_poller import ControlPoller
 

@@ -676,8 +676,8 @@ def keep_profile(ckpt: Path, cfg: Config, row: Row) -> None:
 
 
 def ilab_records(ckpt: Path) -> list[dict[str, Any]]:
-    from journal.paths import journal_path
-    from journal.reader import read_all
+    from journal.read.reader import read_all
+    from journal.rundir.paths import journal_path
 
     path = journal_path(ckpt)
     return list(read_all(path).records) if path.exists() else []

@@ -108,8 +108,8 @@ def run_hf(d: Path, model: Path, data: Path, steps: int, journal: bool = False) 
 def run_ours(
     d: Path, model: Path, data: Path, steps: int, sharding: str = "full", watch: bool = True
 ) -> dict[str, Any]:
-    from journal.paths import journal_path
-    from journal.reader import read_all
+    from journal.read.reader import read_all
+    from journal.rundir.paths import journal_path
 
     ckpt = d / f"ours-{sharding}-{watch}"
     conf = d / f"ours-{sharding}-{watch}.json"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter
-from journal.reader import iter_batches
+from journal.read.reader import iter_batches
 from tests.helpers import log_payload
 
 

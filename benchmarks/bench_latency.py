@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter
 from watcher import DeliveryResult, Hook, HookOptions, Watcher
-from watcher.callbacks import CommandTarget
+from watcher.hooks.callbacks import CommandTarget
 
 
 def _start(watcher: Watcher) -> threading.Thread:

@@ -19,9 +19,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, pct
-from journal import leases
-from journal.paths import checkpoints_dir
-from journal.rotation import rotate
+from journal.checkpoints import leases
+from journal.checkpoints.rotation import rotate
+from journal.rundir.paths import checkpoints_dir
 
 
 def _run_dir(root: Path, n_leases: int) -> Path:

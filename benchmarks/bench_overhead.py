@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import bench_parser, emit, pct
 from journal import JournalWriter, read_all
-from journal.lock import JournalLock
-from journal.paths import journal_path
-from journal.procs import WATCH_INTERVAL_S, pid_alive
+from journal.rundir.lock import JournalLock
+from journal.rundir.paths import journal_path
+from journal.rundir.procs import WATCH_INTERVAL_S, pid_alive
 
 MODES = ("off", "step", "microbatch")
 _STEPS_RE = re.compile(r"(\d+) steps in ([0-9.]+)s of step time")

@@ -126,7 +126,7 @@ def _full_scans(ckpt: Path) -> dict[str, Any]:
 
 
 def _jobs(ckpt: Path) -> int:
-    from journal.parallel import default_jobs
+    from journal.read.parallel import default_jobs
 
     return default_jobs((ckpt / "journal.jsonl").stat().st_size)
 

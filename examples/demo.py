@@ -102,10 +102,10 @@ def main() -> int:
 def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> None:
     """Everything below comes from the journal: evaluate and report records per checkpoint,
     rotation, the best checkpoint, and how training ended."""
-    from journal.best import MetricGoal
-    from journal.paths import journal_path, logs_dir, watch_dir
-    from journal.query import find_best
-    from journal.reader import read_all
+    from journal.read.reader import read_all
+    from journal.rundir.paths import journal_path, logs_dir, watch_dir
+    from journal.views.best import MetricGoal
+    from journal.views.query import find_best
 
     path = journal_path(run)
     recs = read_all(path).records

@@ -116,8 +116,8 @@ def main() -> int:
 
 def summarize(run: Path, base_acc: float, wall: float, train_code: int, watcher_code: int) -> int:
     """Per checkpoint: loss and the reported accuracy, all read from the journal."""
-    from journal.paths import journal_path
-    from journal.reader import read_all
+    from journal.read.reader import read_all
+    from journal.rundir.paths import journal_path
 
     recs = read_all(journal_path(run)).records
     loss = {r["step"]: r["data"]["loss"] for r in recs if r["event"] == "log"}

@@ -4,12 +4,15 @@ Pure Python (never imports torch): writer, crash-tolerant reader, schema, contro
 reports and checkpoint leases.
 """
 
-from journal.control import Control, InvalidCommand, send_command
-from journal.events import CONTROL_COMMANDS, EVENTS, LIFECYCLE_EVENTS, SCHEMA_VERSION
-from journal.paths import JournalNotFound, control_dir, journal_path, resolve_journal
-from journal.reader import InvalidLine, JournalReader, ReadBatch, iter_records, read_all
-from journal.reports import InvalidReport, Report, submit_report
-from journal.writer import JournalWriteError, JournalWriter
+from journal.channels.control import Control, InvalidCommand, send_command
+from journal.channels.reports import InvalidReport, Report, submit_report
+from journal.moved import install as name_moved_modules
+from journal.read.reader import InvalidLine, JournalReader, ReadBatch, iter_records, read_all
+from journal.record.events import CONTROL_COMMANDS, EVENTS, LIFECYCLE_EVENTS, SCHEMA_VERSION
+from journal.rundir.paths import JournalNotFound, control_dir, journal_path, resolve_journal
+from journal.write.writer import JournalWriteError, JournalWriter
+
+name_moved_modules({})
 
 __all__ = [
     "CONTROL_COMMANDS",

@@ -13,7 +13,7 @@ from collections import Counter
 import torch.distributed as dist
 
 import trainer.rank.worker as worker
-from journal.paths import logs_dir
+from journal.rundir.paths import logs_dir
 
 OPS = (
     "all_reduce",

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import strategies as st
 
 from journal import JournalWriter, read_all
-from journal.paths import journal_path
+from journal.rundir.paths import journal_path
 
 json_scalars = st.one_of(
     st.none(),

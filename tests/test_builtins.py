@@ -11,8 +11,8 @@ import pytest
 
 from journal import Control, JournalWriter
 from tests.helpers import cli
-from watcher.builtins import DivergenceDetector, EarlyStopping, parse_builtin
-from watcher.callbacks import CallbackSpecError, Event, hooked_methods
+from watcher.builtin.steering import DivergenceDetector, EarlyStopping, parse_builtin
+from watcher.hooks.callbacks import CallbackSpecError, Event, hooked_methods
 
 
 def ev(name: str, step: int, run_id: str = "r1", **data: Any) -> Event:

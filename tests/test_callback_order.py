@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from journal import read_all
-from journal.paths import journal_path
+from journal.rundir.paths import journal_path
 from tests.helpers import COUNT_CALLBACK, cli, wait_for, write_log_journal
-from watcher.delivery import Batch, Delivery, DeliveryResult
-from watcher.engine import Watcher
-from watcher.hooks import Hook, HookOptions, hooks_for_object
-from watcher.queues import HookQueue
+from watcher.engine.engine import Watcher
+from watcher.engine.queues import HookQueue
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult
+from watcher.hooks.hook import Hook, HookOptions, hooks_for_object
 
 N_LOGS = 2000
 

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from trainer.steering.callback_pacing import CallbackPacer, read_progress
-from watcher.foreign import Progress
+from watcher.builtin.foreign import Progress
 
 
 class Owner:

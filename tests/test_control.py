@@ -285,7 +285,7 @@ def test_eval_script_beside_training_runs_once_per_checkpoint(tmp_path: Path) ->
 CLOCK_BEHIND = (
     "import sys, time; t, tn = time.time, time.time_ns; "
     "time.time = lambda: t() - 120; time.time_ns = lambda: tn() - 120 * 10**9; "
-    "from journal.cli import main; sys.argv[0] = 'ilab-journal'; main()"
+    "from journal.cli.main import main; sys.argv[0] = 'ilab-journal'; main()"
 )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter, read_all
-from journal.lock import JournalLock
+from journal.rundir.lock import JournalLock
 from tests.helpers import BIN, cli, wait_for
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.control_poller import ABORT, SAVE, STOP

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from journal.paths import logs_dir
-from journal.schema import parse_record
+from journal.record.schema import parse_record
+from journal.rundir.paths import logs_dir
 from tests.helpers import BIN, ROOT, cli, real_gpu_env, records, train_env, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.dist, pytest.mark.timeout(600)]

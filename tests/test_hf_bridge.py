@@ -143,7 +143,7 @@ def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_pat
 def test_rotation_by_the_callback_keeps_leased_checkpoints(tmp_path: Path) -> None:
     """keep_last_n=1 with a lease on checkpoint-3 (an eval still reading it): every other
     older checkpoint goes, each journaled; a replay delivers only what is still on disk."""
-    from journal.leases import acquire
+    from journal.checkpoints.leases import acquire
 
     out = tmp_path / "out"
     out.mkdir()

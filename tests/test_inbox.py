@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from journal import JournalWriter, leases, read_all, send_command
-from journal.reports import ingest, pending
+from journal import JournalWriter, read_all, send_command
+from journal.channels.reports import ingest, pending
+from journal.checkpoints import leases
 from tests.helpers import cli, make_checkpoint
 from trainer.steering.control_poller import SAVE, ControlPoller
 from trainer.steering.report_inbox import ReportInbox

@@ -378,8 +378,8 @@ def test_a_hub_parameter_training_here_cannot_honour_is_one_line(tmp_path: Path)
 def test_the_context_is_filled_from_the_records_as_instructlab_fills_it(tmp_path: Path) -> None:
     """ForeignCallback alone, on a written journal: what each hook's context holds."""
     from tests.helpers import write_run
-    from watcher.callbacks import Event
-    from watcher.foreign import ForeignCallback
+    from watcher.builtin.foreign import ForeignCallback
+    from watcher.hooks.callbacks import Event
 
     got: list[TrainingContext] = []
 

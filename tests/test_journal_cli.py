@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from journal import JournalWriter, read_all
-from journal.paths import ckpt_dir_of, resolve_journal
+from journal.rundir.paths import ckpt_dir_of, resolve_journal
 from tests.helpers import cli, write_run
 
 
@@ -151,7 +151,7 @@ def test_show_takes_several_events_after_one_flag(ckpt: Path, args: list[str]) -
 def test_the_readme_status_comment_names_the_codes_its_example_gives() -> None:
     """The README's example stops the run (``control stop``): its ``status`` comment names
     that exit code (4 stopped) and only codes ``status`` gives."""
-    from journal.summary import STATE_EXIT_CODES
+    from journal.views.summary import STATE_EXIT_CODES
     from tests.helpers import ROOT
 
     lines = (ROOT / "README.md").read_text().splitlines()
@@ -276,7 +276,7 @@ def test_validate_of_a_journal_corrupt_throughout_keeps_the_first_problems_count
     ckpt: Path,
 ) -> None:
     """Memory stays bounded: the first 1000 messages are kept, every problem is counted."""
-    from journal.validate import KEEP_PROBLEMS
+    from journal.views.validate import KEEP_PROBLEMS
 
     write_run(ckpt, steps=2)
     with open(ckpt / "journal.jsonl", "ab") as f:

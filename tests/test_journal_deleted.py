@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter, read_all
-from journal.validate import validate_journal
+from journal.views.validate import validate_journal
 from tests.helpers import cli, records, train_argv, train_env, wait_for, write_run
 
 
@@ -30,7 +30,7 @@ def test_a_deleted_journal_is_started_again_with_a_record_of_the_loss(
     for s in range(5):
         w.append("step_end", {"loss": 1.0}, step=s)
     (ckpt / "journal.jsonl").unlink()
-    with caplog.at_level(logging.WARNING, logger="journal.writer"):
+    with caplog.at_level(logging.WARNING, logger="journal.write.writer"):
         _save(w, 5)
         w.append("step_end", {"loss": 1.0}, step=5)
     w.close()
@@ -98,7 +98,7 @@ def test_a_symlink_put_in_its_place_is_not_followed(
     _save(w, 1)
     (ckpt / "journal.jsonl").unlink()
     (ckpt / "journal.jsonl").symlink_to(victim)
-    with caplog.at_level(logging.WARNING, logger="journal.writer"):
+    with caplog.at_level(logging.WARNING, logger="journal.write.writer"):
         _save(w, 2)
         _save(w, 3)
     w.close()

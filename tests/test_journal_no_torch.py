@@ -6,8 +6,8 @@ import sys
 
 def test_journal_package_and_cli_do_not_import_torch() -> None:
     code = (
-        "import sys, journal, journal.cli, journal.schema, journal.summary, journal.live, "
-        "journal.query, journal.control\n"
+        "import sys, journal, journal.cli.main, journal.record.schema, journal.views.summary, journal.cli.tail, "
+        "journal.views.query, journal.channels.control\n"
         "bad = [m for m in ('torch', 'accelerate') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

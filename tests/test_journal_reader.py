@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
-from journal.reader import iter_records
+from journal.read.reader import iter_records
 from tests.helpers import records_st
 
 SETTINGS = settings(
@@ -154,7 +154,7 @@ def test_newer_format_version_warns_but_reads(tmp_path: Path) -> None:
 
 
 def test_end_of_complete_lines_ignores_a_torn_tail_and_spans_blocks(tmp_path: Path) -> None:
-    from journal.reader import end_of_complete_lines
+    from journal.read.reader import end_of_complete_lines
 
     path = tmp_path / "journal.jsonl"
     assert end_of_complete_lines(path) == 0  # no file yet
@@ -178,7 +178,7 @@ def test_lines_backwards_matches_a_forward_split(
 ) -> None:
     """Every line with its offset, newest first, whatever the block size; the torn tail only
     when asked for. Writer start-up, query --last and --from now all rely on it."""
-    from journal.reader import end_of_complete_lines, lines_backwards
+    from journal.read.reader import end_of_complete_lines, lines_backwards
 
     data = b"".join(parts)
     path = tmp_path / "lines.bin"
@@ -203,7 +203,7 @@ def test_iter_events_finds_exactly_the_records_a_full_parse_finds(
 ) -> None:
     """The byte prefilter (resume, best checkpoint) never misses or invents a record, even
     when event names also appear inside payloads."""
-    from journal.reader import iter_events
+    from journal.read.reader import iter_events
 
     path = tmp_path / "events.jsonl"
     path.unlink(missing_ok=True)
@@ -230,7 +230,7 @@ def test_last_records_read_backwards_match_a_full_scan(
 ) -> None:
     """show --last N and tail -n N read from the end: same records as a full scan, with
     invalid lines and a torn final fragment in the file."""
-    from journal.query import last_records
+    from journal.views.query import last_records
 
     path = tmp_path / "last.jsonl"
     path.unlink(missing_ok=True)
@@ -285,7 +285,7 @@ def test_status_from_the_index_equals_a_full_scan(
     """Multiple attempts, reports, removals, invalid lines and torn fragments written
     between the writer's index refreshes: folding the index plus the tail gives exactly
     what reading everything gives."""
-    from journal import index
+    from journal.views import index
 
     ckpt = tmp_path / "run"
     if ckpt.exists():
@@ -355,7 +355,7 @@ def test_records_since_step_read_backwards_match_a_full_scan(
     may hold steps past N), invalid lines and a torn final fragment."""
     import shutil
 
-    from journal.query import records_since_step
+    from journal.views.query import records_since_step
 
     ckpt = tmp_path / "since"
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -381,7 +381,7 @@ def test_records_since_step_read_backwards_match_a_full_scan(
     ]
     got, _ = records_since_step(path, since, events)
     assert got == full
-    with patch("journal.query._BLOCK", 37):  # lines and needles across block boundaries
+    with patch("journal.views.query._BLOCK", 37):  # lines and needles across block boundaries
         assert records_since_step(path, since, events)[0] == full
 
 
@@ -441,8 +441,8 @@ def test_batch_schema_check_finds_exactly_what_one_record_at_a_time_finds(
     record, for valid records and ones with fields dropped, nulled or of the wrong type."""
     from pydantic import ValidationError
 
-    from journal.schema import parse_record
-    from journal.validate import BatchValidator
+    from journal.record.schema import parse_record
+    from journal.views.validate import BatchValidator
 
     recs = []
     for i, (event, how, key) in enumerate(breakage):
@@ -512,8 +512,8 @@ def test_validate_and_stats_find_the_same_whatever_the_split(
     validate's report (records, invalid lines, every problem in order, warnings) and the
     stats equal the one-process scan for journals with schema violations, invalid lines,
     seq gaps (explained or not), seqs out of order and a torn tail."""
-    from journal.summary import journal_stats, scan_stats
-    from journal.validate import validate_journal
+    from journal.views.summary import journal_stats, scan_stats
+    from journal.views.validate import validate_journal
 
     path = tmp_path_factory.mktemp("v") / "journal.jsonl"
     seq, out = 0, []

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from journal import JournalWriteError, JournalWriter, read_all
-from journal.events import EVENTS
-from journal.schema import PAYLOAD_MODELS, parse_record
+from journal.record.events import EVENTS
+from journal.record.schema import PAYLOAD_MODELS, parse_record
 from tests.helpers import log_payload, write_run
 
 SAMPLE_PAYLOADS = {

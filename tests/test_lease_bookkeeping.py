@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from journal import JournalWriter, leases
+from journal import JournalWriter
+from journal.checkpoints import leases
 from tests.helpers import BIN, cli, make_checkpoint, wait_for
-from watcher.leasing import LeaseKeeper
+from watcher.engine.leasing import LeaseKeeper
 
 
 @pytest.mark.parametrize("ttl", ["inf", "nan", "-inf", "1e12", "0"])

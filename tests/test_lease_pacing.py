@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from journal import leases
-from journal.paths import checkpoints_dir, control_dir
+from journal.checkpoints import leases
+from journal.rundir.paths import checkpoints_dir, control_dir
 from tests.helpers import cli, records, train, train_argv, train_env, wait_for
 from trainer.config import TrainingArgs
 from trainer.steering.dir_watch import DirWatch

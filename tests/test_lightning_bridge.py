@@ -143,7 +143,7 @@ LEASED_SCRIPT = textwrap.dedent(
     import os, sys, torch
     import lightning.pytorch as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from journal import leases
+    from journal.checkpoints import leases
     from trainer.integrations.lightning import JournalCallback
 
     out = sys.argv[1]

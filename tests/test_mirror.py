@@ -506,7 +506,7 @@ def test_a_store_that_refuses_mid_run_stops_the_mirror_and_lets_go_of_its_leases
     the checkpoints as if no mirror ran; the watcher exits 2 at the run's end."""
     import s3fs
 
-    from journal.leases import active
+    from journal.checkpoints.leases import active
 
     bucket = f"ilab-gone-{uuid.uuid4().hex[:8]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
@@ -606,7 +606,7 @@ def peak(path):
         f.write(kib)
 atexit.register(peak, sys.argv[1])
 sys.argv = ["ilab-watch", *sys.argv[2:]]
-from watcher.cli import main
+from watcher.cli.main import main
 main()
 """
 

@@ -332,7 +332,7 @@ def test_a_store_that_refuses_mid_run_leaves_rotation_as_without_a_mirror(
     mirror."""
     import s3fs
 
-    from journal.leases import active
+    from journal.checkpoints.leases import active
 
     bucket = f"ilab-gone-{uuid.uuid4().hex[:8]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)

@@ -31,7 +31,7 @@ from tests.helpers import (
     wait_for,
     write_steps,
 )
-from watcher.callbacks import CallbackSpecError
+from watcher.hooks.callbacks import CallbackSpecError
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
@@ -224,8 +224,8 @@ def test_hooks_run_out_of_order_keep_the_newest_attempt_and_ending(
     """The watcher runs hooks of different events in different threads: a resumed run's
     final train_end may be handled before the train_begins. The run still ends completed,
     tagged with the newest attempt (a replay in the suite lost the tag this way)."""
-    from watcher.callbacks import Event
-    from watcher.mlflow_export import MlflowExport
+    from watcher.exporters.mlflow_export import MlflowExport
+    from watcher.hooks.callbacks import Event
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     store = (tmp_path / "mlruns").as_uri()
@@ -263,7 +263,7 @@ def test_an_unreachable_tracking_server_is_one_line(tmp_path: Path) -> None:
 def test_without_the_mlflow_package_the_message_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from watcher.mlflow_export import MlflowExport
+    from watcher.exporters.mlflow_export import MlflowExport
 
     for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -17,7 +17,7 @@ TARGETS: dict[str, list[str]] = {
     "trainer.cli": ["--help"],  # ilab-train (bench_gpu.py runs it so without the script)
     "trainer.launch.agent": ["--help"],  # torchrun with a bounded end, run by the launcher
     "trainer.rank.worker": [],  # torchrun's entry on every rank
-    "trainer.checkpoint.export": ["--help"],  # ilab-journal export (journal/cli_export.py)
+    "trainer.checkpoint.export": ["--help"],  # ilab-journal export (journal/cli/export.py)
     "trainer.model.convert": ["--help"],  # GGUF -> HF model dir (make demo-llm)
 }
 _SOURCES = ("trainer", "journal", "watcher", "benchmarks", "examples", "docs", ".ci")

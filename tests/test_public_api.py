@@ -22,7 +22,7 @@ PUBLIC = {
     "trainer.instructlab": ["run_training", "InstructLabConfigError", "from_config"],
     "trainer.cli": ["main"],  # ilab-train's entry point, pyproject's trainer.cli:main
     "journal": ["Control", "send_command", "Report", "submit_report", "JournalReader"],
-    "journal.events": ["EVENTS"],
+    "journal.record.events": ["EVENTS"],
     "watcher": ["EarlyStopping", "TrainerCallback"],
 }
 #: The bridges, each with the package its trainer comes from (an extra).

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from journal import JournalWriter
-from journal.lock import RunLock
+from journal.rundir.lock import RunLock
 from tests.helpers import BIN, cli, write_run
 
 #: The issue's examples of records with fields of the wrong type, plus two more.
@@ -105,12 +105,12 @@ def test_a_record_with_wrong_field_types_is_skipped_and_counted_by_every_reader(
 
 
 def test_the_type_rules_reject_only_what_the_schema_rejects() -> None:
-    """Readers skip a record only when journal/schema.py says it is invalid too, so a valid
+    """Readers skip a record only when journal/record/schema.py says it is invalid too, so a valid
     record of any writer is never lost; and each rule does reject a wrong type."""
     from pydantic import ValidationError
 
-    from journal.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, record_problem
-    from journal.schema import PAYLOAD_MODELS, Record
+    from journal.record.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, record_problem
+    from journal.record.schema import PAYLOAD_MODELS, Record
 
     valid = {
         "train_begin": {

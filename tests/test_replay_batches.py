@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import BIN, wait_for, write_log_journal
-from watcher.queues import TAKE_MAX
+from watcher.engine.queues import TAKE_MAX
 
 #: ``on_log`` counts each call of a seq in a memory-mapped file (one byte per seq), which
 #: survives a ``kill -9``; with HOLD_AT set it stops at that seq until it is killed.

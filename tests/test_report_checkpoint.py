@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter, Report, read_all, submit_report
-from journal.reports import InvalidReport, ingest, pending
+from journal.channels.reports import InvalidReport, ingest, pending
 from tests.helpers import cli
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter, read_all
-from journal.inbox import MAX_NAME_CHARS
-from journal.lock import JournalLock
-from journal.reports import ingest, pending
+from journal.channels.reports import ingest, pending
+from journal.rundir.inbox import MAX_NAME_CHARS
+from journal.rundir.lock import JournalLock
 from tests.helpers import (
     BIN,
     begin_payload,

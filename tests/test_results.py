@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from journal import JournalWriter, leases, read_all
-from journal.lock import JournalLock
-from journal.reports import pending
+from journal import JournalWriter, read_all
+from journal.channels.reports import pending
+from journal.checkpoints import leases
+from journal.rundir.lock import JournalLock
 from tests.helpers import cli, write_run
 
 
@@ -99,7 +100,7 @@ def test_a_report_while_the_journal_is_being_written_waits_for_its_writer(ckpt: 
         assert len(pending(ckpt)) == 1  # handed in
     finally:
         writer_lock.release()
-    from journal.reports import drain
+    from journal.channels.reports import drain
 
     drain(ckpt, role="trainer")  # what the trainer does after releasing
     assert [r["data"]["metrics"] for r in recs(ckpt, "report")] == [{"loss_eval": 1.5}]

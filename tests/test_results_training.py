@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from journal import leases
+from journal.checkpoints import leases
 from tests.helpers import BIN, cli, records, train, train_argv, train_env, wait_for
 
 pytestmark = pytest.mark.dist

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from journal import JournalWriter, send_command
-from journal.paths import checkpoints_dir, journal_path
-from journal.reports import Report, submit_report
-from journal.rundir import make_dir
+from journal.channels.reports import Report, submit_report
+from journal.rundir.paths import checkpoints_dir, journal_path
+from journal.rundir.safety import make_dir
 from tests.helpers import records, write_run
 from trainer.checkpoint.sharded import TrainerState
 from trainer.journaling.emitter import Where

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from journal import JournalWriter
-from journal.paths import checkpoints_dir, journal_path
-from journal.rotation import rotate
+from journal.checkpoints.rotation import rotate
+from journal.rundir.paths import checkpoints_dir, journal_path
 from tests.helpers import cli, make_checkpoint, records, train
 
 RUN_A, RUN_B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from journal import read_all
-from journal.paths import journal_path
+from journal.rundir.paths import journal_path
 from tests.helpers import BIN, train
 from trainer.config import TorchrunArgs, TrainingArgs
 from trainer.launch import run_training

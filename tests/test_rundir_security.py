@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter
-from journal.lock import JournalLock, RunLock, lock_holder
-from journal.rundir import STEERING_DIRS, UnsafeRunDir, check_run_dir, dir_problem
+from journal.rundir.lock import JournalLock, RunLock, lock_holder
+from journal.rundir.safety import STEERING_DIRS, UnsafeRunDir, check_run_dir, dir_problem
 from tests.helpers import cli, write_run
 
 OTHER_UID = 4242  # no such user here: a uid that is neither ours nor root's

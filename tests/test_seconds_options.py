@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from journal.writer import JournalWriter
+from journal.write.writer import JournalWriter
 from tests.helpers import cli
 
 

@@ -243,7 +243,7 @@ def test_an_agent_that_hangs_after_its_launcher_died_is_ended(tmp_path: Path) ->
     launcher_code = textwrap.dedent(
         f"""
         import os, subprocess, sys, time
-        from journal.procs import die_with_parent
+        from journal.rundir.procs import die_with_parent
         env = {{**os.environ, "ILAB_LAUNCHER_PID": str(os.getpid())}}
         subprocess.Popen([sys.executable, "-c", {stand_in!r}], env=env,
                          preexec_fn=die_with_parent)

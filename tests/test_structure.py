@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter, read_all
-from journal.events import CALLBACK_EVENTS, ENVELOPE_FIELDS, EVENTS
-from journal.schema import Record
+from journal.record.events import CALLBACK_EVENTS, ENVELOPE_FIELDS, EVENTS
+from journal.record.schema import Record
 from tests.helpers import ROOT
 
 OURS = {"journal", "watcher", "trainer"}
@@ -276,7 +276,7 @@ def test_one_list_of_hookable_events() -> None:
     for name in methods:  # each hook says when it fires
         assert "Fires when" in (getattr(TrainerCallback, name).__doc__ or ""), name
     assert set(CALLBACK_EVENTS) <= set(EVENTS)
-    from watcher.cli import main as ilab_watch
+    from watcher.cli.main import main as ilab_watch
 
     options = {opt for p in ilab_watch.params for opt in getattr(p, "opts", [])}
     assert {f"--on-{e.replace('_', '-')}" for e in EVENTS} <= options

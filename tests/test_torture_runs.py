@@ -221,7 +221,7 @@ def test_hostile_files_in_every_inbox_during_a_run(tmp_path: Path, reliability: 
         names = early[inbox] + late[inbox]
         assert sorted(os.listdir(ckpt / inbox / "rejected")) == sorted(names), inbox
         if inbox == "leases":
-            continue  # rotation refuses them without journaling (see journal.leases.leased)
+            continue  # rotation refuses them without journaling (see journal.checkpoints.leases.leased)
         for name in names:
             if inbox == "control":  # a command file's refusal carries its id (the stem)
                 hits = [d for d in refused if d["id"] == name.removesuffix(".json")]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from journal.schema import BatchMetrics, LogData, parse_record
+from journal.record.schema import BatchMetrics, LogData, parse_record
 from tests.helpers import cli, kill_tree, records, train, train_argv, train_env, wait_for
 
 pytestmark = pytest.mark.dist

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from journal import send_command
-from journal.control import unapplied_commands
-from journal.writer import JournalWriter
+from journal.channels.control import unapplied_commands
+from journal.write.writer import JournalWriter
 from tests.helpers import cli, make_checkpoint, records
 
 

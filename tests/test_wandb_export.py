@@ -22,8 +22,8 @@ from tests.helpers import (
     write_run,
     write_steps,
 )
-from watcher.wandb_log import history_rows, run_files, summary
-from watcher.wandb_log import records as wandb_records
+from watcher.exporters.wandb_log import history_rows, run_files, summary
+from watcher.exporters.wandb_log import records as wandb_records
 
 pytest.importorskip("wandb")
 

@@ -14,8 +14,8 @@ import pytest
 
 from journal import JournalWriter
 from tests.helpers import BIN, cli, kill_tree, wait_for
-from watcher.cursor import CursorBusy
 from watcher.embedded import EmbeddedWatcher
+from watcher.engine.cursor import CursorBusy
 
 
 def _recorder(tmp_path: Path) -> tuple[Path, Path]:

@@ -16,13 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from journal.paths import journal_path, watch_dir
-from watcher.callbacks import CallbackSpecError, callable_name
-from watcher.delivery import DeliveryResult
-from watcher.engine import Watcher
-from watcher.export import already_said, close_all, every_record
-from watcher.hooks import Hook, HookOptions, hook_for, hooks_for_object
-from watcher.trackers import make_exporter, replay_command
+from journal.rundir.paths import journal_path, watch_dir
+from watcher.engine.engine import Watcher
+from watcher.exporters.base import already_said, close_all, every_record
+from watcher.exporters.registry import make_exporter, replay_command
+from watcher.hooks.callbacks import CallbackSpecError, callable_name
+from watcher.hooks.delivery import DeliveryResult
+from watcher.hooks.hook import Hook, HookOptions, hook_for, hooks_for_object
 
 log = logging.getLogger("watcher")
 
@@ -113,7 +113,7 @@ class EmbeddedWatcher:
             running markers, lock) is ``embedded`` on node 0, ``embedded-node<N>`` elsewhere.
 
     Raises:
-        watcher.cursor.CursorBusy: an ``ilab-watch --name embedded`` on this run dir holds
+        watcher.engine.cursor.CursorBusy: an ``ilab-watch --name embedded`` on this run dir holds
             the cursor (``run_training`` refuses the launch: ``ilab-train`` exits 3).
     """
 

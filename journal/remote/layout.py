@@ -16,7 +16,7 @@
   line), written by the mirror's first write: every later write and delete checks it.
 
 Every object is read with a cap on its size (a file of the inboxes: the local inboxes'
-:data:`journal.inbox.MAX_FILE_BYTES`; a segment, a marker: the sizes below), so a huge
+:data:`journal.rundir.inbox.MAX_FILE_BYTES`; a segment, a marker: the sizes below), so a huge
 object in the store is refused unread.
 """
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from journal.inbox import MAX_FILE_BYTES
 from journal.remote.errors import classify
 from journal.remote.layout import JOURNAL_PREFIX, OWNER_KEY, segments
 from journal.remote.store import Store, TooLarge
+from journal.rundir.inbox import MAX_FILE_BYTES
 
 #: How much of the journal's first line identifies it (a longer line: its first bytes).
 HEAD_BYTES = 64 * 1024

@@ -29,11 +29,9 @@ from typing import Any
 
 import orjson
 
-from journal.files import atomic_write, json_files
-from journal.leases import LeaseError, checkpoint_name
-from journal.lock import JournalLock
-from journal.paths import checkpoint_root, control_dir, journal_path, reports_dir, watch_dir
-from journal.reader import iter_events
+from journal.checkpoints.leases import LeaseError, checkpoint_name
+from journal.checkpoints.rotation import remove_unless_leased
+from journal.read.reader import iter_events
 from journal.remote.layout import (
     CONTROL_PREFIX,
     JOURNAL_PREFIX,
@@ -45,7 +43,9 @@ from journal.remote.layout import (
 )
 from journal.remote.restore import fetch_checkpoint
 from journal.remote.store import Store
-from journal.rotation import remove_unless_leased
+from journal.rundir.files import atomic_write, json_files
+from journal.rundir.lock import JournalLock
+from journal.rundir.paths import checkpoint_root, control_dir, journal_path, reports_dir, watch_dir
 
 log = logging.getLogger("journal.remote")
 STATE_NAME = "replica.json"

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from journal.files import atomic_write
-from journal.paths import checkpoint_step, journal_path
 from journal.remote.errors import classify
 from journal.remote.layout import (
     CHECKPOINTS_PREFIX,
@@ -26,6 +24,8 @@ from journal.remote.layout import (
     segments,
 )
 from journal.remote.store import Store, StoreURIError
+from journal.rundir.files import atomic_write
+from journal.rundir.paths import checkpoint_step, journal_path
 
 
 class RestoreError(Exception):

@@ -27,11 +27,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from journal import leases
-from journal.files import fsync_dir
-from journal.leases import LeaseError
-from journal.paths import checkpoints_dir, journal_path, logs_dir, step_dir_name
-from journal.rotation import checkpoint_run_id, is_complete, journal_run, latest_checkpoint
+from journal.checkpoints import leases
+from journal.checkpoints.leases import LeaseError
+from journal.checkpoints.rotation import (
+    checkpoint_run_id,
+    is_complete,
+    journal_run,
+    latest_checkpoint,
+)
+from journal.rundir.files import fsync_dir
+from journal.rundir.paths import checkpoints_dir, journal_path, logs_dir, step_dir_name
 from trainer.checkpoint.files import CheckpointError, SafeLoadPlanner, SafeReader
 from trainer.model.spec import ConsolidatedWriter
 

@@ -30,10 +30,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from journal.files import fsync_dir
-from journal.paths import checkpoints_dir, step_dir_name
-from journal.rotation import checkpoint_run_id
-from journal.rundir import make_dir
+from journal.checkpoints.rotation import checkpoint_run_id
+from journal.rundir.files import fsync_dir
+from journal.rundir.paths import checkpoints_dir, step_dir_name
+from journal.rundir.safety import make_dir
 from trainer.checkpoint.files import (
     SafeReader,
     read_rng_state,

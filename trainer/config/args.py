@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from journal.best import MetricGoal
-from journal.events import CALLBACK_EVENTS
+from journal.record.events import CALLBACK_EVENTS
 from journal.remote.store import RESTORE_FROM_HELP
+from journal.views.best import MetricGoal
 from trainer.config.fields import (
     Seed,
     Settings,

@@ -116,7 +116,7 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
     return first, last
 
 
-#: ``TrainingArgs.tracker_settings`` keys (the exporters' options, watcher/trackers.py).
+#: ``TrainingArgs.tracker_settings`` keys (the exporters' options, watcher/exporters/registry.py).
 TRACKER_SETTINGS = (
     "tensorboard_dir",
     "mlflow_tracking_uri",

@@ -14,7 +14,7 @@ as that backend renames them (``max_tokens_per_gpu``, ``beta1``/``beta2``, ``eps
 to :func:`trainer.instructlab.run_training`: every field is mapped or refused by the same
 table (docs/instructlab.md). A parameter training here cannot honour is one
 :class:`~trainer.instructlab.InstructLabConfigError` line naming it. ``TrainingHubCallback``
-objects run unchanged in this process (watcher/foreign.py), and the tracker parameters map
+objects run unchanged in this process (watcher/builtin/foreign.py), and the tracker parameters map
 onto the watcher's exporters. Returns our :class:`~trainer.launch.TrainingResult`.
 """
 

@@ -28,12 +28,12 @@ schedule and the bridge cannot start a validation run.
 Checkpoints: ``ModelCheckpoint`` keeps its own ``save_top_k`` rotation, and leases hold it
 back. ``ilab-watch`` leases the ``.ckpt`` file of each ``save`` while its ``--on-save``
 delivery is queued or running (``ilab-journal lease DIR FILE`` takes one by hand); a
-``.ckpt`` file anywhere in the run dir can be leased (journal/leases.py names it by its path
+``.ckpt`` file anywhere in the run dir can be leased (journal/checkpoints/leases.py names it by its path
 relative to the run dir). When ``ModelCheckpoint`` asks to delete a leased file, rank 0
 keeps it, journals ``checkpoint_kept`` and looks again at each step end and at train end
 (one listing of ``leases/``): once the lease is released or expired, the file is deleted
 and ``checkpoint_removed`` journaled, the way the journal's own rotation deletes
-(:func:`journal.rotation.remove_unless_leased`). Files outside the run dir cannot be
+(:func:`journal.checkpoints.rotation.remove_unless_leased`). Files outside the run dir cannot be
 leased and are deleted at once: a ``dirpath`` outside it gets one warning at train start and
 a note in ``train_begin`` (:func:`unprotected_dirs`). A kept file is not deleted if a later save writes the same
 path again; one still leased when training ends stays on disk.
@@ -52,10 +52,10 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
-from journal import leases
-from journal.leases import LeaseError
-from journal.paths import checkpoints_dir
-from journal.rotation import finish_interrupted_removals, remove_unless_leased
+from journal.checkpoints import leases
+from journal.checkpoints.leases import LeaseError
+from journal.checkpoints.rotation import finish_interrupted_removals, remove_unless_leased
+from journal.rundir.paths import checkpoints_dir
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.control_poller import command_names
 from trainer.steering.policy import (
@@ -166,7 +166,7 @@ class JournalCheckpointIO(CheckpointIO):
 
     def _delete(self, name: str, target: Path) -> bool:
         """Delete ``target``, unleased at the last look; True once it is gone (see
-        :func:`journal.rotation.remove_unless_leased`: a lease taken since still wins)."""
+        :func:`journal.checkpoints.rotation.remove_unless_leased`: a lease taken since still wins)."""
         if not target.exists():  # gone already (by hand): say so all the same
             self._removed(target)
             return True

@@ -18,8 +18,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from journal.events import MICROBATCH_EVENTS
-from journal.writer import JournalWriter
+from journal.record.events import MICROBATCH_EVENTS
+from journal.write.writer import JournalWriter
 
 #: Written together with the next immediate record (step_end at the latest).
 DEFERRED_EVENTS = frozenset(

@@ -30,13 +30,13 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from journal.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
-from journal.lock import JournalLock
-from journal.paths import journal_path
-from journal.reader import iter_events, last_record
-from journal.reports import drain
-from journal.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
-from journal.writer import JournalWriter
+from journal.channels.reports import drain
+from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
+from journal.read.reader import iter_events, last_record
+from journal.rundir.lock import JournalLock
+from journal.rundir.paths import journal_path
+from journal.views.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
+from journal.write.writer import JournalWriter
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.steering.control_poller import ControlPoller
 from trainer.steering.policy import Capabilities
@@ -48,7 +48,7 @@ LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
 RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
 
 #: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
-#: :func:`journal.rotation.latest_checkpoint`); ``"never"``: a new run; a bool: the trainer
+#: :func:`journal.checkpoints.rotation.latest_checkpoint`); ``"never"``: a new run; a bool: the trainer
 #: decided itself (a bridge: HF resumed from ``checkpoint-N``).
 Resume = Literal["auto", "never"] | bool
 

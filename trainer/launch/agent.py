@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from journal.procs import ORPHAN_GRACE_S, running_children, watch_parent
+from journal.rundir.procs import ORPHAN_GRACE_S, running_children, watch_parent
 
 AGENT_EXIT_S = 5.0  # torchrun's own shutdown, once its workers have ended
 _POLL_S = 0.2

@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from journal.paths import journal_path
 from journal.remote.restore import RestoreError, restore_run
 from journal.remote.store import StoreURIError, check_uri
+from journal.rundir.paths import journal_path
 from trainer.config import ConfigError, TrainingArgs
 
 

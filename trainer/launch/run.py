@@ -20,23 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from journal.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
-from journal.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
-from journal.procs import LAUNCHER_PID_ENV, die_with_parent
-from journal.query import find_last
-from journal.reader import JournalReader
-from journal.reports import drain
-from journal.rotation import checkpoint_run_id, list_checkpoints
-from journal.rundir import UnsafeRunDir, check_run_dir, make_dir
-from journal.writer import JournalWriter
+from journal.channels.reports import drain
+from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
+from journal.read.reader import JournalReader
+from journal.rundir.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
+from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
+from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
+from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir
+from journal.views.query import find_last
+from journal.write.writer import JournalWriter
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight
 from trainer.launch.restore import check_restore_uri, restore_if_empty
-from watcher.callbacks import callable_name
-from watcher.foreign import Progress, adapt, foreign_base, microbatch_hooks, wants_pacing
+from watcher.builtin.foreign import Progress, adapt, foreign_base, microbatch_hooks, wants_pacing
+from watcher.hooks.callbacks import callable_name
 
 #: Why a checkpoint dir cannot be made where it was asked for: a bad option (exit 2). A full
 #: disk or an I/O error is not one and stays an OSError (exit 1).
@@ -134,7 +134,7 @@ def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerCon
 def _foreign_callbacks(
     args: TrainingArgs, ckpt_dir: Path, node_rank: int
 ) -> tuple[TrainingArgs, Progress | None]:
-    """InstructLab's and training_hub's callbacks (watcher/foreign.py): per-micro-batch
+    """InstructLab's and training_hub's callbacks (watcher/builtin/foreign.py): per-micro-batch
     records where one hooks a micro-batch, and callback pacing where one hooks a step (by
     node 0's launcher: rank 0, which waits, is on node 0)."""
     if not any(foreign_base(cb) for cb in args.callbacks):
@@ -283,8 +283,8 @@ def _launch(
         trackers = Trackers(ckpt_dir, list(train_args.report_to), train_args.tracker_settings)
         exporters = list(trackers.exporters.values())
     if train_args.has_callbacks() or exporters:
-        from watcher.cursor import CursorBusy
         from watcher.embedded import EmbeddedWatcher
+        from watcher.engine.cursor import CursorBusy
 
         try:  # `ilab-watch --name embedded` holds its cursor; a planted lock file: exit 2
             with _checkpoint_dir_errors(ckpt_dir):

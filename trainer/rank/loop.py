@@ -29,7 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from journal.paths import checkpoints_dir, logs_dir, step_dir_name
+from journal.rundir.paths import checkpoints_dir, logs_dir, step_dir_name
 from trainer.checkpoint import sharded as ckpt
 from trainer.checkpoint.async_save import AsyncCheckpointer, CheckpointWriteError, PendingSave
 from trainer.config import TrainingArgs

@@ -34,7 +34,7 @@ def log_payload(
     samples_seen: int,
     device: torch.device,
 ) -> dict[str, Any]:
-    """The ``log`` record's data (schema: ``journal.schema.LogData``)."""
+    """The ``log`` record's data (schema: ``journal.record.schema.LogData``)."""
     return {
         "loss": m.loss,
         "loss_finite": math.isfinite(m.loss),

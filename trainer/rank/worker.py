@@ -20,10 +20,10 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from journal.lock import JournalLocked
-from journal.paths import logs_dir
-from journal.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
-from journal.rundir import make_dir
+from journal.rundir.lock import JournalLocked
+from journal.rundir.paths import logs_dir
+from journal.rundir.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
+from journal.rundir.safety import make_dir
 from trainer.checkpoint.async_save import CheckpointWriteError
 from trainer.checkpoint.fit import CheckpointMismatch
 from trainer.checkpoint.sharded import remove_partial_saves

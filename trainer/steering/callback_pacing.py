@@ -1,11 +1,11 @@
 """Callback pacing: training runs at most one step ahead of the launcher's callbacks of
-InstructLab or training_hub that hook a point within a step (watcher/foreign.py).
+InstructLab or training_hub that hook a point within a step (watcher/builtin/foreign.py).
 
 Such a callback may return a :class:`journal.Control` (or set a hub control flag) at step
 N; for every rank to apply it at step N+1 at the latest, rank 0 waits, before the
 all-reduce of step N+1 (which carries the control bits), until those callbacks have
 handled the journal up to step N's ``step_end``: the launcher's adapters write that step
-to ``watch/embedded.progress`` (:func:`journal.paths.callbacks_progress_path`). The other
+to ``watch/embedded.progress`` (:func:`journal.rundir.paths.callbacks_progress_path`). The other
 ranks wait in the all-reduce, so no collective is added; with callbacks keeping up, the
 wait is nil (they run while the next step computes).
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal.control import COMMAND_FILE_SUFFIX
-from journal.format import printable
-from journal.inbox import (
+from journal.channels.control import COMMAND_FILE_SUFFIX
+from journal.cli.format import printable
+from journal.rundir.inbox import (
     MAX_NAME_CHARS,
     REJECTED_DIR_NAME,
     RejectedFile,
@@ -26,7 +26,7 @@ from journal.inbox import (
     move_aside,
     read_json_object,
 )
-from journal.paths import PROCESSED_DIR_NAME, control_dir
+from journal.rundir.paths import PROCESSED_DIR_NAME, control_dir
 from trainer.steering.dir_watch import DirWatch
 from trainer.steering.policy import (  # the command list is the policy's; re-exported here
     ABORT,

@@ -2,7 +2,7 @@
 ahead of the consumers of its checkpoints, however slow they are.
 
 A watcher leases a save's checkpoint while its delivery is queued or running (an eval, an
-upload), and ``ilab-journal lease`` by hand counts too (journal/leases.py). Before the
+upload), and ``ilab-journal lease`` by hand counts too (journal/checkpoints/leases.py). Before the
 all-reduce of a step that saves by schedule, rank 0 waits while N or more of this run's
 checkpoints are leased; the other ranks simply wait in that all-reduce, so no collective is
 added. Waiting *before* the all-reduce means a command that the consumer of the previous
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from journal import leases
-from journal.paths import leases_dir
+from journal.checkpoints import leases
+from journal.rundir.paths import leases_dir
 from trainer.config import TrainingArgs
 from trainer.steering.decisions import decide
 from trainer.steering.dir_watch import DirWatch

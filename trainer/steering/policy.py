@@ -18,7 +18,7 @@ same step. A command the trainer cannot carry out never gets there: rank 0's pol
 rejects it (:meth:`Capabilities.refusal`) like a stale or unknown one, with a ``control``
 record (``accepted: false`` and the reason) and one console line.
 
-A new command: its name in ``journal/events.py``'s ``CONTROL_COMMANDS`` (what
+A new command: its name in ``journal/record/events.py``'s ``CONTROL_COMMANDS`` (what
 ``ilab-journal control`` sends), and its bit and what it does here.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from journal.events import CONTROL_COMMANDS
+from journal.record.events import CONTROL_COMMANDS
 
 #: The control commands' bits in the step's agreement (one float of the all-reduce).
 STOP, ABORT, SAVE, EVALUATE, LOG = 1, 2, 4, 8, 16

@@ -1,5 +1,5 @@
 """Rank 0's side of reports: journal what reporters hand in through ``<ckpt_dir>/reports/``
-(the protocol is in :mod:`journal.reports`), and keep the best checkpoint up to date."""
+(the protocol is in :mod:`journal.channels.reports`), and keep the best checkpoint up to date."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from journal.paths import reports_dir
-from journal.reports import ingest
+from journal.channels.reports import ingest
+from journal.rundir.paths import reports_dir
 from trainer.steering.dir_watch import DirWatch
 
 
@@ -34,7 +34,7 @@ class ReportInbox:
         """Journal every pending report now (before rotation and before train_end); a
         malformed file, or one naming a checkpoint not on disk (never saved, removed since:
         it must not become the best), is refused with its reason and moved aside (see
-        :func:`journal.reports.ingest`)."""
+        :func:`journal.channels.reports.ingest`)."""
         self.watch.changed = False
         ingest(self.ckpt_dir, self._emit, self._handled)
         self.watch.scanned()

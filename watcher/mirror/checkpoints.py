@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal.inbox import MAX_FILE_BYTES
 from journal.remote.layout import LEASES_PREFIX, MARKER_NAME, checkpoint_prefix, marker_key
 from journal.remote.store import Store
+from journal.rundir.inbox import MAX_FILE_BYTES
 
 
 class IncompleteUpload(OSError):

@@ -1,7 +1,7 @@
 """Reports and control commands that remote watchers write into the store's ``reports/``
 and ``control/`` prefixes, moved into the run dir's inboxes (where the trainer polls them)
 and then deleted from the store. A file over the local inboxes' cap
-(:data:`journal.inbox.MAX_FILE_BYTES`) is never read: it is moved aside in the store, to
+(:data:`journal.rundir.inbox.MAX_FILE_BYTES`) is never read: it is moved aside in the store, to
 ``reports/rejected/`` or ``control/rejected/``, with one line."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import logging
 import posixpath
 from pathlib import Path
 
-from journal.files import atomic_write
-from journal.inbox import MAX_FILE_BYTES, REJECTED_DIR_NAME
-from journal.paths import control_dir, reports_dir
+from journal.channels.reports import drain
 from journal.remote.layout import CONTROL_PREFIX, REPORTS_PREFIX
 from journal.remote.store import Store, TooLarge
-from journal.reports import drain
+from journal.rundir.files import atomic_write
+from journal.rundir.inbox import MAX_FILE_BYTES, REJECTED_DIR_NAME
+from journal.rundir.paths import control_dir, reports_dir
 
 log = logging.getLogger("watcher.mirror")
 

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from journal.leases import DEFAULT_TTL_S
-from journal.paths import checkpoint_root, journal_path
+from journal.channels.reports import InvalidReport, Report, submit_report
+from journal.checkpoints.leases import DEFAULT_TTL_S
+from journal.checkpoints.rotation import prune_finished_run
 from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
-from journal.reports import InvalidReport, Report, submit_report
-from journal.rotation import prune_finished_run
-from watcher.leasing import LeaseKeeper
+from journal.rundir.paths import checkpoint_root, journal_path
+from watcher.engine.leasing import LeaseKeeper
 from watcher.mirror.checkpoints import Uploaded, remove_checkpoint, upload_checkpoint
 from watcher.mirror.inbound import bring_in
 from watcher.mirror.outage import Backoff, Outage

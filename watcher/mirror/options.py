@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from journal.paths import watch_dir
 from journal.remote.store import StoreURIError
-from watcher.cursor import CursorBusy, CursorLock
+from journal.rundir.paths import watch_dir
+from watcher.engine.cursor import CursorBusy, CursorLock
 from watcher.mirror.mirror import Mirror
 
 #: How much lower than training a mirroring watcher alone runs (``nice``).

@@ -61,7 +61,7 @@ class JobBoard:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()
-        self.runners: list[Any] = []  # the watcher.jobs.JobRunner of each executor
+        self.runners: list[Any] = []  # the watcher.scheduler.runner.JobRunner of each executor
 
     def finish(self) -> None:
         """The watcher ended normally: every result is recorded, so the markers of ended

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 
-from journal.procs import start_time
+from journal.rundir.procs import start_time
 from watcher.scheduler import JobSpec, JobState, SchedulerError
 
 

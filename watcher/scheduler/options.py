@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from watcher.hooks import Hook, HookOptions
+from watcher.hooks.hook import Hook, HookOptions
 from watcher.scheduler import Scheduler
 from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
 from watcher.scheduler.local import LocalScheduler

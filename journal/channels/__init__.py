@@ -1,0 +1,1 @@
+"""Files that flow into a run: control commands, reports, and the ``job`` records of scheduler jobs."""

@@ -1,0 +1,100 @@
+"""``job`` records: a scheduler job that ran a watcher delivery (``ilab-watch --via slurm``).
+
+A job's state changes (submitted, running on a node, ended with an exit code) reach the
+journal the way reports do, keeping its single writer: the watcher writes one file per
+change into ``<ckpt_dir>/reports/`` (``"kind": "job"``), and whoever journals reports
+(the trainer at a step boundary, or the reporter itself once training is over, see
+:mod:`journal.channels.reports`) appends it as a ``job`` record. A reader so sees which job
+evaluated which checkpoint: ``job_id`` and ``checkpoint_path`` in one record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from journal.rundir.inbox import MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
+
+#: The ``kind`` of an inbox file that is a job record (a report file has none).
+JOB_KIND = "job"
+_TEXT = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source", "log_path")
+
+
+class InvalidJob(ValueError):
+    """A malformed job file (one line, journaled as its refusal)."""
+
+
+def job_payload(
+    *,
+    job_id: str,
+    scheduler: str,
+    state: str,
+    delivery_id: str,
+    hook: str,
+    checkpoint_path: str | None,
+    step: int | None,
+    attempt: int,
+    node: str | None = None,
+    exit_code: int | None = None,
+    log_path: str | None = None,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """The JSON object of a job file (and of its ``job`` record, less ``kind``)."""
+    return {
+        "kind": JOB_KIND,
+        "id": f"{time.time_ns():x}-{uuid.uuid4().hex[:8]}",
+        "job_id": job_id,
+        "scheduler": scheduler,
+        "state": state,
+        "node": node,
+        "exit_code": exit_code,
+        "log_path": log_path,
+        "checkpoint_path": checkpoint_path,
+        "step": step,
+        "delivery_id": delivery_id,
+        "hook": hook,
+        "attempt": attempt,
+        "source": source,
+        "reported_at": time.time(),
+    }
+
+
+def check_job(obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``job`` record payload of a job file's object, with exactly the documented
+    fields; raises :class:`InvalidJob` naming the first bad one."""
+    out: dict[str, Any] = {}
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_NAME_CHARS:
+        raise InvalidJob(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
+    out["id"] = rid
+    for key in _TEXT:
+        value = obj.get(key)
+        limit = MAX_TEXT_CHARS if key == "log_path" else MAX_NAME_CHARS
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            raise InvalidJob(f"{key} must be a string of at most {limit} characters")
+        out[key] = value
+    for key in ("job_id", "scheduler", "state", "delivery_id"):
+        if not out[key]:
+            raise InvalidJob(f"{key} is required")
+    checkpoint = obj.get("checkpoint_path")
+    if checkpoint is not None and (
+        not isinstance(checkpoint, str) or len(checkpoint) > MAX_TEXT_CHARS
+    ):
+        raise InvalidJob("checkpoint_path must be a string or null")
+    out["checkpoint_path"] = checkpoint
+    for key in ("step", "exit_code", "attempt"):
+        value = obj.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidJob(f"{key} must be an integer or null")
+        out[key] = value
+    at = obj.get("reported_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+        raise InvalidJob("reported_at must be a Unix time (a number)")
+    out["reported_at"] = float(at)
+    if len(orjson.dumps(out)) > MAX_FILE_BYTES:
+        raise InvalidJob("job record too large")
+    return out

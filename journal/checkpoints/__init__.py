@@ -1,0 +1,1 @@
+"""What happens to checkpoints: leases held on them, and rotation."""

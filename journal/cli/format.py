@@ -1,0 +1,232 @@
+"""How records look to people: timestamps, numbers and one-line payload digests.
+
+Text from records (and lock files) is data, never instructions to the terminal: control
+characters are shown as escapes (:func:`printable`) and rich never reads it as markup (it
+gets :class:`rich.text.Text`, not a markup string).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from journal.record.events import EVENTS
+from journal.rundir.lock import describe
+
+if TYPE_CHECKING:
+    from journal.views.summary import RunSummary
+
+
+#: C0 and C1 control characters, DEL, and the invisible marks that reorder or break text
+#: (bidi overrides, line separators): shown as ``\x1b`` / ``\u202e`` instead of obeyed.
+_CONTROLS: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    c: f"\\u{c:04x}"
+    for c in (0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: escape sequences, carriage returns, bells and
+    bidi overrides from a record are shown, not executed."""
+    return text.translate(_CONTROLS)
+
+
+def fmt_ts(ts: Any) -> str:
+    """Local wall-clock time of a record, to the millisecond."""
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        return "-"
+    try:
+        return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):  # a number, but no date
+        return fmt_num(ts)
+
+
+def fmt_num(v: Any) -> str:
+    """Floats to 4 significant digits; everything else as ``str``."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
+    """A one-line, human-readable digest of a payload."""
+    keys: tuple[str, ...]
+    if event == "report":
+        return _report_digest(data, width)
+    if event == "job":  # which job evaluated which checkpoint (journal/channels/jobs.py)
+        where = Path(str(data.get("checkpoint_path") or "-")).name
+        keys = ("state", "node", "exit_code", "attempt")
+        parts = [f"{k}={data[k]}" for k in keys if data.get(k) is not None]
+        text = f"{data.get('scheduler')} job {data.get('job_id')} {where} " + " ".join(parts)
+        return text if len(text) <= width else text[: width - 1] + "…"
+    if event == "log":
+        keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
+    elif event == "train_begin":
+        keys = ("world_size", "device_type", "total_steps", "resumed_from")
+    else:
+        keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
+    parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
+    text = " ".join(parts)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+#: Lines of a traceback that say nothing of what went wrong (the exception lines do).
+_TRACEBACK_NOISE = ("Traceback (most recent call last)", "During handling of", "The above exc")
+
+
+def error_line(text: str, width: int = 200) -> str:
+    """A multi-line error (an exception whose message holds tracebacks, such as torch's
+    CheckpointException after a full disk) as one line: its exception lines, each once,
+    without the frames. The whole text stays in the record (``show --json``)."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    said = [
+        ln
+        for ln in lines
+        if not ln[0].isspace() and not ln.startswith(_TRACEBACK_NOISE)  # frames are indented
+    ]
+    text = "; ".join(dict.fromkeys(said or lines[:1]))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _report_digest(data: dict[str, Any], width: int) -> str:
+    metrics = data.get("metrics") or {}
+    where = Path(str(data.get("checkpoint_path") or "-")).name
+    text = f"{where} " + " ".join(f"{k}={fmt_num(v)}" for k, v in metrics.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_records_table(records: Iterable[dict[str, Any]]) -> None:
+    """``ilab-journal show``: one row per record (rich; failed train_end in red)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, just in (
+        ("seq", "right"),
+        ("time", "left"),
+        ("att", "right"),
+        ("step", "right"),
+        ("ep", "right"),
+        ("event", "left"),
+        ("data", "left"),
+    ):
+        table.add_column(col, justify="right" if just == "right" else "left", no_wrap=col != "data")
+    for rec in records:
+        event = str(rec.get("event"))
+        failed = event == "train_end" and (rec.get("data") or {}).get("status") == "failed"
+        cells = (
+            str(rec.get("seq")),
+            fmt_ts(rec.get("ts")),
+            str(rec.get("attempt", "")),
+            str(rec.get("step", "")),
+            str(rec.get("epoch", "")),
+            event,
+            summarize_data(event, rec.get("data") or {}),
+        )
+        table.add_row(*(Text(printable(c)) for c in cells), style="red" if failed else None)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # pipes and files: do not wrap rows at 80 columns
+    console.print(table)
+
+
+def stats_text(d: dict[str, Any]) -> str:
+    """``ilab-journal stats`` for people: counts per event, phases, throughput."""
+    order = {e: i for i, e in enumerate(EVENTS)}
+    lines = ["events:"]
+    for ev, c in sorted(d["counts"].items(), key=lambda kv: order.get(kv[0], 99)):
+        lines.append(f"  {printable(ev):<24}{c:>10}")
+    # A phase with no measured record has no time ("n/a", not 0); records that carry no
+    # duration (the bridges' saves) get a column of their own, only when there are some.
+    unmeasured = any(v.get("unmeasured") for v in d["phases"].values())
+    lines.append(
+        "phases:            count     total s      mean s"
+        + ("   no duration" if unmeasured else "")
+    )
+    for ph, v in d["phases"].items():
+        total = "n/a" if v["total_s"] is None else f"{v['total_s']:.3f}"
+        mean = "n/a" if v["mean_s"] is None else f"{v['mean_s']:.4f}"
+        row = f"  {ph:<14}{v['count']:>9}{total:>12}{mean:>12}"
+        lines.append(row + (f"{v.get('unmeasured', 0):>14}" if unmeasured else ""))
+    lines.append(f"wall time: {d['wall_s']:.1f}s  invalid lines: {d['invalid_lines']}")
+    if d["tokens_per_s"]:
+        lines.append(
+            f"throughput: {d['tokens_per_s']:.0f} tokens/s, {d['samples_per_s']:.1f} samples/s"
+        )
+    return "\n".join(lines)
+
+
+def status_text(s: RunSummary, path: Path) -> str:
+    """``ilab-journal status`` for people: one aligned ``name  value`` row per fact."""
+    rows = [("state", s.state + (f" ({s.reason})" if s.reason else ""))]
+    if s.run_id is not None or s.records:  # nothing to say about a run without records
+        progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
+        ago = f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""
+        rows += [
+            *([("error", _error_row(s.error, path))] if s.error else []),
+            ("run", f"{s.run_id} attempt {s.attempt}"),
+            ("step", f"{progress}  epoch {s.epoch}  samples {s.samples_seen}"),
+            ("loss", fmt_num(s.last_loss) if s.last_loss is not None else "-"),
+            ("val_loss", fmt_num(s.last_val_loss) if s.last_val_loss is not None else "-"),
+            ("checkpoint", s.last_checkpoint or "-"),
+            *_best_and_report_rows(s),
+            ("last record", fmt_ts(s.last_ts) + ago),
+        ]
+    if s.unapplied_commands:  # sent too late: the run had ended (journal.channels.control)
+        n = s.unapplied_commands
+        rows.append(("control", f"{n} control command(s) arrived after the run ended: not applied"))
+    if s.refused_reports:  # their metrics are not in the journal: never count for keep_best
+        n = s.refused_reports
+        why = f"ilab-journal show {path.parent} -e control"
+        rows.append(("reports", f"{n} report(s) refused when journaled (why: {why})"))
+    if s.prunable_checkpoints:  # kept by leases whose holders died: nothing rotates now
+        n, why = len(s.prunable_checkpoints), ""
+        if s.expired_leases:
+            why = f"; {s.expired_leases} expired lease(s) on them hold nothing"
+        rows.append(
+            (
+                "retention",
+                f"{n} checkpoint(s) beyond keep_last_n={s.keep_last_n} that no lease holds"
+                f"{why}; ilab-journal prune {path.parent} removes them",
+            )
+        )
+    if s.holder and s.state != "starting":  # "starting" names the holder already
+        rows.append(("held by", holder_text(s.holder)))
+    if path.exists():
+        rows.append(("journal", f"{path} ({s.records} records, {s.invalid_lines} invalid lines)"))
+    else:
+        rows.append(("journal", f"{path} (not created yet)"))
+    return "\n".join(f"{k:>12}  {printable(str(v))}" for k, v in rows)
+
+
+def _error_row(error: str, path: Path) -> str:
+    """The error in one line, and where its whole text is when that line is not all."""
+    line = error_line(error)
+    if line == error:
+        return line
+    return f"{line}  (whole text: ilab-journal show {path} -e train_end --json)"
+
+
+def holder_text(info: dict[str, Any]) -> str:
+    """Who holds a lock, from its file: ``launcher pid 4242 on host-a since 09:12:03``
+    (whatever the file holds, one line)."""
+    try:
+        return describe(info)
+    except (TypeError, ValueError, OverflowError, OSError):  # a lock file we did not write
+        return f"pid {info.get('pid', '?')}"
+
+
+def _best_and_report_rows(s: RunSummary) -> list[tuple[str, str]]:
+    rows = []
+    if s.keep_best:
+        b = s.best_checkpoint
+        value = f"{b['checkpoint_path']} ({b['metric']} {fmt_num(b['value'])})" if b else "-"
+        rows.append(("best", f"{value}  [keep_best {s.keep_best}]"))
+    if s.last_report:
+        digest = _report_digest(s.last_report, 80)
+        rows.append(("last report", f"{digest}  ({s.reports} reports)"))
+    return rows

@@ -1,0 +1,133 @@
+"""``ilab-journal tail``: the newest records, and a live view that follows a run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.cli.format import fmt_ts, printable, summarize_data
+from journal.read.tailing import RotatingReader
+from journal.views import index
+from journal.views.query import last_records
+from journal.views.summary import STATE_EXIT_CODES, Summarizer
+
+
+def _line(rec: dict[str, Any]) -> str:
+    """One record as one line of plain text (control characters shown, not obeyed)."""
+    ev = str(rec.get("event"))
+    return printable(
+        f"{fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
+        f"{summarize_data(ev, rec.get('data') or {})}"
+    )
+
+
+#: Records the live view prints as lines above the progress bar.
+_SHOWN = frozenset(
+    {"save", "evaluate", "control", "report", "checkpoint_removed", "train_begin", "train_end"}
+)
+
+
+def follow_journal(
+    path: Path, *, follow: bool, first_n: int, interval: float, as_json: bool
+) -> int:
+    """Print the last ``first_n`` records; with ``follow``, keep going until ``train_end``.
+
+    Returns the exit code (the ``status`` code of the final state when following).
+    """
+    emit = (
+        (lambda r: sys.stdout.write(orjson.dumps(r).decode() + "\n"))
+        if as_json
+        else (lambda r: print(_line(r)))
+    )
+    if not follow:  # the newest records only: read backwards, the cost follows N
+        records, bad = last_records(path, first_n) if first_n > 0 else ([], [])
+        for offset, reason in reversed(bad):
+            print(f"warning: {path}: byte {offset}: skipped: {reason}", file=sys.stderr)
+        for rec in records:
+            emit(rec)
+        sys.stdout.flush()
+        return 0
+    # Start-up costs what is new since the index, not the whole file: the summary (progress,
+    # state) from the index plus the tail, the first records read backwards from there.
+    folded = index.fold(path, index.load(path) or index.Folded(Summarizer()), final=False)
+    reader = RotatingReader(path, folded.offset, folded.line_no)  # mv, copytruncate
+    summ = folded.summarizer
+    if first_n > 0:
+        for rec in last_records(path, first_n, end=folded.offset)[0]:
+            emit(rec)
+    sys.stdout.flush()
+    if as_json or not sys.stdout.isatty():
+        return _follow_plain(reader, summ, emit, interval)
+    return _follow_live(reader, summ, interval)
+
+
+def _follow_plain(reader: RotatingReader, summ: Summarizer, emit: Any, interval: float) -> int:
+    while not summ.ended:
+        reader.check()
+        batch = reader.read()
+        for rec in batch.records:
+            summ.add(rec)
+            emit(rec)
+        sys.stdout.flush()
+        if not batch.records:
+            time.sleep(interval)  # a person's view: polling is plenty
+    return STATE_EXIT_CODES.get(summ.summary.state, 1)
+
+
+def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> int:
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    console = Console()
+    progress = Progress(
+        TextColumn("[bold]step"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(
+        "train", total=summ.summary.total_steps or None, completed=summ.summary.last_step
+    )
+    tput: dict[str, Any] = {}
+
+    def status_line() -> Text:
+        s = summ.summary
+        parts = [f"state {s.state}"]
+        if s.last_loss is not None:
+            parts.append(f"loss {s.last_loss:.4f}")
+        if s.last_lr is not None:
+            parts.append(f"lr {s.last_lr:.2e}")
+        if tput.get("tokens_per_s"):
+            parts.append(f"{tput['tokens_per_s']:.0f} tok/s")
+        if s.last_val_loss is not None:
+            parts.append(f"val_loss {s.last_val_loss:.4f}")
+        parts.append(f"ckpt {s.last_checkpoint or '-'}")
+        return Text(printable("  ".join(parts)))
+
+    with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
+        while not summ.ended:
+            reader.check()
+            batch = reader.read()
+            for rec in batch.records:
+                summ.add(rec)
+                ev = rec.get("event")
+                if ev == "log":
+                    tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
+                if ev in _SHOWN:
+                    console.print(Text(_line(rec)))  # Text: never read as markup
+            progress.update(
+                task, total=summ.summary.total_steps or None, completed=summ.summary.last_step
+            )
+            live.update(Group(progress, status_line()))
+            if not batch.records:
+                time.sleep(interval)
+    reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
+    console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))
+    return STATE_EXIT_CODES.get(summ.summary.state, 1)

@@ -1,0 +1,1 @@
+"""Reading a journal: lines forwards and backwards, the crash-tolerant reader, following across rotation, parallel scans."""

@@ -1,0 +1,158 @@
+"""Which lines are records: the envelope, and the JSON types of the fields readers use.
+
+A line whose fields have the wrong JSON type (``"ts": "yesterday"``, ``"step": {}``, a
+report's ``"metrics": "x"``, a train_begin's ``"config": "str"``) is not a record: readers
+skip it and count it as an invalid line, so it can neither crash a reader nor turn
+``status`` into "failed". Only types are checked, only of fields that are present (and, in
+payloads, not null): absent fields stay tolerated. Every rule here is one the schema
+(journal/record/schema.py) has too, so a record these checks skip is never a valid one (a test
+holds the two together).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from journal.record.events import END_STATUSES
+
+_INT: tuple[type, ...] = (int,)  # checked with type(), so True/False are not ints
+_NUM: tuple[type, ...] = (int, float)
+_STR: tuple[type, ...] = (str,)
+_DICT: tuple[type, ...] = (dict,)
+_BOOL: tuple[type, ...] = (bool,)
+_EMPTY: dict[str, Any] = {}
+
+#: Envelope fields other than seq/event/data: their JSON type when present (null is wrong).
+ENVELOPE_TYPES: dict[str, tuple[type, ...]] = {
+    "v": _INT,
+    "run_id": _STR,
+    "attempt": _INT,
+    "ts": _NUM,
+    "step": _INT,
+    "epoch": _INT,
+    "samples_seen": _INT,
+}
+
+#: Per event, the payload fields readers use and their JSON type when present and not null.
+PAYLOAD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "train_begin": {
+        "config": _DICT,
+        "total_steps": _INT,
+        "world_size": _INT,
+        "hostname": _STR,
+        "pid": _INT,
+        "resumed_from": _STR,
+    },
+    "log": {
+        "loss": _NUM,
+        "lr": _NUM,
+        "grad_norm": _NUM,
+        "elapsed_time": _NUM,
+        "tokens_per_s": _NUM,
+        "samples_per_s": _NUM,
+        "batch_metrics": _DICT,
+    },
+    "evaluate": {"val_loss": _NUM, "duration": _NUM},
+    "save": {"checkpoint_path": _STR, "hf_path": _STR, "duration": _NUM},
+    "report": {
+        "id": _STR,
+        "checkpoint_path": _STR,
+        "step": _INT,
+        "metrics": _DICT,
+        "source": _STR,
+    },
+    "train_end": {
+        "status": _STR,
+        "reason": _STR,
+        "final_checkpoint": _STR,
+        "error_type": _STR,
+        "error_message": _STR,
+        "best_checkpoint": _DICT,
+    },
+    "control": {
+        "command": _STR,
+        "id": _STR,
+        "source": _STR,
+        "reason": _STR,
+        "accepted": _BOOL,
+        "applied_at_step": _INT,
+    },
+    "checkpoint_removed": {"checkpoint_path": _STR, "reason": _STR},
+    "journal_gap": {"dropped": _INT, "first_seq": _INT, "last_seq": _INT, "error": _STR},
+}
+
+
+def record_problem(obj: Any) -> str | None:
+    """The reason an object is not a record, or None when it is one."""
+    if type(obj) is not dict:
+        return "not a JSON object"
+    seq = obj.get("seq")
+    if type(seq) is not int or seq < 0:
+        return "missing or invalid 'seq'"
+    event = obj.get("event")
+    if type(event) is not str:
+        return "missing or invalid 'event'"
+    data = obj.get("data", _EMPTY)
+    if type(data) is not dict:
+        return "'data' is not an object"
+    for name, types in ENVELOPE_TYPES.items():
+        if name in obj and type(obj[name]) not in types:
+            return f"{name!r} is {_json_type(obj[name])}, expected {_expected(types)}"
+    return payload_problem(event, data)
+
+
+def payload_problem(event: str, data: dict[str, Any]) -> str | None:
+    """The reason a payload breaks the types readers rely on, or None."""
+    rules = PAYLOAD_TYPES.get(event)
+    if rules is None:
+        return None
+    for name, types in rules.items():
+        value = data.get(name)
+        if value is not None and type(value) not in types:
+            return f"'data.{name}' is {_json_type(value)}, expected {_expected(types)}"
+    if event == "train_end" and "status" in data and data["status"] not in END_STATUSES:
+        return f"'data.status' {data['status']!r} is not one of {', '.join(END_STATUSES)}"
+    return None
+
+
+def all_records(objs: list[Any]) -> bool:
+    """Whether :func:`record_problem` finds nothing in any of ``objs``: the same rules,
+    inlined for the envelope because this runs for every record of every scan."""
+    rules = PAYLOAD_TYPES
+    for o in objs:
+        if type(o) is not dict:
+            return False
+        get = o.get
+        seq = get("seq")
+        event = get("event")
+        data = get("data", _EMPTY)
+        if not (
+            type(seq) is int
+            and seq >= 0
+            and type(event) is str
+            and type(data) is dict
+            and type(get("ts", 0.0)) in _NUM
+            and type(get("step", 0)) is int
+            and type(get("epoch", 0)) is int
+            and type(get("samples_seen", 0)) is int
+            and type(get("attempt", 1)) is int
+            and type(get("run_id", "")) is str
+            and type(get("v", 1)) is int
+        ):
+            return False
+        if event in rules and payload_problem(event, data) is not None:
+            return False
+    return True
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
+
+
+def _expected(types: tuple[type, ...]) -> str:
+    if types is _NUM:
+        return "a number"
+    return {int: "an integer", str: "a string", dict: "an object", bool: "a boolean"}[types[0]]

@@ -1,0 +1,1 @@
+"""What a journal says, folded: the summary behind ``status``, its index, queries, the best checkpoint, validation."""

@@ -1,0 +1,139 @@
+"""The journal index: what ``status`` needs, folded up to a byte offset, so a reader folds
+only the records written since (O(new records), not O(file)).
+
+``<ckpt_dir>/journal.index.json`` holds the :class:`~journal.views.summary.Summarizer` state up to
+``offset`` (records, invalid lines, the latest attempt, the best checkpoint, ...) and a
+fingerprint of the journal's first line. The journal's writer refreshes it after each durable
+record (save, train_end, control, report, checkpoint_removed, journal_gap) and train_begin:
+it folds what was written since the last refresh (a few hundred records at most for a
+typical save interval), then replaces the file atomically. Readers trust it only when the
+fingerprint matches and the offset lies on a line boundary inside the file; otherwise they
+scan everything, as before. The index is a cache: deleting it loses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.read.lines import open_for_reading
+from journal.read.reader import CHUNK_SIZE, JournalReader
+from journal.rundir.files import atomic_write
+from journal.rundir.paths import INDEX_NAME
+from journal.views.summary import Summarizer
+
+VERSION = (
+    4  # 2: folded only records of the right field types (journal/record/fields.py); 3: a new run
+)
+# forgets the last run's checkpoint; 4: refused reports are counted
+MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
+
+
+@dataclass
+class Folded:
+    """A summarizer and how far it has read."""
+
+    summarizer: Summarizer
+    offset: int = 0
+    line_no: int = 0
+    invalid: int = 0
+
+
+def index_path(journal: Path) -> Path:
+    return journal.with_name(INDEX_NAME)
+
+
+def _fingerprint(journal: Path) -> str | None:
+    try:
+        fd = open_for_reading(journal)
+    except OSError:
+        return None
+    try:
+        first = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    nl = first.find(b"\n")
+    first = first[: nl + 1] if nl >= 0 else first
+    return hashlib.sha1(first).hexdigest()[:16] if first.endswith(b"\n") else None
+
+
+def load(journal: Path) -> Folded | None:
+    """The index of ``journal`` if it can be trusted, else None."""
+    try:
+        raw: Any = orjson.loads(_read_small(index_path(journal)))
+        if raw.get("version") != VERSION or raw.get("fingerprint") != _fingerprint(journal):
+            return None
+        offset = int(raw["offset"])
+        fd = open_for_reading(journal)
+        try:
+            size = os.fstat(fd).st_size
+            if offset > size or (offset and os.pread(fd, 1, offset - 1) != b"\n"):
+                return None
+        finally:
+            os.close(fd)
+        return Folded(
+            Summarizer.from_state(raw["state"]), offset, int(raw["line_no"]), int(raw["invalid"])
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
+        return None
+
+
+def _read_small(path: Path) -> bytes:
+    """A regular file's bytes, if it is small; never blocks (a FIFO there is refused)."""
+    fd = open_for_reading(path)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            raise ValueError(f"{path}: not an index")
+        return os.pread(fd, MAX_INDEX_BYTES, 0)
+    finally:
+        os.close(fd)
+
+
+def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
+    """Read on from ``folded.offset`` to the end (in bounded chunks)."""
+    reader = JournalReader(journal, folded.offset, folded.line_no)
+    while True:
+        before = reader.offset
+        batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
+        for rec in batch.records:
+            folded.summarizer.add(rec)
+        folded.invalid += len(batch.invalid)
+        if reader.offset == before:
+            break
+    folded.offset, folded.line_no = reader.offset, reader.line_no
+    return folded
+
+
+def refresh(journal: Path) -> None:
+    """Fold what was written since the index was last saved, and save it (the writer calls
+    this; a torn tail is left for next time)."""
+    folded = load(journal) or Folded(Summarizer())
+    fold(journal, folded, final=False)
+    fp = _fingerprint(journal)
+    if fp is None:
+        return
+    body = {
+        "version": VERSION,
+        "fingerprint": fp,
+        "offset": folded.offset,
+        "line_no": folded.line_no,
+        "invalid": folded.invalid,
+        "state": folded.summarizer.to_state(),
+    }
+    atomic_write(index_path(journal), orjson.dumps(body), durable=False)
+
+
+def summarize(journal: Path, *, use_index: bool = True) -> Folded:
+    """The whole journal folded: from the index when it can be trusted (and ``use_index``),
+    else from byte 0. A torn final fragment counts as an invalid line, as in a full scan."""
+    start = load(journal) if use_index else None
+    return fold(journal, start or Folded(Summarizer()), final=True)

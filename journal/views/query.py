@@ -1,0 +1,240 @@
+"""Fast lookups for scripts: the first or last record of an event, and field extraction.
+
+``last`` scans the file backwards in blocks and only parses lines that contain the event
+name, so "newest checkpoint path" on a journal of millions of records costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal.read.lines import LongLine, too_long_reason
+from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
+from journal.views.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
+
+_BLOCK = 1 << 20
+_MISSING = object()
+
+
+def _match(line: bytes, needle: bytes, event: str) -> dict[str, Any] | None:
+    if needle not in line:
+        return None
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is dict and obj.get("event") == event and record_problem(obj) is None:
+        return obj
+    return None
+
+
+def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
+    """The newest complete record of ``event``, or None."""
+    needle = f'"{event}"'.encode()
+    for _, line in lines_backwards(path, block=_BLOCK):
+        rec = _match(line, needle, event)
+        if rec is not None:
+            return rec
+    return None
+
+
+def _record_or_note(
+    line: bytes, offset: int, invalid: list[tuple[int, str]]
+) -> dict[str, Any] | None:
+    """The record on a line, or None after noting why it is not one in ``invalid``."""
+    if isinstance(line, LongLine):
+        invalid.append((offset, too_long_reason(line.length)))
+        return None
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        invalid.append((offset, f"invalid JSON: {exc}"))
+        return None
+    problem = record_problem(obj)
+    if problem is not None:
+        invalid.append((offset, problem))
+        return None
+    return obj  # record_problem checked it is a dict
+
+
+def last_records(
+    path: str | os.PathLike[str],
+    n: int,
+    events: set[str] | None = None,
+    *,
+    end: int | None = None,
+) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """The newest ``n`` complete records (of ``events``, if given), oldest first, read
+    backwards (from byte ``end``, if given): the cost follows ``n``, not the file. Also the
+    invalid lines met on the way,
+    as (byte offset, reason); a torn final fragment is not one (it may still be written)."""
+    needles = [f'"{e}"'.encode() for e in events] if events else []
+    found: list[dict[str, Any]] = []
+    invalid: list[tuple[int, str]] = []
+    for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+        if isinstance(line, LongLine):  # unread, so it may be of any event: report it
+            _record_or_note(line, offset, invalid)
+            continue
+        if not line.strip() or (needles and not any(x in line for x in needles)):
+            continue
+        obj = _record_or_note(line, offset, invalid)
+        if obj is None or (events and obj.get("event") not in events):
+            continue
+        found.append(obj)
+        if len(found) >= n:
+            break
+    found.reverse()
+    return found, invalid
+
+
+def records_since_step(
+    path: str | os.PathLike[str], since: int, events: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """Every complete record at or after step ``since`` (of ``events``, if given), oldest
+    first, as a forward scan finds them, read backwards: the cost follows what lies after
+    step ``since``, not the file. Steps never decrease within an attempt, but a resumed
+    attempt starts again from its checkpoint's step, so an earlier attempt may hold steps
+    past ``since`` too: where an attempt falls below ``since``, a byte search finds its
+    ``train_begin`` and the scan goes on with the attempt before. Also returns the invalid
+    lines met, as (byte offset, reason)."""
+    found: list[dict[str, Any]] = []
+    invalid: list[tuple[int, str]] = []
+    end: int | None = None
+    while True:
+        jump: int | None = None
+        for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+            if not line.strip() and not isinstance(line, LongLine):
+                continue
+            obj = _record_or_note(line, offset, invalid)
+            if obj is None:
+                continue
+            if obj.get("step", 0) >= since:
+                if not events or obj.get("event") in events:
+                    found.append(obj)
+            elif obj.get("event") != "train_begin":  # the rest of this attempt is older
+                if _is_first_attempt(path, obj):
+                    break  # nothing before it: no search through the file
+                jump = _line_start_before(path, b'"event":"train_begin"', offset)
+                break
+        if jump is None:
+            break
+        end = jump  # go on with the line before that train_begin
+    found.reverse()
+    invalid.reverse()
+    return found, invalid
+
+
+def _is_first_attempt(path: str | os.PathLike[str], rec: dict[str, Any]) -> bool:
+    """Whether ``rec`` belongs to the attempt the file starts with (its first line is of
+    the same run and attempt): then no earlier attempt exists."""
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    try:
+        head = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        type(head) is dict
+        and head.get("run_id") == rec.get("run_id")
+        and head.get("attempt") == rec.get("attempt")
+    )
+
+
+def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
+    """Start offset of the last line before byte ``end`` that contains ``needle`` (None if
+    no line does), found with a C-speed search over blocks read backwards."""
+    with open(path, "rb") as f:
+        overlap = len(needle) - 1
+        while end > 0:
+            start = max(0, end - _BLOCK)
+            f.seek(start)
+            buf = f.read(end - start + overlap)[: end - start + overlap]
+            hit = buf.rfind(needle)
+            if hit >= 0:
+                line_start = start + buf.rfind(b"\n", 0, hit) + 1
+                if line_start > start or start == 0:
+                    return line_start
+                return _line_start_before_slow(f, start + hit)
+            end = start
+    return None
+
+
+def _line_start_before_slow(f: Any, pos: int) -> int:
+    """The start of the line holding byte ``pos`` when it begins in an earlier block."""
+    while pos > 0:
+        start = max(0, pos - _BLOCK)
+        f.seek(start)
+        buf = f.read(pos - start)
+        nl = buf.rfind(b"\n")
+        if nl >= 0:
+            return start + nl + 1
+        pos = start
+    return 0
+
+
+def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
+    """Whether the attempt in progress at byte ``offset`` had already ended there: the
+    newest train_begin/train_end before it is a train_end. Read backwards from ``offset``."""
+    if offset <= 0:
+        return False
+    for _, line in lines_backwards(path, block=_BLOCK, end=offset):
+        if b'"train_end"' not in line and b'"train_begin"' not in line:
+            continue
+        rec = _match(line, b'"train_end"', "train_end")
+        if rec is not None:
+            return True
+        if _match(line, b'"train_begin"', "train_begin") is not None:
+            return False
+    return False
+
+
+def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
+    """The oldest complete record of ``event``, or None."""
+    reader = JournalReader(path)
+    while True:
+        before = reader.offset
+        batch = reader.read(max_bytes=_BLOCK * 4)
+        for rec in batch.records:
+            if rec.get("event") == event:
+                return rec
+        if reader.offset == before:
+            return None
+
+
+def find_best(
+    path: str | os.PathLike[str], goal: MetricGoal, *, run_id: str | None = None
+) -> BestCheckpoint | None:
+    """The best checkpoint not journaled as removed and still on disk, by ``goal`` (reports
+    and evaluate); of run ``run_id`` only, when given (a journal holds every run of its
+    dir)."""
+    tracker = BestTracker(goal)
+    for rec in iter_events(path, set(BEST_EVENTS)):  # parses only lines naming those events
+        if run_id is None or rec.get("run_id") == run_id:
+            tracker.add(rec)
+    return tracker.best(Path(path).parent)
+
+
+def get_field(record: dict[str, Any], dotted: str) -> Any:
+    """``data.checkpoint_path`` -> record["data"]["checkpoint_path"]; a path whose first
+    name is not an envelope field is looked up in ``data`` (``metrics.accuracy``). Returns
+    the ``_MISSING`` sentinel if absent."""
+    parts = dotted.split(".")
+    if parts[0] not in record:
+        parts = ["data", *parts]
+    cur: Any = record
+    for part in parts:
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            return _MISSING
+    return cur
+
+
+def is_missing(value: Any) -> bool:
+    return value is _MISSING

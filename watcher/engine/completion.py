@@ -1,0 +1,324 @@
+"""Completion and the durable cursor: what has been delivered, and where to re-read from.
+
+A batch of records is opened when it is read and closed when every delivery made from it
+has completed. The cursor's offset is the start of the oldest open batch (or the read
+position when none is open); seqs completed inside open batches are remembered per hook so a
+restart neither loses nor repeats work.
+
+Completing a delivery releases its checkpoint lease first (see
+:class:`watcher.engine.leasing.CheckpointGuard`), then records it and moves the cursor, then wakes
+the engine, which may be waiting for the last deliveries to finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from watcher.engine.cursor import Cursor, CursorState
+from watcher.engine.leasing import CheckpointGuard
+from watcher.engine.wake import Waker
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, state_write_failed
+
+Reporter = Callable[[DeliveryResult], None]
+log = logging.getLogger("watcher")
+
+#: Errors kept per hook for summaries (every one is in the results file).
+ERRORS_KEPT = 3
+#: A hook's failed deliveries shown one by one on the console; later ones are counted,
+#: said in one line at 10, 100, 1,000, ... failures and once more when the watcher ends.
+FAILURES_SHOWN = 3
+#: Every failure has its results line; the first and the last this many of a hook keep
+#: their output tails (a callback's traceback), the others their one-line error only.
+TAILS_KEPT = 5
+
+
+@dataclasses.dataclass
+class HookFailures:
+    """One hook's failed deliveries so far (a callback that raises on every record must
+    not write a traceback per record: 100,000 records once made 268 MB of stderr)."""
+
+    count: int = 0
+    first_seq: int = 0
+    last: DeliveryResult | None = None
+    #: the latest failures whose tails were left out of their results lines
+    tails: deque[DeliveryResult] = dataclasses.field(
+        default_factory=lambda: deque(maxlen=TAILS_KEPT)
+    )
+
+    def add(self, out: DeliveryResult) -> bool:
+        """Count ``out`` (trimming its tails past the first :data:`TAILS_KEPT`); whether the
+        console shows it."""
+        self.count += 1
+        if self.count == 1:
+            self.first_seq = out.seq
+        self.last = out
+        if self.count > TAILS_KEPT and (out.stderr_tail or out.stdout_tail):
+            self.tails.append(dataclasses.replace(out))
+            out.stderr_tail = out.stdout_tail = None
+        return self.count <= FAILURES_SHOWN
+
+    def so_far(self) -> str | None:
+        """The one line said at 10, 100, 1,000, ... failures (None at other counts)."""
+        n = self.count
+        if n <= FAILURES_SHOWN or 10 ** round(math.log10(n)) != n or self.last is None:
+            return None
+        return (
+            f"{self.last.hook} on {self.last.event}: {n} failures so far, the latest at seq "
+            f"{self.last.seq}: {self.last.error} (shown: the first {FAILURES_SHOWN})"
+        )
+
+
+class Completions:
+    """Thread-safe record of finished deliveries; saves the cursor as they complete.
+
+    Deliveries complete in batches (:meth:`complete_many`: what a queue's worker ran in one
+    go): the results file gets one write and the cursor one save per batch, so a crash
+    repeats at most the batch that was running. Nothing here grows with the number of
+    deliveries already made: finished results are counted (:attr:`tally`), not kept.
+
+    A results file or cursor that cannot be written (full disk, read-only state dir) is
+    said once through ``notice`` and counted in ``unrecorded``; delivery goes on.
+
+    The engine says how far it has read (:meth:`open_batch`, :meth:`read_to`): with no
+    batch open, the cursor moves there."""
+
+    def __init__(
+        self,
+        cursor: Cursor,
+        *,
+        results_path: Path | None,
+        reporter: Reporter | None,
+        checkpoints: CheckpointGuard,
+        waker: Waker,
+        notice: Callable[[str], None],
+    ) -> None:
+        self.cursor = cursor
+        self.results_path = results_path
+        self.reporter = reporter
+        self.checkpoints = checkpoints
+        self.waker = waker
+        self._notice = notice
+        self._read_end = (0, 0)  # (offset, line_no) just past what the engine has read
+        self.state = CursorState()
+        #: finished deliveries by (hook label, event, status)
+        self.tally: Counter[tuple[str, str, str]] = Counter()
+        #: the first errors of each hook (label, event), at most ERRORS_KEPT each
+        self.errors: dict[tuple[str, str], list[str]] = {}
+        self.failures: dict[tuple[str, str], HookFailures] = {}  # per hook (label, event)
+        self.failed = 0
+        self.unrecorded = 0  # results that could not be appended to the results file
+        self._batches: deque[Batch] = deque()
+        self._pending = 0  # deliveries of the open batches not completed yet
+        self._floor: int | None = None  # the min seq of the head batch, done sets pruned to it
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+
+    def reset(self, state: CursorState) -> None:
+        """Start over from ``state`` (a new start position, or a replaced journal)."""
+        with self._lock:
+            self._batches.clear()  # (deliveries in flight still count in _pending)
+            self._floor = None
+            self.state = state
+            self._read_end = (state.offset, state.line_no)
+
+    @property
+    def pending(self) -> int:
+        """Deliveries made and not completed yet."""
+        return self._pending
+
+    def open_batch(self, batch: Batch, end: tuple[int, int]) -> None:
+        """Records read from ``batch``'s start to ``end`` (offset, line_no), from which
+        ``batch.pending`` deliveries were made (none of them handed to a queue yet)."""
+        with self._lock:
+            self._batches.append(batch)
+            self._read_end = end
+            self._pending += batch.pending
+        if not batch.pending:
+            self.advance()
+
+    def read_to(self, end: tuple[int, int]) -> None:
+        """Read up to ``end`` with no record to deliver (only invalid lines, or nothing)."""
+        with self._lock:
+            self._read_end = end
+
+    def complete(self, d: Delivery, out: DeliveryResult) -> None:
+        """A delivery finished (or was coalesced away, or abandoned at shutdown)."""
+        self.complete_many([(d, out)], out.start_ts or time.time())
+
+    def complete_many(
+        self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
+    ) -> None:
+        """Deliveries a worker ran in one go since ``started``, in order, recorded together.
+        A None result is a callable's plain success: those of one hook become one results
+        line (:func:`ok_line`)."""
+        outs: list[DeliveryResult] = []
+        plain: dict[int, list[Delivery]] = {}  # id(hook) -> its plain successes, in order
+        leased: list[Delivery] = []
+        with self._lock:  # one pass, for every delivery of a replay: few lookups per hook
+            done = self.state.done
+            hook: Any = None
+            seqs: set[int] = set()
+            mine: list[Delivery] = []
+            for d, out in finished:
+                if d.hook is not hook:
+                    hook = d.hook
+                    seqs = done.setdefault(hook.id, set())
+                    mine = plain.setdefault(id(hook), [])
+                d.batch.pending -= 1
+                self._pending -= 1
+                seqs.add(d.record["seq"])
+                if out is None:
+                    mine.append(d)
+                else:
+                    outs.append(out)
+                if d.lease is not None:
+                    leased.append(d)
+            ended = time.time()
+            outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
+            hidden: set[int] = set()  # failures the console does not show one by one
+            said: list[str] = []
+            for out in outs:
+                self.tally[out.hook, out.event, out.status] += out.count
+                if out.failed:
+                    self.failed += 1
+                    errors = self.errors.setdefault((out.hook, out.event), [])
+                    if len(errors) < ERRORS_KEPT:
+                        errors.append(str(out.error))
+                    hook_failures = self.failures.get((out.hook, out.event))
+                    if hook_failures is None:
+                        hook_failures = self.failures[out.hook, out.event] = HookFailures()
+                    if not hook_failures.add(out):
+                        hidden.add(id(out))
+                        if line := hook_failures.so_far():
+                            said.append(line)
+        for d in leased:  # before the cursor moves past the delivery (module doc)
+            self.checkpoints.release(d)
+        if self.results_path is not None:
+            self._append_results(self.results_path, outs)
+        if self.reporter is not None:
+            for out in outs:
+                if out.status == "coalesced" or out.count > 1 or id(out) in hidden:
+                    continue
+                try:
+                    self.reporter(out)
+                except Exception as exc:  # the console must not stop deliveries
+                    self._notice(f"cannot show a delivery's result: {type(exc).__name__}: {exc}")
+        for line in said:  # after the failures shown one by one
+            log.warning("%s", line)
+        # a command's result is worth a durable cursor at once: it may have run for an hour
+        commands = any(out.kind == "command" for out in outs)
+        self.advance(durable=True if commands else None)
+        self.waker.wake()
+
+    def close(self) -> None:
+        """The watcher ends: for each hook that failed more often than the console showed,
+        one line with the count, and a ``failures`` line in the results file holding the
+        output tails of its last failures (the first ones have theirs in their own lines)."""
+        summaries = []
+        with self._lock:
+            failures, self.failures = self.failures, {}
+        for f in failures.values():
+            last = f.last
+            if last is None:
+                continue
+            if f.count > FAILURES_SHOWN:
+                where = f"; every failure is in {self.results_path}" if self.results_path else ""
+                log.warning(
+                    "%s on %s failed %d times in all (seq %d to %d), the last: %s%s",
+                    last.hook,
+                    last.event,
+                    f.count,
+                    f.first_seq,
+                    last.seq,
+                    last.error,
+                    where,
+                )
+            if f.tails:
+                tails = "".join(
+                    f"--- seq {t.seq} ({t.delivery_id}): {t.error}\n"
+                    + "".join(x for x in (t.stdout_tail, t.stderr_tail) if x)
+                    for t in f.tails
+                )
+                summaries.append(
+                    DeliveryResult(
+                        delivery_id="",
+                        hook=last.hook,
+                        event=last.event,
+                        seq=f.first_seq,
+                        step=last.step,
+                        status="failures",
+                        kind=last.kind,
+                        error=f"failed {f.count} times; the output of the last {len(f.tails)}"
+                        " follows",
+                        stderr_tail=tails,
+                        count=f.count,
+                        last_seq=last.seq,
+                    )
+                )
+        if summaries and self.results_path is not None:
+            self._append_results(self.results_path, summaries)
+
+    def _append_results(self, path: Path, outs: list[DeliveryResult]) -> None:
+        data = b"".join(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE) for out in outs)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            try:
+                view = memoryview(data)
+                while view:  # a short write (disk full) raises on the next one
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with self._lock:
+                self.unrecorded += len(outs)
+            self._notice(state_write_failed(path.parent, exc))
+
+    def advance(self, *, durable: bool | None = None) -> None:
+        """Move the durable cursor past every leading batch whose deliveries are all done,
+        and save it (with the seqs completed in batches still open; ``durable``: see
+        :meth:`Cursor.save`)."""
+        with self._save_lock:  # saves in the order their states were taken
+            with self._lock:
+                while self._batches and self._batches[0].pending <= 0:
+                    self._batches.popleft()
+                if self._batches:
+                    head = self._batches[0]
+                    self.state.offset, self.state.line_no = head.offset, head.line_no
+                    if head.min_seq != self._floor:  # only when the head moved: linear in all
+                        self._floor = floor = head.min_seq
+                        self.state.done = {
+                            k: {s for s in v if s >= floor} for k, v in self.state.done.items()
+                        }
+                else:
+                    self.state.offset, self.state.line_no = self._read_end
+                    self.state.done = {}
+                    self._floor = None
+                if self.cursor.path is None:
+                    return
+                data = self.state.to_json()  # under the lock: the done sets change outside it
+            try:
+                self.cursor.save(data, durable=durable)
+            except OSError as exc:
+                self._notice(state_write_failed(self.cursor.path.parent, exc))
+
+
+def ok_line(ds: list[Delivery], started: float, ended: float) -> DeliveryResult:
+    """One results line for the plain successes of one callable in a batch: ``count`` of
+    them, from ``seq`` to ``last_seq`` (its first delivery's id; the batch's times)."""
+    out = DeliveryResult.of(ds[0], "ok", attempts=1, start_ts=started, end_ts=ended)
+    out.duration = ended - started
+    if len(ds) > 1:
+        out.count, out.last_seq = len(ds), ds[-1].record["seq"]
+    return out

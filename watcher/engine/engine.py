@@ -1,0 +1,354 @@
+"""The dispatch engine behind ``ilab-watch`` and the embedded watcher of ``run_training``.
+
+Reads journal records from a durable cursor, turns each (record, hook) pair into a delivery,
+and runs deliveries on queues with timeouts, retries, a concurrency limit and a queue
+policy: one queue per callback object, whose methods are so called in journal order, and one
+per other hook. Delivery is at-least-once per (event, hook): the cursor only moves past a
+record once every delivery of it has completed (or was coalesced away by a ``latest``
+queue), and completed deliveries are remembered so a restart does not repeat them.
+
+The parts, in the order a record meets them: :mod:`watcher.engine.follow` (start position, reading,
+replaced journals), dispatch (here), :mod:`watcher.engine.queues` (per-object and per-hook queues),
+:mod:`watcher.engine.execute` (running commands and callables), :mod:`watcher.engine.completion` (results
+and the cursor). :mod:`watcher.engine.leasing` keeps the checkpoints of save deliveries from
+dispatch to completion. Each part is handed the parts after it, never a way back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from journal.channels.control import unapplied_commands
+from journal.checkpoints.leases import DEFAULT_TTL_S
+from journal.rundir.safety import UnsafeRunDir
+from journal.views.query import ended_before
+from watcher.engine.completion import Completions, Reporter
+from watcher.engine.cursor import Cursor, CursorLock, CursorState
+from watcher.engine.execute import Executor
+from watcher.engine.follow import JournalFollower, RunProgress, StartAt
+from watcher.engine.leasing import CheckpointGuard
+from watcher.engine.notices import Notices
+from watcher.engine.queues import HookQueue, lanes
+from watcher.hooks.callbacks import callable_name
+from watcher.hooks.command import end_leftovers
+from watcher.hooks.delivery import (
+    ENVELOPE,
+    Batch,
+    Delivery,
+    DeliveryResult,
+    state_write_failed,
+    undeliverable,
+)
+from watcher.hooks.hook import Hook
+
+log = logging.getLogger("watcher")
+
+SAFETY_POLL_S = 1.0
+#: Bytes of journal read (and dispatched) at once: about 9,000 ``log`` records.
+READ_BYTES = 4 << 20
+#: Deliveries pending before reading waits for some to complete: memory stays bounded
+#: however long the journal is (a replay keeps several read chunks in flight). Counted in
+#: deliveries, not batches: live, a slow eval leaves many small batches open, and the
+#: watcher must go on reading (and leasing) the saves that arrive meanwhile.
+MAX_PENDING = 65_536
+
+
+class Watcher:
+    """Tail a journal and deliver its records to hooks. ``run()`` blocks; see its docstring.
+
+    Args:
+        journal: the journal file.
+        hooks: what runs on which event.
+        name: cursor identity; state files are ``<state_dir>/<name>.*``.
+        state_dir: cursor, results file and delivery logs (None: nothing is written).
+        start: where to begin when no cursor is saved: ``"start"``, ``"now"`` (the current
+            end of the file), or a byte offset (then any saved cursor is ignored).
+        follow: keep following until ``train_end`` (True), or deliver what the file holds
+            now and return (False: ``ilab-watch --replay``).
+        poll: poll every ``poll`` seconds instead of using filesystem events.
+        persist_cursor: save the cursor in ``state_dir`` (the embedded watcher does not).
+        reporter: called with each finished delivery's result (not for coalesced ones).
+        stateful_callbacks: objects whose ``restore_state(records)`` is called once with the
+            records before the start position, so they rebuild counters and best values.
+        control_source: the ``source`` of control commands that callables return.
+        lease_ttl: seconds a save delivery's checkpoint lease lives without renewal (it is
+            renewed while the delivery is queued or running, and released after it).
+    """
+
+    def __init__(
+        self,
+        journal: Path,
+        hooks: list[Hook],
+        *,
+        name: str = "watch",
+        state_dir: Path | None = None,
+        start: StartAt = "start",
+        follow: bool = True,
+        poll: float | None = None,
+        persist_cursor: bool = True,
+        reporter: Reporter | None = None,
+        stateful_callbacks: list[Any] | None = None,
+        control_source: str | None = None,
+        lease_ttl: float = DEFAULT_TTL_S,
+    ) -> None:
+        self.journal = journal
+        self.hooks = hooks
+        self.name = name
+        self.follow = follow
+        self.stateful_callbacks = stateful_callbacks or []
+        self._start = start
+        self._stop = threading.Event()
+        self._notices = Notices()
+        self._run = RunProgress(follow)
+        # follow -> dispatch -> queue -> complete: each part is handed the ones after it
+        self._follower = JournalFollower(journal, poll=poll)
+        self._checkpoints = CheckpointGuard(
+            journal.parent,
+            self._run,
+            ttl=lease_ttl,
+            holder=f"watcher:{name}",
+            stop=self._stop,
+            notice=self._notices,
+        )
+        self._executor = Executor(
+            journal,
+            logs_dir=state_dir / f"{name}.logs" if state_dir else None,
+            control_source=control_source or f"watcher:{name}",
+            stop=self._stop,
+            checkpoints=self._checkpoints,
+            running_dir=state_dir / f"{name}.running" if state_dir else None,
+            notice=self._notices,
+        )
+        # one process per cursor: its results, logs and running markers are shared too
+        self._lock = CursorLock(state_dir, name, journal=str(journal)) if state_dir else None
+        cursor_path = state_dir / f"{name}.cursor.json" if state_dir and persist_cursor else None
+        self.cursor = Cursor(cursor_path)
+        self.results_path = state_dir / f"{name}.results.jsonl" if state_dir else None
+        self.completions = Completions(
+            self.cursor,
+            results_path=self.results_path,
+            reporter=reporter,
+            checkpoints=self._checkpoints,
+            waker=self._follower.waker,
+            notice=self._notices,
+        )
+        # one queue per callback object (its methods in journal order) or per lone hook
+        self._queues: dict[int, HookQueue] = {}
+        for lane in lanes(hooks):
+            queue = HookQueue(
+                lane, self._executor.deliver, self.completions.complete_many, notice=self._notices
+            )
+            self._queues.update((id(h), queue) for h in lane)
+        # event -> its hooks, each with the key of its queue (the dispatch loop's table)
+        self._routes: dict[str, list[tuple[Hook, int]]] = {}
+        for hook in hooks:
+            self._routes.setdefault(hook.event, []).append((hook, id(self._queues[id(hook)])))
+        # what a saved cursor says completed (per hook id), up to which seq
+        self._done_before: dict[str, set[int]] = {}
+        self._done_max = -1
+
+    def count(self, status: str) -> int:
+        """Finished deliveries with ``status`` (ok, failed, skipped, coalesced, ...)."""
+        return sum(n for (_, _, st), n in self.completions.tally.items() if st == status)
+
+    @property
+    def failed_final(self) -> int:
+        """Deliveries that finally failed (after their retries)."""
+        return self.completions.failed
+
+    @property
+    def notices(self) -> list[str]:
+        """What went wrong without stopping delivery (each said once, as a warning)."""
+        return self._notices.said
+
+    @property
+    def saw_end(self) -> bool:
+        """The run's ``train_end`` was read (and no ``train_begin`` of a resumed attempt
+        after it)."""
+        return self._run.ended
+
+    def claim(self) -> None:
+        """Take this cursor's lock (``run()`` does, if not done before): raises
+        :class:`~watcher.engine.cursor.CursorBusy` when another watcher process holds it. A state
+        dir that cannot be written is the usual one line and no lock: deliveries go on."""
+        if self._lock is None or self._lock.held:
+            return
+        try:
+            self._lock.claim()
+        except UnsafeRunDir:  # a symlink or a FIFO planted as the lock file: never followed
+            raise
+        except OSError as exc:
+            self._notices(state_write_failed(self._lock.path.parent, exc))
+            self._lock = None
+
+    # -- control from other threads -----------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._follower.waker.wake()
+
+    def writer_finished(self) -> None:
+        """Tell a follower that no more records will come (run_training after torchrun)."""
+        self._run.writer_gone.set()
+        self._follower.waker.wake()
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Catch up from the cursor, then follow until ``train_end`` and all its deliveries
+        are done (or, with ``follow=False``, until the end of the file). Returns 0 when every
+        delivery succeeded, 1 when any finally failed."""
+        self.claim()
+        follower = self._follower
+        follower.waker.start()
+        self._checkpoints.start()
+        try:
+            self._begin()
+            waiting_at: int | None = None
+            while not self._stop.is_set():
+                self._check_identity()
+                if self.completions.pending >= MAX_PENDING:
+                    follower.waker.wait(SAFETY_POLL_S)  # a completion wakes it
+                    continue
+                final = self._run.final  # taken before the read: it reads to the end
+                before = follower.position
+                batch = follower.read(final=final, max_bytes=READ_BYTES)
+                for bad in batch.invalid:
+                    self._notices(
+                        f"{self.journal}:{bad.line_no}: skipped invalid line ({bad.reason})"
+                    )
+                if batch.records:
+                    self._dispatch(batch.records, before, follower.position)
+                else:
+                    self.completions.read_to(follower.position)
+                if self._finished(final, progressed=follower.position != before):
+                    break
+                if follower.position[0] - before[0] >= READ_BYTES // 2:
+                    continue  # a full chunk: more is there to read at once
+                if waiting_at != follower.position[0] and self._idle():
+                    # Said once per position, only with nothing in flight: a watcher that
+                    # says this is following, not about to finish.
+                    waiting_at = follower.position[0]
+                    log.debug("idle at byte %d; waiting for more records", waiting_at)
+                follower.waker.wait(SAFETY_POLL_S)
+            if self._run.ended and not self._stop.is_set():
+                self._say_unapplied()
+        finally:
+            self._shutdown()
+        return 1 if self.failed_final else 0
+
+    def _say_unapplied(self) -> None:
+        """After ``train_end`` and every delivery (a hook's stop comes late, too): one line
+        for each command that arrived after the run ended (read only: the trainer is the
+        journal's writer, and a record after ``train_end`` would resume this run)."""
+        step, late = unapplied_commands(self.journal.parent)
+        for cmd in late:
+            self._notices(cmd.line(step))
+
+    def _finished(self, final: bool, progressed: bool) -> bool:
+        if progressed:
+            return False
+        # Nothing new: done once train_end was seen, or the file is final (replay, or the
+        # writer is gone), and every delivery has completed.
+        return (self._run.ended or final) and self._idle()
+
+    def _idle(self) -> bool:
+        return all(q.idle() for q in self._distinct_queues())
+
+    def _distinct_queues(self) -> list[HookQueue]:
+        return list({id(q): q for q in self._queues.values()}.values())
+
+    def _begin(self) -> None:
+        running_dir = self._executor.running_dir
+        if running_dir is not None and (n := end_leftovers(running_dir)):
+            self._notices(f"ended {n} callback process group(s) a previous watcher left running")
+        saved = self.cursor.load()
+        if self.cursor.warning:
+            self._notices(self.cursor.warning)
+        if saved is not None and saved.offset and not isinstance(self._start, int):
+            log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
+        state = self._follower.start_state(self._start, saved, self._notices)
+        self._remember_done(state)
+        self.completions.reset(state)
+        # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
+        self._run.ended = ended_before(self.journal, self._follower.position[0])
+        if self.stateful_callbacks:
+            history = self._follower.history()
+            for obj in self.stateful_callbacks:
+                try:
+                    obj.restore_state(history)
+                except Exception:
+                    log.exception("restore_state() of %s failed", callable_name(obj))
+
+    def _remember_done(self, state: CursorState) -> None:
+        """The deliveries a saved cursor says completed: not made again."""
+        self._done_before = {k: set(v) for k, v in state.done.items()}
+        self._done_max = max((max(v) for v in state.done.values() if v), default=-1)
+
+    def _check_identity(self) -> None:
+        what = self._follower.check_identity()
+        if what is None:
+            if self.completions.state.fingerprint is None:
+                self.completions.state.fingerprint = self._follower.fingerprint()
+            return
+        self._notices(f"{self.journal} was {what}; reading it again from the start")
+        state = CursorState(fingerprint=self._follower.fingerprint())
+        self._remember_done(state)
+        self.completions.reset(state)
+        self._run.ended = False
+
+    def _dispatch(
+        self, records: list[dict[str, Any]], start: tuple[int, int], end: tuple[int, int]
+    ) -> None:
+        """Turn the records read together into deliveries, handed to each queue at once.
+        Per record only dict lookups: this loop runs for every record of a replay."""
+        self._checkpoints.note_removals(records)
+        self._executor.note_records(records)  # a report of a hook refused: said
+        routes = self._routes
+        done_before, done_max = self._done_before, self._done_max
+        batch = Batch(*start, records[0]["seq"], 0)  # its deliveries are counted below
+        per_queue: dict[int, list[Delivery]] = {}
+        for rec in records:
+            ev = rec.get("event")
+            if ev == "train_end":
+                self._run.ended = True
+            elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
+                self._run.ended = False
+            hooks = routes.get(ev) if type(ev) is str else None
+            if not hooks:
+                continue
+            if (ev == "save" or not rec.keys() >= ENVELOPE) and (why := undeliverable(rec)):
+                self._notices(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
+                continue  # e.g. a save appended by hand
+            seq = rec["seq"]
+            prefix = f"{rec.get('run_id', '')}-{seq}-"
+            for hook, queue_key in hooks:
+                if seq <= done_max and seq in done_before.get(hook.id, ()):
+                    continue  # completed before a restart
+                # a save's checkpoint is leased per delivery, released as each completes
+                lease = self._checkpoints.lease_for(rec) if ev == "save" else None
+                todo = per_queue.get(queue_key)
+                if todo is None:
+                    todo = per_queue[queue_key] = []
+                todo.append(Delivery(hook, rec, batch, prefix + hook.short_id, lease))
+        batch.pending = sum(map(len, per_queue.values()))
+        self.completions.open_batch(batch, end)
+        for queue in self._distinct_queues():
+            if todo := per_queue.get(id(queue)):
+                queue.submit_many(todo)
+
+    def _shutdown(self) -> None:
+        self._follower.waker.stop()
+        for queue in self._distinct_queues():
+            for d in queue.close():
+                self.completions.complete(
+                    d, DeliveryResult.of(d, "abandoned", error="watcher stopped")
+                )
+        self._checkpoints.stop()
+        self._executor.close()
+        self.completions.close()  # a hook's repeated failures: their count, said once
+        if self._lock is not None:
+            self._lock.release()

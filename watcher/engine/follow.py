@@ -1,0 +1,110 @@
+"""Following the journal: where to start, reading what is new, noticing replacement.
+
+The start position is a saved cursor when there is one, else the start of the file, or its
+current end (``"now"``), or an explicit byte offset (the embedded watcher, which delivers
+only its own launch's records). Rotation (a journal moved away, replaced, or truncated in
+place) is followed as ``ilab-journal tail -f`` follows it: journal/read/tailing.py reads what the
+old file still held, then the new one from its beginning.
+:class:`RunProgress` says whether more records can come.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from journal.read.reader import JournalReader, ReadBatch, end_of_complete_lines
+from journal.read.tailing import RotatingReader
+from watcher.engine.cursor import CursorState
+from watcher.engine.wake import Waker
+
+log = logging.getLogger("watcher")
+
+#: Where delivery begins when no cursor is saved; an int is a byte offset (cursor ignored).
+StartAt = Literal["start", "now"] | int
+
+
+class JournalFollower:
+    """Reads complete records from the journal as it grows."""
+
+    def __init__(self, journal: Path, *, poll: float | None) -> None:
+        self.journal = journal
+        self.waker = Waker(journal, poll=poll)
+        self.reader = RotatingReader(journal)
+
+    def start_state(self, start: StartAt, saved: CursorState | None, notice: Any) -> CursorState:
+        """The cursor state to begin from (and position the reader there)."""
+        fp = self.fingerprint()
+        if isinstance(start, int):
+            state = CursorState(offset=start, fingerprint=fp)
+        elif saved is not None:
+            if saved.fingerprint and fp and saved.fingerprint != fp:
+                notice(f"{self.journal} was replaced since the cursor was saved; starting over")
+                state = CursorState(fingerprint=fp)
+            else:
+                state = saved
+                state.fingerprint = saved.fingerprint or fp
+        elif start == "now":
+            state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
+        else:
+            state = CursorState(fingerprint=fp)
+        self.reader.seek(state.offset, state.line_no)
+        log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
+        return state
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every record before the start position (for callbacks that rebuild state)."""
+        if not self.reader.offset:
+            return []
+        return JournalReader(self.journal).read(max_bytes=self.reader.offset).records
+
+    def read(self, *, final: bool, max_bytes: int | None = None) -> ReadBatch:
+        """New complete records (``final``: the writer is gone, a torn tail is consumed),
+        about ``max_bytes`` of them at most (at least one line)."""
+        return self.reader.read(final=final, max_bytes=max_bytes)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(byte offset, line number) just past what has been read."""
+        return self.reader.offset, self.reader.line_no
+
+    def fingerprint(self) -> str | None:
+        """A hash of the first line: tells a replaced journal from a grown one."""
+        try:
+            with open(self.journal, "rb") as f:
+                first = f.readline(4096)
+        except OSError:
+            return None
+        if not first.endswith(b"\n"):
+            return None
+        return hashlib.sha1(first).hexdigest()[:16]
+
+    def check_identity(self) -> str | None:
+        """``"replaced"`` or ``"truncated"`` once the reader went over to the file now at
+        the path, from byte 0 (the old one read to its end first), else None."""
+        return self.reader.check()
+
+
+@dataclass
+class RunProgress:
+    """How far the followed run is, as the delivery threads see it.
+
+    The engine's thread sets ``ended``; ``writer_gone`` may be set from any thread."""
+
+    follow: bool  # False: a replay, the file is all there is
+    ended: bool = False  # train_end seen, and no train_begin (a resumed attempt) after it
+    writer_gone: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def final(self) -> bool:
+        """No more records can come: read to the end, torn tail included."""
+        return not self.follow or self.writer_gone.is_set()
+
+    @property
+    def over(self) -> bool:
+        """No trainer writes this run any more (it rotates no checkpoint either)."""
+        return self.ended or self.final

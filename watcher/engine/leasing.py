@@ -1,0 +1,228 @@
+"""The checkpoints of the watcher's save deliveries: leases, removals and rotation.
+
+A save being delivered (queued or running) keeps its checkpoint from rotation with a lease
+(a checkpoint directory, or a Lightning ``.ckpt`` file anywhere in the run dir). Leases are
+renewed every ``ttl / 3`` by one thread and released when the delivery completes; a
+watcher killed with ``kill -9`` stops renewing, so its leases expire after ``ttl`` and
+rotation proceeds. A save whose checkpoint was journaled as removed is not leased, and its
+delivery is skipped. :class:`CheckpointGuard` is the one object the
+engine, the executor and completion share for all of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from journal.checkpoints import leases
+from journal.checkpoints.leases import Lease, LeaseError
+from journal.checkpoints.rotation import prune_finished_run
+from journal.rundir.paths import checkpoint_key
+from watcher.engine.follow import RunProgress
+from watcher.hooks.delivery import Delivery
+
+log = logging.getLogger("watcher")
+
+#: How long a save delivery waits for the removal record of a checkpoint missing on disk.
+REMOVAL_GRACE_S = 2.0
+
+
+class LeaseKeeper:
+    """The lease files of one watcher, and the thread that renews them."""
+
+    def __init__(self, ckpt_dir: Path, *, ttl: float, holder: str) -> None:
+        self.ckpt_dir = ckpt_dir
+        self.ttl = ttl
+        self.holder = f"{holder} {socket.gethostname()}:{os.getpid()}"
+        self._held: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._usable = True
+        try:
+            leases.check_ttl(ttl)
+        except LeaseError as exc:  # every take would fail: say it once, not per save
+            self._usable = False
+            log.warning("checkpoints are not leased: %s", exc)
+
+    def take(self, checkpoint_path: str) -> str | None:
+        """Lease a checkpoint of this run; None for paths that are not one (or on errors)."""
+        try:
+            lease = leases.acquire(
+                self.ckpt_dir, checkpoint_path, ttl=self.ttl, holder=self.holder, must_exist=False
+            )
+        except LeaseError:
+            return None  # not a checkpoint of this run (dir or .ckpt file): nothing to protect
+        except OSError as exc:
+            log.warning("cannot lease %s: %s", checkpoint_path, exc)
+            return None
+        with self._lock:
+            self._held[lease.id] = lease
+        return lease.id
+
+    def release(self, lease_id: str) -> None:
+        """End a lease (a renewal of it in progress finishes first, then the file goes)."""
+        with self._lock:
+            lease = self._held.pop(lease_id, None)
+        if lease is not None:
+            try:
+                leases.drop(self.ckpt_dir, lease)
+            except OSError as exc:
+                log.warning("cannot release the lease on %s: %s", lease.checkpoint, exc)
+
+    def start(self) -> None:
+        """Start the renewal thread (none for a ttl no lease can have: nothing to renew)."""
+        if not self._usable:
+            return
+        self._thread = threading.Thread(target=self._renew, name="ilab-leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing and release every lease still held."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            ids = list(self._held)
+        for lease_id in ids:
+            self.release(lease_id)
+
+    def renew_held(self) -> None:
+        """Renew every lease held now. Each renewal (its check and its rewrite) runs under
+        the lock that :meth:`release` takes: a delivery that completes meanwhile waits for
+        it and then removes the file, so a renewal never brings back a released lease (one
+        that did outlived ``--keep-last-n``: nobody renewed or released it again)."""
+        with self._lock:
+            ids = list(self._held)
+        for lease_id in ids:
+            with self._lock:
+                lease = self._held.get(lease_id)
+                if lease is None:
+                    continue  # released since the list was taken
+                try:
+                    self._held[lease_id] = leases.renew(self.ckpt_dir, lease)
+                except (LeaseError, OSError) as exc:
+                    log.warning("lease on %s lost: %s", lease.checkpoint, exc)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self.renew_held()
+
+
+class CheckpointGuard:
+    """The checkpoints of save deliveries, from dispatch to completion.
+
+    A save is leased when it is dispatched (unless its checkpoint is known to be removed),
+    its delivery is skipped if the checkpoint is removed by the time it runs, and the lease
+    is released when the delivery completes, queued or run. Once no trainer writes the run
+    (``run.over``), each release also applies the run's rotation policy, which no one
+    else would apply any more.
+
+    Args:
+        ckpt_dir: the run's directory.
+        run: how far the followed run is.
+        ttl: seconds a lease lives without renewal.
+        holder: who holds the leases and prunes (``watcher:<name>``).
+        stop: set when the watcher stops (ends a wait for a removal record).
+        notice: says (once) what goes wrong without stopping delivery.
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        run: RunProgress,
+        *,
+        ttl: float,
+        holder: str,
+        stop: threading.Event,
+        notice: Callable[[str], None],
+    ) -> None:
+        self.ckpt_dir = ckpt_dir
+        self.run = run
+        self.holder = holder
+        self.leases = LeaseKeeper(ckpt_dir, ttl=ttl, holder=holder)
+        self._stop = stop
+        self._notice = notice
+        self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
+        self._removed_cond = threading.Condition()
+
+    def start(self) -> None:
+        """Start renewing leases."""
+        self.leases.start()
+
+    def stop(self) -> None:
+        """Stop renewing and release every lease still held."""
+        self.leases.stop()
+
+    def note_removals(self, records: list[dict[str, Any]]) -> None:
+        """Remember which checkpoints are gone before the batch's saves are dispatched (a
+        later save of the same step brings one back)."""
+        with self._removed_cond:
+            for rec in records:
+                if rec.get("event") not in ("save", "checkpoint_removed"):
+                    continue
+                path = (rec.get("data") or {}).get("checkpoint_path")
+                if not isinstance(path, str):
+                    continue
+                if rec.get("event") == "checkpoint_removed":
+                    self._removed.add(checkpoint_key(path))
+                elif rec.get("event") == "save":
+                    self._removed.discard(checkpoint_key(path))
+            self._removed_cond.notify_all()
+
+    def lease_for(self, rec: dict[str, Any]) -> str | None:
+        """A save whose checkpoint is still there is leased until its delivery completes."""
+        path = (rec.get("data") or {}).get("checkpoint_path")
+        if rec.get("event") != "save" or not isinstance(path, str):
+            return None
+        with self._removed_cond:
+            if checkpoint_key(path) in self._removed:
+                return None
+        return self.leases.take(path)
+
+    def removed(self, d: Delivery) -> bool:
+        """Whether a save delivery's checkpoint is already removed (it is then skipped).
+
+        A checkpoint of this run that is missing on disk while the trainer still writes may
+        have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
+        checkpoint to come back: rotation puts back one that got leased meanwhile)."""
+        if d.hook.event != "save":
+            return False
+        path = (d.record.get("data") or {}).get("checkpoint_path")
+        if not isinstance(path, str):
+            return False
+        key = checkpoint_key(path)
+        live = not self.run.over
+        deadline = time.monotonic() + REMOVAL_GRACE_S
+        with self._removed_cond:
+            while key not in self._removed and live and not os.path.exists(path):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set() or not self._is_run_checkpoint(path):
+                    break
+                self._removed_cond.wait(min(left, 0.1))
+            return key in self._removed
+
+    def release(self, d: Delivery) -> None:
+        """A delivery completed: its checkpoint may rotate away."""
+        if d.lease is None:
+            return
+        self.leases.release(d.lease)
+        if self.run.over:  # no trainer rotates any more: apply its policy now
+            try:  # (a no-op if one writes after all)
+                prune_finished_run(self.ckpt_dir, role=self.holder)
+            except Exception as exc:  # rotation is the trainer's job; delivery goes on
+                self._notice(f"cannot apply the run's rotation policy: {exc}")
+
+    def _is_run_checkpoint(self, path: str) -> bool:
+        """A checkpoint directory in its root, or a ``.ckpt`` file inside the run dir."""
+        try:
+            leases.checkpoint_name(self.ckpt_dir, path)
+        except LeaseError:
+            return False
+        return True

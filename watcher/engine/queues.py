@@ -1,0 +1,193 @@
+"""Delivery queues: one per callback object (its methods, in journal order) or per lone hook
+(a command or a callable), with its worker threads and queue policies."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from watcher.exporters.base import TrackerUnavailable
+from watcher.hooks.callbacks import CommandTarget
+from watcher.hooks.delivery import Delivery, DeliveryResult
+from watcher.hooks.hook import Hook
+
+#: Runs one delivery: its result, or None for a callable's plain success (watcher.engine.execute).
+Deliver = Callable[[Delivery], DeliveryResult | None]
+#: A delivery a worker ran, with its result (None: a callable's plain success).
+Finished = tuple[Delivery, DeliveryResult | None]
+Complete = Callable[[Sequence[Finished], float], None]
+
+#: The most deliveries a worker of a callable lane takes at once: it runs them in order and
+#: records them together (one results write, one cursor save), so a crash repeats at most
+#: this many. Command lanes take one at a time (each is a process; its result is saved at
+#: once).
+TAKE_MAX = 4096
+
+log = logging.getLogger("watcher")
+
+
+class HookQueue:
+    """Pending deliveries of one lane and the threads that run them.
+
+    A lane is every hook of one callback object (``Hook.owner``), or one lone hook. The
+    methods of one object share one queue and one worker thread, so they are called one at
+    a time in journal order: ``on_train_end`` comes after every earlier record the object
+    subscribes to, and a slow method delays only that object's later calls. A lone hook has
+    ``concurrency`` workers (its deliveries may then overlap).
+
+    Coalescing (a hook with the ``latest`` policy): a new delivery replaces the pending
+    deliveries of the same hook queued after the last pending delivery of an ``all`` hook
+    (recorded as ``coalesced``). Coalescing never reaches across such a record: a ``log``
+    pending before a ``train_end`` (or a ``save``) runs, before it. For a lone hook this is
+    "the newest pending one runs": a hook on ``log`` never falls behind.
+
+    A worker of a callable lane takes every pending delivery (up to :data:`TAKE_MAX`),
+    runs them one by one and hands their results to ``complete`` together: a replay pays
+    one thread hand-off, results write and cursor save per batch, not per delivery, and a
+    live record still runs as soon as it is queued.
+
+    Nothing that goes wrong while recording a delivery (a full disk, a record nobody
+    expected) ends a worker: ``notice`` says so in one line and the hook goes on.
+    """
+
+    def __init__(
+        self,
+        hooks: list[Hook],
+        deliver: Deliver,
+        complete: Complete,
+        *,
+        notice: Callable[[str], None] = log.error,
+    ) -> None:
+        self.hooks = hooks
+        self._deliver, self._complete_fn, self._notice = deliver, complete, notice
+        self._queue: deque[Delivery] = deque()
+        self._cond = threading.Condition()
+        self._running = 0
+        self._closed = False
+        first = hooks[0]
+        # an object's methods: one worker, so that its calls keep the journal's order
+        workers = 1 if first.owner is not None else max(1, first.options.concurrency)
+        commands = any(isinstance(h.target, CommandTarget) for h in hooks)
+        self._take = 1 if commands or workers > 1 else TAKE_MAX
+        after = getattr(first.owner, "after_deliveries", None) if first.owner is not None else None
+        self._after: Callable[[], Any] | None = after if callable(after) else None
+        self._threads = [
+            threading.Thread(target=self._work, name=f"hook-{first.short_id}-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, d: Delivery) -> None:
+        self.submit_many([d])
+
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        """Queue ``deliveries`` (in journal order) with one hand-off to the workers."""
+        dropped: list[Delivery] = []
+        with self._cond:
+            for d in deliveries:
+                if d.hook.options.queue == "latest":
+                    dropped += self._coalesce(d.hook)
+                self._queue.append(d)
+            self._cond.notify(len(self._threads))
+        if dropped:
+            coalesced = [(old, DeliveryResult.of(old, "coalesced")) for old in dropped]
+            self._complete(coalesced, time.time())
+
+    def _coalesce(self, hook: Hook) -> list[Delivery]:
+        """Take out ``hook``'s pending deliveries queued after the last ``all`` one (the
+        scan stops there: the tail holds at most one delivery per ``latest`` hook)."""
+        kept: list[Delivery] = []
+        dropped: list[Delivery] = []
+        while self._queue and self._queue[-1].hook.options.queue == "latest":
+            d = self._queue.pop()
+            (dropped if d.hook is hook else kept).append(d)
+        self._queue.extend(reversed(kept))
+        dropped.reverse()
+        return dropped
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._queue and self._running == 0
+
+    def close(self) -> list[Delivery]:
+        """Stop taking work; return the deliveries that never started."""
+        with self._cond:
+            self._closed = True
+            left, self._queue = list(self._queue), deque()
+            self._cond.notify_all()
+        return left
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                taken = [self._queue.popleft() for _ in range(min(self._take, len(self._queue)))]
+                self._running += len(taken)
+            finished: list[Finished] = []
+            started = time.time()
+            deliver, add = self._deliver, finished.append
+            try:
+                for d in taken:
+                    if self._closed:  # the watcher stops: what was not started is abandoned
+                        add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
+                        continue
+                    try:
+                        add((d, deliver(d)))
+                    except Exception as exc:
+                        add((d, DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")))
+                if self._after is not None and not self._closed:
+                    finished = self._after_deliveries(finished)
+                self._complete(finished, started)
+            finally:
+                with self._cond:  # idle only once the completion (and cursor) is recorded
+                    self._running -= len(taken)
+
+    def _after_deliveries(self, finished: list[Finished]) -> list[Finished]:
+        """The object's ``after_deliveries()``: an exporter writes what it buffered. If that
+        fails, so did the deliveries it was writing (said once for a tracker that stopped
+        answering; the results and the exit code say the rest)."""
+        assert self._after is not None
+        try:
+            self._after()
+        except Exception as exc:
+            if isinstance(exc, TrackerUnavailable):
+                self._notice(str(exc))
+            else:
+                log.exception("after_deliveries() of %s failed", self.hooks[0].label)
+            error = f"{type(exc).__name__}: {exc}"
+            return [
+                (d, DeliveryResult.of(d, "failed", error=error, attempts=1))
+                if out is None or out.status == "ok"
+                else (d, out)
+                for d, out in finished
+            ]
+        return finished
+
+    def _complete(
+        self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
+    ) -> None:
+        try:
+            self._complete_fn(finished, started)
+        except Exception as exc:
+            d = finished[0][0]
+            self._notice(
+                f"{d.hook.label}: recording the {d.hook.event} deliveries from seq "
+                f"{d.record['seq']} failed ({type(exc).__name__}: {exc}); the hook goes on"
+            )
+
+
+def lanes(hooks: list[Hook]) -> list[list[Hook]]:
+    """The hooks grouped into lanes: those of one object together (by identity), each other
+    hook alone, in the order first seen."""
+    by_key: dict[int, list[Hook]] = {}
+    for h in hooks:
+        by_key.setdefault(id(h.owner) if h.owner is not None else id(h), []).append(h)
+    return list(by_key.values())

@@ -1,0 +1,115 @@
+"""What every experiment-tracker exporter shares (TensorBoard, MLflow, W&B).
+
+The journal is the run's single source of truth, so a tracker is fed from it by a watcher
+callback, live or replayed, with nothing in the training processes. The exporters agree on
+which numbers go out and under which names and steps: ``train/*`` from ``log`` at its step,
+``eval/*`` from ``evaluate``, ``report/*`` from reports at the reported checkpoint's step.
+
+Delivery is at-least-once (a watcher killed between writing and saving its cursor delivers
+again), so each exporter reads back what its target already holds and skips a point it has
+written: same name, step and record time. A resumed run's repeated steps have other times,
+so they are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from watcher.hooks.callbacks import Event, TrainerCallback
+from watcher.hooks.hook import HookOptions
+
+log = logging.getLogger("watcher")
+
+#: log fields that are not metrics (plus any value that is not a number)
+SKIP_LOG_FIELDS = frozenset(
+    {"loss_finite", "cuda_mem_allocated", "cuda_max_mem_allocated", "samples_seen"}
+)
+
+
+def numbers(values: dict[str, Any]) -> dict[str, float]:
+    """The int and float values (bools and everything else left out)."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"d_model": 8}}`` as ``{"model.d_model": 8}`` (a tracker's params)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class TrackerUnavailable(Exception):
+    """An exporter's tracker stopped answering. Its message is one line for the user (what
+    is incomplete and which command repairs it): the watcher says it once, and each
+    delivery that meets it fails without a traceback of its own."""
+
+
+def already_said(error: str | None) -> bool:
+    """Whether a delivery's error is a :class:`TrackerUnavailable` (said once already)."""
+    return bool(error) and str(error).startswith(f"{TrackerUnavailable.__name__}: ")
+
+
+def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], HookOptions]:
+    """Hook options that deliver every record: an exporter writes points, not only the
+    newest pending one (the default for high-rate events such as ``log``)."""
+    return lambda event: dataclasses.replace(options_for(event), queue="all")
+
+
+def close_all(exporters: list[Any]) -> None:
+    """Close each exporter (the watcher is done); a failure is one logged line."""
+    for exporter in exporters:
+        try:
+            exporter.close()
+        except Exception as exc:
+            log.error("closing %s failed: %s", type(exporter).__name__, exc)
+
+
+class MetricsExport(TrainerCallback):
+    """Base of the exporters: turns ``log``, ``evaluate`` and ``report`` records into named
+    scalars at a step and hands them to :meth:`write_scalars`."""
+
+    def on_log(self, event: Event, **data: Any) -> None:
+        values = numbers({k: v for k, v in data.items() if k not in SKIP_LOG_FIELDS})
+        self._emit("train", event, values, event.step)
+
+    def on_evaluate(self, event: Event, **data: Any) -> None:
+        self._emit("eval", event, numbers(data), event.step)
+
+    def on_report(self, event: Event, **data: Any) -> None:
+        step = data.get("step")
+        self._emit(
+            "report",
+            event,
+            numbers(data.get("metrics") or {}),
+            step if isinstance(step, int) else event.step,
+        )
+
+    def _emit(self, prefix: str, event: Event, values: dict[str, float], step: int) -> None:
+        if values:
+            self.write_scalars(prefix, {f"{prefix}/{k}": v for k, v in values.items()}, step, event)
+
+    def write_scalars(
+        self, prefix: str, values: dict[str, float], step: int, event: Event
+    ) -> None:  # pragma: no cover - every exporter overrides it
+        """Write ``values`` (``{"train/loss": 0.5, ...}``) at ``step``, with the record's
+        time ``event.ts``, skipping what the target already holds."""
+        raise NotImplementedError
+
+    def after_deliveries(self) -> None:
+        """Write what is buffered. The watcher calls it after each batch of deliveries to
+        this object (a replay's thousands of records, a live run's one or few), before
+        recording them: an exporter writes a batch in a few calls, not one per record."""
+
+    def close(self) -> None:
+        """Flush and finish (the watcher is done); the default has nothing to do."""

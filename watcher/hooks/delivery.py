@@ -1,0 +1,127 @@
+"""A delivery (one record to one hook) and its recorded result."""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from journal.record.schema import Record
+from watcher.hooks.callbacks import CommandTarget
+from watcher.hooks.hook import Hook
+
+
+@dataclass(slots=True)
+class Batch:
+    """Records read together: the cursor may move past them once ``pending`` reaches 0."""
+
+    offset: int  # where the batch starts (re-read from here after a restart)
+    line_no: int
+    min_seq: int
+    pending: int
+
+
+@dataclass(slots=True)
+class Delivery:
+    hook: Hook
+    record: dict[str, Any]
+    batch: Batch
+    delivery_id: str  # stable across restarts: run id, seq and hook
+    lease: str | None = None  # the checkpoint lease held while a save is queued or running
+
+    @property
+    def file_stem(self) -> str:
+        """The delivery id as a file name: the run id in it comes from the record, so it
+        may hold ``/``, ``..`` or be very long (then a hash keeps it unique)."""
+        did = self.delivery_id
+        safe = "".join(c if c in _NAME_CHARS else "_" for c in did)
+        if safe == did and len(did) <= 100:
+            return did
+        return f"{safe[:60]}-{hashlib.sha1(did.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
+
+
+def state_write_failed(where: Path, exc: OSError) -> str:
+    """The one line said when the watcher's own state cannot be written (the same for
+    every file in ``where``, so that it is said once)."""
+    return (
+        f"cannot write to {where}: {exc.strerror or exc}; deliveries go on, but their "
+        "results, logs and cursor are not saved there until it can be written "
+        "(a restart may repeat deliveries)"
+    )
+
+
+@dataclass(slots=True)
+class DeliveryResult:
+    """The recorded result of one delivery (one line of the results file)."""
+
+    delivery_id: str
+    hook: str
+    event: str
+    seq: int
+    step: int
+    status: str  # ok | failed | timeout | skipped | coalesced | abandoned
+    kind: str = "command"  # or "callable"
+    attempts: int = 0
+    start_ts: float | None = None
+    end_ts: float | None = None
+    duration: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    log_path: str | None = None
+    control: list[str] | None = None  # command:id of each Control the callback returned
+    reports: list[str] | None = None  # ids of the reports it sent
+    #: with --via: each attempt's job (scheduler, id, node, state changes; watcher/scheduler/runner.py)
+    jobs: list[dict[str, Any]] | None = None
+    #: A callable's plain successes in one batch share a line: ``count`` deliveries, from
+    #: ``seq`` to ``last_seq`` (watcher.engine.completion.ok_line); otherwise 1 and None.
+    count: int = 1
+    last_seq: int | None = None
+
+    @classmethod
+    def of(cls, d: Delivery, status: str, **fields: Any) -> DeliveryResult:
+        """The result of delivery ``d`` with ``status`` (and any other fields)."""
+        kind = "command" if isinstance(d.hook.target, CommandTarget) else "callable"
+        return cls(
+            d.delivery_id,
+            d.hook.label,
+            d.hook.event,
+            d.record["seq"],
+            d.record.get("step", 0),
+            status,
+            kind,
+            **fields,
+        )
+
+    @property
+    def failed(self) -> bool:
+        """``skipped`` (the checkpoint was already removed) is not a failure."""
+        return self.status in ("failed", "timeout", "abandoned")
+
+
+#: Payload fields a delivery of an event cannot do without (the envelope's are the
+#: schema's): the checkpoint a save hook evaluates and the watcher leases.
+_NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
+_ENVELOPE = tuple(name for name, info in Record.model_fields.items() if info.is_required())
+#: The envelope fields every deliverable record has (``rec.keys() >= ENVELOPE``).
+ENVELOPE = frozenset(_ENVELOPE)
+
+
+def undeliverable(rec: dict[str, Any]) -> str | None:
+    """Why a record goes to no hook (``missing run_id, data.checkpoint_path``), or None.
+
+    Readers tolerate absent fields; a hook would get a record that ``ilab-journal
+    validate`` reports, with no run or checkpoint to act on (one appended by hand)."""
+    needed = _NEEDED.get(rec.get("event"))  # type: ignore[arg-type]
+    if needed is None and rec.keys() >= ENVELOPE:  # the common case, checked in C
+        return None
+    missing = [name for name in _ENVELOPE if name not in rec]
+    data = rec.get("data") or {}
+    missing += [f"data.{f}" for f in needed or () if data.get(f) is None]
+    return f"missing {', '.join(missing)}" if missing else None

@@ -1,0 +1,136 @@
+"""Hooks: one callback bound to one event, with its delivery options, and how to build them
+from what users give (command strings, callables, callback objects)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from journal.record.events import MICROBATCH_EVENTS
+from watcher.engine.text import printable
+from watcher.hooks.callbacks import (
+    CallbackSpecError,
+    CommandTarget,
+    callable_name,
+    check_callable,
+    hooked_methods,
+)
+
+QueuePolicy = Literal["all", "latest"]
+#: Events that can fire many times a second: by default only the newest pending one runs.
+HIGH_RATE_EVENTS = frozenset(
+    {"step_begin", "step_end", "log", "before_optimizer_step", "after_optimizer_step"}
+    | MICROBATCH_EVENTS
+)
+
+
+@dataclass
+class HookOptions:
+    """How deliveries of one hook run."""
+
+    timeout: float | None = None  # seconds; None: commands 3600, callables unlimited
+    retries: int = 0
+    backoff: float = 1.0  # first retry delay; doubles each time, capped at 60 s
+    concurrency: int = 1
+    queue: QueuePolicy | None = None  # None: "latest" for high-rate events, else "all"
+    #: a command hook's deliveries run as jobs of this watcher.scheduler.board.JobBoard
+    #: (``--via``); None: as processes of the watcher. Any: hooks sits below the scheduler.
+    via: Any = None
+
+
+@dataclass
+class Hook:
+    """One callback bound to one event."""
+
+    event: str
+    target: CommandTarget | Callable[..., Any]
+    options: HookOptions = field(default_factory=HookOptions)
+    label: str = ""
+    #: Reads records for context only (a built-in checking train_begin's configuration):
+    #: left out of ilab-watch's default cursor name, which so stays what it was without it.
+    context: bool = False
+    #: The callback object whose method this is (None for a command or a lone callable):
+    #: the hooks of one object share one ordered queue (watcher.engine.queues).
+    owner: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            self.label = (
+                self.target.spec
+                if isinstance(self.target, CommandTarget)
+                else callable_name(self.target)
+            )
+        if self.options.queue is None:
+            self.options.queue = "latest" if self.event in HIGH_RATE_EVENTS else "all"
+
+    @cached_property  # asked once per delivery
+    def id(self) -> str:
+        """Stable identity (cursor key): the event and what runs."""
+        return f"{self.event}:{self.label}"
+
+    @cached_property
+    def inline(self) -> bool:
+        """A Python callable called directly, on its queue's worker: no timeout thread, and
+        no checkpoint to check first (a save's is checked: it may be removed)."""
+        return (
+            not isinstance(self.target, CommandTarget)
+            and self.options.timeout is None
+            and self.event != "save"
+        )
+
+    @cached_property
+    def short_id(self) -> str:
+        return hashlib.sha1(self.id.encode()).hexdigest()[:8]
+
+
+def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False) -> Hook:
+    """A command string or a Python callable bound to ``event``."""
+    if isinstance(spec, str):
+        return Hook(event, CommandTarget.parse(spec, event, shell=shell), options)
+    check_callable(spec, f"on_{event}")
+    return Hook(event, spec, options)
+
+
+def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
+    """One hook per ``on_<event>`` method the object implements (class-based callbacks);
+    events in its ``context_events`` make context hooks. The hooks name the object as their
+    ``owner``: the watcher calls its methods one at a time, in journal order. An object
+    with ``deliver_every_record`` true gets every record (no coalescing); one with a
+    ``callback_label`` is named by it (an adapter, by the object it runs)."""
+    methods = hooked_methods(obj)
+    if not methods:
+        raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
+    name = getattr(obj, "callback_label", None) or callable_name(type(obj))
+    context = set(getattr(obj, "context_events", ()))
+    every = bool(getattr(obj, "deliver_every_record", False))
+
+    def options(ev: str) -> HookOptions:
+        opts = options_for(ev)
+        return dataclasses.replace(opts, queue="all") if every else opts
+
+    return [
+        Hook(ev, meth, options(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
+        for ev, meth in methods.items()
+    ]
+
+
+def instantiate(obj: Any, where: str) -> Any:
+    """A class given by name is constructed with no arguments; a constructor that raises
+    is a usage error in one line naming the class and the exception (the user's mistake,
+    not ours: no traceback)."""
+    if isinstance(obj, type):
+        try:
+            return obj()
+        except TypeError as exc:
+            raise CallbackSpecError(
+                f"{where}: cannot construct {callable_name(obj)}() without arguments: {exc}"
+            ) from None
+        except Exception as exc:
+            raise CallbackSpecError(
+                printable(f"{where}: {callable_name(obj)}() raised {type(exc).__name__}: {exc}")
+            ) from None
+    return obj
