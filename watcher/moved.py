@@ -23,7 +23,7 @@ MOVED: dict[str, str] = {
     "watcher.queues": "watcher.engine.queues",
     "watcher.report": "watcher.engine.console",
     "watcher.tensorboard": "watcher.exporters.tensorboard_export",
-    "watcher.text": "watcher.engine.text",
+    "watcher.text": "journal.record.text",  # printable, PrintableFormatter: one for all consoles
     "watcher.trackers": "watcher.exporters.registry",
     "watcher.wake": "watcher.engine.wake",
     "watcher.wandb_export": "watcher.exporters.wandb_export",

@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import orjson
 
-from journal.cli.format import printable
 from journal.read.reader import end_of_complete_lines, lines_backwards
 from journal.read.tailing import RotatingReader
 from journal.record.events import CONTROL_COMMANDS
+from journal.record.text import printable
 from journal.rundir.files import atomic_write
 from journal.rundir.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.rundir.lock import lock_holder, run_holder

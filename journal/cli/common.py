@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from journal.cli.format import printable
 from journal.read.reader import InvalidLine, iter_batches
+from journal.record.text import printable
 from journal.rundir.paths import JournalNotFound
 
 F = TypeVar("F", bound=Callable[..., Any])

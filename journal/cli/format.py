@@ -1,8 +1,9 @@
 """How records look to people: timestamps, numbers and one-line payload digests.
 
 Text from records (and lock files) is data, never instructions to the terminal: control
-characters are shown as escapes (:func:`printable`) and rich never reads it as markup (it
-gets :class:`rich.text.Text`, not a markup string).
+characters and bidi marks are shown as escapes (:func:`journal.record.text.printable`, the one
+every console uses) and rich never reads it as markup (it gets :class:`rich.text.Text`, not a
+markup string).
 """
 
 from __future__ import annotations
@@ -14,24 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journal.record.events import EVENTS
+from journal.record.text import printable
 from journal.rundir.lock import describe
 
 if TYPE_CHECKING:
     from journal.views.summary import RunSummary
-
-
-#: C0 and C1 control characters, DEL, and the invisible marks that reorder or break text
-#: (bidi overrides, line separators): shown as ``\x1b`` / ``\u202e`` instead of obeyed.
-_CONTROLS: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}"
-    for c in (0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
-}
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: escape sequences, carriage returns, bells and
-    bidi overrides from a record are shown, not executed."""
-    return text.translate(_CONTROLS)
 
 
 def fmt_ts(ts: Any) -> str:

@@ -15,7 +15,7 @@ import orjson
 
 from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
 from journal.cli.export import export
-from journal.cli.format import holder_text, printable, stats_text, status_text
+from journal.cli.format import holder_text, stats_text, status_text
 from journal.cli.read import (
     ManyEventsCommand,
     add_retention,
@@ -28,6 +28,7 @@ from journal.cli.read import (
 )
 from journal.cli.write import control, lease, prune, release, report
 from journal.record.events import EVENTS
+from journal.record.text import printable
 from journal.remote.readers import RUN_DIR_OR_URI
 from journal.rundir.lock import run_holder
 from journal.rundir.paths import resolve_journal

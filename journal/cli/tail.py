@@ -9,8 +9,9 @@ from typing import Any
 
 import orjson
 
-from journal.cli.format import fmt_ts, printable, summarize_data
+from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
+from journal.record.text import printable
 from journal.views import index
 from journal.views.query import last_records
 from journal.views.summary import STATE_EXIT_CODES, Summarizer

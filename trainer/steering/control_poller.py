@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.channels.control import COMMAND_FILE_SUFFIX
-from journal.cli.format import printable
+from journal.record.text import printable
 from journal.rundir.inbox import (
     MAX_NAME_CHARS,
     REJECTED_DIR_NAME,

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from journal.record.events import EVENTS
+from journal.record.text import PrintableFormatter
 from journal.rundir.paths import resolve_journal, watch_dir
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, not_a_directory
 from watcher.builtin.foreign import adapt
@@ -22,7 +23,6 @@ from watcher.cli.options import parse_queue, watch_options
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
-from watcher.engine.text import PrintableFormatter
 from watcher.exporters.base import already_said, close_all, every_record
 from watcher.exporters.registry import exporters_for
 from watcher.hooks.callbacks import CallbackSpecError, load_object

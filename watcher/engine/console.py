@@ -11,9 +11,21 @@ from __future__ import annotations
 import sys
 import threading
 
-from watcher.engine.text import last_line, printable
+from journal.record.text import printable
 from watcher.hooks.delivery import DeliveryResult
 from watcher.hooks.hook import HIGH_RATE_EVENTS
+
+
+def last_line(text: str | None, limit: int = 300, *, keep_end: bool = False) -> str | None:
+    """The last non-blank line of ``text``, printable and at most ``limit`` characters
+    (its start, or with ``keep_end`` its end, where a progress line has its news)."""
+    for line in reversed((text or "").splitlines()):
+        if line.strip():
+            line = printable(line.strip())
+            if len(line) <= limit:
+                return line
+            return "..." + line[3 - limit :] if keep_end else line[: limit - 3] + "..."
+    return None
 
 
 class ConsoleReporter:

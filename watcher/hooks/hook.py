@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from journal.record.events import MICROBATCH_EVENTS
-from watcher.engine.text import printable
+from journal.record.text import printable
 from watcher.hooks.callbacks import (
     CallbackSpecError,
     CommandTarget,
