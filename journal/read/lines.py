@@ -9,19 +9,46 @@ bytes) is never held in memory, only measured; readers report it as invalid.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Iterator
 
 #: A line longer than this is invalid and is not loaded (records are a few KB at most).
 MAX_LINE_BYTES = 16 << 20
 SNIPPET = 80  # bytes of an invalid line kept to show it
 _MEASURE_BLOCK = 4 << 20  # read size while only measuring a line over the limit
+#: A journal's first line (its train_begin) is well under this; a longer one gives no identity.
+FINGERPRINT_BYTES = 4096
 
 
 def open_for_reading(path: str | os.PathLike[str]) -> int:
     """A read-only descriptor that never blocks on open: a FIFO (or device) planted where a
     journal should be reads as empty instead of hanging the reader."""
     return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def first_line_fingerprint(path: str | os.PathLike[str]) -> str | None:
+    """Which journal is at ``path``: 16 hex digits of the sha1 of its first line, so a reader
+    tells a journal replaced since it last looked (the index, the watcher's cursor) from the
+    same one grown. None when there is no complete first line in its first
+    :data:`FINGERPRINT_BYTES`, when it cannot be opened, or is not a regular file: a symlink
+    is never followed (the writer refuses a symlinked journal, so one is never ours) and a
+    FIFO never blocks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, unreadable, or a symlink (ELOOP)
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        first = os.pread(fd, FINGERPRINT_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    nl = first.find(b"\n")
+    return hashlib.sha1(first[: nl + 1]).hexdigest()[:16] if nl >= 0 else None
 
 
 def too_long_reason(length: int) -> str:

@@ -13,7 +13,6 @@ scan everything, as before. The index is a cache: deleting it loses nothing.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from journal.read.lines import open_for_reading
+from journal.read.lines import first_line_fingerprint, open_for_reading
 from journal.read.reader import CHUNK_SIZE, JournalReader
 from journal.rundir.files import atomic_write
 from journal.rundir.paths import INDEX_NAME
@@ -49,27 +48,12 @@ def index_path(journal: Path) -> Path:
     return journal.with_name(INDEX_NAME)
 
 
-def _fingerprint(journal: Path) -> str | None:
-    try:
-        fd = open_for_reading(journal)
-    except OSError:
-        return None
-    try:
-        first = os.pread(fd, 4096, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    nl = first.find(b"\n")
-    first = first[: nl + 1] if nl >= 0 else first
-    return hashlib.sha1(first).hexdigest()[:16] if first.endswith(b"\n") else None
-
-
 def load(journal: Path) -> Folded | None:
     """The index of ``journal`` if it can be trusted, else None."""
     try:
         raw: Any = orjson.loads(_read_small(index_path(journal)))
-        if raw.get("version") != VERSION or raw.get("fingerprint") != _fingerprint(journal):
+        fp = first_line_fingerprint(journal)  # None (a symlink, no first line): no index
+        if fp is None or raw.get("version") != VERSION or raw.get("fingerprint") != fp:
             return None
         offset = int(raw["offset"])
         fd = open_for_reading(journal)
@@ -118,7 +102,7 @@ def refresh(journal: Path) -> None:
     this; a torn tail is left for next time)."""
     folded = load(journal) or Folded(Summarizer())
     fold(journal, folded, final=False)
-    fp = _fingerprint(journal)
+    fp = first_line_fingerprint(journal)
     if fp is None:
         return
     body = {

@@ -10,13 +10,13 @@ old file still held, then the new one from its beginning.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from journal.read.lines import first_line_fingerprint
 from journal.read.reader import JournalReader, ReadBatch, end_of_complete_lines
 from journal.read.tailing import RotatingReader
 from watcher.engine.cursor import CursorState
@@ -73,15 +73,9 @@ class JournalFollower:
         return self.reader.offset, self.reader.line_no
 
     def fingerprint(self) -> str | None:
-        """A hash of the first line: tells a replaced journal from a grown one."""
-        try:
-            with open(self.journal, "rb") as f:
-                first = f.readline(4096)
-        except OSError:
-            return None
-        if not first.endswith(b"\n"):
-            return None
-        return hashlib.sha1(first).hexdigest()[:16]
+        """A hash of the first line: tells a replaced journal from a grown one (the index's
+        own, journal/read/lines.py: None for a symlink, never followed)."""
+        return first_line_fingerprint(self.journal)
 
     def check_identity(self) -> str | None:
         """``"replaced"`` or ``"truncated"`` once the reader went over to the file now at
