@@ -311,7 +311,7 @@ def test_a_reporter_that_raises_stops_neither_the_hook_nor_the_replay(ckpt: Path
     assert not t.is_alive(), "the replay never finished"
     assert code == [0] and delivered == [2, 4, 6]
     assert [r["status"] for r in results(ckpt / "watch")] == ["ok"] * 3
-    assert any("console gone" in n for n in watcher.engine.notices)
+    assert any("console gone" in n for n in watcher.notices)
 
 
 def test_a_report_file_replaced_by_a_directory_is_one_clear_line(

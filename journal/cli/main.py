@@ -62,7 +62,7 @@ def main() -> None:
 @click.option(
     "--full",
     is_flag=True,
-    help="Read the whole journal instead of the index (journal.views.index.json) plus what came "
+    help="Read the whole journal instead of the index (journal.index.json) plus what came "
     "after it. Same answer, slower on long runs.",
 )
 @user_errors
