@@ -42,17 +42,10 @@ import torch.distributed as dist
 from accelerate.state import PartialState
 from accelerate.tracking import GeneralTracker
 
+from trainer.integrations.common import Steering, open_journal
 from trainer.journaling.emitter import Where
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.policy import (
-    Actions,
-    Capabilities,
-    EndReason,
-    ending,
-    ending_command,
-    steer,
-    train_end,
-)
+from trainer.steering.policy import Actions, Capabilities
 
 
 class JournalTracker(GeneralTracker):
@@ -80,8 +73,7 @@ class JournalTracker(GeneralTracker):
         #: The loop's position as far as it told us (the step of its last call): the
         #: journal follows it.
         self.where = Where()
-        self.end: EndReason | None = None  # what ended the run, by the steering policy
-        self.end_command: dict[str, Any] | None = None  # the command's control record
+        self.steering = Steering()
         self.last_save: tuple[int, str] | None = None
 
     @property
@@ -95,13 +87,14 @@ class JournalTracker(GeneralTracker):
         # "not distributed" under torchrun, and every rank then calls itself the main one.
         main = dist.get_rank() == 0 if dist.is_initialized() else state.is_main_process
         self.device = torch.device(state.device)
-        self.run_journal = RunJournal(
-            self.ckpt_dir, main=main, role="accelerate", capabilities=self.capabilities
+        self.run_journal = open_journal(
+            self.ckpt_dir,
+            main=main,
+            role="accelerate",
+            capabilities=self.capabilities,
+            resume=False,
+            position=self.where,
         )
-        self.run_journal.catch_signals()
-        self.run_journal.open(resume=False)
-        self.run_journal.fail_on_uncaught_exception()
-        self.run_journal.follow(self.where)
 
     def _journal(self) -> RunJournal:
         if self.run_journal is None:
@@ -150,11 +143,7 @@ class JournalTracker(GeneralTracker):
         step (the steering policy's :class:`~trainer.steering.Actions`)."""
         j = self._journal()
         self.where.step = step
-        bits, applied = j.agree(self.device)
-        act = steer(bits, j.interrupted_anywhere)
-        if act.end is not None and self.end is None:
-            self.end, self.end_command = act.end, ending_command(applied, act.end)
-        return act
+        return self.steering.step(j, self.device, step)
 
     def poll_control(self, step: int) -> str | None:
         """Every rank, at the same step: the command to apply now (``stop``, ``abort``,
@@ -163,9 +152,4 @@ class JournalTracker(GeneralTracker):
         return self.poll_actions(step).strongest
 
     def finish(self) -> None:
-        j = self._journal()
-        signal = j.interrupted[0] if j.interrupted else None
-        how = ending(self.end)
-        fields = train_end(how, self.where.step, signal=signal, command=self.end_command)
-        j.end({**fields, "final_checkpoint": None})
-        j.close()
+        self.steering.finish(self._journal(), self.where.step, None)

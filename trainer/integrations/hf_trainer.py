@@ -43,16 +43,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from trainer.integrations.common import Steering, open_journal
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import command_names
-from trainer.steering.policy import (
-    Capabilities,
-    EndReason,
-    ending,
-    ending_command,
-    steer,
-    train_end,
-)
+from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +115,7 @@ class JournalCallback(TrainerCallback):
         self._run_journal: RunJournal | None = None
         self.position: HFPosition | None = None
         self.device = torch.device("cpu")
-        self.end: EndReason | None = None  # what ended the run, by the steering policy
-        self.end_command: dict[str, Any] | None = None  # the command's control record
+        self.steering = Steering()
         self.step_t0 = time.perf_counter()
 
     @property
@@ -135,17 +127,18 @@ class JournalCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.device = torch.device(args.device)
-        self._run_journal = RunJournal(
+        # samples per step needs the journal's world size: set once it is open (no record
+        # is written in between)
+        self.position = HFPosition(state)
+        self._run_journal = open_journal(
             self.ckpt_dir or args.output_dir,
             main=state.is_world_process_zero,
             role="hf-trainer",
             capabilities=self.capabilities,
+            resume=bool(kw.get("resume_from_checkpoint")),
+            position=self.position,
         )
-        self.journal.catch_signals()
-        self.journal.open(resume=bool(kw.get("resume_from_checkpoint")))
-        self.journal.fail_on_uncaught_exception()
-        self.position = HFPosition(state, samples_per_step(args, state, self.journal.world))
-        self.journal.follow(self.position)
+        self.position.per_step = samples_per_step(args, state, self.journal.world)
         if args.save_total_limit and state.is_world_process_zero:
             log.warning(
                 "save_total_limit=%s: HF's rotation may delete a checkpoint an eval is still "
@@ -161,15 +154,10 @@ class JournalCallback(TrainerCallback):
         )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        j = self.journal
         # a callback of the user's (EarlyStoppingCallback) may stop it: no command of ours
         finished = not (state.global_step < state.max_steps and control.should_training_stop)
-        how = ending(self.end, finished=finished)
-        signal = j.interrupted[0] if j.interrupted else None
-        fields = train_end(how, state.global_step, signal=signal, command=self.end_command)
-        final = None if how == "abort" else self._last_ckpt(args, state)
-        j.end({**fields, "final_checkpoint": final})
-        j.close()
+        final = None if self.steering.end == "abort" else self._last_ckpt(args, state)
+        self.steering.finish(self.journal, state.global_step, final, finished=finished)
 
     # -- the step ------------------------------------------------------------------------
 
@@ -192,13 +180,10 @@ class JournalCallback(TrainerCallback):
         self.journal.emit("after_optimizer_step")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        j = self.journal
         if self.position is not None:
             self.position.in_step = False  # HF has counted the step
-        bits, applied = j.agree(self.device)
-        act = steer(bits, j.interrupted_anywhere)
-        if act.end is not None and self.end is None:
-            self.end, self.end_command = act.end, ending_command(applied, act.end)
+        act = self.steering.step(self.journal, self.device, state.global_step)
+        if act.end is not None:
             control.should_training_stop = True
         if act.end == "abort":
             control.should_save = False  # not even the one HF's schedule has due
@@ -206,11 +191,7 @@ class JournalCallback(TrainerCallback):
             control.should_save = True
         control.should_evaluate = control.should_evaluate or act.evaluate
         control.should_log = control.should_log or act.log
-        if bits and state.is_world_process_zero:
-            log.info(
-                "control %s applied at step %d", "+".join(command_names(bits)), state.global_step
-            )
-        j.emit("step_end", {})
+        self.journal.emit("step_end", {})
 
     # -- metrics and checkpoints ----------------------------------------------------------
 

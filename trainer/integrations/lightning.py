@@ -56,16 +56,9 @@ from journal.checkpoints import leases
 from journal.checkpoints.leases import LeaseError
 from journal.checkpoints.rotation import finish_interrupted_removals, remove_unless_leased
 from journal.rundir.paths import checkpoints_dir
+from trainer.integrations.common import Steering, open_journal
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import command_names
-from trainer.steering.policy import (
-    Capabilities,
-    EndReason,
-    ending,
-    ending_command,
-    steer,
-    train_end,
-)
+from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +235,7 @@ class JournalCallback(Callback):
         self._run_journal: RunJournal | None = None
         self.position: LightningPosition | None = None
         self.io: JournalCheckpointIO | None = None
-        self.end: EndReason | None = None  # what ended the run, by the steering policy
-        self.end_command: dict[str, Any] | None = None  # the command's control record
+        self.steering = Steering()
         self.step_t0 = time.perf_counter()
         self.begun_at = 0  # global_step when the current step began
 
@@ -257,16 +249,16 @@ class JournalCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self._run_journal is not None:
             return
-        run_dir = self.ckpt_dir or Path(trainer.default_root_dir)
-        self._run_journal = j = RunJournal(
-            run_dir, main=trainer.is_global_zero, role="lightning", capabilities=self.capabilities
-        )
-        j.catch_signals()
-        j.open(resume=bool(trainer.ckpt_path))
-        j.fail_on_uncaught_exception()
         self.position = LightningPosition(trainer)
-        j.follow(self.position)
-        self.io = JournalCheckpointIO(trainer.strategy.checkpoint_io, j)
+        self._run_journal = open_journal(
+            self.ckpt_dir or Path(trainer.default_root_dir),
+            main=trainer.is_global_zero,
+            role="lightning",
+            capabilities=self.capabilities,
+            resume=bool(trainer.ckpt_path),
+            position=self.position,
+        )
+        self.io = JournalCheckpointIO(trainer.strategy.checkpoint_io, self._run_journal)
         trainer.strategy.checkpoint_io = self.io
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -302,14 +294,9 @@ class JournalCallback(Callback):
             self.journal.close()
 
     def _end(self, trainer: Trainer) -> None:
-        j = self.journal
-        how = ending(self.end)
-        signal = j.interrupted[0] if j.interrupted else None
-        fields = train_end(how, trainer.global_step, signal=signal, command=self.end_command)
-        if self.io is not None and not j.ended:
+        if self.io is not None and not self.journal.ended:
             self.io.remove_released()  # leases released during the last steps
-        j.end({**fields, "final_checkpoint": self._last_ckpt()})
-        j.close()
+        self.steering.finish(self.journal, trainer.global_step, self._last_ckpt())
 
     # -- the step ------------------------------------------------------------------------
 
@@ -344,16 +331,12 @@ class JournalCallback(Callback):
         j = self.journal
         j.emit("after_optimizer_step")
         self._log(trainer, outputs)
-        bits, applied = j.agree(trainer.strategy.root_device)
-        act = steer(bits, j.interrupted_anywhere)  # evaluate never comes: it is rejected
-        if act.end is not None and self.end is None:
-            self.end, self.end_command = act.end, ending_command(applied, act.end)
+        # evaluate never comes: the poller rejects it (capabilities)
+        act = self.steering.step(j, trainer.strategy.root_device, trainer.global_step)
+        if act.end is not None:
             trainer.should_stop = True
         if act.save is not None:
             self._save(trainer)
-        if bits and trainer.is_global_zero:
-            names = "+".join(command_names(bits))
-            log.info("control %s applied at step %d", names, trainer.global_step)
         if self.io is not None:
             self.io.remove_released()  # kept files whose leases have ended
         j.emit("step_end", {})

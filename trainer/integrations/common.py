@@ -1,0 +1,79 @@
+"""What the three bridges share: opening rank 0's journal the bridges' way
+(:func:`open_journal`) and following the steering policy from step to step to the run's
+``train_end`` (:class:`Steering`). A bridge adds only what its trainer's hooks differ in."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from trainer.journaling.emitter import Position
+from trainer.journaling.run_journal import RunJournal
+from trainer.steering.policy import (
+    Actions,
+    Capabilities,
+    EndReason,
+    command_names,
+    ending,
+    ending_command,
+    steer,
+    train_end,
+)
+
+log = logging.getLogger(__name__)
+
+
+def open_journal(
+    run_dir: str | os.PathLike[str],
+    *,
+    main: bool,
+    role: str,
+    capabilities: Capabilities,
+    resume: bool,
+    position: Position,
+) -> RunJournal:
+    """A bridge's journal, open on every rank (``main`` writes): SIGTERM/SIGINT finish the
+    step and end it as interrupted, ``resume`` continues the journal of an earlier attempt,
+    an exception no hook sees ends it as ``failed``, and each record carries ``position``."""
+    journal = RunJournal(run_dir, main=main, role=role, capabilities=capabilities)
+    journal.catch_signals()
+    journal.open(resume=resume)
+    journal.fail_on_uncaught_exception()
+    journal.follow(position)
+    return journal
+
+
+class Steering:
+    """The steering policy across a bridge's steps: the commands and signals agreed at each
+    step, and the first ending they asked for (with its command's ``control`` record), which
+    becomes ``train_end``."""
+
+    def __init__(self) -> None:
+        self.end: EndReason | None = None  # what ended the run, by the steering policy
+        self.end_command: dict[str, Any] | None = None  # the ending command's control record
+
+    def step(self, journal: RunJournal, device: torch.device, step: int) -> Actions:
+        """Every rank, at the same step (one all-reduce): what the agreed commands and
+        signals ask of ``step``; the first ending is kept for :meth:`finish`."""
+        bits, applied = journal.agree(device)
+        act = steer(bits, journal.interrupted_anywhere)
+        if act.end is not None and self.end is None:
+            self.end, self.end_command = act.end, ending_command(applied, act.end)
+        if bits and journal.main:  # the console line ilab-train's loop prints too
+            log.info("control %s applied at step %d", "+".join(command_names(bits)), step)
+        return act
+
+    def finish(
+        self, journal: RunJournal, step: int, final: str | None, *, finished: bool = True
+    ) -> None:
+        """Write ``train_end`` at ``step`` (the policy's status and reason; ``final`` the
+        last complete checkpoint) and close the journal. ``finished``: the trainer's
+        schedule ran out (else the trainer stopped itself, with no command of ours)."""
+        how = ending(self.end, finished=finished)
+        signal = journal.interrupted[0] if journal.interrupted else None
+        fields = train_end(how, step, signal=signal, command=self.end_command)
+        journal.end({**fields, "final_checkpoint": final})
+        journal.close()
