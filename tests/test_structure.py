@@ -1,13 +1,21 @@
-"""The code's shape: import direction (between packages and between trainer's subpackages),
-no import cycle, one list of events, one envelope, small modules, a short trainer/ top."""
+"""The code's shape: import direction (between packages, and between the rooms of each:
+its subpackages and top-level modules), no import cycle, no trainer module run by a string
+path from journal/ or watcher/, one list of events, one envelope, small modules, short
+package tops.
+
+Each check is a function of a root directory (``check_*``), so that a test can plant a
+violation in a copy of a package and see the check fail on it."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import itertools
+import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +32,18 @@ MAX_MODULE_LINES = 400
 #: Modules directly in trainer/ (``__init__`` and ``cli`` included): the rest live in the
 #: subpackages, whose names say what they hold.
 MAX_TRAINER_TOP_MODULES = 8
+#: The same for every package: a new module goes into the folder of its concern.
+MAX_TOP_MODULES = {"journal": 8, "watcher": 8, "trainer": MAX_TRAINER_TOP_MODULES}
 
-#: trainer's layers: subpackage (or top-level module) -> the trainer subpackages it may
-#: import, besides itself. Read bottom-up: config (no torch) is the base; data, then model,
-#: then checkpoint build on it; steering (control commands, reports, decisions) then
-#: journaling (rank 0's journal client) sit under both rank (inside torchrun) and the
-#: bridges; launch (the launching process) never imports rank, steering or journaling
-#: (its model import is the lazy one of a GGUF conversion); instructlab and cli start runs.
+#: trainer's layers: room (subpackage, or top-level module: ``__init__`` is the package's
+#: own) -> the trainer rooms it may import, besides itself. Read bottom-up: config (no
+#: torch) is the base; data, then model, then checkpoint build on it; steering (control
+#: commands, reports, decisions) then journaling (rank 0's journal client) sit under both
+#: rank (inside torchrun) and the bridges; launch (the launching process) never imports
+#: rank, steering or journaling (its model import is the lazy one of a GGUF conversion);
+#: instructlab and cli start runs.
 LAYERS: dict[str, set[str]] = {
+    "__init__": set(),
     "config": set(),
     "data": {"config"},
     "model": {"config", "data"},
@@ -44,6 +56,49 @@ LAYERS: dict[str, set[str]] = {
     "instructlab": {"config", "launch"},
     "cli": {"config", "data", "launch", "instructlab"},
 }
+
+#: journal's layers, the same way; each row is what the room imports today (the fewest
+#: edges that hold), within the order: record (events, schema, fields, text: the base)
+#: <- rundir (a run dir's paths, files, lock, inbox) <- read <- views (index, query,
+#: summary, validate) and write (the writer keeps the views' index) <- channels (control,
+#: reports, jobs) and checkpoints (leases, rotation) <- remote (a run in object storage)
+#: <- cli (``ilab-journal``); ``__init__`` (the public names) and moved (the old module
+#: paths, loaded by name) on top.
+JOURNAL_LAYERS: dict[str, set[str]] = {
+    "record": set(),
+    "rundir": set(),
+    "read": {"record"},
+    "views": {"record", "rundir", "read"},
+    "write": {"record", "rundir", "read", "views"},
+    "channels": {"record", "rundir", "read", "write"},
+    "checkpoints": {"rundir", "read", "views", "write"},
+    "remote": {"rundir", "read", "checkpoints"},
+    "cli": {"record", "rundir", "read", "views", "channels", "checkpoints", "remote"},
+    "moved": set(),
+    "__init__": {"record", "rundir", "read", "write", "channels", "moved"},
+}
+
+#: watcher's layers: hooks (a hook, its callbacks, commands and deliveries) is the base;
+#: the engine (follow -> dispatch -> queue -> complete) builds on it and imports neither
+#: the scheduler nor the exporters: they build on the engine's interfaces (the scheduler
+#: runs the engine's jobs), as do the built-in callbacks; mirror brings a remote run in for
+#: the engine; cli (``ilab-watch``) and embedded (the launcher's watcher) put them together.
+WATCHER_LAYERS: dict[str, set[str]] = {
+    "hooks": set(),
+    "engine": {"hooks"},
+    "scheduler": {"hooks", "engine"},
+    "exporters": {"hooks"},
+    "builtin": {"hooks"},
+    "mirror": {"engine"},
+    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror"},
+    "embedded": {"hooks", "engine", "exporters"},
+    "moved": set(),
+    "__init__": {"hooks", "engine", "builtin", "moved"},
+}
+
+#: package -> its layers.
+ROOMS = {"journal": JOURNAL_LAYERS, "watcher": WATCHER_LAYERS, "trainer": LAYERS}
+
 #: The only part of trainer that may import the watcher: the launcher runs its embedded
 #: watcher and exporters; a torchrun worker (rank) never loads it.
 MAY_IMPORT_WATCHER = {"launch"}
@@ -146,16 +201,121 @@ def _imports(path: Path) -> set[str]:
     return out & OURS
 
 
+def _room(module: str) -> str:
+    """The room a module lives in: trainer.rank.loop -> rank; trainer.cli -> cli; the
+    package's own ``__init__`` (trainer) -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+# -- the checks: each a function of a root directory, failing with what it found ----------
+
+
+def check_import_direction(root: Path, package: str) -> None:
+    """``package`` imports only the project packages ALLOWED says."""
+    bad = {
+        str(p.relative_to(root)): sorted(_imports(p) - ALLOWED[package])
+        for p in _modules(root, package).values()
+        if _imports(p) - ALLOWED[package]
+    }
+    assert not bad, f"{package}: imports another package of ours: {bad}"
+
+
+def check_no_cycles(root: Path, package: str) -> None:
+    """No module of ``package`` imports one that imports it back, directly or round a loop."""
+    cycles = import_cycles(import_graph(root, package))
+    assert not cycles, f"{package}: import cycles: {cycles}"
+
+
+def check_layers(root: Path, package: str, layers: dict[str, set[str]]) -> None:
+    """Every room of ``package`` has its row in ``layers``, imports only the rooms on it
+    (lazy and ``if TYPE_CHECKING:`` imports count), and the rows form no cycle."""
+    graph = import_graph(root, package)
+    rooms = {_room(m) for m in graph}
+    assert rooms == set(layers), (
+        f"{package}: give each room its row in the layers (and only rooms): "
+        f"no row: {sorted(rooms - set(layers))}, no room: {sorted(set(layers) - rooms)}"
+    )
+    bad = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
+        if _room(d) != _room(m) and _room(d) not in layers[_room(m)]
+    )
+    assert not bad, f"{package}: imports against its layers: {bad}"
+    assert import_cycles(layers) == [], f"{package}: its layers form a cycle"
+
+
+def check_top_stays_short(root: Path, package: str) -> None:
+    """At most MAX_TOP_MODULES[package] modules directly in ``package``/ (``__init__``
+    counted): a new module goes into the folder of its concern."""
+    top = sorted(p.name for p in (root / package).glob("*.py"))
+    most = MAX_TOP_MODULES[package]
+    assert len(top) <= most, f"{package}/: {len(top)} modules at its top (at most {most}): {top}"
+
+
+def check_modules_stay_small(root: Path, package: str) -> None:
+    """No module of ``package`` over MAX_MODULE_LINES lines."""
+    sizes = {
+        str(p.relative_to(root)): len(p.read_text().splitlines())
+        for p in _modules(root, package).values()
+    }
+    big = {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES}
+    assert not big, f"{package}: modules over {MAX_MODULE_LINES} lines: {big}"
+
+
+#: ``-m trainer`` or ``-m trainer.x`` within one string (a command line, an f-string's text).
+_RUNS_TRAINER = re.compile(r"-m\s+trainer\b")
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text; an f-string's text up to its first ``{}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return _text(node.values[0])
+    return None
+
+
+def trainer_runs(root: Path, package: str) -> list[str]:
+    """Where ``package`` names a trainer module to run with ``python -m``: in one string
+    (``"python -m trainer.x"``) or as two items in a row (``[..., "-m", "trainer.x"]``, a
+    list, tuple or call's arguments). Docstrings count: they are strings too."""
+    hits = []
+    for path in _modules(root, package).values():
+        where = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = _text(node) if isinstance(node, ast.Constant) else None
+            found = _RUNS_TRAINER.search(text) if text is not None else None
+            if text is not None and found:  # the line of the match, in a docstring too
+                line = node.lineno + text.count("\n", 0, found.start())
+                hits.append(f"{where}:{line}: {' '.join(text[found.start() :].split()[:2])!r}")
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                items = node.elts
+            else:
+                items = node.args if isinstance(node, ast.Call) else []
+            for a, b in itertools.pairwise(items):
+                run = _text(b) or ""
+                if _text(a) == "-m" and re.match(r"trainer\b", run):
+                    hits.append(f"{where}:{a.lineno}: '-m', {run!r}")
+    return hits
+
+
+def check_runs_no_trainer_module(root: Path, package: str) -> None:
+    """``package`` runs no trainer module by a string path: that is an import of trainer
+    the import-direction check cannot see (an entry point names it instead)."""
+    hits = trainer_runs(root, package)
+    assert not hits, f"{package}: runs a trainer module with -m: {hits}"
+
+
+# -- the checks on this tree ---------------------------------------------------------------
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_import_direction(package: str) -> None:
     """journal imports nothing of ours, watcher only journal, trainer both (subpackages
     such as trainer/integrations/ included)."""
-    bad = {
-        str(p.relative_to(ROOT)): sorted(_imports(p) - ALLOWED[package])
-        for p in _modules(ROOT, package).values()
-        if _imports(p) - ALLOWED[package]
-    }
-    assert not bad, bad
+    check_import_direction(ROOT, package)
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -163,30 +323,15 @@ def test_no_import_cycles_inside_a_package(package: str) -> None:
     """No module of a package imports one that imports it back, at the top, lazily in a
     function or under ``if TYPE_CHECKING:`` (a lazy or type-only import only hides the
     cycle)."""
-    assert import_cycles(import_graph(ROOT, package)) == []
+    check_no_cycles(ROOT, package)
 
 
-def _layer(module: str) -> str:
-    """trainer.rank.loop -> rank; trainer.cli -> cli; trainer -> trainer."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
-
-
-def test_trainer_layers() -> None:
-    """Each trainer subpackage imports only the ones below it in LAYERS (lazy and type-only
-    imports included), so the subpackages form no cycle either, and every subpackage and
-    top-level module has its row."""
-    graph = import_graph(ROOT, "trainer")
-    layers = {_layer(m) for m in graph} - {"trainer"}
-    assert layers == set(LAYERS), "give each trainer subpackage its row in LAYERS"
-    bad = sorted(
-        f"{m} -> {d}"
-        for m, deps in graph.items()
-        for d in deps
-        if _layer(m) != "trainer" and _layer(d) != _layer(m) and _layer(d) not in LAYERS[_layer(m)]
-    )
-    assert not bad, bad
-    assert import_cycles(LAYERS) == []
+@pytest.mark.parametrize("package", sorted(ROOMS))
+def test_layers(package: str) -> None:
+    """Each room (subpackage or top-level module) of journal, watcher and trainer imports
+    only the rooms below it in its table (JOURNAL_LAYERS, WATCHER_LAYERS, LAYERS), so the
+    rooms form no cycle either, and every room has its row."""
+    check_layers(ROOT, package, ROOMS[package])
 
 
 def test_only_the_launcher_imports_the_watcher() -> None:
@@ -194,16 +339,28 @@ def test_only_the_launcher_imports_the_watcher() -> None:
     bad = sorted(
         str(p.relative_to(ROOT))
         for name, p in _modules(ROOT, "trainer").items()
-        if "watcher" in _imports(p) and _layer(name) not in MAY_IMPORT_WATCHER
+        if "watcher" in _imports(p) and _room(name) not in MAY_IMPORT_WATCHER
     )
     assert not bad, bad
 
 
-def test_trainer_top_stays_short() -> None:
-    """At most MAX_TRAINER_TOP_MODULES modules directly in trainer/: a new module goes
-    into the subpackage of its process or concern."""
-    top = sorted(p.name for p in (ROOT / "trainer").glob("*.py"))
-    assert len(top) <= MAX_TRAINER_TOP_MODULES, top
+@pytest.mark.parametrize("package", sorted(MAX_TOP_MODULES))
+def test_package_tops_stay_short(package: str) -> None:
+    """journal/, watcher/ and trainer/ keep few modules at their tops."""
+    check_top_stays_short(ROOT, package)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_modules_stay_small(package: str) -> None:
+    """No module over MAX_MODULE_LINES lines."""
+    check_modules_stay_small(ROOT, package)
+
+
+@pytest.mark.parametrize("package", ["journal", "watcher"])
+def test_journal_and_watcher_run_no_trainer_module(package: str) -> None:
+    """journal/ and watcher/ name no trainer module to run (``-m trainer.x``): the export
+    finds its converter through an entry point."""
+    check_runs_no_trainer_module(ROOT, package)
 
 
 def test_every_module_says_what_it_is_for() -> None:
@@ -244,6 +401,80 @@ def test_the_cycle_check_finds_lazy_and_relative_cycles(tmp_path: Path) -> None:
     ]
 
 
+# -- each check can fail: a violation planted in a copy of journal/ or watcher/ -------------
+
+
+def _check_layers(root: Path, package: str) -> None:
+    """check_layers with the package's own table."""
+    check_layers(root, package, ROOMS[package])
+
+
+CHECKS: dict[str, Callable[[Path, str], None]] = {
+    "cycle": check_no_cycles,
+    "upward": _check_layers,
+    "runs-trainer": check_runs_no_trainer_module,
+    "ninth-top-module": check_top_stays_short,
+}
+
+#: (package, violation) -> (the file the plant goes at the end of, the plant, what the
+#: check then says). A ninth top-level module: the plant is each new module's text.
+PLANTS: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("journal", "cycle"): (
+        "journal/record/events.py",  # schema imports events: a cycle inside record/
+        "def _planted() -> None:\n    from journal.record import schema\n",
+        "['journal.record.events', 'journal.record.schema']",
+    ),
+    ("watcher", "cycle"): (
+        "watcher/hooks/callbacks.py",  # hook imports callbacks: a cycle inside hooks/
+        "def _planted() -> None:\n    from watcher.hooks import hook\n",
+        "['watcher.hooks.callbacks', 'watcher.hooks.hook']",
+    ),
+    ("journal", "upward"): (
+        "journal/record/events.py",  # the base room names the CLI's types
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from journal.cli import main\n",
+        "journal.record.events -> journal.cli.main",
+    ),
+    ("watcher", "upward"): (
+        "watcher/engine/engine.py",  # the engine runs the scheduler's runner itself
+        "def _planted() -> None:\n    from watcher.scheduler.runner import JobRunner\n",
+        "watcher.engine.engine -> watcher.scheduler.runner",
+    ),
+    ("journal", "runs-trainer"): (
+        "journal/read/reader.py",
+        '_PLANTED = ["python", "-m", "trainer.rank.worker"]\n',
+        "'-m', 'trainer.rank.worker'",
+    ),
+    ("watcher", "runs-trainer"): (
+        "watcher/hooks/command.py",
+        '_PLANTED = f"{sys.executable} -m trainer.checkpoint.export"\n',
+        "-m trainer.checkpoint.export",
+    ),
+    ("journal", "ninth-top-module"): ("", '"""Planted."""\n', "journal/: 9 modules at its top"),
+    ("watcher", "ninth-top-module"): ("", '"""Planted."""\n', "watcher/: 9 modules at its top"),
+}
+
+
+@pytest.mark.parametrize(("package", "violation"), sorted(PLANTS))
+def test_each_check_fails_on_a_planted_violation(
+    tmp_path: Path, package: str, violation: str
+) -> None:
+    """The checks above can fail: each finds its violation planted in a copy of the
+    package (read as text and parsed, never imported), and says where it is."""
+    shutil.copytree(
+        ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    rel, plant, said = PLANTS[package, violation]
+    if violation == "ninth-top-module":
+        top = len(list((tmp_path / package).glob("*.py")))
+        for i in range(top, MAX_TOP_MODULES[package] + 1):
+            (tmp_path / package / f"planted_{i}.py").write_text(plant)
+    else:
+        path = tmp_path / rel
+        path.write_text(f"{path.read_text()}\n\n{plant}")
+    with pytest.raises(AssertionError, match=re.escape(said)):
+        CHECKS[violation](tmp_path, package)
+
+
 def test_workers_do_not_load_the_watcher() -> None:
     """A torchrun worker imports the trainer only: no watcher engine in every rank."""
     code = (
@@ -253,15 +484,6 @@ def test_workers_do_not_load_the_watcher() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_modules_stay_small() -> None:
-    sizes = {
-        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
-        for pkg in ALLOWED
-        for p in _modules(ROOT, pkg).values()
-    }
-    assert {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES} == {}
 
 
 def test_one_list_of_hookable_events() -> None:
