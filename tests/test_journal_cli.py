@@ -428,3 +428,20 @@ def test_a_user_path_names_one_journal_everywhere(tmp_path: Path, given: str, jo
     (tmp_path / "run" / "copy.log").write_text("")
     assert resolve_journal(tmp_path / given, must_exist=False) == tmp_path / journal
     assert ckpt_dir_of(tmp_path / given) == (tmp_path / journal).parent
+
+
+def test_show_puts_a_refusals_verdict_before_its_long_source(tmp_path: Path) -> None:
+    """A refused report's control record says accepted=False within show's width, however
+    long the source (a hook's command line) that sent it."""
+    with JournalWriter(tmp_path / "journal.jsonl") as w:
+        w.append("train_begin", {"world_size": 1})
+        refused = {"command": None, "id": None, "source": "watcher:x:" + "python eval.py " * 20}
+        refused |= {
+            "accepted": False,
+            "reason": "reports/r1.json refused: bad",
+            "applied_at_step": None,
+        }
+        w.append("control", refused)
+    out = cli("ilab-journal", "show", str(tmp_path), "-e", "control", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "accepted=False" in out.stdout and "reason=reports/r1.json refused" in out.stdout

@@ -54,6 +54,8 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
         keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
     elif event == "train_begin":
         keys = ("world_size", "device_type", "total_steps", "resumed_from")
+    elif event == "control":  # the verdict before the (long) source: a refusal must show
+        keys = ("command", "id", "accepted", "applied_at_step", "reason", "source")
     else:
         keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
     parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
