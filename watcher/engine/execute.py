@@ -30,10 +30,14 @@ from journal.rundir.inbox import RejectedFile, read_file
 from journal.rundir.procs import start_time
 from watcher.engine.handback import HandBack
 from watcher.engine.leasing import CheckpointGuard
-from watcher.exporters.base import TrackerUnavailable
 from watcher.hooks.callbacks import CommandTarget, Event
 from watcher.hooks.command import command_env, log_text, run_command
-from watcher.hooks.delivery import Delivery, DeliveryResult, state_write_failed
+from watcher.hooks.delivery import (
+    Delivery,
+    DeliveryResult,
+    TrackerUnavailable,
+    state_write_failed,
+)
 
 log = logging.getLogger("watcher")
 

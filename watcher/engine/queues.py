@@ -10,9 +10,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from watcher.exporters.base import TrackerUnavailable
 from watcher.hooks.callbacks import CommandTarget
-from watcher.hooks.delivery import Delivery, DeliveryResult
+from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
 from watcher.hooks.hook import Hook
 
 #: Runs one delivery: its result, or None for a callable's plain success (watcher.engine.execute).

@@ -19,7 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from watcher.hooks.callbacks import Event, TrainerCallback
+from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
+from watcher.hooks.delivery import already_said as already_said
 from watcher.hooks.hook import HookOptions
+
+# TrackerUnavailable (raised by the exporters, said once by the engine) lives below both,
+# in watcher/hooks/delivery.py: the exporters import it from here, as before.
 
 log = logging.getLogger("watcher")
 
@@ -47,17 +52,6 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-class TrackerUnavailable(Exception):
-    """An exporter's tracker stopped answering. Its message is one line for the user (what
-    is incomplete and which command repairs it): the watcher says it once, and each
-    delivery that meets it fails without a traceback of its own."""
-
-
-def already_said(error: str | None) -> bool:
-    """Whether a delivery's error is a :class:`TrackerUnavailable` (said once already)."""
-    return bool(error) and str(error).startswith(f"{TrackerUnavailable.__name__}: ")
 
 
 def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], HookOptions]:

@@ -55,6 +55,18 @@ def state_write_failed(where: Path, exc: OSError) -> str:
     )
 
 
+class TrackerUnavailable(Exception):
+    """A callback's tracker stopped answering (an exporter's, watcher/exporters). Its
+    message is one line for the user (what is incomplete and which command repairs it):
+    the watcher says it once, and each delivery that meets it fails without a traceback of
+    its own. Here, below the engine that catches it and the exporters that raise it."""
+
+
+def already_said(error: str | None) -> bool:
+    """Whether a delivery's error is a :class:`TrackerUnavailable` (said once already)."""
+    return bool(error) and str(error).startswith(f"{TrackerUnavailable.__name__}: ")
+
+
 @dataclass(slots=True)
 class DeliveryResult:
     """The recorded result of one delivery (one line of the results file)."""
