@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from watcher.hooks.hook import Hook, HookOptions, hook_for, hooks_for_object, in
 from watcher.mirror.options import mirror_options, open_mirror, run_alone
 from watcher.mirror.remote import follow_remote
 from watcher.scheduler.options import abort_hook, job_board, skipped_words
+from watcher.scheduler.runner import JobRunner
 
 
 def default_name(hooks: list[Hook]) -> str:
@@ -139,7 +141,7 @@ def main(
             backoff=backoff,
             concurrency=concurrency,
             queue=policies.get(event, policies.get(None)),
-            via=board,
+            via=via,
         )
 
     hooks: list[Hook] = []
@@ -211,6 +213,7 @@ def main(
         reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
         stateful_callbacks=consumers,
         lease_ttl=lease_ttl,
+        jobs=partial(JobRunner, board) if board is not None else None,  # --via
     )
     try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
         watcher.claim()

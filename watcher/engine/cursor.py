@@ -21,6 +21,7 @@ import orjson
 
 from journal.rundir.files import atomic_write
 from journal.rundir.lock import HEARTBEAT_S, FileLock, Locked, describe, holder
+from watcher.engine.statedir import StateFiles
 
 log = logging.getLogger("watcher")
 
@@ -102,11 +103,9 @@ class CursorLock(FileLock):
     killed with ``kill -9`` leaves it free; heartbeating, as the launcher's run lock, for
     state dirs on file systems whose ``flock`` does not reach other hosts."""
 
-    def __init__(self, state_dir: Path, name: str, **info: Any) -> None:
-        super().__init__(
-            state_dir / f"{name}.lock", role="watcher", heartbeat_s=HEARTBEAT_S, **info
-        )
-        self.name = name
+    def __init__(self, files: StateFiles, **info: Any) -> None:
+        super().__init__(files.lock, role="watcher", heartbeat_s=HEARTBEAT_S, **info)
+        self.name = files.name
 
     def claim(self) -> None:
         """Take the lock or raise :class:`CursorBusy` naming its holder (a moment's wait:

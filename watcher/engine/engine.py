@@ -29,10 +29,12 @@ from watcher.engine.completion import Completions, Reporter
 from watcher.engine.cursor import Cursor, CursorLock, CursorState
 from watcher.engine.execute import Executor
 from watcher.engine.follow import JournalFollower, RunProgress, StartAt
+from watcher.engine.jobs import JobRunners
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.notices import Notices
 from watcher.engine.queues import HookQueue, lanes
-from watcher.hooks.callbacks import callable_name
+from watcher.engine.statedir import StateFiles
+from watcher.hooks.callbacks import CommandTarget, callable_name
 from watcher.hooks.command import end_leftovers
 from watcher.hooks.delivery import (
     ENVELOPE,
@@ -62,7 +64,8 @@ class Watcher:
     Args:
         journal: the journal file.
         hooks: what runs on which event.
-        name: cursor identity; state files are ``<state_dir>/<name>.*``.
+        name: cursor identity; state files are ``<state_dir>/<name>.*``
+            (watcher.engine.statedir).
         state_dir: cursor, results file and delivery logs (None: nothing is written).
         start: where to begin when no cursor is saved: ``"start"``, ``"now"`` (the current
             end of the file), or a byte offset (then any saved cursor is ignored).
@@ -76,6 +79,8 @@ class Watcher:
         control_source: the ``source`` of control commands that callables return.
         lease_ttl: seconds a save delivery's checkpoint lease lives without renewal (it is
             renewed while the delivery is queued or running, and released after it).
+        jobs: makes the runner of the command hooks with ``HookOptions.via`` (scheduler
+            jobs; watcher/scheduler/runner.py, wired by ``ilab-watch --via``).
     """
 
     def __init__(
@@ -93,7 +98,10 @@ class Watcher:
         stateful_callbacks: list[Any] | None = None,
         control_source: str | None = None,
         lease_ttl: float = DEFAULT_TTL_S,
+        jobs: JobRunners | None = None,
     ) -> None:
+        if jobs is None and (job := next((h for h in hooks if _runs_as_job(h)), None)):
+            raise ValueError(f"hook {job.label} runs via {job.options.via}: it needs jobs=")
         self.journal = journal
         self.hooks = hooks
         self.name = name
@@ -113,20 +121,20 @@ class Watcher:
             stop=self._stop,
             notice=self._notices,
         )
+        files = StateFiles(state_dir, name) if state_dir is not None else None
         self._executor = Executor(
             journal,
-            logs_dir=state_dir / f"{name}.logs" if state_dir else None,
+            files=files,
             control_source=control_source or f"watcher:{name}",
             stop=self._stop,
             checkpoints=self._checkpoints,
-            running_dir=state_dir / f"{name}.running" if state_dir else None,
             notice=self._notices,
+            jobs=jobs,
         )
         # one process per cursor: its results, logs and running markers are shared too
-        self._lock = CursorLock(state_dir, name, journal=str(journal)) if state_dir else None
-        cursor_path = state_dir / f"{name}.cursor.json" if state_dir and persist_cursor else None
-        self.cursor = Cursor(cursor_path)
-        self.results_path = state_dir / f"{name}.results.jsonl" if state_dir else None
+        self._lock = CursorLock(files, journal=str(journal)) if files is not None else None
+        self.cursor = Cursor(files.cursor if files is not None and persist_cursor else None)
+        self.results_path = files.results if files is not None else None
         self.completions = Completions(
             self.cursor,
             results_path=self.results_path,
@@ -262,8 +270,8 @@ class Watcher:
         return list({id(q): q for q in self._queues.values()}.values())
 
     def _begin(self) -> None:
-        running_dir = self._executor.running_dir
-        if running_dir is not None and (n := end_leftovers(running_dir)):
+        files = self._executor.files
+        if files is not None and (n := end_leftovers(files.running)):
             self._notices(f"ended {n} callback process group(s) a previous watcher left running")
         saved = self.cursor.load()
         if self.cursor.warning:
@@ -352,3 +360,9 @@ class Watcher:
         self.completions.close()  # a hook's repeated failures: their count, said once
         if self._lock is not None:
             self._lock.release()
+
+
+def _runs_as_job(hook: Hook) -> bool:
+    """A command hook whose deliveries run as scheduler jobs (a callable's ``via`` is not
+    used: it runs in the watcher)."""
+    return hook.options.via is not None and isinstance(hook.target, CommandTarget)

@@ -29,7 +29,9 @@ from journal.rundir.files import atomic_write
 from journal.rundir.inbox import RejectedFile, read_file
 from journal.rundir.procs import start_time
 from watcher.engine.handback import HandBack
+from watcher.engine.jobs import JobRun, JobRunners, JobSite
 from watcher.engine.leasing import CheckpointGuard
+from watcher.engine.statedir import StateFiles, delivery_log_name
 from watcher.hooks.callbacks import CommandTarget, Event
 from watcher.hooks.command import command_env, log_text, run_command
 from watcher.hooks.delivery import (
@@ -61,46 +63,58 @@ class Attempt:
 
 
 class Executor:
-    """Runs deliveries for one watcher. ``stop`` ends retries and backoff waits early;
+    """Runs deliveries for one watcher. ``files``: its state files (logs, running markers,
+    scratch; None: none written); ``stop`` ends retries and backoff waits early;
     ``checkpoints`` says whether a save delivery's checkpoint is already gone (skipped);
-    ``notice`` says (once) that the state dir cannot be written."""
+    ``notice`` says (once) that the state dir cannot be written; ``jobs`` makes the runner
+    of the command hooks with ``via`` (:mod:`watcher.engine.jobs`)."""
 
     def __init__(
         self,
         journal: Path,
         *,
-        logs_dir: Path | None,
+        files: StateFiles | None,
         control_source: str,
         stop: threading.Event,
         checkpoints: CheckpointGuard,
-        running_dir: Path | None = None,
         notice: Callable[[str], None] = log.warning,
+        jobs: JobRunners | None = None,
     ) -> None:
         self.journal = journal
         self.ckpt_dir = str(journal.parent)
-        self.logs_dir = logs_dir
+        self.files = files
         self.control_source = control_source
         self.stop = stop
         self.checkpoints = checkpoints
-        self.running_dir = running_dir
         self.notice = notice
-        self._scratch: Path | None = None  # <state>/<name>.reports: event and report files
+        self._scratch: Path | None = None  # files.scratch once made: event and report files
         self._tmp_scratch: Path | None = None  # the same in the system's temp dir (fallback)
         self._running_ready = False
-        self._jobs: dict[int, Any] = {}  # JobRunner per JobBoard (--via)
+        self._jobs = jobs
+        self._job_run: JobRun | None = None  # made at the first job (--via)
         self._jobs_lock = threading.Lock()
         self.handback = HandBack(self.ckpt_dir, control_source, notice)
         self._tracebacks: dict[str, int] = {}  # hook id -> full tracebacks printed
         self._tracebacks_lock = threading.Lock()
 
-    def jobs(self, board: Any) -> Any:
-        """The :class:`watcher.scheduler.runner.JobRunner` of this executor for ``board``."""
+    def job_run(self) -> JobRun:
+        """The runner of this executor's scheduler jobs (made at the first one)."""
         with self._jobs_lock:
-            if id(board) not in self._jobs:
-                from watcher.scheduler.runner import JobRunner  # only with --via
-
-                self._jobs[id(board)] = JobRunner(self, board)
-            return self._jobs[id(board)]
+            if self._job_run is None:
+                if self._jobs is None:  # the Watcher refuses such hooks at its start
+                    raise RuntimeError("a hook runs via a scheduler, and no jobs= was given")
+                site = JobSite(
+                    self.files,
+                    self.ckpt_dir,
+                    self.journal,
+                    self.control_source,
+                    self.stop,
+                    self.notice,
+                    values=self._values,
+                    read_report=self._report_from_file,
+                )
+                self._job_run = self._jobs(site)
+            return self._job_run
 
     def deliver(self, d: Delivery) -> DeliveryResult | None:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops.
@@ -156,8 +170,8 @@ class Executor:
     def close(self) -> None:
         """Remove the scratch dir made in the system's temp dir, if one was needed (and
         journal the job states still pending, with --via)."""
-        for runner in self._jobs.values():
-            runner.close()
+        if self._job_run is not None:
+            self._job_run.close()
         if self._tmp_scratch is not None:
             shutil.rmtree(self._tmp_scratch, ignore_errors=True)
             self._tmp_scratch = None
@@ -175,8 +189,8 @@ class Executor:
     def _run_command(
         self, target: CommandTarget, d: Delivery, out: DeliveryResult, attempt: int
     ) -> None:
-        if d.hook.options.via is not None:  # a scheduler job (--via): watcher/scheduler/runner.py
-            self.jobs(d.hook.options.via).run(target, d, out, attempt)
+        if d.hook.options.via is not None:  # a scheduler job (--via): watcher.engine.jobs
+            self.job_run().run(target, d, out, attempt)
             return
         payload = orjson.dumps(d.record)
         argv = target.render(self._values(d))
@@ -207,10 +221,10 @@ class Executor:
             out.status, out.exit_code, out.error = ran.status, ran.exit_code, ran.error
             out.stdout_tail = ran.stdout.data[-TAIL_BYTES:].decode("utf-8", "replace")
             out.stderr_tail = ran.stderr.data[-TAIL_BYTES:].decode("utf-8", "replace")
-            if ran.exit_code is not None and self.logs_dir is not None:
-                name = f"{d.record['seq']:08d}-{d.hook.event}-{d.hook.short_id}-a{attempt}.log"
+            if ran.exit_code is not None and self.files is not None:
                 out.log_path = self._write_state(
-                    self.logs_dir / name, log_text(argv, ran.stdout, ran.stderr)
+                    self.files.logs / delivery_log_name(d, attempt),
+                    log_text(argv, ran.stdout, ran.stderr),
                 )
             if out.status == "ok" and report_file.exists():
                 self._report_from_file(report_file, d, out)
@@ -221,17 +235,17 @@ class Executor:
     def _scratch_file(self, name: str, data: bytes) -> Path:
         """Write a file a command reads (its record) in the state dir, or in the system's
         temp dir when the state dir cannot be written (a full or read-only disk)."""
-        if self.running_dir is not None:
+        if self.files is not None:
             try:
                 if self._scratch is None:
-                    base = self.running_dir.with_suffix(".reports")
+                    base = self.files.scratch
                     base.mkdir(parents=True, exist_ok=True)  # once: a delivery pays no mkdir
                     self._scratch = base
                 path = self._scratch / name
                 atomic_write(path, data, durable=False)  # read once, by a live command
                 return path
             except OSError as exc:
-                self.notice(state_write_failed(self.running_dir.parent, exc))
+                self.notice(state_write_failed(self.files.dir, exc))
         if self._tmp_scratch is None:
             self._tmp_scratch = Path(tempfile.mkdtemp(prefix="ilab-watch-"))
         path = self._tmp_scratch / name
@@ -253,18 +267,19 @@ class Executor:
     def _mark_running(self, pid: int, d: Delivery) -> Path | None:
         """Note a running command's process group, so that a watcher restarted after a
         ``kill -9`` ends it before running the delivery again (never two at once)."""
-        if self.running_dir is None:
+        if self.files is None:
             return None
-        marker = self.running_dir / f"{d.file_stem}.json"
+        running = self.files.running
+        marker = running / f"{d.file_stem}.json"
         try:
             if not self._running_ready:
-                self.running_dir.mkdir(parents=True, exist_ok=True)
+                running.mkdir(parents=True, exist_ok=True)
                 self._running_ready = True
             # not fsynced: no process outlives a reboot, so neither need this
             data = orjson.dumps({"pgid": pid, "start": start_time(pid)})
             atomic_write(marker, data, durable=False)
         except OSError as exc:
-            self.notice(state_write_failed(self.running_dir.parent, exc))
+            self.notice(state_write_failed(self.files.dir, exc))
             return None
         return marker
 

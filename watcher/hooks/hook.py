@@ -37,9 +37,10 @@ class HookOptions:
     backoff: float = 1.0  # first retry delay; doubles each time, capped at 60 s
     concurrency: int = 1
     queue: QueuePolicy | None = None  # None: "latest" for high-rate events, else "all"
-    #: a command hook's deliveries run as jobs of this watcher.scheduler.board.JobBoard
-    #: (``--via``); None: as processes of the watcher. Any: hooks sits below the scheduler.
-    via: Any = None
+    #: the scheduler (``--via slurm|local``) whose jobs run a command hook's deliveries,
+    #: through the runner the watcher is given (watcher.engine.jobs); None: processes of
+    #: the watcher. A callable always runs in the watcher.
+    via: str | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ import click
 from journal.remote.store import StoreURIError
 from journal.rundir.paths import watch_dir
 from watcher.engine.cursor import CursorBusy, CursorLock
+from watcher.engine.statedir import StateFiles
 from watcher.mirror.mirror import Mirror
 
 #: How much lower than training a mirroring watcher alone runs (``nice``).
@@ -71,7 +72,9 @@ class MirrorRun:
             self.mirror = Mirror(ckpt_dir, uri, follow=follow, lease_ttl=lease_ttl, linger=linger)
         except StoreURIError as exc:
             raise click.UsageError(str(exc)) from None
-        self._lock = CursorLock(watch_dir(ckpt_dir), "mirror", store=self.mirror.store.uri)
+        self._lock = CursorLock(
+            StateFiles(watch_dir(ckpt_dir), "mirror"), store=self.mirror.store.uri
+        )
         self._checked = False
 
     def check(self) -> None:

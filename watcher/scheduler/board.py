@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from watcher.hooks.callbacks import Event
 from watcher.scheduler import QUEUED_STATES, JobState, Scheduler, SchedulerError
+from watcher.scheduler.markers import forget_finished
 
 log = logging.getLogger("watcher")
 
@@ -61,13 +64,14 @@ class JobBoard:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()
-        self.runners: list[Any] = []  # the watcher.scheduler.runner.JobRunner of each executor
+        #: the markers' dir of each job runner (watcher.scheduler.runner), for :meth:`finish`
+        self.job_dirs: list[Path] = []
 
     def finish(self) -> None:
         """The watcher ended normally: every result is recorded, so the markers of ended
         jobs can go (those of jobs still running stay, for the next watcher)."""
-        for runner in self.runners:
-            runner.forget_finished()
+        for jobs_dir in self.job_dirs:
+            forget_finished(jobs_dir)
 
     def watch(self, job_id: str, attempt: AttemptKey | None = None) -> int:
         """Follow ``job_id`` (the job of a record of ``attempt``) until :meth:`forget`.
@@ -124,7 +128,7 @@ class JobBoard:
             self.skipped_on_abort += 1
         return True
 
-    def on_train_end(self, event: Any, **data: Any) -> None:
+    def on_train_end(self, event: Event, **data: Any) -> None:
         """A hook on ``train_end`` (``--cancel-on-abort``): an aborted attempt's queued jobs
         are cancelled, and its deliveries not yet submitted are skipped."""
         if self.cancel_on_abort and data.get("command") == "abort":

@@ -15,10 +15,14 @@ Durable state, for a watcher killed with ``kill -9``: a marker per delivery in
 job name) and after (its id), and again when the job ended. A restarted watcher that
 delivers the record again re-attaches to that job (or takes its recorded end) instead of
 submitting a second one. Markers of deliveries whose results were recorded are removed
-when the watcher ends normally (:meth:`JobRunner.forget_finished`).
+when the watcher ends normally (:meth:`~watcher.scheduler.board.JobBoard.finish`); the
+markers and exit files are watcher/scheduler/markers.py's.
 
-Each state change is also journaled as a ``job`` record (journal/channels/jobs.py) and listed in
-the result's ``jobs``.
+Each state change is also journaled as a ``job`` record (watcher/scheduler/records.py) and
+listed in the result's ``jobs``.
+
+The engine runs it as its :class:`~watcher.engine.jobs.JobRun`, made with the
+:class:`~watcher.engine.jobs.JobSite` of the executor whose deliveries these are.
 """
 
 from __future__ import annotations
@@ -27,26 +31,25 @@ import contextlib
 import hashlib
 import logging
 import os
-import queue
 import shlex
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from journal.channels.jobs import job_payload
-from journal.channels.reports import drain
-from journal.rundir.files import atomic_write, json_files
-from journal.rundir.paths import reports_dir
+from journal.rundir.files import atomic_write
 from journal.rundir.procs import start_time
+from watcher.engine.jobs import JobSite
+from watcher.engine.statedir import delivery_log_name
 from watcher.hooks.callbacks import CommandTarget
 from watcher.hooks.command import OUTPUT_KEEP_BYTES, command_env, read_tail
 from watcher.hooks.delivery import Delivery, DeliveryResult
 from watcher.scheduler import QUEUED_STATES, JobSpec, JobState, SchedulerError
 from watcher.scheduler.board import JobBoard, attempt_of
+from watcher.scheduler.markers import exit_code, load, save
+from watcher.scheduler.records import JobRecords
 
 log = logging.getLogger("watcher")
 
@@ -67,34 +70,32 @@ exit "$code"
 
 
 class JobRunner:
-    """Runs command deliveries of one executor as jobs of ``board``'s scheduler."""
+    """Runs the command deliveries of one executor (``site``: its state files, stop event,
+    notices, placeholder values and $ILAB_REPORT reading) as jobs of ``board``'s
+    scheduler: a :class:`watcher.engine.jobs.JobRun`."""
 
-    def __init__(self, executor: Any, board: JobBoard) -> None:
-        """``executor``: the watcher.engine.execute.Executor whose deliveries these are (its
-        dirs, stop event, notices, placeholder values and $ILAB_REPORT reading); not
-        imported here, as it imports this module."""
-        self.ex = executor
+    def __init__(self, board: JobBoard, site: JobSite) -> None:
+        self.site = site
         self.board = board
-        running = executor.running_dir
+        files = site.files
         self.dir = (
-            running.with_suffix(".jobs").absolute()
-            if running is not None
+            files.jobs.absolute()
+            if files is not None
             else Path(tempfile.mkdtemp(prefix="ilab-jobs-"))
         )
+        self.logs = files.logs if files is not None else self.dir
         self.token = f"{os.getpid()}-{start_time(os.getpid())}"  # this watcher process
-        self._journal_q: queue.Queue[bool] = queue.Queue()
-        self._drainer = threading.Thread(target=self._drain, name="ilab-job-records", daemon=True)
-        self._drainer.start()
-        board.runners.append(self)
+        self.records = JobRecords(site.ckpt_dir, site.control_source, site.notice)
+        board.job_dirs.append(self.dir)  # its ended jobs' markers go at the watcher's end
 
     # -- one attempt -----------------------------------------------------------------------
 
     def run(self, target: CommandTarget, d: Delivery, out: DeliveryResult, attempt: int) -> None:
         marker_path = self.dir / f"{d.file_stem}.json"
-        marker = _load(marker_path)
+        marker = load(marker_path)
         if marker is not None and marker.get("owner") != self.token:
             marker["owner"] = self.token  # a previous watcher's job: re-attach, never resubmit
-            self._save(marker_path, marker)
+            save(marker_path, marker)
             if marker.get("job_id") is None:  # killed between submitting and noting the id
                 marker["job_id"] = self._find(str(marker["job_name"]))
             if marker.get("job_id") is not None:
@@ -113,8 +114,8 @@ class JobRunner:
     ) -> dict[str, Any] | None:
         prefix = self.dir / f"{d.file_stem}-a{k}"
         payload = orjson.dumps(d.record)
-        logs = self.ex.logs_dir or self.dir
-        log_path = logs / f"{d.record['seq']:08d}-{d.hook.event}-{d.hook.short_id}-a{k}.log"
+        logs = self.logs
+        log_path = logs / delivery_log_name(d, k)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,7 @@ class JobRunner:
             atomic_write(event, payload)
             for stale in (prefix.with_suffix(".report.json"), prefix.with_suffix(".exit")):
                 stale.unlink(missing_ok=True)
-            command = " ".join(shlex.quote(a) for a in target.render(self.ex._values(d)))
+            command = " ".join(shlex.quote(a) for a in target.render(self.site.values(d)))
             script = prefix.with_suffix(".sh")
             q = shlex.quote
             text = _SCRIPT.format(
@@ -140,8 +141,8 @@ class JobRunner:
             d.record,
             payload,
             event,
-            ckpt_dir=self.ex.ckpt_dir,
-            journal=str(self.ex.journal),
+            ckpt_dir=self.site.ckpt_dir,
+            journal=str(self.site.journal),
             delivery_id=d.delivery_id,
         )
         env["ILAB_REPORT"] = str(prefix.with_suffix(".report.json"))
@@ -156,7 +157,7 @@ class JobRunner:
             "owner": self.token,
             "final": None,
         }
-        self._save(marker_path, marker)  # before submitting: a restart finds the job by name
+        save(marker_path, marker)  # before submitting: a restart finds the job by name
         # the watcher's cwd, as for a local command: relative paths (DIR, placeholders,
         # ILAB_CKPT_DIR) mean the same in the job, on the shared filesystem
         spec = JobSpec(marker["job_name"], script, env, log_path.absolute(), Path.cwd())
@@ -167,7 +168,7 @@ class JobRunner:
             out.status, out.error = "failed", str(exc)
             return None
         marker["submitted_at"] = time.time()
-        self._save(marker_path, marker)
+        save(marker_path, marker)
         return marker
 
     def _follow(
@@ -197,7 +198,7 @@ class JobRunner:
             job["node"] = st.node
         else:
             if not adopted:
-                self._note(job, JobState("PENDING"), d, marker)
+                self.records.note(job, JobState("PENDING"), d, marker)
             ended, timed_out = self._wait(job_id, prefix, job, d, marker)
             if ended is None:  # the watcher is stopping: the job runs on, a restart re-attaches
                 out.status = "abandoned"
@@ -205,7 +206,7 @@ class JobRunner:
                 return
             st = ended
             marker.update(final=vars(st), ended_at=time.time())
-            self._save(marker_path, marker)
+            save(marker_path, marker)
         out.status = "timeout" if timed_out else "failed"  # not a previous attempt's
         self._result(st, marker, prefix, d, out)
 
@@ -223,13 +224,13 @@ class JobRunner:
         polls = board.watch(job_id, attempt_of(d.record))
         try:
             while True:
-                if self.ex.stop.is_set():
+                if self.site.stop.is_set():
                     return None, False
                 seen, st = board.wait(job_id, polls, board.poll_s + 1)
                 answered, polls = seen != polls, seen
                 # the exit file first: the command ended, whatever the scheduler says (or
                 # whether it answers at all)
-                code = _exit_code(prefix.with_suffix(".exit"))
+                code = exit_code(prefix.with_suffix(".exit"))
                 if code is not None:
                     exit_seen = seen if exit_seen is None else exit_seen
                     # Unless the scheduler already said the job ended, one poll begun after
@@ -256,13 +257,13 @@ class JobRunner:
                         board.cancel_queued([job_id])
                     if st.held and not said_held:
                         said_held = True  # once per job: it waits, not hangs
-                        self.ex.notice(
+                        self.site.notice(
                             f"{name} job {job_id} ({_what(d)}) is held ({st.reason}): it "
                             f"starts only once released (scontrol release {job_id})"
                         )
                 if last is None or (st.state, st.node) != (last.state, last.node):
                     if not (st.state == "PENDING" and last is None):
-                        self._note(job, st, d, marker)
+                        self.records.note(job, st, d, marker)
                     last = st
                 if st.state == "RUNNING" and running_since is None:
                     running_since = time.monotonic()
@@ -287,9 +288,11 @@ class JobRunner:
         try:
             self.board.scheduler.cancel([job_id])
         except SchedulerError as exc:
-            self.ex.notice(f"cannot cancel {name} job {job_id}, queued again after it ended: {exc}")
+            self.site.notice(
+                f"cannot cancel {name} job {job_id}, queued again after it ended: {exc}"
+            )
             return
-        self.ex.notice(
+        self.site.notice(
             f"{name} job {job_id} ended (exit code {code}) but {name} queued it again "
             f"({st.state}, {st.reason or 'requeued'}): cancelled, so that it does not run twice"
         )
@@ -297,7 +300,7 @@ class JobRunner:
     def _result(
         self, st: JobState, marker: dict[str, Any], prefix: Path, d: Delivery, out: DeliveryResult
     ) -> None:
-        code = _exit_code(prefix.with_suffix(".exit"))
+        code = exit_code(prefix.with_suffix(".exit"))
         out.exit_code = code if code is not None else st.exit_code
         out.log_path = marker.get("log")
         with contextlib.suppress(OSError), open(str(marker["log"]), "rb") as f:
@@ -312,7 +315,7 @@ class JobRunner:
             out.status, out.error = "ok", None
             report = prefix.with_suffix(".report.json")
             if report.exists():
-                self.ex._report_from_file(report, d, out)
+                self.site.read_report(report, d, out)
                 report.unlink(missing_ok=True)  # submitted once, also after a restart
         elif st.state == "CANCELLED" and self.board.skips(d.record):
             out.status = "skipped"
@@ -325,89 +328,19 @@ class JobRunner:
         for suffix in (".sh", ".event.json", ".exit"):
             prefix.with_suffix(suffix).unlink(missing_ok=True)
 
-    # -- records -----------------------------------------------------------------------------
-
-    def _note(self, job: dict[str, Any], st: JobState, d: Delivery, marker: dict[str, Any]) -> None:
-        """A state change: into the result, and into the journal as a ``job`` record."""
-        job["states"].append({"state": st.state, "at": time.time()})
-        job["node"] = st.node or job["node"]
-        data = d.record.get("data") or {}
-        path = data.get("checkpoint_path")
-        payload = job_payload(
-            job_id=job["id"],
-            scheduler=job["scheduler"],
-            state=st.state,
-            node=job["node"],
-            exit_code=st.exit_code if st.final else None,
-            log_path=marker.get("log") if st.final else None,
-            checkpoint_path=path if isinstance(path, str) else None,
-            step=d.record.get("step"),
-            delivery_id=d.delivery_id,
-            hook=d.hook.label[:200],
-            attempt=int(marker["attempt"]),
-            source=self.ex.control_source,
-        )
-        try:
-            inbox = reports_dir(self.ex.ckpt_dir)
-            inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-            atomic_write(inbox / f"{payload['id']}.json", orjson.dumps(payload))
-        except OSError as exc:
-            self.ex.notice(f"cannot journal job states in {inbox}: {exc.strerror or exc}")
-            return
-        self._journal_q.put(True)  # journaled by whoever holds the journal, or by us
-
-    def _drain(self) -> None:
-        while self._journal_q.get():
-            while not self._journal_q.empty():  # one drain for changes that came together
-                self._journal_q.get_nowait()
-            try:
-                drain(self.ex.ckpt_dir, role="job")
-            except Exception as exc:  # the next change, or the trainer, journals it
-                self.ex.notice(f"cannot journal job states: {type(exc).__name__}: {exc}")
-
     def close(self) -> None:
-        """Journal what is pending, then stop the journaling thread."""
-        self._journal_q.put(False)
-        self._drainer.join(timeout=10)
-        with contextlib.suppress(Exception):
-            drain(self.ex.ckpt_dir, role="job")
-
-    def forget_finished(self) -> None:
-        """Remove the markers of ended jobs (the watcher ended normally: their results are
-        recorded); those of jobs still running stay for the next watcher."""
-        for path in json_files(self.dir):
-            marker = _load(path)
-            if marker is not None and marker.get("final") is not None:
-                path.unlink(missing_ok=True)
+        """Journal what is pending (the watcher is done)."""
+        self.records.close()
 
     def _find(self, name: str) -> str | None:
         try:
             return self.board.scheduler.find(name)
         except SchedulerError as exc:
-            self.ex.notice(f"cannot look up job {name}: {exc}")
+            self.site.notice(f"cannot look up job {name}: {exc}")
             return None
-
-    def _save(self, path: Path, marker: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, orjson.dumps(marker))  # durable: a restart must find the job
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) and "attempt" in obj else None
 
 
 def _what(d: Delivery) -> str:
     """What a delivery's job is for, in a console line: its checkpoint, or its record."""
     path = (d.record.get("data") or {}).get("checkpoint_path")
     return Path(path).name if isinstance(path, str) else f"{d.hook.event} seq {d.record['seq']}"
-
-
-def _exit_code(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
