@@ -18,11 +18,11 @@ from typing import Any
 
 from journal.rundir.paths import journal_path, watch_dir
 from watcher.engine.engine import Watcher
-from watcher.exporters.base import already_said, close_all, every_record
+from watcher.exporters.base import close_all
 from watcher.exporters.registry import make_exporter, replay_command
 from watcher.hooks.callbacks import CallbackSpecError, callable_name
-from watcher.hooks.delivery import DeliveryResult
-from watcher.hooks.hook import Hook, HookOptions, hook_for, hooks_for_object
+from watcher.hooks.delivery import DeliveryResult, already_said
+from watcher.hooks.hook import Hook, HookOptions, assemble_hooks
 
 log = logging.getLogger("watcher")
 
@@ -127,26 +127,23 @@ class EmbeddedWatcher:
         exporters: list[Any] | None = None,
         node_rank: int = 0,
     ) -> None:
-        self.exporters = list(exporters or [])
-        built: list[Hook] = [
-            hook_for(event, spec, HookOptions()) for event, specs in hooks.items() for spec in specs
-        ]
-        for obj in callbacks:
-            built.extend(hooks_for_object(obj, lambda ev: HookOptions()))
-        for exporter in self.exporters:
-            built.extend(hooks_for_object(exporter, every_record(lambda ev: HookOptions())))
+        built = assemble_hooks(
+            [(event, spec) for event, specs in hooks.items() for spec in specs],
+            callbacks,
+            exporters or [],
+            lambda ev: HookOptions(),
+        )
+        self.exporters = built.exporters
         self.watcher = Watcher(
             journal_path(ckpt_dir),
-            built,
+            built.hooks,
             # each node's launcher runs one: the other nodes' must not be refused
             name="embedded" if node_rank == 0 else f"embedded-node{node_rank}",
             state_dir=watch_dir(ckpt_dir),
             start=start_offset,
             persist_cursor=False,
             reporter=_log_result,
-            stateful_callbacks=[
-                o for o in callbacks if callable(getattr(o, "restore_state", None))
-            ],
+            stateful_callbacks=built.stateful,
             control_source="run_training",
         )
         try:  # its results and running markers are under watch/embedded.*: one process only

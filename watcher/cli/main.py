@@ -7,30 +7,27 @@ import hashlib
 import logging
 import signal
 import sys
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 
-from journal.record.events import EVENTS
 from journal.record.text import PrintableFormatter
 from journal.rundir.paths import resolve_journal, watch_dir
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, not_a_directory
-from watcher.builtin.foreign import adapt
-from watcher.builtin.steering import parse_builtin
+from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
 from watcher.cli.options import parse_queue, watch_options
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
-from watcher.exporters.base import already_said, close_all, every_record
-from watcher.exporters.registry import exporters_for
-from watcher.hooks.callbacks import CallbackSpecError, load_object
-from watcher.hooks.hook import Hook, HookOptions, hook_for, hooks_for_object, instantiate
-from watcher.mirror.options import mirror_options, open_mirror, run_alone
-from watcher.mirror.remote import follow_remote
-from watcher.scheduler.options import abort_hook, job_board, skipped_words
+from watcher.exporters.base import close_all
+from watcher.hooks.delivery import already_said
+from watcher.hooks.hook import Hook, HookSet
+from watcher.mirror.options import MirrorRun, mirror_options, open_mirror, run_alone
+from watcher.mirror.remote import RemoteFollow, follow_remote
+from watcher.scheduler.board import JobBoard
+from watcher.scheduler.options import job_board, skipped_words
 from watcher.scheduler.runner import JobRunner
 
 
@@ -50,6 +47,161 @@ def _unless_said(reporter: Any) -> Any:
     """The console's line per delivery, except failures whose cause the watcher has said
     once already (a tracker that stopped answering: one line, not one per record)."""
     return lambda out: None if already_said(out.error) else reporter(out)
+
+
+# -- main's steps, in the order it takes them -----------------------------------------------
+
+
+def _set_up_process(verbose: int) -> None:
+    """The garbage collector's pace and the console's log lines."""
+    # A replay makes its records, deliveries and events by the hundred thousand, all
+    # short-lived and acyclic: collecting after every 700 allocations took a third of its
+    # time (benchmarks/bench_replay.py). This process is ours to tune.
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
+    logging.basicConfig(level=level, handlers=[handler])
+    logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
+
+
+def _locate(
+    dir: Path | str,
+    download_dir: Path | None,
+    poll: float | None,
+    replay: bool,
+    state_dir: Path | None,
+    tensorboard_dir: Path | None,
+) -> tuple[RemoteFollow | None, Path]:
+    """The journal to follow (and for a URI, the replica it is followed through); the
+    directories given that can never be used are usage errors."""
+    remote = follow_remote(dir, download_dir, poll)  # a URI: followed through a replica
+    run_dir = remote.dir if remote is not None else Path(dir)
+    journal = resolve_journal(run_dir, must_exist=False)  # followed, it may not exist yet
+    if replay and not journal.is_file():
+        raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
+    for directory in (
+        journal.parent,
+        state_dir,
+        tensorboard_dir,
+    ):  # below a file: could never start
+        if directory is not None and (why := not_a_directory(directory)):
+            raise click.UsageError(why)
+    return remote, journal
+
+
+def _check_run_dir(journal: Path, poll: float | None) -> float | None:
+    """Say how the run dir is followed, and refuse an unsafe one; the poll interval (set on
+    a file system whose events are unreliable)."""
+    ckpt_dir = journal.parent
+    if poll is None and (fstype := needs_polling(ckpt_dir)):
+        poll = 1.0
+        click.echo(
+            f"ilab-watch: {ckpt_dir} is on {fstype}; polling every {poll:g}s "
+            "(filesystem events are unreliable there)",
+            err=True,
+        )
+    if not ckpt_dir.exists():
+        click.echo(f"ilab-watch: waiting for {ckpt_dir} to appear", err=True)
+    try:  # it writes leases, reports and control files there, and kills what it recorded
+        check_run_dir(ckpt_dir)
+    except UnsafeRunDir as exc:
+        raise click.UsageError(str(exc)) from None
+    return poll
+
+
+def _claimed_watcher(
+    journal: Path,
+    built: HookSet,
+    *,
+    name: str | None,
+    state_dir: Path | None,
+    start: str,
+    follow: bool,
+    poll: float | None,
+    quiet: bool,
+    verbose: int,
+    lease_ttl: float,
+    board: JobBoard | None,
+) -> Watcher:
+    """The watcher, holding its cursor's lock: exit 3 names the process that holds it."""
+    from watcher.engine.console import ConsoleReporter
+
+    watcher = Watcher(
+        journal,
+        built.hooks,
+        name=name or default_name(built.hooks),
+        state_dir=state_dir or watch_dir(journal.parent),
+        start="now" if start == "now" else "start",
+        follow=follow,
+        poll=poll,
+        reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
+        stateful_callbacks=built.stateful,
+        lease_ttl=lease_ttl,
+        jobs=partial(JobRunner, board) if board is not None else None,  # --via
+    )
+    try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
+        watcher.claim()
+    except CursorBusy as exc:
+        close_all(built.exporters)
+        click.echo(f"ilab-watch: {exc}", err=True)
+        sys.exit(3)
+    except UnsafeRunDir as exc:
+        raise click.UsageError(str(exc)) from None
+    return watcher
+
+
+def _run(
+    watcher: Watcher,
+    poll: float | None,
+    quiet: bool,
+    *,
+    mirror: MirrorRun | None,
+    remote: RemoteFollow | None,
+) -> tuple[int, bool]:
+    """Deliver until the run's end (and the mirror's); the exit code, and whether a signal
+    stopped it."""
+    interrupted: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signum)
+        watcher.request_stop()
+        if mirror is not None:
+            mirror.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if not quiet:
+        click.echo(
+            f"ilab-watch: {len(watcher.hooks)} hook(s) on {watcher.journal} (cursor "
+            f"'{watcher.name}', {'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
+            err=True,
+        )
+    if mirror is not None:
+        mirror.start()
+    code = watcher.run()
+    if remote is not None:
+        remote.finish()  # the last reports and commands reach the store
+    if mirror is not None:
+        code = max(code, mirror.finish(quiet))
+    return code, bool(interrupted)
+
+
+def _summarise(watcher: Watcher, board: JobBoard | None) -> None:
+    """The last line: what was delivered, and where the results are."""
+    n_ok, n_skipped = watcher.count("ok"), watcher.count("skipped")
+    skipped = skipped_words(n_skipped, board)
+    lost = watcher.completions.unrecorded
+    where = (
+        f"the results of {lost} deliveries could not be saved in {watcher.results_path}"
+        if lost
+        else f"results in {watcher.results_path}"
+    )
+    click.echo(
+        f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed{skipped}; {where}",
+        err=True,
+    )
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -112,160 +264,55 @@ def main(
     2 usage error, 3 another watcher runs this cursor (same --state-dir and --name; the
     message names it), 130 interrupted.
     """
-    # A replay makes its records, deliveries and events by the hundred thousand, all
-    # short-lived and acyclic: collecting after every 700 allocations took a third of its
-    # time (benchmarks/bench_replay.py). This process is ours to tune.
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    handler = logging.StreamHandler()
-    handler.setFormatter(PrintableFormatter("ilab-watch: %(message)s"))  # text from records
-    logging.basicConfig(level=level, handlers=[handler])
-    logging.getLogger("watchdog").setLevel(logging.ERROR)  # its shutdown chatter is not news
-    remote = follow_remote(dir, download_dir, poll)  # a URI: followed through a replica
-    dir = remote.dir if remote is not None else Path(dir)
-    journal = resolve_journal(dir, must_exist=False)  # followed, it may not exist yet
+    _set_up_process(verbose)
+    remote, journal = _locate(dir, download_dir, poll, replay, state_dir, tensorboard_dir)
     ckpt_dir = journal.parent
-    if replay and not journal.is_file():
-        raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
-    for directory in (ckpt_dir, state_dir, tensorboard_dir):  # below a file: could never start
-        if directory is not None and (why := not_a_directory(directory)):
-            raise click.UsageError(why)
     policies = parse_queue(queue)
     board = job_board(via, sbatch_args, cancel_on_abort, job_poll)  # --via: scheduler jobs
-
-    def options_for(event: str) -> HookOptions:
-        return HookOptions(
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
-            concurrency=concurrency,
-            queue=policies.get(event, policies.get(None)),
-            via=via,
-        )
-
-    hooks: list[Hook] = []
-    consumers: list[Any] = []
-    exporters: list[Any] = []
-    try:
-        pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
-        for event, cmd in pairs:
-            if event not in EVENTS:
-                raise CallbackSpecError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
-            hooks.append(hook_for(event, cmd, options_for(event), shell=shell))
-        # InstructLab's and training_hub's callbacks run as their trainers would call them
-        objects = adapt([instantiate(load_object(spec), spec) for spec in callbacks])
-        if early_stopping is not None:
-            objects.append(parse_builtin("early-stopping", early_stopping))
-        if divergence is not None:
-            objects.append(parse_builtin("divergence", divergence))
-        for obj in objects:
-            hooks.extend(hooks_for_object(obj, options_for))
-            if callable(getattr(obj, "restore_state", None)):
-                consumers.append(obj)
-        for exporter in exporters_for(
-            ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb
-        ):
-            exporters.append(exporter)  # closed (flushed, W&B run finished) at the end
-            hooks.extend(hooks_for_object(exporter, every_record(options_for)))
-    except CallbackSpecError as exc:
-        raise click.UsageError(str(exc)) from None
-    if board is not None:
-        if not pairs:
-            raise click.UsageError(f"--via {via} runs command hooks: give --on-save CMD")
-        if cancel_on_abort:
-            hooks.append(abort_hook(board, lambda e: replace(options_for(e), via=None)))
+    options_for = hook_options(policies, timeout, retries, backoff, concurrency, via)
+    built = build_hooks(
+        [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs),
+        callback_objects(callbacks, early_stopping, divergence),
+        tracker_exporters(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb),
+        options_for,
+        shell=shell,
+        board=board,
+        cancel_on_abort=cancel_on_abort,
+    )
     mirror = open_mirror(
         ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl, linger=linger
     )
-    if not hooks and mirror is None:
+    if not built.hooks and mirror is None:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
             "--tensorboard LOGDIR, --mlflow, --wandb or --mirror URI"
         )
-
-    if poll is None and (fstype := needs_polling(journal.parent)):
-        poll = 1.0
-        click.echo(
-            f"ilab-watch: {journal.parent} is on {fstype}; polling every {poll:g}s "
-            "(filesystem events are unreliable there)",
-            err=True,
-        )
-    if not ckpt_dir.exists():
-        click.echo(f"ilab-watch: waiting for {ckpt_dir} to appear", err=True)
-    try:  # it writes leases, reports and control files there, and kills what it recorded
-        check_run_dir(ckpt_dir)
-    except UnsafeRunDir as exc:
-        raise click.UsageError(str(exc)) from None
-    if mirror is not None and not hooks:
+    poll = _check_run_dir(journal, poll)
+    if mirror is not None and not built.hooks:
         sys.exit(run_alone(mirror, quiet))
-    from watcher.engine.console import ConsoleReporter
-
-    name = name or default_name(hooks)
-    watcher = Watcher(
+    watcher = _claimed_watcher(
         journal,
-        hooks,
+        built,
         name=name,
-        state_dir=state_dir or watch_dir(ckpt_dir),
-        start="now" if start == "now" else "start",
+        state_dir=state_dir,
+        start=start,
         follow=not replay,
         poll=poll,
-        reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
-        stateful_callbacks=consumers,
+        quiet=quiet,
+        verbose=verbose,
         lease_ttl=lease_ttl,
-        jobs=partial(JobRunner, board) if board is not None else None,  # --via
+        board=board,
     )
-    try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
-        watcher.claim()
-    except CursorBusy as exc:
-        close_all(exporters)
-        click.echo(f"ilab-watch: {exc}", err=True)
-        sys.exit(3)
-    except UnsafeRunDir as exc:
-        raise click.UsageError(str(exc)) from None
-    interrupted: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signum)
-        watcher.request_stop()
-        if mirror is not None:
-            mirror.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    if not quiet:
-        click.echo(
-            f"ilab-watch: {len(hooks)} hook(s) on {journal} (cursor '{name}', "
-            f"{'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
-            err=True,
-        )
-    if mirror is not None:
-        mirror.start()
-    code = watcher.run()
-    if remote is not None:
-        remote.finish()  # the last reports and commands reach the store
-    if mirror is not None:
-        code = max(code, mirror.finish(quiet))
-    close_all(exporters)
+    code, interrupted = _run(watcher, poll, quiet, mirror=mirror, remote=remote)
+    close_all(built.exporters)
     if board is not None:
         board.close()
         if not interrupted:
             board.finish()
     if interrupted:
         sys.exit(130)
-    n_ok, n_skipped = watcher.count("ok"), watcher.count("skipped")
     if not quiet:
-        skipped = skipped_words(n_skipped, board)
-        lost = watcher.completions.unrecorded
-        where = (
-            f"the results of {lost} deliveries could not be saved in {watcher.results_path}"
-            if lost
-            else f"results in {watcher.results_path}"
-        )
-        click.echo(
-            f"ilab-watch: done: {n_ok} ok, {watcher.failed_final} failed{skipped}; {where}",
-            err=True,
-        )
+        _summarise(watcher, board)
     sys.exit(code)
 
 

@@ -13,15 +13,11 @@ so they are kept.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from watcher.hooks.callbacks import Event, TrainerCallback
 from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
-from watcher.hooks.delivery import already_said as already_said
-from watcher.hooks.hook import HookOptions
 
 # TrackerUnavailable (raised by the exporters, said once by the engine) lives below both,
 # in watcher/hooks/delivery.py: the exporters import it from here, as before.
@@ -52,12 +48,6 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def every_record(options_for: Callable[[str], HookOptions]) -> Callable[[str], HookOptions]:
-    """Hook options that deliver every record: an exporter writes points, not only the
-    newest pending one (the default for high-rate events such as ``log``)."""
-    return lambda event: dataclasses.replace(options_for(event), queue="all")
 
 
 def close_all(exporters: list[Any]) -> None:

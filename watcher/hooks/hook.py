@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -96,18 +96,21 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
     return Hook(event, spec, options)
 
 
-def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> list[Hook]:
+def hooks_for_object(
+    obj: Any, options_for: Callable[[str], HookOptions], *, every_record: bool = False
+) -> list[Hook]:
     """One hook per ``on_<event>`` method the object implements (class-based callbacks);
     events in its ``context_events`` make context hooks. The hooks name the object as their
     ``owner``: the watcher calls its methods one at a time, in journal order. An object
-    with ``deliver_every_record`` true gets every record (no coalescing); one with a
-    ``callback_label`` is named by it (an adapter, by the object it runs)."""
+    with ``deliver_every_record`` true (or given ``every_record``: an exporter) gets every
+    record (no coalescing); one with a ``callback_label`` is named by it (an adapter, by
+    the object it runs)."""
     methods = hooked_methods(obj)
     if not methods:
         raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
     name = getattr(obj, "callback_label", None) or callable_name(type(obj))
     context = set(getattr(obj, "context_events", ()))
-    every = bool(getattr(obj, "deliver_every_record", False))
+    every = every_record or bool(getattr(obj, "deliver_every_record", False))
 
     def options(ev: str) -> HookOptions:
         opts = options_for(ev)
@@ -117,6 +120,46 @@ def hooks_for_object(obj: Any, options_for: Callable[[str], HookOptions]) -> lis
         Hook(ev, meth, options(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
         for ev, meth in methods.items()
     ]
+
+
+@dataclass(frozen=True)
+class HookSet:
+    """A watcher's hooks (:func:`assemble_hooks`), with the callback objects whose
+    ``restore_state(records)`` it calls before delivering and the exporters it closes."""
+
+    hooks: list[Hook]
+    stateful: list[Any]
+    exporters: list[Any]
+
+
+def assemble_hooks(
+    commands: Iterable[tuple[str, Any]],
+    objects: Iterable[Any],
+    exporters: Iterable[Any],
+    options_for: Callable[[str], HookOptions],
+    *,
+    shell: bool = False,
+) -> HookSet:
+    """The hooks of ``ilab-watch`` and of the embedded watcher, in the order they run:
+    each ``(event, command string or callable)``, each callback object's ``on_<event>``
+    methods, then each exporter's (every record: an exporter writes points, not only the
+    newest pending one). A callback object with a ``restore_state`` is stateful (an
+    exporter is not: it reads back what its tracker holds).
+
+    Each argument is read to its end before the next one is: a caller that passes
+    generators makes nothing (a callback object, a tracker's connection) before what
+    comes earlier proved usable, and all of its objects before their hooks."""
+    hooks = [hook_for(event, spec, options_for(event), shell=shell) for event, spec in commands]
+    made = list(objects)
+    stateful = []
+    for obj in made:
+        hooks.extend(hooks_for_object(obj, options_for))
+        if callable(getattr(obj, "restore_state", None)):
+            stateful.append(obj)
+    trackers = list(exporters)
+    for exporter in trackers:
+        hooks.extend(hooks_for_object(exporter, options_for, every_record=True))
+    return HookSet(hooks, stateful, trackers)
 
 
 def instantiate(obj: Any, where: str) -> Any:
