@@ -73,3 +73,13 @@ def install(moved: dict[str, str]) -> None:
     MOVED.update(moved)
     if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
         sys.meta_path.append(_MovedModules())
+
+
+def old_module_name(module: str) -> str:
+    """The path a moved module had (``watcher.builtin.steering`` -> ``watcher.builtins``),
+    else ``module``: names that outlive a run (a watcher's default cursor name, a callback's
+    label in results) stay what they were before the folders."""
+    for old, new in MOVED.items():
+        if new == module:
+            return old
+    return module

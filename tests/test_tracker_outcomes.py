@@ -25,7 +25,7 @@ def test_a_tracker_that_could_not_start_or_failed_mid_run_names_its_replay(
     assert f"ilab-watch {tmp_path} --mlflow {dead} --replay" in warning
     rows = [
         {
-            "callback": "watcher.exporters.tensorboard_export.TensorBoardExport.on_log",
+            "callback": "watcher.tensorboard.TensorBoardExport.on_log",
             "event": "log",
             "failed": 2,
             "errors": ["OSError: disk full"],

@@ -28,7 +28,13 @@ import orjson
 from watcher.engine.cursor import Cursor, CursorState
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.wake import Waker
-from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, state_write_failed
+from watcher.hooks.delivery import (
+    Batch,
+    Delivery,
+    DeliveryResult,
+    already_said,
+    state_write_failed,
+)
 
 Reporter = Callable[[DeliveryResult], None]
 log = logging.getLogger("watcher")
@@ -72,6 +78,8 @@ class HookFailures:
         """The one line said at 10, 100, 1,000, ... failures (None at other counts)."""
         n = self.count
         if n <= FAILURES_SHOWN or 10 ** round(math.log10(n)) != n or self.last is None:
+            return None
+        if already_said(self.last.error):  # a tracker that stopped answering: said once
             return None
         return (
             f"{self.last.hook} on {self.last.event}: {n} failures so far, the latest at seq "
@@ -232,7 +240,7 @@ class Completions:
             last = f.last
             if last is None:
                 continue
-            if f.count > FAILURES_SHOWN:
+            if f.count > FAILURES_SHOWN and not already_said(last.error):
                 where = f"; every failure is in {self.results_path}" if self.results_path else ""
                 log.warning(
                     "%s on %s failed %d times in all (seq %d to %d), the last: %s%s",

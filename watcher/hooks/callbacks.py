@@ -20,6 +20,7 @@ from typing import Any
 
 from journal.channels.control import Control
 from journal.channels.reports import Report
+from journal.moved import old_module_name
 from journal.record.events import ENVELOPE_FIELDS, EVENTS
 from journal.record.schema import PAYLOAD_MODELS
 
@@ -244,12 +245,14 @@ def hooked_methods(obj: Any) -> dict[str, Any]:
 
 
 def callable_name(fn: Any) -> str:
-    """``module.QualName`` of a function, method, class or instance (a string as itself)."""
+    """``module.QualName`` of a function, method, class or instance (a string as itself).
+    A module that moved into the folders is named by its old path: this name makes the
+    default cursor name, which must stay the same across an upgrade."""
     if isinstance(fn, str):
         return fn
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     mod = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"{mod}.{name}"
+    return f"{old_module_name(mod)}.{name}"
 
 
 # -- external commands ----------------------------------------------------------------------
