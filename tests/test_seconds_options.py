@@ -35,6 +35,17 @@ def stale_run(tmp_path: Path) -> Path:
         ("ilab-watch", ["{run}", "--on-save", "true", "--timeout", "nan"], "--timeout"),
         ("ilab-watch", ["{run}", "--on-save", "true", "--backoff", "inf"], "--backoff"),
         ("ilab-watch", ["{run}", "--on-save", "true", "--poll", "nan"], "--poll"),
+        (
+            "ilab-watch",
+            ["{run}", "--on-save", "true", "--via", "local", "--job-poll", "nan"],
+            "--job-poll",
+        ),
+        (
+            "ilab-watch",
+            ["{run}", "--on-save", "true", "--via", "local", "--job-poll", "inf"],
+            "--job-poll",
+        ),
+        ("ilab-watch", ["{run}", "--mirror", "file:///tmp/x", "--linger", "nan"], "--linger"),
     ],
 )
 def test_seconds_that_are_not_a_finite_range_are_one_line(

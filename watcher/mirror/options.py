@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from journal.cli.common import Seconds
 from journal.remote.store import StoreURIError
 from journal.rundir.paths import watch_dir
 from watcher.engine.cursor import CursorBusy, CursorLock
@@ -32,7 +33,7 @@ _OPTIONS = [
     ),
     click.option(
         "--linger",
-        type=click.FloatRange(0, 86400),
+        type=Seconds(0, 86400),
         default=0.0,
         show_default=True,
         metavar="SECONDS",

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from journal.cli.common import Seconds
 from watcher.hooks.hook import Hook, HookOptions
 from watcher.scheduler import Scheduler
 from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
@@ -41,7 +42,7 @@ SCHEDULER_OPTIONS = [
     ),
     click.option(
         "--job-poll",
-        type=click.FloatRange(min=0.1),
+        type=Seconds(0.1),
         default=DEFAULT_POLL_S,
         show_default=True,
         metavar="SECONDS",
