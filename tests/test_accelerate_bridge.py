@@ -91,6 +91,7 @@ def test_accelerate_loop_journal_reads_with_status_and_stats(tmp_path: Path) -> 
     assert [r["data"]["loss"] is not None for r in recs if r["event"] == "log"] == [True] * 7
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_stop_command_reaches_the_loop_through_poll_control(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = run_loop(tmp_path, steps=100_000, stop_at=2)
@@ -144,6 +145,7 @@ def test_two_ranks_in_the_docs_shape_journal_once_and_stop_together(tmp_path: Pa
     assert f"stopped at {end['step']} stop" == stops[0]
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_command_the_loop_cannot_do_is_rejected_with_its_reason(tmp_path: Path) -> None:
     """A loop that declares ``cannot={"evaluate": ...}``: an ``evaluate`` sent with a
     ``stop`` is rejected in the journal with that reason; the stop still ends the loop."""

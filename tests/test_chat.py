@@ -100,6 +100,7 @@ def chat_train(ckpt: Path, model: Path, data: Path, *extra: str) -> Any:
     )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_chat_rows_train_with_loss_on_assistant_tokens_only(
     tmp_path: Path, tiny_smol: Path
 ) -> None:

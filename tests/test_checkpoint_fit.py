@@ -65,6 +65,7 @@ def test_more_differences_are_counted() -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_resume_with_fewer_layers_is_refused_in_one_line(tmp_path: Path) -> None:
     """DCP loads what the model asks for and ignores the rest of a checkpoint: a resume with
     --n-layers 2 from a 4-layer run used to complete, with half the model dropped."""

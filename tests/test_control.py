@@ -214,6 +214,7 @@ def _counted_run(ckpt: Path, with_commands: bool) -> dict[str, int]:
     return collective_counts(ckpt)
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_control_adds_no_collective(tmp_path: Path) -> None:
     quiet = _counted_run(tmp_path / "quiet", with_commands=False)
     busy = _counted_run(tmp_path / "busy", with_commands=True)
@@ -226,6 +227,7 @@ def test_control_adds_no_collective(tmp_path: Path) -> None:
     assert quiet["all_reduce"] == 10, quiet
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_divergence_detector_stops_a_real_run_with_a_too_high_lr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,6 +291,7 @@ CLOCK_BEHIND = (
 )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_stop_from_a_clock_behind_is_applied_and_a_leftover_is_rejected_aloud(
     tmp_path: Path,
 ) -> None:

@@ -129,6 +129,7 @@ def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Pa
     assert end["data"]["final_checkpoint"].endswith(f"checkpoint-{ended}")
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_path: Path) -> None:
     job = run_hf(tmp_path, steps=10, fail_at=2)
     _, err = job.communicate(timeout=240)
@@ -200,6 +201,7 @@ ONE_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_command_the_run_cannot_do_is_rejected_with_its_reason(tmp_path: Path) -> None:
     """One process, no eval dataset declared: ``evaluate`` is rejected with the reason in
     the journal (HF would raise); the ``stop`` sent with it ends the run, as a command."""

@@ -129,6 +129,7 @@ def test_control_stop_stops_both_ranks_at_the_same_step_with_a_save(tmp_path: Pa
     assert end["data"]["journal"]["agree_ns_per_step"] > 0  # the all_reduce, measured
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_an_exception_in_training_ends_the_journal_with_train_end_failed(tmp_path: Path) -> None:
     job = run_lightning(tmp_path, steps=10, fail_at=2)
     _, err = job.communicate(timeout=240)
@@ -270,6 +271,7 @@ OUTSIDE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_model_checkpoint_dir_outside_the_run_dir_is_said_to_be_unprotected(
     tmp_path: Path,
 ) -> None:
@@ -338,6 +340,7 @@ ONE_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_evaluate_which_lightning_cannot_start_is_rejected_with_its_reason(tmp_path: Path) -> None:
     """One process: ``evaluate`` is rejected with the bridge's reason in the journal (not a
     warning on the console only); the ``stop`` sent with it saves and ends the run."""

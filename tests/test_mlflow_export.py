@@ -163,6 +163,7 @@ def test_demo_reports_to_mlflow_and_a_restarted_watcher_adds_no_duplicates(
     ]
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_replay_into_a_file_store_continues_one_run_across_a_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,6 +273,7 @@ def test_without_the_mlflow_package_the_message_says_what_to_install(
         MlflowExport("http://127.0.0.1:1")
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_report_to_trackers_that_cannot_work_warns_and_trains_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

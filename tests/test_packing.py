@@ -158,6 +158,7 @@ def test_the_packed_budget_counts_real_tokens() -> None:
     assert len(padded.micro_batches) > len(plans[0].micro_batches)
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_packed_training_matches_padded_and_resumes_on_the_same_samples(tmp_path: Path) -> None:
     """2 gloo ranks, several packed micro-batches a step (padding passes where a rank has
     fewer). A packed run of 4 steps is the reference. A second run trains steps 1-2 padded,
@@ -191,6 +192,7 @@ def test_packed_training_matches_padded_and_resumes_on_the_same_samples(tmp_path
         assert got["data"]["loss"] == pytest.approx(want["data"]["loss"], rel=1e-5), got["step"]
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_compiled_blocks_train_with_the_same_losses() -> None:
     """``--compile``'s regional compilation (each block's forward through torch.compile,
     inductor on CPU) changes speed, not the math: three AdamW steps, the same losses."""

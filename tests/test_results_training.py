@@ -146,6 +146,7 @@ HANGING_EVAL = textwrap.dedent(
 )
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_watcher_killed_mid_eval_leaves_a_lease_that_expires(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     script, mark = tmp_path / "hang.py", tmp_path / "evaluating"
@@ -194,6 +195,7 @@ def test_a_watcher_killed_mid_eval_leaves_a_lease_that_expires(tmp_path: Path) -
     assert not first.exists()
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_report_for_a_checkpoint_that_never_existed_cannot_cost_the_real_best(
     tmp_path: Path,
 ) -> None:

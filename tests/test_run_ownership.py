@@ -174,6 +174,7 @@ def test_a_save_over_another_runs_checkpoint_moves_it_aside(ckpt: Path) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_resume_never_beside_another_runs_checkpoints_is_refused(tmp_path: Path) -> None:
     """Issue 33, high 1: the second run's rotation deleted its own checkpoints and kept the
     first run's. Now it is refused in one line before any worker starts, nothing removed;

@@ -86,6 +86,7 @@ def test_flat_api_runs_lambda_closure_and_instance_in_the_launching_process(
     assert by_name[("on_save", "save")]["ok"] == 2
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_ilab_watch_beside_training_survives_a_hanging_callback(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     out = tmp_path / "paths.txt"

@@ -248,6 +248,7 @@ def test_activation_checkpointing_gives_the_same_losses(
     assert losses["ac"] == pytest.approx(plain_losses, rel=1e-5)
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_sharding_strategies_train_the_same_model(
     tmp_path: Path, plain_losses: list[float]
 ) -> None:

@@ -157,6 +157,7 @@ print(float(loss / n))
     assert float(proc.stdout) == pytest.approx(val_loss, rel=1e-4)
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None:
     ref, victim = tmp_path / "ref", tmp_path / "victim"
     args = ("--max-steps", "16", "--save-every", "4")
