@@ -293,6 +293,7 @@ def test_report_to_trackers_that_cannot_work_warns_and_trains_on(
     assert proc.returncode == 2 and "--report-to" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_tracking_server_killed_mid_run_is_one_line_and_the_replay_it_names_repairs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: Any
 ) -> None:

@@ -129,6 +129,7 @@ def test_max_seq_len_caps_hf_samples(tmp_path: Path) -> None:
     assert logged[0]["total_length"] == 4 * 80
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_token_id_outside_the_vocabulary_is_one_error_on_every_rank(tmp_path: Path) -> None:
     """The launcher refuses it before launch (test_train_cli); the workers check again
     against the loaded model (a launcher that could not read the config, workers started

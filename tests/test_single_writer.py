@@ -180,6 +180,7 @@ def test_two_concurrent_launches_on_one_dir_train_once(tmp_path: Path, reliabili
     reliability("two concurrent launches on one dir", exit_codes=codes, trained=1)
 
 
+@pytest.mark.extended  # an end-to-end scenario beyond the default suite's one per area
 def test_a_control_command_applies_on_both_nodes_at_the_same_step(
     tmp_path: Path, reliability: Any
 ) -> None:
