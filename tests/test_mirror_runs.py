@@ -355,6 +355,12 @@ def test_a_store_that_refuses_mid_run_leaves_rotation_as_without_a_mirror(
         kill_tree(mirroring.pid)
     assert mirroring.returncode == 2, err
     assert len([line for line in err.splitlines() if "mirror: stopped" in line]) == 1, err
-    assert "does not answer" not in err and "Traceback" not in err
+    # An upload in flight when the bucket goes finds its files missing, which alone looks
+    # like an outage: it may say so once before the next look at owner.json stops the mirror
+    lines = err.splitlines()
+    stop = next(i for i, line in enumerate(lines) if "mirror: stopped" in line)
+    assert len([line for line in lines if "does not answer" in line]) <= 1, err
+    assert all("does not answer" not in line for line in lines[stop:]), err
+    assert "Traceback" not in err
     assert sorted(p.name for p in (ckpt / "checkpoints").glob("step-*")) == ["step-000016"]
     assert not active(ckpt)
