@@ -11,7 +11,7 @@ import signal
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -574,6 +574,22 @@ def _job_id(ckpt: Path, name: str) -> str | None:
     return None
 
 
+def _watch_gated_eval(
+    ckpt: Path, script: Path, slurm: SlurmCluster, err: IO[str]
+) -> subprocess.Popen[bytes]:
+    """``ilab-watch`` replaying the run's saves into ``script`` as Slurm jobs, polled often."""
+    return subprocess.Popen(
+        [
+            str(BIN / "ilab-watch"),
+            str(ckpt),
+            *("--on-save", str(script), "--name", "eval", "--replay"),
+            *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+        ],
+        env={**os.environ, **_env(slurm)},
+        stderr=err,
+    )
+
+
 def _gated_eval(tmp_path: Path) -> Path:
     """An eval that notes each run (its job id in ``runs``), waits for ``go``, reports."""
     script = tmp_path / "gated.sh"
@@ -664,16 +680,7 @@ def test_a_job_slurm_requeued_after_it_ended_is_done_and_runs_once(
     script = _gated_eval(tmp_path)
     errors = tmp_path / "watcher.err"
     with open(errors, "w") as err:
-        watcher = subprocess.Popen(
-            [
-                str(BIN / "ilab-watch"),
-                str(ckpt),
-                *("--on-save", str(script), "--name", "eval", "--replay"),
-                *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
-            ],
-            env={**os.environ, **_env(slurm)},
-            stderr=err,
-        )
+        watcher = _watch_gated_eval(ckpt, script, slurm, err)
     try:
         wait_for(lambda: (tmp_path / "runs").exists(), 60, "the eval's start")
         job = (tmp_path / "runs").read_text().split()[0]
@@ -719,16 +726,7 @@ def test_a_job_that_ends_while_slurmctld_is_down_is_evaluated_once(tmp_path: Pat
         pytest.skip(str(exc))
     try:
         with open(errors, "w") as err:
-            watcher = subprocess.Popen(
-                [
-                    str(BIN / "ilab-watch"),
-                    str(ckpt),
-                    *("--on-save", str(script), "--name", "eval", "--replay"),
-                    *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
-                ],
-                env={**os.environ, **_env(slurm)},
-                stderr=err,
-            )
+            watcher = _watch_gated_eval(ckpt, script, slurm, err)
         try:
             wait_for(lambda: (tmp_path / "runs").exists(), 60, "the eval's start")
             job = (tmp_path / "runs").read_text().split()[0]
