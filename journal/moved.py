@@ -52,6 +52,11 @@ MOVED: dict[str, str] = {
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """A finder for the old names: the module object is the new one, loaded once."""
 
+    def __init__(self) -> None:
+        #: a module's own spec between create_module and exec_module, by its (new) name:
+        #: two old names imported at once from two threads must not swap specs
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
     def find_spec(
         self, name: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
@@ -59,12 +64,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(MOVED[spec.name])
-        self._spec = module.__spec__
+        self._specs[module.__name__] = module.__spec__
         return module
 
     def exec_module(self, module: ModuleType) -> None:
         # the import system set the old name's spec on the module: give it its own back
-        module.__spec__ = self._spec
+        module.__spec__ = self._specs.pop(module.__name__, module.__spec__)
 
 
 def install(moved: dict[str, str]) -> None:
