@@ -73,8 +73,8 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     use by another launch (the message names it), 5 interrupted, 130 Ctrl-C twice.
     """
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
+    from trainer.launch.cluster_env import cluster_torchrun
     from trainer.launch.interrupts import StoppedNow
-    from trainer.launch.slurm_env import slurm_torchrun
 
     base: dict[str, Any] = {}
     if instructlab_config is not None:
@@ -88,8 +88,11 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     source = "--config" if config else "--instructlab-config" if instructlab_config else ""
     given = flags if source else None  # no file: every setting came from a flag
     torchrun_base = base.pop("torchrun", None) or {}
-    if isinstance(torchrun_base, dict):  # inside sbatch/srun: nodes and rendezvous from SLURM_*
-        torchrun_base = slurm_torchrun(torchrun_base)
+    if isinstance(torchrun_base, dict):  # in a pod or a Slurm job: nodes and rendezvous from
+        try:  # PET_*, PyTorchJob's or SLURM_* variables (trainer/launch/cluster_env.py)
+            torchrun_base = cluster_torchrun(torchrun_base)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     if "ckpt_dir" not in base:
         raise click.UsageError("--ckpt-dir is required (or ckpt_dir in --config)")
     try:

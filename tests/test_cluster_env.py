@@ -1,0 +1,98 @@
+"""ilab-train in a Kubernetes pod: node count, node rank and rendezvous from Kubeflow
+Trainer v2's PET_* and PyTorchJob's variables, as from SLURM_* (tests/test_slurm.py), and
+the one-line errors for values that cannot be used."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import BIN
+from trainer.launch.cluster_env import cluster_torchrun
+
+PET = {
+    "PET_NNODES": "4",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_NODE_RANK": "2",
+    "PET_MASTER_ADDR": "ft-node-0-0.ft",
+    "PET_MASTER_PORT": "29400",
+}
+PYTORCHJOB = {"MASTER_ADDR": "ft-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "1"}
+
+
+def test_trainer_v2_pet_variables_give_nodes_rank_processes_and_rendezvous() -> None:
+    """A TrainJob's pod: every setting from PET_*, a static rendezvous on the master pod;
+    what the user gave wins field by field, their own endpoint replaces the master's."""
+    assert cluster_torchrun({}, PET) == {
+        "nproc_per_node": 8,
+        "nnodes": 4,
+        "node_rank": 2,
+        "master_addr": "ft-node-0-0.ft",
+        "master_port": 29400,
+    }
+    got = cluster_torchrun({"nproc_per_node": 2, "rdzv_endpoint": "h:1"}, PET)
+    assert got == {"nproc_per_node": 2, "nnodes": 4, "node_rank": 2, "rdzv_endpoint": "h:1"}
+    # PET_* win over PyTorchJob's (the v1 operator sets both, WORLD_SIZE counting processes)
+    both = {**PYTORCHJOB, **PET, "WORLD_SIZE": "32", "RANK": "2"}
+    assert cluster_torchrun({}, both)["nnodes"] == 4
+    # one node: standalone, as outside any cluster
+    assert cluster_torchrun({}, {"PET_NNODES": "1", "PET_NODE_RANK": "0"}) == {
+        "nnodes": 1,
+        "node_rank": 0,
+    }
+
+
+def test_pytorchjob_variables_count_pods_and_win_over_slurm() -> None:
+    """PyTorchJob without PET_*: WORLD_SIZE pods, RANK this pod's node rank, MASTER_ADDR:
+    MASTER_PORT the rendezvous; they win over SLURM_*; inside a torchrun worker (LOCAL_RANK)
+    the same names are torchrun's and change nothing."""
+    slurm = {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0"}
+    assert cluster_torchrun({"nproc_per_node": 2}, {**slurm, **PYTORCHJOB}) == {
+        "nproc_per_node": 2,
+        "nnodes": 3,
+        "node_rank": 1,
+        "master_addr": "ft-master-0",
+        "master_port": 23456,
+    }
+    assert cluster_torchrun({}, {**PYTORCHJOB, "LOCAL_RANK": "0"}) == {}
+    assert cluster_torchrun({}, {}) == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "given", "says"),
+    [
+        ({**PET, "PET_NNODES": "1:4"}, {}, "PET_NNODES='1:4' is not a whole number"),
+        ({**PET, "PET_NODE_RANK": "4"}, {}, "PET_NODE_RANK=4 is not below PET_NNODES=4"),
+        ({**PET, "PET_NPROC_PER_NODE": "gpu"}, {}, "give --nproc-per-node"),
+        ({"PET_NNODES": "2", "PET_NODE_RANK": "1"}, {}, "PET_MASTER_ADDR is not set"),
+        ({**PYTORCHJOB, "RANK": "5"}, {}, "reads PyTorchJob's WORLD_SIZE as the node count"),
+        (PET, {"nnodes": 2}, "node rank 2 (from PET variables or the flags) is not below"),
+        ({**PET, "PET_MASTER_PORT": "99999"}, {}, "master port 99999 is not a port"),
+    ],
+)
+def test_unusable_cluster_variables_are_one_line(
+    env: dict[str, str], given: dict[str, int], says: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^[^\n]*$") as err:
+        cluster_torchrun(given, env)
+    assert says in str(err.value)
+
+
+def test_ilab_train_says_a_bad_variable_in_one_line_exit_2(tmp_path: Path) -> None:
+    """The CLI: the error names the variable, one line, exit 2, before any worker starts."""
+    env = {"PATH": "/usr/bin:/bin", "PET_NNODES": "2", "PET_NODE_RANK": "5", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(BIN / "ilab-train"), "--demo", "--ckpt-dir", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "PET_NODE_RANK=5 is not below PET_NNODES=2" in last
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "journal.jsonl").exists()
