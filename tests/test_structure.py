@@ -73,7 +73,21 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "channels": {"record", "rundir", "read", "write"},
     "checkpoints": {"rundir", "read", "views", "write"},
     "remote": {"rundir", "read", "checkpoints"},
-    "cli": {"record", "rundir", "read", "views", "channels", "checkpoints", "remote"},
+    # serve: the web page (ilab-journal serve) over the readers, views, leases and commands
+    "serve": {"rundir", "read", "views", "channels", "checkpoints"},
+    # ask: check's expressions over a summary (views), waiting on leases (checkpoints)
+    "ask": {"rundir", "read", "views", "checkpoints"},
+    "cli": {
+        "record",
+        "rundir",
+        "read",
+        "views",
+        "channels",
+        "checkpoints",
+        "remote",
+        "serve",
+        "ask",
+    },
     "moved": set(),
     "__init__": {"record", "rundir", "read", "write", "channels", "moved"},
 }

@@ -13,6 +13,7 @@ from typing import Any
 import click
 import orjson
 
+from journal.cli.check import check
 from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
 from journal.cli.export import export
 from journal.cli.format import holder_text, stats_text, status_text
@@ -26,6 +27,7 @@ from journal.cli.read import (
     show_all,
     unknown_event,
 )
+from journal.cli.serve import serve
 from journal.cli.write import control, lease, prune, release, report
 from journal.record.events import EVENTS
 from journal.record.text import printable
@@ -380,7 +382,7 @@ def plot(dir: str, output: str | None) -> None:
     click.echo(str(out))
 
 
-for _command in (control, report, lease, release, prune, export):
+for _command in (control, report, lease, release, prune, export, serve, check):
     main.add_command(_command)
 
 

@@ -1,0 +1,174 @@
+"""What ``/api/`` answers for one run: its summary, curves (downsampled for the first paint,
+full resolution on zoom), markers, checkpoints, and what changed since the page last asked.
+Every value is JSON; strings from records stay strings (the page shows them as text)."""
+
+from __future__ import annotations
+
+import time
+from array import array
+from typing import Any
+
+import numpy as np
+
+from journal.checkpoints.leases import active, checkpoint_name
+from journal.serve.fold import RunFold, Series
+from journal.views.summary import STATE_EXIT_CODES
+
+#: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
+STATE_MEANING: dict[str, str] = {
+    "completed": "exit 0: completed",
+    "failed": "exit 1: failed",
+    "running": "exit 3: running",
+    "starting": "exit 3: starting",
+    "stopped": "exit 4: stopped by a command or a signal",
+    "interrupted": "exit 5: interrupted",
+    "stale": "exit 6: stale (no record, no train_end)",
+    "empty": "exit 7: no record yet",
+}
+#: Points per curve on the first paint (two per pixel bucket: its min and its max).
+DEFAULT_WIDTH = 1000
+
+
+def downsample(
+    steps: array[float], values: array[float], lo: float | None, hi: float | None, width: int
+) -> tuple[list[float], list[float]]:
+    """The points in ``[lo, hi]``, at most ``2 * width``: each of ``width`` equal step buckets
+    keeps its min and its max in step order (peaks survive, unlike a plain stride)."""
+    x = np.frombuffer(steps, dtype=np.float64) if len(steps) else np.empty(0)
+    y = np.frombuffer(values, dtype=np.float64) if len(values) else np.empty(0)
+    start = 0 if lo is None else int(np.searchsorted(x, lo, side="left"))
+    end = len(x) if hi is None else int(np.searchsorted(x, hi, side="right"))
+    x, y = x[start:end], y[start:end]
+    if len(x) <= 2 * width:
+        return x.tolist(), y.tolist()
+    span = x[-1] - x[0] or 1.0
+    bucket = np.minimum(((x - x[0]) / span * width).astype(np.int64), width - 1)
+    edges = np.flatnonzero(np.diff(bucket)) + 1
+    starts = np.concatenate(([0], edges))
+    keep = np.concatenate(
+        (
+            starts + np.array([np.argmin(part) for part in np.split(y, edges)]),
+            starts + np.array([np.argmax(part) for part in np.split(y, edges)]),
+        )
+    )
+    keep = np.unique(keep)  # sorted: step order
+    return x[keep].tolist(), y[keep].tolist()
+
+
+def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
+    """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
+    now = time.time() if now is None else now
+    s = fold.summarizer.result(stale_after=stale_after, now=now, run_dir=fold.journal.parent)
+    log = (fold.last_log or {}).get("data") or {}
+    eta = None
+    prev, last = fold.prev_log, fold.last_log
+    if s.state == "running" and prev and last and s.total_steps:
+        steps = (last.get("step") or 0) - (prev.get("step") or 0)
+        secs = (last.get("ts") or 0) - (prev.get("ts") or 0)
+        if steps > 0 and secs > 0:
+            eta = (s.total_steps - s.last_step) * secs / steps
+    return {
+        "run_id": s.run_id,
+        "attempt": s.attempt,
+        "state": s.state,
+        "meaning": STATE_MEANING.get(s.state, ""),
+        "exit_code": STATE_EXIT_CODES.get(s.state, 1),
+        "reason": s.reason,
+        "step": s.last_step,
+        "total_steps": s.total_steps,
+        "tokens_per_s": log.get("tokens_per_s"),
+        "samples_per_s": log.get("samples_per_s"),
+        "eta_s": eta,
+        "best": s.best_checkpoint,
+        "keep_best": s.keep_best,
+        "last_loss": s.last_loss,
+        "last_val_loss": s.last_val_loss,
+        "last_ts": s.last_ts,
+        "age_s": None if s.last_ts is None else max(0.0, now - s.last_ts),
+        "stale": s.state == "stale",
+        "records": fold.count,
+        "invalid_lines": fold.invalid,
+        "error": s.error,
+    }
+
+
+def checkpoints(fold: RunFold, best: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The checkpoints table: every save (removed ones too), its leases held now, reports,
+    jobs, and which is the best."""
+    run_dir = fold.journal.parent
+    leases: dict[str, list[dict[str, Any]]] = {}
+    for lease in active(run_dir):
+        leases.setdefault(lease.checkpoint, []).append(
+            {"holder": lease.holder, "expires": lease.expires}
+        )
+    best_path = (best or {}).get("checkpoint_path")
+    rows = []
+    for ckpt in fold.checkpoints.values():
+        row = ckpt.to_dict()
+        try:
+            name = checkpoint_name(run_dir, ckpt.path)
+        except ValueError:  # not under this run dir (a mirrored run's original path)
+            name = row["name"]
+        row["leases"] = leases.get(name, [])
+        row["best"] = ckpt.path == best_path
+        rows.append(row)
+    rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
+    return rows
+
+
+def _series_out(series: Series, lo: float | None, hi: float | None, width: int) -> dict:
+    xs, ys = downsample(series.steps, series.values, lo, hi, width)
+    return {"name": series.name, "x": xs, "y": ys, "n": len(series.steps)}
+
+
+def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]:
+    """The first paint: every curve downsampled to ``width`` buckets, every marker."""
+    with fold.lock:
+        summ = summary(fold, stale_after=stale_after)
+        return {
+            "summary": summ,
+            "count": fold.count,
+            "series": [_series_out(s, None, None, width) for s in fold.series.values()],
+            "markers": fold.markers,
+            "checkpoints": checkpoints(fold, summ["best"]),
+        }
+
+
+def series_range(
+    fold: RunFold, name: str, lo: float | None, hi: float | None, width: int
+) -> dict[str, Any] | None:
+    """One curve between two steps (zoom): full resolution when it fits ``2 * width``."""
+    with fold.lock:
+        series = fold.series.get(name)
+        return None if series is None else _series_out(series, lo, hi, width)
+
+
+def updates(
+    fold: RunFold, *, since: int, lengths: list[int], markers: int, width: int, stale_after: float
+) -> dict[str, Any]:
+    """What changed after the page's ``since`` records: per curve (in the snapshot's order,
+    ``lengths`` the points the page has) the new points, or the whole curve again when it
+    changed other than by appending (``reset``); new markers; the summary and table."""
+    with fold.lock:
+        summ = summary(fold, stale_after=stale_after)
+        out_series = []
+        for i, series in enumerate(fold.series.values()):
+            have = lengths[i] if i < len(lengths) else 0
+            if series.reset_at > since or have > len(series.steps):
+                out_series.append({**_series_out(series, None, None, width), "reset": True})
+            elif have < len(series.steps):
+                out_series.append(
+                    {
+                        "name": series.name,
+                        "x": series.steps[have:].tolist(),
+                        "y": series.values[have:].tolist(),
+                        "n": len(series.steps),
+                    }
+                )
+        return {
+            "summary": summ,
+            "count": fold.count,
+            "series": out_series,
+            "markers": fold.markers[markers:],
+            "checkpoints": checkpoints(fold, summ["best"]) if fold.count > since else None,
+        }

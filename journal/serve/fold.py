@@ -1,0 +1,263 @@
+"""One run's journal folded for the page: curves, markers and checkpoints, kept up to date by
+reading on from where the last read stopped (never the whole file again).
+
+A curve holds one point per step. A resumed attempt goes back in steps: its points replace
+the ones from its step on (the curves show the latest attempt's path; the resume is a
+marker). Reported metrics are per checkpoint step, inserted in step order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journal.read.reader import CHUNK_SIZE
+from journal.read.tailing import RotatingReader
+from journal.views.summary import Summarizer
+
+#: Events drawn as markers on the step axis, and the marker kind each is shown as.
+MARKER_KINDS: dict[str, str] = {
+    "train_begin": "attempt",
+    "save": "save",
+    "checkpoint_removed": "removed",
+    "checkpoint_kept": "kept",
+    "evaluate": "evaluate",
+    "report": "report",
+    "control": "control",
+    "job": "job",
+    "journal_gap": "gap",
+    "train_end": "end",
+}
+#: Numbers in a ``log`` / ``evaluate`` record's data that are not curves.
+_NOT_CURVES = frozenset({"samples_seen", "loss_finite", "duration", "val_num_tokens"})
+#: The prefix of a reported metric's curve (its x: the checkpoint's step), so that a
+#: reported ``loss`` is not the training loss.
+REPORTED = "report:"
+#: The longest string a marker's detail carries (a reason, a source): the page shows text.
+MAX_TEXT = 500
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _scalar(v: Any) -> Any:
+    """A detail value as JSON scalars: strings clipped, nested values left out."""
+    if isinstance(v, str):
+        return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
+    if v is None or isinstance(v, (bool, int)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, dict):  # a report's metrics: one level, as "name=value" text
+        return _scalar(", ".join(f"{k}={x}" for k, x in v.items()))
+    return None
+
+
+@dataclass
+class Series:
+    """One curve: steps and values, ascending in step. ``reset_at``: the record count at the
+    last change that was not an append (a resume's replacement, a report's insertion)."""
+
+    name: str
+    by_report: bool = False
+    steps: array[float] = field(default_factory=lambda: array("d"))
+    values: array[float] = field(default_factory=lambda: array("d"))
+    reset_at: int = 0
+
+    def add(self, step: float, value: float, count: int) -> None:
+        steps = self.steps
+        if not steps or step > steps[-1]:
+            steps.append(step)
+            self.values.append(value)
+            return
+        if step == steps[-1] and not self.by_report:  # the same step again (log after step_end)
+            self.values[-1] = value
+            return
+        at = bisect.bisect_left(steps, step)
+        if self.by_report:  # a checkpoint's result: in step order, a later one replacing
+            if at < len(steps) and steps[at] == step:
+                self.values[at] = value
+            else:
+                steps.insert(at, step)
+                self.values.insert(at, value)
+        else:  # a resumed attempt: its points replace those from its step on
+            del steps[at:]
+            del self.values[at:]
+            steps.append(step)
+            self.values.append(value)
+        self.reset_at = count
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's row: from its save to its removal, with its reports and jobs."""
+
+    path: str
+    step: int | None
+    saved_ts: float | None = None
+    trigger: Any = None
+    removed: str | None = None  # the removal's reason
+    removed_step: int | None = None
+    kept: str | None = None  # a bridge kept it (leased)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "name": Path(self.path).name,
+            "step": self.step,
+            "saved_ts": self.saved_ts,
+            "trigger": _scalar(self.trigger),
+            "on_disk": self.removed is None,
+            "removed": self.removed,
+            "removed_step": self.removed_step,
+            "kept": self.kept,
+            "reports": self.reports,
+            "jobs": list(self.jobs.values()),
+        }
+
+
+class RunFold:
+    """Everything the page shows about one journal, folded incrementally (thread-safe)."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self.summarizer = Summarizer()
+        self.series: dict[str, Series] = {}
+        self.markers: list[dict[str, Any]] = []
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.count = 0  # records folded
+        self.invalid = 0
+        self.last_log: dict[str, Any] | None = None
+        self.prev_log: dict[str, Any] | None = None
+        self._reader: RotatingReader | None = None
+        self.lock = threading.RLock()  # held by the api while it reads the fold
+
+    def update(self) -> int:
+        """Fold what was appended since the last call; the number of records folded now."""
+        with self.lock:
+            if self._reader is None:
+                if not self.journal.exists():
+                    return 0
+                self._reader = RotatingReader(self.journal)
+            before = self.count
+            while True:
+                self._reader.check()
+                offset = self._reader.offset
+                batch = self._reader.read(max_bytes=CHUNK_SIZE)
+                self.invalid += len(batch.invalid)
+                for rec in batch.records:
+                    self._add(rec)
+                if self._reader.offset == offset:
+                    return self.count - before
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+    # -- folding one record -----------------------------------------------------------------
+
+    def _add(self, rec: dict[str, Any]) -> None:
+        self.count += 1
+        self.summarizer.add(rec)
+        event = rec.get("event")
+        if event in ("step_end", "log", "evaluate"):
+            self._curves(rec, event)
+        kind = MARKER_KINDS.get(event)  # type: ignore[arg-type]
+        if kind is not None:
+            self._marker(rec, kind)
+
+    def _point(self, name: str, step: float, value: float, *, by_report: bool = False) -> None:
+        series = self.series.get(name)
+        if series is None:
+            series = self.series[name] = Series(name, by_report=by_report)
+        series.add(step, value, self.count)
+
+    def _curves(self, rec: dict[str, Any], event: str) -> None:
+        step = _number(rec.get("step"))
+        data = rec.get("data")
+        if step is None or not isinstance(data, dict):
+            return
+        if event == "step_end":
+            if (loss := _number(data.get("loss"))) is not None:
+                self._point("loss", step, loss)
+            return
+        if event == "log":
+            self.prev_log, self.last_log = self.last_log, rec
+        for key, value in data.items():
+            if key not in _NOT_CURVES and (v := _number(value)) is not None:
+                self._point(str(key), step, v)
+
+    def _marker(self, rec: dict[str, Any], kind: str) -> None:
+        data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+        assert isinstance(data, dict)
+        step = rec.get("step") if isinstance(rec.get("step"), int) else None
+        detail = {str(k): _scalar(v) for k, v in data.items()}
+        detail = {k: v for k, v in detail.items() if v is not None}
+        if kind == "attempt":
+            detail = {
+                "attempt": rec.get("attempt"),
+                "run_id": _scalar(rec.get("run_id")),
+                "resumed_from": _scalar(data.get("resumed_from")),
+                "total_steps": data.get("total_steps"),
+            }
+        self.markers.append(
+            {
+                "i": len(self.markers),
+                "kind": kind,
+                "event": rec.get("event"),
+                "seq": rec.get("seq"),
+                "step": step,
+                "ts": rec.get("ts"),
+                "attempt": rec.get("attempt"),
+                "detail": detail,
+            }
+        )
+        self._checkpoint(kind, step, rec, data)
+
+    def _checkpoint(self, kind: str, step: int | None, rec: dict[str, Any], data: dict) -> None:
+        path = data.get("checkpoint_path")
+        if not isinstance(path, str):
+            return
+        row = self.checkpoints.get(path)
+        if kind == "save":
+            row = self.checkpoints[path] = Checkpoint(
+                path, step, rec.get("ts"), data.get("trigger")
+            )
+            return
+        if row is None:
+            ckpt_step = data.get("step") if isinstance(data.get("step"), int) else step
+            row = self.checkpoints[path] = Checkpoint(path, ckpt_step)
+        if kind == "removed":
+            row.removed, row.removed_step = str(_scalar(data.get("reason")) or "removed"), step
+        elif kind == "kept":
+            row.kept = str(_scalar(data.get("reason")) or "kept")
+        elif kind == "report":
+            metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+            assert isinstance(metrics, dict)
+            row.reports.append(
+                {
+                    "metrics": {str(k): _scalar(v) for k, v in metrics.items()},
+                    "source": _scalar(data.get("source")),
+                    "at_step": step,
+                }
+            )
+            ckpt_step = _number(data.get("step"))
+            for name, value in metrics.items():
+                if ckpt_step is not None and (v := _number(value)) is not None:
+                    self._point(f"{REPORTED}{name}", ckpt_step, v, by_report=True)
+        elif kind == "job":
+            job_id = str(_scalar(data.get("job_id")))
+            row.jobs[job_id] = {
+                k: _scalar(data.get(k))
+                for k in ("job_id", "scheduler", "state", "node", "exit_code", "hook")
+            }

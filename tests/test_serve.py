@@ -1,0 +1,267 @@
+"""``ilab-journal serve``: the api on hand-built journals (the real writer), live updates read
+on from where they stopped, downsampling, the control endpoint's refusals, a hostile journal
+shown as text, and one real-browser check (docs/serve.md). The end-to-end runs in a browser
+are in tests/test_serve_runs.py (extended)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed")
+from starlette.testclient import TestClient
+
+from journal.checkpoints.leases import acquire
+from journal.serve.app import ServeConfig, build_app
+from journal.serve.data import downsample
+from journal.serve.runs import RunSet
+from journal.write.writer import JournalWriter
+from tests.browser import (
+    HOSTILE_IMG,
+    HOSTILE_SCRIPT,
+    BrowserUnavailable,
+    launch,
+    serve,
+    story_journal,
+    wait_until,
+)
+from tests.helpers import ROOT, begin_payload, cli, log_payload
+
+ORIGIN = "http://127.0.0.1:8420"
+
+
+def client(*dirs: Path, allow_control: bool = False, token: str | None = None) -> TestClient:
+    runs = RunSet([(str(d), d, False) for d in dirs])
+    return TestClient(build_app(ServeConfig(runs, allow_control, token)), base_url=ORIGIN)
+
+
+def test_run_api_tells_the_story(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    story_journal(run)
+    acquire(run, run / "checkpoints/step-000060", holder="eval-job-7", ttl=300)
+    body = client(run).get("/api/runs/run?width=1000").json()
+    s = body["summary"]
+    assert (s["state"], s["exit_code"], s["step"], s["total_steps"]) == ("stopped", 4, 60, 60)
+    assert s["reason"] == "stop command: target" and "stopped" in s["meaning"]
+    assert s["best"]["checkpoint_path"].endswith("step-000060") and s["best"]["value"] == 0.6
+    series = {x["name"]: x for x in body["series"]}
+    assert series["loss"]["x"] == [float(i) for i in range(1, 61)]
+    assert series["val_loss"]["x"] == [20.0, 40.0, 60.0]
+    assert series["report:accuracy"]["y"] == [0.2, 0.4, 0.6]
+    kinds = [m["kind"] for m in body["markers"]]
+    assert kinds.count("save") == 3 and kinds.count("evaluate") == 3
+    assert kinds.count("report") == 3 and kinds.count("job") == 3
+    assert (
+        kinds.count("removed") == 1 and kinds[0] == "attempt" and kinds[-2:] == ["control", "end"]
+    )
+    stop = body["markers"][-2]["detail"]
+    assert (stop["command"], stop["source"], stop["applied_at_step"]) == ("stop", "eval.py", 60)
+    rows = {r["step"]: r for r in body["checkpoints"]}
+    assert rows[20]["on_disk"] is False and rows[20]["removed"].startswith("rotation")
+    assert rows[20]["removed_step"] == 40 and rows[40]["on_disk"] is True
+    assert [r["best"] for r in body["checkpoints"]] == [False, False, True]
+    assert [h["holder"] for h in rows[60]["leases"]] == ["eval-job-7"]
+    assert rows[40]["reports"][0]["metrics"] == {"accuracy": 0.4}
+    assert rows[40]["jobs"][0] | {} == {
+        "job_id": "1040",
+        "scheduler": "slurm",
+        "state": "COMPLETED",
+        "node": "node1",
+        "exit_code": 0,
+        "hook": "save-eval",
+    }
+
+
+def test_updates_read_on_from_where_they_stopped(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = story_journal(run, end=False, steps=30)
+    c = client(run)
+    snap = c.get("/api/runs/run").json()
+    names = [x["name"] for x in snap["series"]]
+    lengths = ",".join(str(x["n"]) for x in snap["series"])
+    count, markers = snap["count"], len(snap["markers"])
+    for s in (31, 32):
+        w.append("log", log_payload(s, 0.5), step=s)
+    up = c.get(f"/api/runs/run/updates?since={count}&n={lengths}&m={markers}").json()
+    assert up["count"] == count + 2 and up["summary"]["step"] == 32
+    loss = next(x for x in up["series"] if x["name"] == "loss")
+    assert (loss["x"], loss["y"], loss.get("reset")) == ([31.0, 32.0], [0.5, 0.5], None)
+    assert up["markers"] == [] and up["checkpoints"] is not None
+    # a resumed attempt goes back in steps: its curves are sent whole again, its start marked
+    w.close()
+    w2 = JournalWriter(run, resume=True)
+    w2.append("train_begin", {**begin_payload(40), "resumed_from": "step-000020"}, step=20)
+    w2.append("log", log_payload(21, 0.9), step=21)
+    lengths = ",".join(str(x["n"]) for x in snap["series"][: names.index("loss")]) + ",32"
+    up2 = c.get(f"/api/runs/run/updates?since={count + 2}&n={lengths}&m={markers}").json()
+    loss = next(x for x in up2["series"] if x["name"] == "loss")
+    assert loss["reset"] is True and loss["x"][-1] == 21.0 and loss["n"] == 21
+    assert [m["kind"] for m in up2["markers"]] == ["attempt"]
+    assert up2["markers"][0]["detail"]["resumed_from"] == "step-000020"
+    w2.close()
+
+
+def test_downsample_keeps_the_peaks_and_zoom_gives_full_resolution(tmp_path: Path) -> None:
+    steps = array("d", range(100_000))
+    values = array("d", [1.0] * 100_000)
+    values[12_345], values[70_001] = 50.0, -7.0
+    x, y = downsample(steps, values, None, None, 500)
+    assert len(x) <= 1000 and x == sorted(x)
+    assert max(y) == 50.0 and min(y) == -7.0 and 12_345.0 in x and 70_001.0 in x
+    x, y = downsample(steps, values, 12_300.0, 12_400.0, 500)
+    assert x == [float(i) for i in range(12_300, 12_401)]
+
+
+def test_runs_list_newest_first_with_stale_flagged(tmp_path: Path) -> None:
+    for name in ("old", "new"):
+        w = JournalWriter(tmp_path / name)
+        w.append("train_begin", begin_payload(10))
+        w.append("log", log_payload(1), step=1)
+        w.close()
+    stale = tmp_path / "old/journal.jsonl"
+    lines = stale.read_bytes().splitlines()
+    recs = [orjson.loads(x) for x in lines]
+    for r in recs:
+        r["ts"] -= 3600  # an hour without a record: stale
+    stale.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    rows = client(tmp_path).get("/api/runs").json()["runs"]
+    assert [r["key"] for r in rows] == ["new", "old"]
+    assert rows[0]["state"] == "running" and rows[0]["stale"] is False
+    assert rows[1]["state"] == "stale" and rows[1]["stale"] is True and rows[1]["exit_code"] == 6
+    assert rows[0]["tokens_per_s"] == 4096.0 and rows[0]["eta_s"] == pytest.approx(9 * 0.25)
+
+
+def _post(c: TestClient, headers: dict[str, str], body: Any = None) -> Any:
+    return c.post(
+        "/api/runs/run/control",
+        content=orjson.dumps(body or {"command": "stop", "reason": "from the page"}),
+        headers=headers,
+    )
+
+
+def test_control_needs_the_flag_the_token_and_the_same_origin(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    story_journal(run, end=False)
+    json_ct = {"content-type": "application/json"}
+    assert _post(client(run), {**json_ct, "x-ilab-token": "t"}).status_code == 403
+    c = client(run, allow_control=True, token="secret-token")
+    assert _post(c, json_ct).status_code == 403
+    assert _post(c, {**json_ct, "x-ilab-token": "wrong"}).status_code == 403
+    good = {**json_ct, "x-ilab-token": "secret-token"}
+    assert _post(c, {**good, "origin": "http://evil.example"}).status_code == 403
+    assert _post(c, {**good, "sec-fetch-site": "cross-site"}).status_code == 403
+    assert (
+        _post(c, {"x-ilab-token": "secret-token", "content-type": "text/plain"}).status_code == 415
+    )
+    assert _post(c, good, {"command": "abort"}).status_code == 400
+    assert not (run / "control").exists() or not list((run / "control").glob("*.json"))
+    r = _post(c, {**good, "origin": ORIGIN})
+    assert r.status_code == 200, r.text
+    files = list((run / "control").glob("*.json"))
+    body = orjson.loads(files[0].read_bytes())
+    assert (body["command"], body["reason"], body["id"]) == (
+        "stop",
+        "from the page",
+        r.json()["id"],
+    )
+    assert body["source"] == "web:testclient"
+    # another Host (a DNS-rebinding page) reads nothing
+    other = TestClient(c.app, base_url="http://evil.example:8420")
+    assert other.get("/api/runs").status_code == 403
+
+
+def test_hostile_journal_is_text_in_the_api_and_the_page_holds_no_record(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    story_journal(run, hostile=True)
+    c = client(run)
+    page = c.get("/run/run")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert HOSTILE_IMG not in page.text and "eval.py" not in page.text  # a static page
+    api = c.get("/api/runs/run")
+    assert api.headers["content-type"] == "application/json"
+    body = api.json()
+    assert (
+        body["markers"][-2]["detail"]["reason"] == f"target reached {HOSTILE_SCRIPT}{HOSTILE_IMG}"
+    )
+    assert f"report:accuracy{HOSTILE_IMG}" in {x["name"] for x in body["series"]}
+
+
+def test_serve_cli_usage_errors(tmp_path: Path) -> None:
+    r = cli("ilab-journal", "serve", str(tmp_path / "nowhere"), "--port", "0")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no such" in r.stderr
+    r = cli("ilab-journal", "serve", str(tmp_path), "--port", "0")
+    assert r.returncode == 2 and "no run" in r.stderr and "Traceback" not in r.stderr
+    # without the extra: one line naming it
+    code = (
+        "import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None; "
+        "from journal.cli.main import main; sys.argv = ['ilab-journal', 'serve', '.']; main()"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=60,
+    )
+    assert r.returncode == 2 and "pip install 'ilab-journal[serve]'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- one real browser --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    try:
+        with launch() as b:
+            yield b
+    except BrowserUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
+    tmp_path: Path, browser: Any
+) -> None:
+    """The hostile run's page: state, every save / eval / report / stop marker, the removed
+    and the best checkpoint, hostile strings shown as text and never run; a record appended
+    to the other (running) run shows in its open page."""
+    story_journal(tmp_path / "hostile", hostile=True)
+    live = story_journal(tmp_path / "live", end=False, steps=20)
+    with serve(str(tmp_path)) as s:
+        page = browser.new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(s.url + "run/hostile")
+        page.wait_for_selector("body[data-painted='1']")
+        assert page.text_content("#facts .state") == "stopped"
+        strip = page.locator("#strip .marker")
+        kinds = [strip.nth(i).get_attribute("data-kind") for i in range(strip.count())]
+        assert {k: kinds.count(k) for k in ("save", "evaluate", "report", "control", "end")} == {
+            "save": 3,
+            "evaluate": 3,
+            "report": 3,
+            "control": 1,
+            "end": 1,
+        }
+        assert page.locator("#strip .marker.kind-save.ck-removed").count() == 1
+        assert page.get_attribute("#strip .marker.kind-save.ck-best", "data-step") == "60"
+        assert page.locator("tr.ckpt[data-on-disk='false']").count() == 1
+        assert HOSTILE_IMG in page.text_content("#story")
+        assert HOSTILE_SCRIPT in page.text_content("#reason")
+        assert page.evaluate("window.__pwned") is None and dialogs == []
+        assert page.locator("main img, main script").count() == 0
+        page.goto(s.url + "run/live")
+        page.wait_for_selector("body[data-painted='1']")
+        assert page.text_content("#step") == "20"
+        live.append("log", log_payload(21, 0.1), step=21)
+        wait_until(lambda: page.text_content("#step") == "21", 5, "the appended step in the page")
+        live.close()
+        page.close()
