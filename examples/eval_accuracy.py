@@ -86,7 +86,7 @@ def main() -> int:
                 "--reason",
                 reason,
                 "--source",
-                "eval_accuracy.py",
+                "eval:eval_accuracy.py",  # "eval:": status's stop_source says eval
             ],
             check=True,
             stdout=subprocess.DEVNULL,

@@ -71,12 +71,16 @@ def test_the_strongest_single_word(bits: int, interrupted: bool, strongest: str 
     ],
 )
 def test_every_ending(how: Ending, status: str, reason: str) -> None:
-    cmd = {"command": how, "id": "c1", "reason": "enough"}
+    cmd = {"command": how, "id": "c1", "reason": "enough", "source": "eval:acc.py"}
     got = train_end(how, 7, signal="SIGTERM", command=cmd, error="RuntimeError: boom")
     assert (got["status"], got["reason"]) == (status, reason)
     assert STATUS[how] == status
-    if how in ("stop", "abort"):
-        assert (got["command"], got["command_id"]) == (how, "c1")
+    if how in ("stop", "abort"):  # who sent it: status tells an eval's stop from an operator's
+        assert (got["command"], got["command_id"], got["command_source"]) == (
+            how,
+            "c1",
+            "eval:acc.py",
+        )
     else:
         assert "command" not in got
 
@@ -88,6 +92,7 @@ def test_endings_without_details() -> None:
         "reason": "stop command",
         "command": "stop",
         "command_id": None,
+        "command_source": None,
     }
 
 

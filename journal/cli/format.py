@@ -153,6 +153,8 @@ def stats_text(d: dict[str, Any]) -> str:
 def status_text(s: RunSummary, path: Path) -> str:
     """``ilab-journal status`` for people: one aligned ``name  value`` row per fact."""
     rows = [("state", s.state + (f" ({s.reason})" if s.reason else ""))]
+    if s.stop_source:  # who ended it: a gate tells an eval's stop from an operator's
+        rows.append(("stopped by", s.stop_source + (f" ({s.stopped_by})" if s.stopped_by else "")))
     if s.run_id is not None or s.records:  # nothing to say about a run without records
         progress = f"{s.last_step}" + (f"/{s.total_steps}" if s.total_steps else "")
         ago = f" ({time.time() - s.last_ts:.0f}s ago)" if s.last_ts else ""

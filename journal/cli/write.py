@@ -26,7 +26,12 @@ WAIT_DEFAULT_S = 300.0  # ``control --wait`` without SECONDS
 @click.argument("command", type=click.Choice(CONTROL_COMMANDS))
 @click.argument("dir", type=click.Path())
 @click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
-@click.option("--source", default=None, help="Who asks (default: host:pid).")
+@click.option(
+    "--source",
+    default=None,
+    help="Who asks (default: host:pid; in a watcher hook: hook:EVENT:DELIVERY_ID). It says "
+    "who stopped a run in status's stop_source: start it with eval: for an eval.",
+)
 @click.option(
     "--id",
     "command_id",
@@ -84,6 +89,10 @@ def control(
     if command_id is not None:
         _refuse_used_id(p, command_id)
     since = journal_end(p)
+    if source is None:  # run by a watcher's command hook: say so (status's stop_source)
+        from journal.views.stops import hook_source
+
+        source = hook_source(dict(os.environ))
     try:
         cid = send_command(p, command, reason=reason, source=source, command_id=command_id)
     except InvalidCommand as exc:

@@ -15,6 +15,7 @@ from journal.read.reader import iter_batches
 from journal.rundir.inbox import refused_file
 from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.best import BEST_EVENTS, BestTracker, MetricGoal
+from journal.views.stops import ending
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
 STATE_EXIT_CODES: dict[str, int] = {
@@ -65,6 +66,10 @@ class RunSummary:
     prunable_checkpoints: list[str] = field(default_factory=list)
     expired_leases: int = 0
     refused_reports: int = 0  # report files refused when journaled (journal.channels.reports)
+    #: who ended the run: a word of journal.views.stops.STOP_KINDS (eval, operator, ...) and
+    #: the ending command's source string (None: no command ended it)
+    stop_source: str | None = None
+    stopped_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +88,8 @@ def _pid_gone(hostname: str | None, pid: int | None) -> bool:
     return False
 
 
+#: Commands that end a run (their source says who stopped it).
+_ENDERS = frozenset({"stop", "abort"})
 #: RunSummary fields computed when a result is asked for, never folded.
 _DERIVED = frozenset({"best_checkpoint", "holder", "prunable_checkpoints", "expired_leases"})
 
@@ -95,6 +102,8 @@ class Summarizer:
         self.ended = False
         self._best: BestTracker | None = None
         self._best_run: str | None = None
+        #: applied stop/abort commands' id -> source, for a train_end without command_source
+        self._enders: dict[str, str | None] = {}
 
     def add(self, rec: dict[str, Any]) -> None:
         s = self.summary
@@ -120,6 +129,7 @@ class Summarizer:
             s.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
+            s.stop_source = s.stopped_by = None
             s.total_steps = data.get("total_steps", s.total_steps)
             s.started_ts = rec.get("ts")
             s.hostname, s.pid = data.get("hostname"), data.get("pid")
@@ -140,6 +150,11 @@ class Summarizer:
             refused = refused_file(data)  # a report file refused: its metrics are lost
             if refused is not None and refused.inbox == REPORTS_DIR_NAME:
                 s.refused_reports += 1
+        elif event == "control" and data.get("accepted") and data.get("command") in _ENDERS:
+            src = data.get("source")
+            self._enders[str(data.get("id"))] = src if isinstance(src, str) else None
+            if len(self._enders) > 64:  # a flood of stops: the ending one is among the last
+                self._enders.pop(next(iter(self._enders)))
         elif event == "train_end":
             self.ended = True
             s.state = str(data.get("status") or "failed")
@@ -148,6 +163,7 @@ class Summarizer:
                 s.last_checkpoint = data["final_checkpoint"]
             if data.get("error_type"):
                 s.error = f"{data['error_type']}: {data.get('error_message', '')}"
+            s.stop_source, s.stopped_by = ending(data, self._enders)
         if s.state == "empty":  # any record (a journal rotated mid-run starts with a log)
             s.state = "running"
 
@@ -155,18 +171,26 @@ class Summarizer:
         """Everything folded so far, as JSON types (the journal index stores it)."""
         s = {k: v for k, v in self.summary.to_dict().items() if k not in _DERIVED}
         best = self._best.to_state() if self._best is not None else None
-        return {"summary": s, "ended": self.ended, "best": best, "best_run": self._best_run}
+        return {
+            "summary": s,
+            "ended": self.ended,
+            "best": best,
+            "best_run": self._best_run,
+            "enders": self._enders,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Summarizer:
         summ = cls()
-        if "keep_last_n" not in state["summary"]:
-            # folded before keep_last_n was: not to be trusted (the index reads it again)
-            raise KeyError("keep_last_n")
+        for key in ("keep_last_n", "stop_source"):
+            if key not in state["summary"]:
+                # folded before that field was: not to be trusted (the index reads it again)
+                raise KeyError(key)
         summ.summary = RunSummary(**state["summary"])
         summ.ended = bool(state["ended"])
         summ._best = BestTracker.from_state(state["best"]) if state.get("best") else None
         summ._best_run = state.get("best_run")
+        summ._enders = dict(state.get("enders") or {})
         return summ
 
     def _track_best(self, run_id: str | None, keep_best: Any) -> None:

@@ -168,6 +168,7 @@ def train_end(
             "reason": reason,
             "command": how,
             "command_id": (command or {}).get("id"),
+            "command_source": (command or {}).get("source"),  # who stopped it (status)
         }
     if how == "interrupt":
         reason = f"{signal or 'a signal on another rank'} at step {step}"

@@ -1,0 +1,108 @@
+"""The facts ``ilab-journal check`` compares: the run's summary (the one ``status`` folds)
+and, for the metrics an expression names, their values in journal order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from journal.views.summary import RunSummary, Summarizer
+
+#: Metric fields of trainer records (reported metrics are any name in a report).
+_RECORD_METRICS = ("evaluate", "log")
+
+
+def default_mode(metric: str, keep_best: str | None) -> str:
+    """``best(M)``'s direction: the run's ``keep_best`` for its metric, else ``min`` for a
+    loss (a name with ``loss``, ``perplexity`` or ``error`` in it), else ``max``."""
+    if keep_best and keep_best.rpartition(":")[0] == metric:
+        return keep_best.rpartition(":")[2]
+    return "min" if any(w in metric for w in ("loss", "perplexity", "error")) else "max"
+
+
+@dataclass
+class MetricValues:
+    """One metric's values in journal order and how many reports carried it."""
+
+    values: list[float] = field(default_factory=list)
+    reports: int = 0
+
+
+class FactFolder:
+    """Folds records (incrementally) into the summary and the named metrics' values."""
+
+    def __init__(self, metrics: set[str]) -> None:
+        self.summarizer = Summarizer()
+        self.metrics = metrics
+        self.values: dict[str, MetricValues] = {m: MetricValues() for m in metrics}
+        self._run: str | None = None
+        self.last_report_ts: float | None = None  # when the newest report was journaled
+
+    def add_batch(self, records: list[dict[str, Any]]) -> None:
+        add, metrics = self.summarizer.add, self.metrics
+        for rec in records:
+            add(rec)
+            event = rec.get("event")
+            if event == "report":
+                self.last_report_ts = rec.get("ts", self.last_report_ts)
+            if not metrics:
+                continue
+            if event == "train_begin" and rec.get("run_id") != self._run:
+                self._run = rec.get("run_id")  # a new run: its metrics only (a resume keeps them)
+                self.values = {m: MetricValues() for m in metrics}
+            if event == "report":
+                got = (rec.get("data") or {}).get("metrics")
+                if isinstance(got, dict):
+                    self._take(got, report=True)
+            elif event in _RECORD_METRICS:
+                self._take(rec.get("data") or {}, report=False)
+
+    def _take(self, data: dict[str, Any], *, report: bool) -> None:
+        for m in self.metrics:
+            v = data.get(m)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                mv = self.values[m]
+                mv.values.append(float(v))
+                mv.reports += report
+
+    def facts(self, s: RunSummary, names: list[str]) -> dict[str, Any]:
+        """Every fact by name, and each metric function in ``names`` (``best(accuracy)``)."""
+        out: dict[str, Any] = {
+            "status": s.state,
+            "steps": s.last_step,
+            "max_steps": s.total_steps,
+            "epoch": s.epoch,
+            "samples": s.samples_seen,
+            "records": s.records,
+            "invalid_lines": s.invalid_lines,
+            "reports": s.reports,
+            "refused_reports": s.refused_reports,
+            "unapplied_commands": s.unapplied_commands,
+            "stop_source": s.stop_source,
+            "stopped_by": s.stopped_by,
+            "stop_reason": s.reason,
+            "run_id": s.run_id,
+            "attempt": s.attempt,
+        }
+        for name in names:
+            fn, _, rest = name.partition("(")
+            if not rest:
+                continue
+            metric, _, mode = rest[:-1].partition(":")
+            mv = self.values.get(metric, MetricValues())
+            out[name] = _apply(fn, mv, mode or default_mode(metric, s.keep_best))
+        return out
+
+
+def _apply(fn: str, mv: MetricValues, mode: str) -> float | int | None:
+    vals = mv.values
+    if fn == "reports":
+        return mv.reports
+    if fn == "count":
+        return len(vals)
+    if not vals:
+        return None
+    if fn == "best":
+        return max(vals) if mode == "max" else min(vals)
+    return {"last": vals[-1], "first": vals[0], "min": min(vals), "max": max(vals)}[fn]

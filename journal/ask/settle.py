@@ -1,0 +1,114 @@
+"""Reading a run for ``ilab-journal check``, and with ``--wait`` waiting until it settled:
+``train_end`` journaled, then nothing pending (no scheduler job in flight by the journal's
+``job`` records, no lease held on a checkpoint: an eval still at work) and no report for the
+quiet period. The journal is read once and then only what it gained (a
+:class:`~journal.read.tailing.RotatingReader` from its offset), never again from its start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journal.ask.facts import FactFolder
+from journal.checkpoints.leases import expiries
+from journal.read.tailing import RotatingReader
+from journal.rundir.lock import run_holder
+
+#: A scheduler job's states after which nothing more comes (Slurm's names, which local jobs
+#: use too; the watcher's scheduler says the same). Any other latest state: in flight.
+ENDED_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "LOST",
+    }
+)
+#: How often --wait reads what the journal gained (a few bytes: it goes on from its offset).
+POLL_S = 0.2
+
+
+@dataclass
+class RunReading:
+    """A journal read so far, with what is still pending in the run."""
+
+    path: Path
+    folder: FactFolder
+    reader: RotatingReader = field(init=False)
+    invalid: int = 0
+    jobs: dict[str, str] = field(default_factory=dict)  # job -> its latest state
+    checkpoints: set[str] = field(default_factory=set)  # names of the saved checkpoints
+
+    def __post_init__(self) -> None:
+        self.reader = RotatingReader(self.path)
+
+    def read(self, *, final: bool) -> int:
+        """Fold everything the journal gained; returns the records read."""
+        n = 0
+        while True:
+            batch = self.reader.read(final=final, max_bytes=8 << 20)
+            if not batch.records and not batch.invalid:
+                return n
+            n += len(batch.records)
+            self.invalid += len(batch.invalid)
+            self.folder.add_batch(batch.records)
+            for rec in batch.records:
+                event = rec.get("event")
+                if event == "job":
+                    self._job(rec.get("data") or {})
+                elif event == "save":
+                    path = (rec.get("data") or {}).get("checkpoint_path")
+                    if isinstance(path, str):
+                        self.checkpoints.add(Path(path).name)
+
+    def _job(self, data: dict[str, Any]) -> None:
+        key = f"{data.get('scheduler')}:{data.get('job_id')}"
+        self.jobs[key] = str(data.get("state"))
+
+    def pending(self, quiet: float, now: float) -> list[str]:
+        """What the run is still waiting for, each in a few words (empty: settled)."""
+        out = []
+        flying = [k for k, state in self.jobs.items() if state not in ENDED_JOB_STATES]
+        if flying:
+            out.append(f"{len(flying)} scheduler job(s) in flight ({', '.join(flying[:3])})")
+        held = [
+            name
+            for name, ends in expiries(self.path.parent, self.checkpoints).items()
+            if any(end > now for end in ends)
+        ]
+        if held:
+            out.append(f"checkpoint(s) leased by a consumer still at work ({', '.join(held[:3])})")
+        s = self.folder.summarizer.summary
+        last = max(t for t in (s.last_ts, self.folder.last_report_ts, 0.0) if t is not None)
+        if now - last < quiet:
+            out.append(f"a record {now - last:.1f}s ago (quiet period {quiet:g}s)")
+        return out
+
+
+def read_run(
+    path: Path, folder: FactFolder, *, wait: float | None, quiet: float
+) -> tuple[RunReading, list[str]]:
+    """The run read once (``wait`` None), or read until it settled or ``wait`` seconds
+    passed; returns it and what is still pending (empty when settled or not waited for)."""
+    reading = RunReading(path, folder)
+    final = run_holder(path.parent) is None
+    reading.read(final=final)
+    if wait is None:
+        return reading, []
+    deadline = time.monotonic() + wait
+    while True:
+        ended = folder.summarizer.ended
+        pending = reading.pending(quiet, time.time()) if ended else ["train_end"]
+        if not pending or time.monotonic() >= deadline:
+            return reading, pending
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        reading.read(final=run_holder(path.parent) is None)

@@ -1,0 +1,144 @@
+"""``ilab-journal check RUN --expect EXPR ...``: a CI or cron gate on a run in one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
+from journal.remote.readers import RUN_DIR_OR_URI
+from journal.rundir.paths import resolve_journal
+
+#: --wait's seconds when given without a number; --quiet's default.
+DEFAULT_WAIT_S = 3600.0
+DEFAULT_QUIET_S = 10.0
+#: States in which a run cannot be judged: status's exit code is check's.
+UNJUDGED = frozenset({"running", "starting", "stale", "empty"})
+
+
+@click.command()
+@click.argument("run", metavar="RUN_DIR|URI", type=RUN_DIR_OR_URI)
+@click.option(
+    "--expect",
+    "-e",
+    "exprs",
+    multiple=True,
+    required=True,
+    metavar="EXPR",
+    help="A test that must hold, e.g. 'best(accuracy) >= 0.9' (repeat it: all must hold). "
+    "Grammar and names: docs/cli.md, 'check'.",
+)
+@click.option(
+    "--wait",
+    type=Seconds(),
+    is_flag=False,
+    flag_value=DEFAULT_WAIT_S,
+    default=None,
+    metavar="[SECONDS]",
+    help="Wait until the run ended (train_end), no scheduler job is in flight, no "
+    f"checkpoint is leased and no record came for --quiet seconds; at most SECONDS "
+    f"(default {DEFAULT_WAIT_S:g}).",
+)
+@click.option(
+    "--quiet",
+    type=Seconds(),
+    default=DEFAULT_QUIET_S,
+    show_default=True,
+    help="With --wait: seconds without a new record after train_end before judging.",
+)
+@click.option(
+    "--stale-after",
+    type=Seconds(),
+    default=600.0,
+    show_default=True,
+    help="As status: seconds without a record (and no train_end) before a run is stale.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def check(
+    run: str,
+    exprs: tuple[str, ...],
+    wait: float | None,
+    quiet: float,
+    stale_after: float,
+    as_json: bool,
+) -> None:
+    """Judge a run by expectations: exit 0 when all hold, 1 when one fails.
+
+    \b
+    ilab-journal check RUN --wait -e 'status in (completed, stopped)' \\
+        -e 'best(accuracy) >= 0.9' -e 'refused_reports == 0'
+
+    \b
+    Exit codes:
+      0  every expectation holds      1  one or more fail (each printed with its values)
+      2  usage error: a bad expression, not a run (one line)
+      3  running or starting, 6 stale, 7 empty: the run cannot be judged (as status)
+    """
+    from journal.ask.expect import ExpectError, parse
+    from journal.ask.facts import FactFolder
+    from journal.ask.settle import read_run
+    from journal.channels.control import unapplied_commands
+    from journal.rundir.lock import run_holder
+
+    try:
+        expectations = [parse(text) for text in exprs]
+    except ExpectError as exc:
+        raise UserError(str(exc)) from None
+    given = Path(run)
+    path = resolve_journal(run, must_exist=False)
+    if given.is_dir() and not path.exists() and run_holder(given):
+        _unjudged("starting", f"{run}: starting (no record yet)", as_json, path)
+    path = resolve_journal(run)
+    metrics = set().union(*(e.metrics for e in expectations))
+    reading, pending = read_run(path, FactFolder(metrics), wait=wait, quiet=quiet)
+    folder = reading.folder
+    require_journal(path, folder.summarizer.summary.records, reading.invalid)
+    s = folder.summarizer.result(stale_after=stale_after, run_dir=path.parent)
+    s.invalid_lines = reading.invalid
+    s.unapplied_commands = len(unapplied_commands(path.parent)[1])
+    names = [r.name for e in expectations for r in e.refs]
+    facts = folder.facts(s, names)
+    if s.state in UNJUDGED:
+        waited = f" after waiting {wait:g}s" if wait is not None else ""
+        _unjudged(s.state, f"{path.parent}: {s.state}{waited}: cannot judge", as_json, path)
+    results = [(e.text, e.holds(facts), e.values(facts)) for e in expectations]
+    ok = all(h for _, h, _ in results)
+    if as_json:
+        click.echo(
+            dumps(
+                {
+                    "journal": str(path),
+                    "state": s.state,
+                    "holds": ok,
+                    "pending": pending,
+                    "expectations": [{"expect": t, "holds": h, "values": v} for t, h, v in results],
+                }
+            )
+        )
+    else:
+        for text, holds, values in results:
+            shown = ", ".join(f"{k} = {_show(v)}" for k, v in values.items())
+            click.echo(f"{'ok  ' if holds else 'FAIL'}  {text}  ({shown})")
+    if pending:  # --wait ran out: judged on what came, and said so
+        click.echo(f"check: judged while still pending: {'; '.join(pending)}", err=True)
+    sys.exit(0 if ok else 1)
+
+
+def _show(v: object) -> str:
+    if v is None:
+        return "none"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _unjudged(state: str, line: str, as_json: bool, path: Path) -> None:
+    from journal.record.text import printable
+    from journal.views.summary import STATE_EXIT_CODES
+
+    if as_json:
+        click.echo(dumps({"journal": str(path), "state": state, "holds": None}))
+    else:
+        click.echo(printable(line), err=True)
+    sys.exit(STATE_EXIT_CODES[state])

@@ -1,0 +1,222 @@
+"""``ilab-journal check``: a CI gate in one line over hand-built journals (the grammar,
+its exit codes, --wait for a report that comes after train_end, refused reports) and
+``status``'s stop_source (an eval's stop told from an operator's)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from journal import JournalWriter, Report, submit_report
+from journal.ask.expect import ExpectError, parse
+from journal.cli.main import main
+from journal.views.stops import stop_kind
+from tests.helpers import cli
+
+BEGIN = {
+    "config": {"keep_best": "accuracy:max", "keep_last_n": 2},
+    "world_size": 2,
+    "nnodes": 1,
+    "device_type": "cpu",
+    "journal_detail": "step",
+    "resumed_from": None,
+    "total_steps": 100,
+    "hostname": "test-host",
+    "pid": 1,
+    "versions": {},
+}
+
+
+def build_run(
+    run: Path,
+    accuracies: list[float],
+    *,
+    stop_source: str | None = "eval:eval_accuracy.py",
+    ts: float | None = None,
+) -> None:
+    """A run that saves every 10 steps, each checkpoint reported with its accuracy, and
+    ends stopped by a command from ``stop_source`` (None: completed)."""
+    with JournalWriter(run) as w:
+        w.append("train_begin", BEGIN, ts=ts)
+        step = 0
+        for i, acc in enumerate(accuracies):
+            step = 10 * (i + 1)
+            w.append("log", {"loss": 2.0 / step, "lr": 1e-3}, step=step, ts=ts)
+            w.append("evaluate", {"val_loss": 1.0 / step}, step=step, ts=ts)
+            path = str(run / "checkpoints" / f"step-{step:06d}")
+            w.append(
+                "save",
+                {"checkpoint_path": path, "kind": ["full_state"], "duration": 1.0},
+                step=step,
+                ts=ts,
+            )
+            w.append(
+                "report",
+                {
+                    "id": f"r{step}",
+                    "checkpoint_path": path,
+                    "step": step,
+                    "metrics": {"accuracy": acc},
+                    "source": "eval",
+                    "delivery_id": None,
+                    "reported_at": 0.0,
+                },
+                step=step,
+                ts=ts,
+            )
+        if stop_source is None:
+            w.append("train_end", {"status": "completed", "reason": "done"}, step=step, ts=ts)
+            return
+        control = {"command": "stop", "id": "c1", "source": stop_source, "accepted": True}
+        w.append(
+            "control", {**control, "reason": "enough", "applied_at_step": step}, step=step, ts=ts
+        )
+        end = {"status": "stopped", "reason": "stop command: enough", "command": "stop"}
+        w.append("train_end", {**end, "command_id": "c1"}, step=step, ts=ts)
+
+
+def check(run: Path, *args: str) -> tuple[int, str]:
+    got = CliRunner().invoke(main, ["check", str(run), *args])
+    return got.exit_code, got.output
+
+
+OLD = 1_000_000.0  # a run that ended long ago: nothing comes any more
+
+
+def test_the_ci_gate_in_one_line(tmp_path: Path) -> None:
+    build_run(tmp_path, [0.5, 0.92, 0.9], ts=OLD)
+    gate = [
+        "-e", "status in (completed, stopped) and stop_source in (eval, none)",
+        "-e", "best(accuracy) >= 0.9",
+        "-e", "reports(accuracy) >= 3",
+        "-e", "refused_reports == 0",
+        "-e", "last(val_loss) < 1.2",
+    ]  # fmt: skip
+    code, out = check(tmp_path, *gate)
+    assert code == 0, out
+    assert "ok    best(accuracy) >= 0.9  (best(accuracy) = 0.92)" in out
+    code, out = check(tmp_path, "-e", "best(accuracy) >= 0.95", "-e", "steps >= 30")
+    assert code == 1
+    assert "FAIL  best(accuracy) >= 0.95  (best(accuracy) = 0.92)" in out
+    assert "ok    steps >= 30  (steps = 30)" in out
+    code, out = check(tmp_path, "--json", "-e", "best(accuracy:min) == 0.5")
+    got = json.loads(out)
+    assert (code, got["holds"], got["state"]) == (0, True, "stopped")
+    assert got["expectations"][0]["values"] == {"best(accuracy:min)": 0.5}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["stpes >= 10", "best(accuracy) >=", "status < 3", "median(accuracy) > 1", "steps", "1 +"],
+)
+def test_a_bad_expression_is_one_line_exit_2(tmp_path: Path, bad: str) -> None:
+    build_run(tmp_path, [0.5], ts=OLD)
+    got = CliRunner().invoke(main, ["check", str(tmp_path), "-e", bad])
+    assert got.exit_code == 2
+    assert len(got.output.strip().splitlines()) == 1 and "Traceback" not in got.output
+    with pytest.raises(ExpectError):
+        parse(bad)
+
+
+def test_grammar_logic_and_missing_values() -> None:
+    facts = {"status": "stopped", "steps": 30, "best(accuracy)": None}
+    assert parse("not (status == completed) and steps > 10").holds(facts)
+    assert parse("status == completed or steps >= 30").holds(facts)
+    assert parse("status not in (failed, interrupted)").holds(facts)
+    assert not parse("best(accuracy) >= 0").holds(facts)  # no value never passes a bound
+    assert parse("best(accuracy) == none").holds(facts)
+    assert parse('status == "stopped"').holds(facts)
+
+
+def test_a_run_that_cannot_be_judged_exits_with_its_status_code(tmp_path: Path) -> None:
+    with JournalWriter(tmp_path) as w:
+        w.append("train_begin", BEGIN)
+        w.append("log", {"loss": 1.0, "lr": 1e-3}, step=1)
+    code, _ = check(tmp_path, "-e", "steps >= 0")
+    assert code == 3  # running: as status
+    code, _ = check(tmp_path, "--stale-after", "0.001", "-e", "steps >= 0")
+    assert code == 6
+
+
+def test_refused_report_fails_the_gate(tmp_path: Path) -> None:
+    build_run(tmp_path, [0.9], stop_source=None, ts=OLD)
+    (tmp_path / "reports").mkdir(exist_ok=True)
+    (tmp_path / "reports" / "bad.json").write_text('{"metrics": "not a dict"}')
+    submit_report(tmp_path, Report({"accuracy": 0.95}, step=10), source="eval")  # journals both
+    code, out = check(tmp_path, "-e", "refused_reports == 0")
+    assert (code, out.strip()) == (1, "FAIL  refused_reports == 0  (refused_reports = 1)")
+
+
+def test_wait_sees_a_report_that_comes_after_train_end(tmp_path: Path) -> None:
+    """The lm-eval story: the last checkpoint's report comes after train_end. A gate at
+    train_end sees 0.9; --wait waits for the quiet period and sees 1.0."""
+    build_run(tmp_path, [0.5, 0.9])  # ended just now
+    assert check(tmp_path, "-e", "best(accuracy) >= 1.0")[0] == 1  # without --wait: too early
+
+    def late_report() -> None:
+        time.sleep(0.5)  # the eval's own run time (not a synchronisation: any delay passes)
+        ckpt = tmp_path / "checkpoints" / "step-000020"
+        (ckpt / "full_state").mkdir(parents=True)
+        (ckpt / "full_state" / ".metadata").write_bytes(b"x")
+        submit_report(tmp_path, Report({"accuracy": 1.0}, checkpoint_path=ckpt, step=20))
+
+    t = threading.Thread(target=late_report)
+    t.start()
+    try:
+        code, out = check(tmp_path, "--wait", "30", "--quiet", "2", "-e", "best(accuracy) >= 1.0")
+    finally:
+        t.join()
+    assert code == 0, out
+
+
+def test_wait_on_a_settled_run_answers_at_once(tmp_path: Path) -> None:
+    build_run(tmp_path, [0.5, 0.9], ts=OLD)
+    proc = cli("ilab-journal", "check", str(tmp_path), "--wait", "-e", "steps == 20")
+    assert proc.returncode == 0, proc.stderr  # (its time: benchmarks/bench_backtest.py)
+
+
+def test_status_tells_an_eval_stop_from_an_operator_stop(tmp_path: Path) -> None:
+    build_run(tmp_path / "eval", [0.5], ts=OLD)
+    build_run(tmp_path / "op", [0.5], stop_source="laptop:4242", ts=OLD)
+    for name, kind in (("eval", "eval"), ("op", "operator")):
+        got = CliRunner().invoke(main, ["status", str(tmp_path / name), "--json"])
+        s = json.loads(got.output)
+        assert (got.exit_code, s["stop_source"]) == (4, kind)  # both exit 4, told apart
+    assert check(tmp_path / "eval", "-e", "stop_source == eval")[0] == 0
+    assert check(tmp_path / "op", "-e", "stop_source == eval")[0] == 1
+    got = CliRunner().invoke(main, ["status", str(tmp_path / "op")])
+    assert "stopped by  operator (laptop:4242)" in got.output
+
+
+@pytest.mark.parametrize(
+    ("source", "kind"),
+    [
+        ("eval:eval_accuracy.py", "eval"),
+        ("hook:save:run-12-abc", "eval"),
+        ("hook:log:run-12-abc", "hook"),
+        ("watcher:es:watcher.steering.EarlyStopping.on_evaluate", "early_stopping"),
+        ("run_training:watcher.steering.DivergenceDetector.on_log", "divergence"),
+        ("watcher:mine:cb.MyCallback.on_report", "callback"),
+        ("web:alice", "web"),
+        ("host-a:4242", "operator"),
+        (None, "operator"),
+    ],
+)
+def test_stop_kinds(source: str | None, kind: str) -> None:
+    assert stop_kind(source) == kind
+
+
+def test_control_in_a_hook_says_so(tmp_path: Path) -> None:
+    """``ilab-journal control stop`` run by a watcher's command hook on a save: its source
+    names the hook, so the stop counts as an eval's."""
+    build_run(tmp_path, [0.5], stop_source=None, ts=OLD)
+    env = {"ILAB_EVENT": "save", "ILAB_DELIVERY_ID": "run-40-abc"}
+    got = CliRunner().invoke(main, ["control", "stop", str(tmp_path), "--id", "x1"], env=env)
+    assert got.exit_code == 0, got.output
+    body = json.loads((tmp_path / "control" / "x1.json").read_text())
+    assert stop_kind(body["source"]) == "eval"
