@@ -265,3 +265,20 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
         wait_until(lambda: page.text_content("#step") == "21", 5, "the appended step in the page")
         live.close()
         page.close()
+
+
+def test_plot_marks_kept_removed_best_stop_and_titles_the_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from journal.cli.plot import story
+
+    run = tmp_path / "run"
+    story_journal(run)
+    st = story(run / "journal.jsonl")
+    assert st.title.endswith("(attempt 1): stopped: stop command: target")
+    marks = [(m.step, m.kind) for m in st.marks]
+    assert marks == [(20, "removed"), (40, "kept"), (60, "best"), (60, "command"), (60, "end")]
+    assert st.marks[3].label == "stop applied (eval.py)"
+    assert set(st.curves) == {"loss", "val_loss", "lr", "report:accuracy"}
+    r = cli("ilab-journal", "plot", str(run), "-o", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
