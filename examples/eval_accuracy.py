@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from journal import Report, submit_report
+from journal import Control, Report, send_command, submit_report
 from trainer.model.builtin import greedy_generate, load_consolidated
 
 
@@ -70,27 +69,16 @@ def main() -> int:
         f"in {time.perf_counter() - t0:.1f}s"
     )
     metrics = {"accuracy": acc, "eval_problems": len(problems)}
-    if os.environ.get("ILAB_REPORT"):  # run by ilab-watch: it journals the report
+    reached = args.target_accuracy is not None and acc >= args.target_accuracy
+    if os.environ.get("ILAB_REPORT") and not reached:  # run by ilab-watch: it journals it
         Path(os.environ["ILAB_REPORT"]).write_text(json.dumps(metrics))
-    else:
+    else:  # straight to the journal; when asking to stop, first: the report that justified
+        # the stop is journaled by the step that applies it (a gate, a backtest see it)
         submit_report(run_dir, Report(metrics, checkpoint_path=ckpt, step=step), source="eval")
-    if args.target_accuracy is not None and acc >= args.target_accuracy:
-        ilab_journal = Path(sys.executable).parent / "ilab-journal"
+    if reached:
         reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"
-        subprocess.run(
-            [
-                str(ilab_journal),
-                "control",
-                "stop",
-                str(run_dir),
-                "--reason",
-                reason,
-                "--source",
-                "eval:eval_accuracy.py",  # "eval:": status's stop_source says eval
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        # "eval:": status's stop_source says an eval stopped the run, not an operator
+        send_command(run_dir, Control.stop(reason), source="eval:eval_accuracy.py")
         print(f"eval: {reason}: asked training to stop")
     return 0
 

@@ -106,6 +106,8 @@ WATCHER_LAYERS: dict[str, set[str]] = {
     "mirror": {"engine"},
     "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror"},
     "embedded": {"hooks", "engine", "exporters"},
+    # backtest: past journals through the watcher's executor (engine), callbacks and built-ins
+    "backtest": {"hooks", "engine", "builtin"},
     "moved": set(),
     "__init__": {"hooks", "engine", "builtin", "moved"},
 }

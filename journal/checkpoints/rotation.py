@@ -162,8 +162,17 @@ def beyond_retention(
     ``keep_last_n`` (None keeps everything), less ``keep`` (the best)."""
     if not keep_last_n:
         return []
-    found = list_checkpoints(ckpt_dir, root, run_id=run_id)
-    return [p for p in found[:-keep_last_n] if p.name not in keep]
+    found = {p.name: p for p in list_checkpoints(ckpt_dir, root, run_id=run_id)}
+    return [found[name] for name in surplus(list(found), keep_last_n, keep)]
+
+
+def surplus(names: list[str], keep_last_n: int | None, keep: set[str]) -> list[str]:
+    """The retention rule itself, pure (``ilab-journal backtest`` replays it): of the
+    checkpoint ``names``, oldest first, all but the newest ``keep_last_n`` (None or 0 keeps
+    everything), less those in ``keep`` (the best)."""
+    if not keep_last_n:
+        return []
+    return [name for name in names[:-keep_last_n] if name not in keep]
 
 
 def prunable(

@@ -17,6 +17,7 @@ from journal.cli.check import check
 from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
 from journal.cli.export import export
 from journal.cli.format import holder_text, stats_text, status_text
+from journal.cli.plugins import PluginGroup
 from journal.cli.read import (
     ManyEventsCommand,
     add_retention,
@@ -36,7 +37,10 @@ from journal.rundir.lock import run_holder
 from journal.rundir.paths import resolve_journal
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=PluginGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="ilab-journal")
 def main() -> None:
     """Inspect and steer training runs through their lifecycle journal.

@@ -1,0 +1,183 @@
+"""``ilab-journal backtest`` on hand-built journals: built-in early stopping swept over
+patience, the eval's own target, retention that deletes the later-best checkpoint, a user
+callback class fed the same records in the same order as ``ilab-watch`` feeds it, and
+nothing written into the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from journal import JournalWriter
+from journal.cli.main import main
+from tests.helpers import cli
+
+BEGIN = {
+    "config": {"keep_best": "accuracy:max", "keep_last_n": 2},
+    "world_size": 2,
+    "nnodes": 1,
+    "device_type": "cpu",
+    "journal_detail": "step",
+    "resumed_from": None,
+    "total_steps": 80,
+    "hostname": "test-host",
+    "pid": 1,
+    "versions": {},
+}
+#: val_loss and the reported accuracy of each checkpoint (every 10 steps).
+VAL = [1.0, 0.8, 0.9, 0.85, 0.95, 0.7, 0.99, 0.98]
+ACC = [0.1, 0.5, 0.6, 0.4, 0.3, 0.9, 0.7, 0.8]
+
+
+def build(run: Path, *, late_best: bool = False) -> None:
+    """80 steps; every 10: evaluate, save, the checkpoint's report. ``late_best``: the
+    report of step 20 (the best, 0.95) comes only after train_end."""
+    t = time.time() - 1000.0
+    with JournalWriter(run) as w:
+        w.append("train_begin", BEGIN, ts=t)
+        for step in range(1, 81):
+            t += 1.0
+            bm = {"total_samples": 8, "total_length": 100, "num_loss_counted_tokens": 90,
+                  "accumulated_loss": 1.0, "grad_accum_steps": 1, "num_minibatches": 1}  # fmt: skip
+            w.append("log", {"loss": 1.0, "lr": 1e-3, "batch_metrics": bm}, step=step, ts=t)
+            if step % 10:
+                w.append("step_end", {"loss": 1.0}, step=step, samples_seen=8 * step, ts=t)
+                continue
+            i = step // 10 - 1
+            w.append("evaluate", {"val_loss": VAL[i]}, step=step, ts=t)
+            w.append("step_end", {"loss": 1.0}, step=step, samples_seen=8 * step, ts=t)
+            path = str(run / "checkpoints" / f"step-{step:06d}")
+            w.append("save", {"checkpoint_path": path, "kind": ["full_state"], "duration": 1.0}, step=step, ts=t)  # fmt: skip
+            if not (late_best and step == 20):
+                w.append("report", _report(path, step, ACC[i], t + 0.5), step=step, ts=t + 0.5)
+        w.append(
+            "train_end", {"status": "completed", "reason": "reached step 80"}, step=80, ts=t + 1
+        )
+        if late_best:
+            path = str(run / "checkpoints" / "step-000020")
+            w.append("report", _report(path, 20, 0.95, t + 2), step=80, ts=t + 2)
+
+
+def _report(path: str, step: int, acc: float, at: float) -> dict[str, object]:
+    return {"id": f"r{step}", "checkpoint_path": path, "step": step, "metrics": {"accuracy": acc},
+            "source": "eval", "delivery_id": None, "reported_at": at}  # fmt: skip
+
+
+def backtest(*args: str) -> tuple[int, str]:
+    got = CliRunner().invoke(main, ["backtest", *args])
+    return got.exit_code, got.output
+
+
+def test_a_patience_sweep_one_row_per_value(tmp_path: Path) -> None:
+    build(tmp_path / "a")
+    build(tmp_path / "b")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    journal = (tmp_path / "a" / "journal.jsonl").read_bytes()
+    code, out = backtest(str(tmp_path / "a"), str(tmp_path / "b"), "--early-stopping",
+                         "metric=val_loss,patience=1..3", "--json")  # fmt: skip
+    assert code == 0, out
+    runs = [json.loads(line) for line in out.splitlines()]
+    stops = {s["policy"]: s for s in runs[0]["stops"]}
+    # val_loss 1.0 0.8 0.9: patience 1 answers the evaluate of step 30, applied at 31
+    p1 = stops["early_stopping patience=1"]
+    assert (p1["trigger_step"], p1["stop_step"], p1["steps_saved"]) == (30, 31, 49)
+    assert (p1["samples_saved"], p1["tokens_saved"]) == (8 * 49, 100 * 49)
+    assert p1["would_have"][0]["what"] == "stop" and p1["kind"] == "early_stopping"
+    # judged by the run's keep_best: 0.6 was the best by step 31; the run's best 0.9
+    assert (p1["best_at_stop"], p1["best_value"]) == (0.6, 0.9)
+    assert p1["lost"] == pytest.approx(0.3)
+    assert stops["early_stopping patience=2"]["stop_step"] == 41  # 0.9, 0.85 after 0.8
+    assert stops["early_stopping patience=3"]["stop_step"] == 51
+    # nothing written: no control/ file, no report, the journal byte for byte
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "a" / "journal.jsonl").read_bytes() == journal
+    code, out = backtest(str(tmp_path / "a"), str(tmp_path / "b"), "--early-stopping",
+                         "metric=val_loss,patience=1..3")  # fmt: skip
+    rows = [line for line in out.splitlines() if line.startswith("early_stopping patience=")]
+    assert len(rows) == 3 and rows[0].split()[2:4] == ["2", "2"]  # runs, stopped
+
+
+def test_the_evals_own_target_stops_when_its_result_is_known(tmp_path: Path) -> None:
+    build(tmp_path)
+    code, out = backtest(str(tmp_path), "--target", "accuracy>=0.55", "--json")
+    stop = json.loads(out)["stops"][0]
+    # step 30's accuracy 0.6 was reported 0.5 s after step 30's end: applied at step 31
+    assert (code, stop["trigger_step"], stop["stop_step"], stop["kind"]) == (0, 30, 31, "eval")
+
+
+def test_retention_that_deletes_the_later_best(tmp_path: Path) -> None:
+    build(tmp_path, late_best=True)
+    code, out = backtest(str(tmp_path), "--keep-last-n", "[1,8]", "--json")
+    assert code == 0, out
+    kept = {r["keep_last_n"]: r for r in json.loads(out)["retention"]}
+    assert kept[1]["best"] == "step-000020" and kept[1]["best_deleted"]
+    assert "step-000020" in kept[1]["removed"] and len(kept[1]["kept"]) == 2  # + the best so far
+    assert not kept[8]["best_deleted"] and kept[8]["removed"] == []
+
+
+CALLBACK = '''
+import json, os
+from journal import Control
+from watcher.hooks.callbacks import TrainerCallback
+
+class Recorder(TrainerCallback):
+    """Writes each record it gets; asks to stop at the evaluate of step 40."""
+    def _note(self, event):
+        with open(os.environ["RECORDED"], "a") as f:
+            f.write(json.dumps([event.name, event.seq, event.step]) + "\\n")
+    def on_evaluate(self, event, **data):
+        self._note(event)
+        return Control.stop("seen enough") if event.step == 40 else None
+    def on_save(self, event, **data):
+        self._note(event)
+    def on_report(self, event, **data):
+        self._note(event)
+    def on_train_end(self, event, **data):
+        self._note(event)
+'''
+
+
+def test_a_callback_sees_what_the_watcher_gives_it(tmp_path: Path) -> None:
+    build(tmp_path / "run")
+    shutil.copytree(tmp_path / "run", tmp_path / "watched")
+    (tmp_path / "cb.py").write_text(CALLBACK)
+    watched = tmp_path / "watched.jsonl"
+    proc = cli("ilab-watch", str(tmp_path / "watched"), "--callback", "cb.py:Recorder",
+               cwd=tmp_path, env={"RECORDED": str(watched)}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    replayed = tmp_path / "replayed.jsonl"
+    os.environ["RECORDED"] = str(replayed)
+    try:
+        code, out = backtest(str(tmp_path / "run"), "--callback", str(tmp_path / "cb.py") + ":Recorder", "--json")  # fmt: skip
+    finally:
+        del os.environ["RECORDED"]
+    assert code == 0, out
+    assert replayed.read_text().splitlines() == watched.read_text().splitlines()
+    assert len(watched.read_text().splitlines()) == 8 * 3 + 1
+    stop = json.loads(out)["stops"][0]
+    assert (stop["policy"], stop["stop_step"], stop["kind"]) == ("callbacks", 41, "callback")
+    assert not (tmp_path / "run" / "control").exists()  # recorded as would-have, never sent
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--early-stopping", "patience=0"],
+        ["--early-stopping", "patience=5..1"],
+        ["--keep-last-n", "0"],
+        ["--target", "accuracy=0.8"],
+        ["--callback", "nosuch.py:Cb"],
+        ["--on-evaluate", "python eval.py"],
+        ["--keep-best", "accuracy"],
+    ],
+)
+def test_a_bad_policy_is_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+    build(tmp_path)
+    code, out = backtest(str(tmp_path), *args)
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out

@@ -1,0 +1,149 @@
+"""One journal replayed through every policy of a backtest, read once.
+
+Callbacks run as ``ilab-watch`` runs them: hooks made by :func:`assemble_hooks`, each
+record delivered in journal order through the watcher's :class:`Executor` (the same
+:class:`Event`, keyword arguments, timeouts and retries, and the same judgement of what a
+callback returns), with ``restore_state([])`` first as for a watcher that starts at the
+journal's beginning. Only what comes back differs: :class:`WouldHaveHandBack` records each
+Control and Report as "would have", and writes nothing into ``control/`` or ``reports/``.
+Every record is delivered (a watcher that keeps up; one that lags may coalesce high-rate
+events such as ``log``).
+
+When a stop would have applied: a Control answering record R is applied at the end of the
+first step that ends after R was journaled (``step_end`` records, else ``log`` ones); the
+eval's own ``--target`` is decided when its result was known (a report's ``reported_at``),
+as an eval that asks to stop itself does. None: not before the run's own end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from journal.channels.control import Control
+from journal.views.best import MetricGoal
+from watcher.backtest.judge import judge_retention, judge_stop, policy_goal
+from watcher.backtest.outcome import RunBacktest, WouldHave
+from watcher.backtest.policies import StopPolicy
+from watcher.backtest.timeline import Timeline, read_run
+from watcher.engine.execute import Executor
+from watcher.engine.handback import HandBack
+from watcher.hooks.callbacks import BadReturn, returned_actions
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, undeliverable
+from watcher.hooks.hook import Hook, HookOptions, HookSet, assemble_hooks
+
+
+class WouldHaveHandBack(HandBack):
+    """A watcher's hand-back that sends nothing: each answer is kept, by the policy whose
+    hook gave it (a Control at ``train_end`` is rejected, as the watcher rejects it)."""
+
+    def __init__(self, ckpt_dir: str) -> None:
+        super().__init__(ckpt_dir, "backtest", lambda line: None)
+        self.answers: dict[int, list[WouldHave]] = {}
+        self.owner: dict[int, int] = {}  # id(hook) -> its policy's index
+
+    def act_on(self, returned: Any, d: Delivery, out: DeliveryResult) -> None:
+        try:
+            items = returned_actions(returned)
+        except BadReturn as exc:  # the watcher fails the delivery with the same line
+            out.status, out.error = "failed", str(exc)
+            return
+        rec = d.record
+        for item in items:
+            late = rec.get("event") == "train_end" and isinstance(item, Control)
+            self.answers.setdefault(self.owner[id(d.hook)], []).append(
+                WouldHave(
+                    seq=rec["seq"],
+                    event=str(rec.get("event")),
+                    step=rec.get("step", 0),
+                    what=item.command if isinstance(item, Control) else "report",
+                    reason=item.reason if isinstance(item, Control) else None,
+                    rejected="the run had ended" if late else None,
+                )
+            )
+
+
+class _NoRemovals:
+    """The checkpoint guard of a replay: nothing is leased, a save is always delivered."""
+
+    def removed(self, d: Delivery) -> bool:
+        return False
+
+
+def replay(
+    journal: Path,
+    policies: list[StopPolicy],
+    user: Callable[[], HookSet] | None,
+    retention: list[tuple[int | None, str | None]],
+    goal: MetricGoal | None,
+) -> RunBacktest:
+    """Every policy over one journal (read once). ``user`` makes the user's callbacks'
+    hooks, fresh for each journal as a watcher of it would (one policy: ``callbacks``);
+    ``retention``: (keep_last_n, keep_best) pairs, None for the run's own; ``goal``: the
+    metric losses are judged by (None: the run's keep_best, else each policy's metric)."""
+    tl = read_run(journal)
+    made = [(p, _builtin_hooks(p) if p.builtin is not None else None) for p in policies]
+    if user is not None:
+        made.append((StopPolicy("callbacks", "callback"), user()))
+    answers, failures = _deliver(journal, tl, [hs for _, hs in made])
+    run_goal = MetricGoal.parse(tl.keep_best) if tl.keep_best else None
+    run_id = tl.records[0].get("run_id") if tl.records else None
+    out = RunBacktest(str(journal), run_id, tl.status, tl.last_step, tl.stop_source)
+    for i, (p, _) in enumerate(made):
+        stop = judge_stop(tl, p, answers.get(i, []), goal or run_goal or policy_goal(p))
+        stop.failures = failures.get(i, [])
+        out.stops.append(stop)
+    for keep_last_n, keep_best in retention:
+        n = keep_last_n if keep_last_n is not None else tl.keep_last_n
+        out.retention.append(judge_retention(tl, n, keep_best or tl.keep_best))
+    return out
+
+
+def _builtin_hooks(p: StopPolicy) -> HookSet:
+    """A built-in's hooks, as ``ilab-watch --early-stopping`` makes them."""
+    return assemble_hooks([], [p.make()], [], lambda event: HookOptions())
+
+
+def _deliver(
+    journal: Path, tl: Timeline, sets: list[HookSet | None]
+) -> tuple[dict[int, list[WouldHave]], dict[int, list[str]]]:
+    """Each record to the hooks of its event, in journal order, through the watcher's
+    executor; returns each policy's answers and its failed deliveries (one line each)."""
+    hand = WouldHaveHandBack(str(journal.parent))
+    ex = Executor(
+        journal,
+        files=None,
+        control_source="backtest",
+        stop=threading.Event(),
+        checkpoints=cast(Any, _NoRemovals()),
+    )
+    ex.handback = hand
+    routes: dict[str, list[Hook]] = {}
+    for i, hs in enumerate(sets):
+        if hs is None:
+            continue
+        for obj in hs.stateful:  # a watcher that starts at the beginning: no history
+            obj.restore_state([])
+        for hook in hs.hooks:
+            routes.setdefault(hook.event, []).append(hook)
+            hand.owner[id(hook)] = i
+    failures: dict[int, list[str]] = {}
+    batch = Batch(0, 0, 0, 0)
+    try:
+        for rec in tl.records:
+            ev = rec.get("event")
+            hooks = routes.get(ev) if type(ev) is str else None
+            if not hooks or undeliverable(rec):
+                continue
+            prefix = f"{rec.get('run_id', '')}-{rec['seq']}-"
+            for hook in hooks:
+                res = ex.deliver(Delivery(hook, rec, batch, prefix + hook.short_id))
+                if res is not None and res.status not in ("ok", "skipped"):
+                    failures.setdefault(hand.owner[id(hook)], []).append(
+                        f"{hook.label} on seq {rec['seq']}: {res.error}"
+                    )
+    finally:
+        ex.close()
+    return hand.answers, failures

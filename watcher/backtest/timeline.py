@@ -1,0 +1,113 @@
+"""One pass over a journal: the records of its current run, the step boundaries a stop
+can fall on, a metric's values and when each was known."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journal.read.reader import iter_batches
+from journal.views.stops import ending
+
+_ENDS = ("stop", "abort")
+_METRIC_EVENTS = ("evaluate", "log")
+
+
+@dataclass
+class Timeline:
+    """What one pass over a journal's current run gathers for every policy."""
+
+    records: list[dict[str, Any]]
+    boundaries: list[tuple[float, int, int, int]] = field(
+        default_factory=list
+    )  # ts, seq, step, samples
+    tokens_per_step: float | None = None
+    end_ts: float | None = None
+    end_samples: int = 0
+    last_step: int = 0
+    status: str = "running"
+    stop_source: str | None = None
+    keep_best: str | None = None
+    keep_last_n: int | None = None
+
+    def applied(self, t: float, after_step: int) -> tuple[int, int, float] | None:
+        """(step, samples, ts) at the end of the first step after ``after_step`` that ends
+        after time ``t`` (a command is read at a step boundary: one that answers a record
+        of step s applies at s + 1 at the earliest); None when no step does."""
+        i = bisect.bisect_right(self.boundaries, (t, float("inf")))
+        for ts, _, step, samples in self.boundaries[i:]:
+            if step > after_step and ts > t:
+                return step, samples, ts
+        return None
+
+
+def read_run(journal: Path) -> Timeline:
+    """The journal read once: the records of its current run (the last ``run_id``, all its
+    attempts) and the step boundaries a stop can fall on."""
+    records: list[dict[str, Any]] = []
+    for batch in iter_batches(journal, final=True):
+        records.extend(batch.records)
+    run_id = records[-1].get("run_id") if records else None
+    first = next((i for i, r in enumerate(records) if r.get("run_id") == run_id), 0)
+    tl = Timeline(records[first:])
+    logs: list[tuple[float, int, int, int]] = []
+    tokens, logged = 0, 0
+    enders: dict[str, str | None] = {}
+    for rec in tl.records:
+        ev, step = rec.get("event"), rec.get("step", 0)
+        if ev == "step_end":
+            tl.boundaries.append((rec.get("ts", 0.0), rec["seq"], step, rec.get("samples_seen", 0)))
+        elif ev == "log":
+            logs.append((rec.get("ts", 0.0), rec["seq"], step, rec.get("samples_seen", 0)))
+            bm = (rec.get("data") or {}).get("batch_metrics") or {}
+            if isinstance(bm.get("total_length"), int):
+                tokens, logged = tokens + bm["total_length"], logged + 1
+        elif ev == "train_begin":
+            config = (rec.get("data") or {}).get("config") or {}
+            tl.keep_best = (
+                config.get("keep_best") if isinstance(config.get("keep_best"), str) else None
+            )
+            n = config.get("keep_last_n")
+            tl.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
+        elif ev == "control":
+            data = rec.get("data") or {}
+            if data.get("accepted") and data.get("command") in _ENDS:
+                enders[str(data.get("id"))] = data.get("source")
+        elif ev == "train_end":
+            data = rec.get("data") or {}
+            tl.status = str(data.get("status"))
+            tl.stop_source = ending(data, enders)[0]
+            tl.end_ts = rec.get("ts")
+        samples = rec.get("samples_seen")
+        if isinstance(samples, int) and samples > tl.end_samples:
+            tl.end_samples = samples
+        if isinstance(step, int) and ev not in ("report", "job", "control") and step > tl.last_step:
+            tl.last_step = step
+    if not tl.boundaries:  # a bridge's journal without step_end: its log records
+        tl.boundaries = logs
+    tl.boundaries.sort()
+    tl.tokens_per_step = tokens / logged if logged else None
+    return tl
+
+
+def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int]]:
+    """``(step, value, known_at, seq)`` of a metric: reports by their checkpoint's step and
+    their ``reported_at``, evaluate and log fields by their record."""
+    out: list[tuple[int, float, float, int]] = []
+    for rec in tl.records:
+        ev, data = rec.get("event"), rec.get("data") or {}
+        ts = rec.get("ts", 0.0)
+        if ev == "report":
+            v = (data.get("metrics") or {}).get(metric)
+            step = data.get("step") if isinstance(data.get("step"), int) else rec.get("step", 0)
+            at = data.get("reported_at")  # the eval's result was known then
+            known = min(at, ts) if isinstance(at, (int, float)) else ts
+        elif ev in _METRIC_EVENTS:
+            v, step, known = data.get(metric), rec.get("step", 0), ts
+        else:
+            continue
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+            out.append((int(step or 0), float(v), float(known), rec["seq"]))
+    return out
