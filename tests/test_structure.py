@@ -104,7 +104,8 @@ WATCHER_LAYERS: dict[str, set[str]] = {
     "exporters": {"hooks"},
     "builtin": {"hooks"},
     "mirror": {"engine"},
-    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror"},
+    "lmeval": set(),  # --lm-eval: a command hook's command line and the job it runs
+    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror", "lmeval"},
     "embedded": {"hooks", "engine", "exporters"},
     # backtest: past journals through the watcher's executor (engine), callbacks and built-ins
     "backtest": {"hooks", "engine", "builtin"},

@@ -24,6 +24,7 @@ from watcher.engine.fsinfo import needs_polling
 from watcher.exporters.base import close_all
 from watcher.hooks.delivery import already_said
 from watcher.hooks.hook import Hook, HookSet
+from watcher.lmeval.options import lm_eval_pairs
 from watcher.mirror.options import MirrorRun, mirror_options, open_mirror, run_alone
 from watcher.mirror.remote import RemoteFollow, follow_remote
 from watcher.scheduler.board import JobBoard
@@ -231,7 +232,13 @@ def main(
     lease_ttl: float,
     quiet: bool,
     verbose: int,
+    lm_eval_tasks: str | None,
+    lm_eval_args: str | None,
+    lm_eval_limit: float | None,
+    lm_eval_include: Path | None,
     via: str | None,
+    ray_address: str | None,
+    ray_resources: str | None,
     sbatch_args: str | None,
     cancel_on_abort: bool,
     job_poll: float,
@@ -268,10 +275,13 @@ def main(
     remote, journal = _locate(dir, download_dir, poll, replay, state_dir, tensorboard_dir)
     ckpt_dir = journal.parent
     policies = parse_queue(queue)
-    board = job_board(via, sbatch_args, cancel_on_abort, job_poll)  # --via: scheduler jobs
+    # --via: scheduler jobs
+    board = job_board(via, sbatch_args, cancel_on_abort, job_poll, ray_address, ray_resources)
     options_for = hook_options(policies, timeout, retries, backoff, concurrency, via)
+    pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
+    pairs += lm_eval_pairs(lm_eval_tasks, lm_eval_args, lm_eval_limit, lm_eval_include)
     built = build_hooks(
-        [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs),
+        pairs,
         callback_objects(callbacks, early_stopping, divergence),
         tracker_exporters(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb),
         options_for,
@@ -284,7 +294,7 @@ def main(
     )
     if not built.hooks and mirror is None:
         raise click.UsageError(
-            "nothing to run: give --on-save CMD, --on EVENT CMD, --callback MODULE:OBJ, "
+            "nothing to run: give --on-save CMD, --on EVENT CMD, --lm-eval TASKS, --callback MODULE:OBJ, "
             "--tensorboard LOGDIR, --mlflow, --wandb or --mirror URI"
         )
     poll = _check_run_dir(journal, poll)

@@ -12,6 +12,7 @@ from journal.checkpoints.leases import DEFAULT_TTL_S, MAX_TTL_S
 from journal.cli.common import Seconds
 from journal.record.events import EVENTS
 from watcher.hooks.hook import QueuePolicy
+from watcher.lmeval.options import LM_EVAL_OPTIONS
 from watcher.mirror.remote import RunDirOrURI
 from watcher.scheduler.options import SCHEDULER_OPTIONS
 
@@ -194,6 +195,6 @@ _OPTIONS = [
 
 def watch_options(fn: Any) -> Any:
     """Every ``ilab-watch`` option (in ``--help`` order) on ``fn``."""
-    for option in reversed([*_OPTIONS, *SCHEDULER_OPTIONS]):
+    for option in reversed([*_OPTIONS, *LM_EVAL_OPTIONS, *SCHEDULER_OPTIONS]):
         fn = option(fn)
     return event_options(fn)  # applied last: the --on-<event> options come first

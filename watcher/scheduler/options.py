@@ -21,11 +21,26 @@ _SLURM_COMMANDS = ("sbatch", "squeue", "scancel")
 SCHEDULER_OPTIONS = [
     click.option(
         "--via",
-        type=click.Choice(["slurm", "local"]),
+        type=click.Choice(["slurm", "ray", "local"]),
         default=None,
         help="Run the command hooks as scheduler jobs: slurm (sbatch --parsable, one squeue "
-        "per poll for all jobs) or local (processes). A delivery runs, and its checkpoint stays "
-        "leased, until its job ends; a restarted watcher re-attaches to its jobs.",
+        "per poll for all jobs), ray (Ray's job API, one list_jobs per poll) or local "
+        "(processes). A delivery runs, and its checkpoint stays leased, until its job ends; a "
+        "restarted watcher re-attaches to its jobs.",
+    ),
+    click.option(
+        "--ray-address",
+        default=None,
+        metavar="URL",
+        help="With --via ray: the job endpoint, e.g. http://head:8265 (a KubeRay cluster's "
+        "too) [default: $RAY_ADDRESS].",
+    ),
+    click.option(
+        "--ray-resources",
+        default=None,
+        metavar="K=V,...",
+        help="With --via ray: what each job's entrypoint needs, e.g. num_gpus=1 (it waits "
+        "PENDING for a free GPU), num_cpus=2, memory=BYTES, or a custom resource.",
     ),
     click.option(
         "--sbatch-args",
@@ -51,29 +66,51 @@ SCHEDULER_OPTIONS = [
 ]
 
 
-def make_scheduler(via: str, sbatch_args: str | None = None) -> Scheduler:
-    """The scheduler named by ``--via`` (``local`` or ``slurm``)."""
+def make_scheduler(
+    via: str,
+    sbatch_args: str | None = None,
+    ray_address: str | None = None,
+    ray_resources: str | None = None,
+) -> Scheduler:
+    """The scheduler named by ``--via`` (``local``, ``slurm`` or ``ray``)."""
     if via == "slurm":
         return SlurmScheduler(sbatch_args)
+    if via == "ray":
+        from watcher.scheduler.ray_jobs import RayScheduler, parse_resources
+        from watcher.scheduler.ray_jobs import ray_address as address_of
+
+        return RayScheduler(address_of(ray_address), parse_resources(ray_resources))
     if via == "local":
         return LocalScheduler()
-    raise ValueError(f"unknown scheduler {via!r} (local or slurm)")
+    raise ValueError(f"unknown scheduler {via!r} (local, slurm or ray)")
 
 
 def job_board(
-    via: str | None, sbatch_args: str | None, cancel_on_abort: bool, job_poll: float
+    via: str | None,
+    sbatch_args: str | None,
+    cancel_on_abort: bool,
+    job_poll: float,
+    ray_address: str | None = None,
+    ray_resources: str | None = None,
 ) -> JobBoard | None:
     """The board of ``--via`` (None without it); usage mistakes as click.UsageError."""
+    ray_given = [
+        n for n, v in (("--ray-address", ray_address), ("--ray-resources", ray_resources)) if v
+    ]
     if via is None:
         if sbatch_args is not None or cancel_on_abort:
             raise click.UsageError("--sbatch-args and --cancel-on-abort need --via")
+        if ray_given:
+            raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
         return None
     if sbatch_args is not None and via != "slurm":
         raise click.UsageError("--sbatch-args needs --via slurm")
+    if ray_given and via != "ray":
+        raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
     if via == "slurm" and (missing := [c for c in _SLURM_COMMANDS if shutil.which(c) is None]):
         raise click.UsageError(f"--via slurm: {', '.join(missing)} not found on PATH")
     try:
-        scheduler = make_scheduler(via, sbatch_args)
+        scheduler = make_scheduler(via, sbatch_args, ray_address, ray_resources)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return JobBoard(scheduler, poll_s=job_poll, cancel_on_abort=cancel_on_abort)

@@ -1,0 +1,114 @@
+"""The command ``ilab-watch --lm-eval`` runs for each save (locally, or as a ``--via`` job):
+lm-eval on the save's Hugging Face export, its metrics written to ``$ILAB_REPORT``.
+
+``python -m watcher.lmeval.job --tasks T [--limit N] [--include-path DIR] [--args '...']``
+reads the export's path from ``$ILAB_HF_PATH`` (the save record's ``hf_path``), runs
+``python -m lm_eval run --model hf --model_args pretrained=<hf_path> --tasks T
+--output_path <temp dir> ...`` with the same Python, and turns the results file lm-eval
+wrote into report metrics (watcher/lmeval/metrics.py). lm-eval's own output goes to the
+job's log; a failure ends with one line saying why (exit 1), a save without an export
+with one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from watcher.lmeval.metrics import metrics_from_results
+
+#: lm-eval's error lines end its stderr; these words start the one that says why.
+_ERROR_WORDS = ("Error", "Exception", "error:", "KeyError", "OSError", "ValueError")
+
+
+def lm_eval_argv(
+    hf_path: str, tasks: str, limit: float | None, include_path: str | None, extra: str
+) -> list[str]:
+    """lm-eval's command line for one export; ``extra`` (``--lm-eval-args``) is split like
+    a shell would, and its ``--model_args`` are added to ``pretrained=<hf_path>``."""
+    args = shlex.split(extra)
+    model_args = f"pretrained={hf_path}"
+    for i, arg in enumerate(args):
+        if arg == "--model_args" and i + 1 < len(args):
+            model_args += "," + args.pop(i + 1)
+            args.pop(i)
+            break
+        if arg.startswith("--model_args="):
+            model_args += "," + args.pop(i).split("=", 1)[1]
+            break
+    argv = [sys.executable, "-m", "lm_eval", "run"]
+    if "--model" not in args and not any(a.startswith("--model=") for a in args):
+        argv += ["--model", "hf"]
+    argv += ["--model_args", model_args, "--tasks", tasks]
+    if limit is not None:
+        argv += ["--limit", f"{limit:g}"]
+    if include_path:
+        argv += ["--include_path", include_path]
+    return argv + args
+
+
+def why(stderr: str, code: int) -> str:
+    """The one line that says why lm-eval failed: its last error line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if any(w in line for w in _ERROR_WORDS):
+            return line[-400:]
+    return lines[-1][-400:] if lines else f"exit code {code}"
+
+
+def run(tasks: str, limit: float | None, include_path: str | None, extra: str) -> int:
+    """One save's evaluation; the exit code."""
+    hf_path = os.environ.get("ILAB_HF_PATH", "")
+    step = os.environ.get("ILAB_STEP", "?")
+    if not hf_path:
+        print(
+            f"lm-eval: the save at step {step} has no Hugging Face export (hf_path is null: "
+            "train with --save-hf, and an --export-every that includes this save)",
+            file=sys.stderr,
+        )
+        return 2
+    report = os.environ.get("ILAB_REPORT")
+    with tempfile.TemporaryDirectory(prefix="ilab-lm-eval-") as out_dir:
+        argv = lm_eval_argv(hf_path, tasks, limit, include_path, extra)
+        argv += ["--output_path", out_dir]
+        print("lm-eval:", shlex.join(argv), file=sys.stderr, flush=True)
+        tail: deque[str] = deque(maxlen=200)
+        with subprocess.Popen(argv, stdout=sys.stdout, stderr=subprocess.PIPE, text=True) as proc:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # lm-eval's whole output goes on to the job's log, live
+                sys.stderr.write(line)
+                tail.append(line)
+        files = sorted(Path(out_dir).rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
+        if proc.returncode != 0 or not files:
+            said = why("".join(tail), proc.returncode)
+            print(f"lm-eval failed on {hf_path}: {said}", file=sys.stderr)
+            return 1
+        metrics = metrics_from_results(json.loads(files[-1].read_text()))
+    if not metrics:
+        print(f"lm-eval on {hf_path}: no numeric metric in its results", file=sys.stderr)
+        return 1
+    print(json.dumps(metrics, sort_keys=True))
+    if report:
+        Path(report).write_text(json.dumps(metrics))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m watcher.lmeval.job", description=__doc__)
+    parser.add_argument("--tasks", required=True)
+    parser.add_argument("--limit", type=float, default=None)
+    parser.add_argument("--include-path", default=None)
+    parser.add_argument("--args", default="")
+    ns = parser.parse_args(argv)
+    return run(ns.tasks, ns.limit, ns.include_path, ns.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
