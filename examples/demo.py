@@ -149,6 +149,7 @@ def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> Non
         f"\nnext: ilab-journal status {run}  |  ilab-journal query {run} --best accuracy:max  |  "
         f"ilab-journal plot {run}"
     )
+    print(f"see it: ilab-journal serve {run}   (then open the address it prints; docs/serve.md)")
 
 
 if __name__ == "__main__":

@@ -105,15 +105,23 @@ def checkpoints(fold: RunFold, best: dict[str, Any] | None) -> list[dict[str, An
     rows = []
     for ckpt in fold.checkpoints.values():
         row = ckpt.to_dict()
-        try:
-            name = checkpoint_name(run_dir, ckpt.path)
-        except ValueError:  # not under this run dir (a mirrored run's original path)
-            name = row["name"]
-        row["leases"] = leases.get(name, [])
+        row["leases"] = leases.get(_lease_name(fold, ckpt.path), []) if leases else []
         row["best"] = ckpt.path == best_path
         rows.append(row)
     rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
     return rows
+
+
+def _lease_name(fold: RunFold, path: str) -> str:
+    """The name leases give a checkpoint (resolving paths costs: once per checkpoint)."""
+    name = fold.lease_names.get(path)
+    if name is None:
+        try:
+            name = checkpoint_name(fold.journal.parent, path)
+        except ValueError:  # not under this run dir (a mirrored run's original path)
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+        fold.lease_names[path] = name
+    return name
 
 
 def _series_out(series: Series, lo: float | None, hi: float | None, width: int) -> dict:

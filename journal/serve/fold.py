@@ -35,6 +35,20 @@ MARKER_KINDS: dict[str, str] = {
 }
 #: Numbers in a ``log`` / ``evaluate`` record's data that are not curves.
 _NOT_CURVES = frozenset({"samples_seen", "loss_finite", "duration", "val_num_tokens"})
+#: Events that are neither a curve nor a marker: folded into the summary only.
+_PLAIN = frozenset(
+    {
+        "step_begin",
+        "before_optimizer_step",
+        "after_optimizer_step",
+        "epoch_begin",
+        "epoch_end",
+        "before_forward",
+        "after_forward",
+        "before_backward",
+        "after_backward",
+    }
+)
 #: The prefix of a reported metric's curve (its x: the checkpoint's step), so that a
 #: reported ``loss`` is not the training loss.
 REPORTED = "report:"
@@ -135,6 +149,7 @@ class RunFold:
         self.series: dict[str, Series] = {}
         self.markers: list[dict[str, Any]] = []
         self.checkpoints: dict[str, Checkpoint] = {}
+        self.lease_names: dict[str, str] = {}  # checkpoint path -> its name in leases/
         self.count = 0  # records folded
         self.invalid = 0
         self.last_log: dict[str, Any] | None = None
@@ -170,6 +185,8 @@ class RunFold:
         self.count += 1
         self.summarizer.add(rec)
         event = rec.get("event")
+        if event in _PLAIN:
+            return
         if event in ("step_end", "log", "evaluate"):
             self._curves(rec, event)
         kind = MARKER_KINDS.get(event)  # type: ignore[arg-type]
@@ -193,9 +210,17 @@ class RunFold:
             return
         if event == "log":
             self.prev_log, self.last_log = self.last_log, rec
+        series, count = self.series, self.count
         for key, value in data.items():
-            if key not in _NOT_CURVES and (v := _number(value)) is not None:
-                self._point(str(key), step, v)
+            # the hot loop of a 1M-record journal: plain numbers first, without calls
+            if type(value) is not float and (type(value) is not int or key in _NOT_CURVES):
+                continue
+            if key in _NOT_CURVES or not math.isfinite(value):
+                continue
+            curve = series.get(key)
+            if curve is None:
+                curve = series[key] = Series(str(key))
+            curve.add(step, float(value), count)
 
     def _marker(self, rec: dict[str, Any], kind: str) -> None:
         data = rec.get("data") if isinstance(rec.get("data"), dict) else {}

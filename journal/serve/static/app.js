@@ -139,6 +139,7 @@ async function runsPage(main) {
     table.dataset.loaded = String(body.length);
   }
   await draw();
+  document.body.dataset.painted = "1";
   setInterval(() => draw().catch(() => {}), 2000);
 }
 
@@ -182,12 +183,22 @@ function drawMarkerLines(u, markers, ckState) {
   ctx.restore();
 }
 
+function stepRange(markers, lo, hi) {
+  for (const m of markers) {
+    if (m.step === null) continue;
+    if (lo === null || m.step < lo) lo = m.step;
+    if (hi === null || m.step > hi) hi = m.step;
+  }
+  return lo === hi ? [lo - 1, hi + 1] : [lo, hi];
+}
+
 function makeChart(target, names, tables, width, view) {
   const data = tables.length === 1 ? [tables[0][0], tables[0][1]] : uPlot.join(tables);
   const opts = {
     width, height: 200,
     cursor: { sync: { key: "ilab" }, drag: { x: true, y: false } },
-    scales: { x: { time: false } },
+    // the step axis spans the markers too (a train_end after the last logged step)
+    scales: { x: { time: false, range: (u, lo, hi) => stepRange(view.markers, lo, hi) } },
     series: [{ label: "step" }, ...names.map((n, i) => ({
       label: n, stroke: COLORS[i % COLORS.length], spanGaps: true, width: 1.5,
       points: { show: tables[i][0].length < 60 },
@@ -228,14 +239,13 @@ async function runPage(main, key) {
     count: snap.count, series: snap.series, markers: snap.markers, checkpoints: snap.checkpoints,
     charts: [], zoom: null, syncing: false,
   };
-  view.ckState = (m) => {
-    const row = view.checkpoints.find((c) => c.path === (m.detail || {}).checkpoint_path);
-    if (!row) return "kept";
-    if (row.best) return "best";
-    if (!row.on_disk) return "removed";
-    if (row.leases.length) return "leased";
-    return "kept";
+  view.setCheckpoints = (rows) => {
+    view.checkpoints = rows;
+    view.ckMap = new Map(rows.map((r) => [r.path,
+      r.best ? "best" : !r.on_disk ? "removed" : r.leases.length ? "leased" : "kept"]));
   };
+  view.setCheckpoints(snap.checkpoints);
+  view.ckState = (m) => view.ckMap.get((m.detail || {}).checkpoint_path) || "kept";
   view.onZoom = (u) => {
     if (view.syncing) return;
     const { min, max } = u.scales.x;
@@ -281,7 +291,7 @@ async function runPage(main, key) {
         if (s.reset) Object.assign(have, s);
         else { have.x = have.x.concat(s.x); have.y = have.y.concat(s.y); have.n = s.n; }
       }
-      if (up.checkpoints) { view.checkpoints = up.checkpoints; renderCheckpoints(ckTable, view.checkpoints); }
+      if (up.checkpoints) { view.setCheckpoints(up.checkpoints); renderCheckpoints(ckTable, view.checkpoints); }
       if (up.markers.length) { view.markers = view.markers.concat(up.markers); renderStory(story, up.markers, false); }
       renderFacts(facts, up.summary);
       if (up.series.length || up.markers.length) {
@@ -321,16 +331,26 @@ function placeMarkers(view, strip) {
   const u = first.u;
   strip.style.width = u.width + "px";
   const left = u.bbox.left / devicePixelRatio;
+  // Markers of one kind and state within 3 px are one mark (a long run has thousands):
+  // hovering it shows how many and the last of them.
+  const groups = new Map();
   for (const m of view.markers) {
     if (m.step === null) continue;
     const x = u.valToPos(m.step, "x");
     if (x < 0 || x > u.bbox.width / devicePixelRatio) continue;
     const st = m.kind === "save" ? view.ckState(m) : "";
+    const key = m.kind + "/" + st + "/" + Math.round(x / 3);
+    const g = groups.get(key);
+    if (g) { g.n += 1; g.m = m; } else groups.set(key, { m, x, st, n: 1 });
+  }
+  for (const { m, x, st, n } of groups.values()) {
     const node = el("span", { className: "marker kind-" + m.kind + (st ? " ck-" + st : ""),
-      "data-kind": m.kind, "data-step": m.step, "data-state": st });
+      "data-kind": m.kind, "data-step": m.step, "data-state": st, "data-n": n });
     node.style.left = (left + x) + "px";
     node.style.top = (2 + 11 * (STRIP_ROW[m.kind] || 0)) + "px";
-    node.addEventListener("mouseenter", (ev) => showTip(markerText(m) + (st ? "\ncheckpoint: " + st : ""), ev));
+    const text = (n > 1 ? n + " " + m.kind + " records here; the last:\n" : "") + markerText(m)
+      + (st ? "\ncheckpoint: " + st : "");
+    node.addEventListener("mouseenter", (ev) => showTip(text, ev));
     node.addEventListener("mouseleave", hideTip);
     strip.append(node);
   }
@@ -371,15 +391,19 @@ function renderCheckpoints(table, rows) {
     el("td", {}, r.best ? "★ best" : ""))));
 }
 
+// The story's newest lines (every eval is a point on val_loss already); the rest is in /api/.
+const STORY_ROWS = 1000;
 function renderStory(table, markers, fresh) {
   if (fresh) table.replaceChildren(el("tr", {}, el("th", {}, "step"), el("th", {}, "what")));
-  for (const m of markers) {
-    if (m.kind === "evaluate") continue; // every eval is a point on val_loss already
+  const told = markers.filter((m) => m.kind !== "evaluate");
+  for (const m of told.slice(-STORY_ROWS)) {
     const row = el("tr", { "data-kind": m.kind }, el("td", { className: "num" }, fmt(m.step)),
       el("td", {}, markerSummary(m)));
     row.title = markerText(m);
     table.append(row);
   }
+  while (table.rows.length > STORY_ROWS + 1) table.rows[1].remove();
+  table.dataset.more = String(Math.max(0, told.length - STORY_ROWS));
 }
 
 function controlPanel(base) {
