@@ -13,6 +13,11 @@ TORCH_PIN := torch==2.13.0
 ILAB_PKGS := instructlab-training==0.16.2 aiofiles==25.1.0 training-hub==0.11.2 \
 	rhai-innovation-mini-trainer==0.9.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
 	xxhash==4.1.0 numba==0.68.1 llvmlite==0.50.0 Deprecated==1.3.1 wrapt==2.5.2
+# lm-eval (ilab-watch --lm-eval) with the light packages its imports need, and Ray's job
+# client and head (ilab-watch --via ray, tests/ray_cluster.py); neither pulls a torch build
+EVAL_PKGS := lm-eval==0.4.13 sacrebleu==2.6.0 rouge-score==0.1.2 sqlitedict==2.1.0 \
+	pytablewriter==1.2.1 evaluate==0.4.6 word2number==1.1 more-itertools==11.2.1 \
+	"ray[default]==2.60.0"
 
 ifeq ($(PYTHON_ENV),venv)
 PY    := $(VENV_PY)
@@ -53,6 +58,8 @@ $(STAMP): pyproject.toml
 	@# sft() tests/test_instructlab*.py run: --no-deps (their own lists pull a second, CUDA
 	@# torch build), with the light packages their imports need
 	$(VENV_PY) -m pip install -q --no-deps $(ILAB_PKGS)
+	@# lm-eval and Ray (tests/test_lm_eval.py, tests/test_ray.py skip without them)
+	$(VENV_PY) -m pip install -q $(EVAL_PKGS) || echo "lm-eval/Ray not installed: their tests will skip"
 	@touch $(STAMP)
 
 # Parallel test processes (pytest-xdist), each module's tests in one of them so its
