@@ -43,8 +43,13 @@ def _trigger(
     first = next((a for a in answers if a.what in _ENDS and a.rejected is None), None)
     if first is None:
         return None
-    ts = next((r.get("ts", 0.0) for r in tl.records if r.get("seq") == first.seq), 0.0)
-    return ts, first.step, first.seq, first.step, f"{first.what}: {first.reason or ''}".strip()
+    return (
+        first.ts,
+        first.step,
+        first.seq,
+        first.step,
+        f"{first.what}: {first.reason or ''}".strip(),
+    )
 
 
 def judge_stop(
@@ -56,7 +61,7 @@ def judge_stop(
     if trig is not None:
         t, after, out.trigger_seq, out.trigger_step, out.reason = trig
         at = tl.applied(t, after)
-        if at is not None and at[0] < tl.last_step:
+        if at is not None:  # at the run's own last step: it stops where the run did
             out.stop_step = at[0]
             out.steps_saved = tl.last_step - at[0]
             out.samples_saved = max(0, tl.end_samples - at[1]) if tl.end_samples else None
@@ -96,9 +101,9 @@ def judge_retention(
     alive: list[str] = []
     paths: dict[str, str] = {}
     removed: list[str] = []
-    for rec in tl.records:
+    for rec in tl.metric_records:
         ev = rec.get("event")
-        if ev not in ("evaluate", "report", "save"):
+        if ev == "log":
             continue
         if now is not None and ever is not None:
             now.add(rec)

@@ -15,6 +15,7 @@ class WouldHave:
     seq: int
     event: str
     step: int
+    ts: float  # when the record it answered was journaled
     what: str  # "stop", "abort", "save", ..., or "report"
     reason: str | None = None
     rejected: str | None = None  # why it could not have been applied (at train_end)
@@ -26,7 +27,7 @@ class StopOutcome:
 
     policy: str
     kind: str  # the stop_source it would have had: early_stopping, divergence, eval, callback
-    stop_step: int | None = None  # None: not before the run's own end
+    stop_step: int | None = None  # None: it would not have stopped (no step after its answer)
     trigger_seq: int | None = None
     trigger_step: int | None = None  # the step of the record it answered
     reason: str | None = None
@@ -79,7 +80,7 @@ class SweepRow:
 
     policy: str
     runs: int
-    stopped: int
+    stopped: int  # runs it would have stopped earlier than they ended
     mean_steps_saved: float
     mean_saved_fraction: float  # of each run's steps
     runs_lost: int  # runs whose best by the stop is worse than their best
@@ -95,12 +96,12 @@ def sweep_rows(runs: list[RunBacktest]) -> list[SweepRow]:
             by_policy.setdefault(s.policy, []).append((run, s))
     rows = []
     for policy, pairs in by_policy.items():
-        lost = [s.lost for _, s in pairs if s.lost is not None and s.stop_step is not None]
+        lost = [s.lost for _, s in pairs if s.lost is not None and s.steps_saved > 0]
         rows.append(
             SweepRow(
                 policy=policy,
                 runs=len(pairs),
-                stopped=sum(s.stop_step is not None for _, s in pairs),
+                stopped=sum(s.steps_saved > 0 for _, s in pairs),
                 mean_steps_saved=statistics.fmean(s.steps_saved for _, s in pairs),
                 mean_saved_fraction=statistics.fmean(
                     s.steps_saved / r.last_step if r.last_step else 0.0 for r, s in pairs
@@ -126,6 +127,10 @@ def table(runs: list[RunBacktest]) -> str:
         for s in run.stops:
             if s.stop_step is None:
                 lines.append(f"  {s.policy}: would not have stopped before step {run.last_step}")
+            elif s.stop_step == run.last_step:
+                lines.append(
+                    f"  {s.policy}: would stop at step {s.stop_step}, as the run did; {s.reason}"
+                )
             else:
                 wall = f", {s.wall_s_saved:.0f}s" if s.wall_s_saved is not None else ""
                 tok = f", ~{s.tokens_saved} tokens" if s.tokens_saved else ""

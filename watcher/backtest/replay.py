@@ -58,6 +58,7 @@ class WouldHaveHandBack(HandBack):
                     seq=rec["seq"],
                     event=str(rec.get("event")),
                     step=rec.get("step", 0),
+                    ts=rec.get("ts", 0.0),
                     what=item.command if isinstance(item, Control) else "report",
                     reason=item.reason if isinstance(item, Control) else None,
                     rejected="the run had ended" if late else None,

@@ -13,6 +13,7 @@ from journal.views.stops import ending
 
 _ENDS = ("stop", "abort")
 _METRIC_EVENTS = ("evaluate", "log")
+_KEPT = frozenset({"evaluate", "log", "report", "save"})
 
 
 @dataclass
@@ -31,6 +32,9 @@ class Timeline:
     stop_source: str | None = None
     keep_best: str | None = None
     keep_last_n: int | None = None
+    #: the records that carry metrics or checkpoints (evaluate, log, report, save)
+    metric_records: list[dict[str, Any]] = field(default_factory=list)
+    _series: dict[str, list[tuple[int, float, float, int]]] = field(default_factory=dict)
 
     def applied(self, t: float, after_step: int) -> tuple[int, int, float] | None:
         """(step, samples, ts) at the end of the first step after ``after_step`` that ends
@@ -55,15 +59,26 @@ def read_run(journal: Path) -> Timeline:
     logs: list[tuple[float, int, int, int]] = []
     tokens, logged = 0, 0
     enders: dict[str, str | None] = {}
-    for rec in tl.records:
-        ev, step = rec.get("event"), rec.get("step", 0)
+    kept, ends = tl.metric_records, tl.boundaries
+    last = 0
+    for rec in tl.records:  # once per record: one dict lookup for most of them
+        ev = rec.get("event")
         if ev == "step_end":
-            tl.boundaries.append((rec.get("ts", 0.0), rec["seq"], step, rec.get("samples_seen", 0)))
-        elif ev == "log":
-            logs.append((rec.get("ts", 0.0), rec["seq"], step, rec.get("samples_seen", 0)))
-            bm = (rec.get("data") or {}).get("batch_metrics") or {}
-            if isinstance(bm.get("total_length"), int):
-                tokens, logged = tokens + bm["total_length"], logged + 1
+            ends.append(
+                (rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0))
+            )
+            continue
+        if ev in _KEPT:
+            kept.append(rec)
+            if ev == "log":
+                logs.append(
+                    (rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0))
+                )
+                bm = (rec.get("data") or {}).get("batch_metrics") or {}
+                if isinstance(bm.get("total_length"), int):
+                    tokens, logged = tokens + bm["total_length"], logged + 1
+            elif ev != "report" and rec.get("step", 0) > last:
+                last = rec.get("step", 0)
         elif ev == "train_begin":
             config = (rec.get("data") or {}).get("config") or {}
             tl.keep_best = (
@@ -80,23 +95,23 @@ def read_run(journal: Path) -> Timeline:
             tl.status = str(data.get("status"))
             tl.stop_source = ending(data, enders)[0]
             tl.end_ts = rec.get("ts")
-        samples = rec.get("samples_seen")
-        if isinstance(samples, int) and samples > tl.end_samples:
-            tl.end_samples = samples
-        if isinstance(step, int) and ev not in ("report", "job", "control") and step > tl.last_step:
-            tl.last_step = step
+            last = max(last, rec.get("step", 0))
     if not tl.boundaries:  # a bridge's journal without step_end: its log records
         tl.boundaries = logs
     tl.boundaries.sort()
+    tl.last_step = max([last, *(b[2] for b in tl.boundaries[-1:])])
+    tl.end_samples = max((b[3] for b in tl.boundaries), default=0)
     tl.tokens_per_step = tokens / logged if logged else None
     return tl
 
 
 def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int]]:
     """``(step, value, known_at, seq)`` of a metric: reports by their checkpoint's step and
-    their ``reported_at``, evaluate and log fields by their record."""
-    out: list[tuple[int, float, float, int]] = []
-    for rec in tl.records:
+    their ``reported_at``, evaluate and log fields by their record (made once per metric)."""
+    if metric in tl._series:
+        return tl._series[metric]
+    out: list[tuple[int, float, float, int]] = tl._series.setdefault(metric, [])
+    for rec in tl.metric_records:
         ev, data = rec.get("event"), rec.get("data") or {}
         ts = rec.get("ts", 0.0)
         if ev == "report":

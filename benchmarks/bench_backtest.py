@@ -1,0 +1,199 @@
+"""``ilab-journal backtest`` and ``check --wait`` speed (issue 46), side by side in one run.
+
+N journals (default 100) of about 10k records each, like a real run's at ``journal_detail
+step``: per step ``step_begin``, ``log`` (the trainer's payload) and ``step_end``; every 20
+steps an ``evaluate`` (a noisy falling val_loss, different per journal), every 40 a ``save``
+and its ``report`` (accuracy). Four distinct journals are written with ``JournalWriter`` and
+copied to make N files. Timed on the same files, in one process:
+
+- ``plain json.loads``: every line of every file read and ``json.loads``-ed, nothing else:
+  the floor the issue measures against;
+- ``backtest in-process``: ``watcher.backtest.replay.replay`` of every journal with the
+  8-value sweep ``--early-stopping metric=val_loss,patience=1..8`` and the run's own
+  retention (each journal read once; the 8 EarlyStopping callbacks run by the watcher's
+  executor);
+- ``backtest CLI``: ``ilab-journal backtest <N journals> --early-stopping
+  metric=val_loss,patience=1..8 --json`` as a subprocess (interpreter start included).
+
+The issue's bound: backtest at most 3x the plain pass. Then ``check --wait`` on a finished
+run with nothing pending (one of the journals: it ended long ago, no job, no lease), a
+subprocess, against ``ilab-journal status`` on the same run: the issue's bound is 0.5 s.
+Each time is the median of ``--repeat`` runs.
+
+Usage: python benchmarks/bench_backtest.py [--quick] [--journals N] [--repeat R]
+JSON: benchmarks/results/bench_backtest.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import bench_parser, emit
+from journal import JournalWriter
+from tests.helpers import begin_payload, log_payload
+
+BIN = Path(sys.executable).parent
+SWEEP = "metric=val_loss,patience=1..8"
+
+
+def write_journal(run: Path, seed: int, steps: int) -> None:
+    """A step-detail run of about ``3 * steps`` records, ended long ago."""
+    rng = random.Random(seed)
+    t = time.time() - 86400.0
+    begin = begin_payload(steps, world_size=2, hostname="bench")
+    begin["config"] = {**begin.get("config", {}), "keep_best": "accuracy:max", "keep_last_n": 2}
+    with JournalWriter(run, run_id=f"bench{seed}") as w:
+        w.append("train_begin", begin, ts=t)
+        val, acc = 2.0, 0.0
+        for s in range(1, steps + 1):
+            t += 0.5
+            w.append("step_begin", step=s, ts=t)
+            w.append("log", log_payload(s), step=s, samples_seen=8 * s, ts=t)
+            if s % 20 == 0:
+                val = max(0.05, val * rng.uniform(0.9, 1.04))
+                w.append("evaluate", {"val_loss": val, "val_num_tokens": 372}, step=s, ts=t)
+            w.append("step_end", {"loss": val}, step=s, samples_seen=8 * s, ts=t)
+            if s % 40 == 0:
+                path = str(run / "checkpoints" / f"step-{s:06d}")
+                save = {"checkpoint_path": path, "kind": ["full_state"], "duration": 1.0}
+                w.append("save", save, step=s, ts=t)
+                acc = min(1.0, max(0.0, acc + rng.uniform(-0.02, 0.05)))
+                report = {"id": f"r{s}", "checkpoint_path": path, "step": s,
+                          "metrics": {"accuracy": acc}, "source": "eval",
+                          "delivery_id": None, "reported_at": t + 0.2}  # fmt: skip
+                w.append("report", report, step=s, ts=t + 0.2)
+        w.append(
+            "train_end",
+            {"status": "completed", "reason": f"reached step {steps}"},
+            step=steps,
+            ts=t + 1,
+        )
+
+
+def plain_pass(files: list[Path]) -> int:
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            for line in fh:
+                json.loads(line)
+                n += 1
+    return n
+
+
+def in_process(files: list[Path]) -> int:
+    from watcher.backtest.policies import stop_policies
+    from watcher.backtest.replay import replay
+
+    policies = stop_policies((SWEEP,), (), ())
+    stopped = 0
+    for f in files:
+        got = replay(f, policies, None, [(None, None)], None)
+        stopped += sum(s.stop_step is not None for s in got.stops)
+    return stopped
+
+
+def timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    walls, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls), out
+
+
+def main() -> None:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--journals", type=int, default=None, help="default 100 (--quick: 20)")
+    ap.add_argument("--steps", type=int, default=3300, help="steps per journal (~3 records each)")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    n = args.journals or (20 if args.quick else 100)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-backtest-"))
+    try:
+        originals = []
+        for seed in range(4):
+            write_journal(tmp / f"src{seed}", seed, args.steps)
+            originals.append(tmp / f"src{seed}" / "journal.jsonl")
+        files = []
+        for i in range(n):
+            dst = tmp / f"run{i:03d}"
+            dst.mkdir()
+            shutil.copy(originals[i % 4], dst / "journal.jsonl")
+            files.append(dst / "journal.jsonl")
+        records = plain_pass(files)
+        plain_s, _ = timed(lambda: plain_pass(files), args.repeat)
+        inproc_s, stopped = timed(lambda: in_process(files), args.repeat)
+        argv = [
+            str(BIN / "ilab-journal"),
+            "backtest",
+            *map(str, files),
+            "--early-stopping",
+            SWEEP,
+            "--json",
+        ]
+
+        def run_cli() -> int:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=True)
+            return len(proc.stdout.splitlines())
+
+        cli_s, lines = timed(run_cli, args.repeat)
+        assert lines == n, f"backtest printed {lines} runs of {n}"
+        finished = str(files[0].parent)
+
+        def check() -> int:
+            return subprocess.run(
+                [str(BIN / "ilab-journal"), "check", finished, "--wait", "-e", "steps >= 1"],
+                capture_output=True,
+            ).returncode
+
+        def status() -> int:
+            cmd = [str(BIN / "ilab-journal"), "status", finished]
+            return subprocess.run(cmd, capture_output=True).returncode
+
+        check_s, check_rc = timed(check, max(5, args.repeat))
+        status_s, _ = timed(status, max(5, args.repeat))
+        assert check_rc == 0, "check --wait failed on the finished run"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [
+        ("plain json.loads", plain_s, 1.0),
+        ("backtest in-process (8 policies)", inproc_s, inproc_s / plain_s),
+        ("backtest CLI (8 policies)", cli_s, cli_s / plain_s),
+    ]
+    if not args.json:
+        print(f"{n} journals, {records:,} records, sweep {SWEEP} ({stopped} stops found)")
+        print(f"{'case':<34} {'wall s':>8} {'x plain':>8}")
+        for name, wall, ratio in rows:
+            print(f"{name:<34} {wall:>8.3f} {ratio:>8.2f}")
+        print(f"{'check --wait (finished run)':<34} {check_s:>8.3f}   (status: {status_s:.3f} s)")
+    emit(
+        "bench_backtest",
+        {
+            "journals": n,
+            "records": records,
+            "sweep": SWEEP,
+            "plain_json_s": plain_s,
+            "backtest_inprocess_s": inproc_s,
+            "backtest_cli_s": cli_s,
+            "inprocess_x_plain": inproc_s / plain_s,
+            "cli_x_plain": cli_s / plain_s,
+            "check_wait_finished_s": check_s,
+            "status_s": status_s,
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
