@@ -193,7 +193,17 @@ def story_journal(
         )
         w.append(
             "train_end",
-            {"status": "stopped", "reason": f"stop command: target{bad}", "final_checkpoint": None},
+            {
+                "status": "stopped",
+                "reason": f"stop command: target{bad}",
+                "final_checkpoint": None,
+                "best_checkpoint": {
+                    "checkpoint_path": str(ckpt / f"checkpoints/step-{steps:06d}"),
+                    "metric": metric,
+                    "value": steps / 100.0,
+                    "step": steps,
+                },
+            },
             step=steps,
         )
         w.close()

@@ -346,3 +346,43 @@ def test_a_tracking_server_killed_mid_run_is_one_line_and_the_replay_it_names_re
     run = only_run(client, "ilab-journal")
     assert [s for s, _ in series(client, run, "train/loss")] == list(range(1, 21))
     assert run.info.status == "FINISHED" and run.data.tags["ilab.status"] == "completed"
+
+
+@pytest.mark.extended
+def test_the_story_is_tagged_removed_checkpoints_commands_best_and_why_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replayed stopped run (tests/browser.py's story journal: a removed checkpoint, a
+    report per save, a stop command) carries each checkpoint with its step, report and
+    removal, the command and who sent it, and its reason as the description."""
+    from tests.browser import story_journal
+
+    ckpt, store = tmp_path / "run", tmp_path / "mlruns"
+    story_journal(ckpt)
+    with JournalWriter(ckpt, resume=True) as w:  # the trainer names the best at its end
+        w.append(
+            "report",
+            {
+                "checkpoint_path": str(ckpt / "checkpoints/step-000060"),
+                "step": 60,
+                "metrics": {"accuracy": 0.61},
+                "source": "late",
+            },
+        )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow", store.as_uri(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    run = only_run(mlflow_tracking.MlflowClient(store.as_uri()), "ilab-journal")
+    tags = run.data.tags
+    removed = tags["checkpoint.step-000020.removed"]
+    assert removed == "rotation: keep_last_n=1 (at step 40)"
+    assert tags["checkpoint.step-000020"].endswith("checkpoints/step-000020")
+    assert tags["checkpoint.step-000040.step"] == "40"
+    assert tags["checkpoint.step-000040.report"] == "accuracy=0.4 from watcher:eval-accuracy"
+    assert tags["checkpoint.step-000060.report"] == "accuracy=0.61 from late"
+    assert tags["control.c1"] == "stop applied at step 60 from eval.py: target reached"
+    assert tags["ilab.stop_source"] == "eval.py"
+    assert tags["ilab.best_checkpoint"].endswith("checkpoints/step-000060")
+    assert tags["ilab.best"] == "accuracy=0.6 at step 60"
+    assert tags["mlflow.note.content"].startswith("stopped: stop command: target")
+    assert run.info.status == "FINISHED" and tags["ilab.status"] == "stopped"

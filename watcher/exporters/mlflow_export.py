@@ -6,7 +6,9 @@ a resume, a restarted watcher and a replay all continue the same run. Params com
 resume that changes a setting keeps the first value). Metrics are the exporters' shared
 ``train/*``, ``eval/*`` and ``report/*`` (watcher/exporters/base.py) at their steps, with the
 record's time as timestamp. Each ``save`` sets a ``checkpoint.<name>`` tag to its path (and
-with ``log_artifacts`` copies the checkpoint in as artifacts under ``checkpoints/<name>``).
+with ``log_artifacts`` copies the checkpoint in as artifacts under ``checkpoints/<name>``);
+the rest of the story (each checkpoint's step, reports and removal, commands, the best, the
+end's reason as the run's description) is tagged too (watcher/exporters/mlflow_story.py).
 The run's status follows ``train_begin`` (RUNNING) and ``train_end`` (FINISHED for
 completed or stopped, FAILED, KILLED for interrupted), in journal order.
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from watcher.exporters import mlflow_story as story
 from watcher.exporters.base import MetricsExport, TrackerUnavailable, flatten
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
@@ -252,6 +255,7 @@ class MlflowExport(MetricsExport):
                 return
             self._tag(run, f"checkpoint.{name}", path)
             self._tag(run, "ilab.last_checkpoint", path)
+            self._tags(run, story.save_tags(event.step, data))
             if self.log_artifacts and not self.client.list_artifacts(run.id, f"checkpoints/{name}"):
                 self.client.log_artifacts(run.id, path, artifact_path=f"checkpoints/{name}")
 
@@ -267,11 +271,32 @@ class MlflowExport(MetricsExport):
             self._tag(run, "ilab.status", status)
             if data.get("reason"):
                 self._tag(run, "ilab.reason", str(data["reason"])[:_MAX_VALUE])
+            self._tags(run, story.end_tags(status, data))
             self.client.set_terminated(
                 run.id, _STATUS.get(status, "KILLED"), end_time=int(event.ts * 1000)
             )
 
+    def on_report(self, event: Event, **data: Any) -> None:
+        super().on_report(event, **data)  # the metrics, at the checkpoint's step
+        self._story(event, story.report_tags(data))
+
+    def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
+        self._story(event, story.removed_tags(event.step, data))
+
+    def on_control(self, event: Event, **data: Any) -> None:
+        self._story(event, story.control_tags(data))
+
+    def _story(self, event: Event, tags: dict[str, str]) -> None:
+        with self._lock:
+            run = self._run(event)
+            if run is not None:
+                self._tags(run, tags)
+
     # -- writing -------------------------------------------------------------------------
+
+    def _tags(self, run: _Run, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self._tag(run, key, value[:_MAX_VALUE])
 
     def write_scalars(self, prefix: str, values: dict[str, float], step: int, event: Event) -> None:
         from mlflow.entities import Metric

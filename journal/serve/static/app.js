@@ -9,8 +9,8 @@ const KIND_COLORS = {
   control: "#e53935", attempt: "#000", end: "#6d4c41", job: "#ff9800", gap: "#f06292",
 };
 // The strip's rows: checkpoints, then results, then what steered or ended the run.
-const STRIP_ROW = { save: 0, removed: 0, kept: 0, evaluate: 1, report: 1, job: 1, control: 2,
-  attempt: 2, end: 2, gap: 2 };
+const STRIP_ROW = { save: 0, removed: 0, kept: 0, evaluate: 1, report: 1, job: 1, control: 2, gap: 2,
+  attempt: 3, end: 3 };
 const LINE_KINDS = new Set(["save", "control", "attempt", "end", "gap"]);
 
 // -- small helpers -----------------------------------------------------------------------
