@@ -207,12 +207,14 @@ def scored_run(tmp_path: Path, smollm2: Path, *watch: str, env: dict[str, str]) 
 
 @pytest.mark.extended
 @pytest.mark.dist
+@pytest.mark.timeout(1800)  # a SmolLM2 fine-tune and an lm-eval per save on 2 cores
 def test_lm_eval_scores_every_checkpoint_and_keeps_the_best(tmp_path: Path, smollm2: Path) -> None:
     scored_run(tmp_path, smollm2, env={})
 
 
 @pytest.mark.extended
 @pytest.mark.dist
+@pytest.mark.timeout(1800)  # a SmolLM2 fine-tune and an lm-eval per save on 2 cores
 def test_lm_eval_as_ray_jobs(tmp_path: Path, smollm2: Path, ray_head: Any) -> None:
     """The same with --via ray: each evaluation a Ray job whose id is journaled."""
     env = {"RAY_ADDRESS": ray_head.address}
@@ -224,6 +226,7 @@ def test_lm_eval_as_ray_jobs(tmp_path: Path, smollm2: Path, ray_head: Any) -> No
 
 @pytest.mark.extended
 @pytest.mark.dist
+@pytest.mark.timeout(1800)  # a SmolLM2 fine-tune and an lm-eval per save on 2 cores
 def test_lm_eval_as_slurm_jobs(tmp_path: Path, smollm2: Path, slurm: Any) -> None:
     """The same with --via slurm on the local Slurm."""
     env = {"SLURM_CONF": str(slurm.conf)}
@@ -234,6 +237,7 @@ def test_lm_eval_as_slurm_jobs(tmp_path: Path, smollm2: Path, slurm: Any) -> Non
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(900)  # lm-eval indexes its ~15,000 task files
 def test_unknown_task_is_one_line_before_the_first_save(tmp_path: Path) -> None:
     pytest.importorskip("lm_eval")
     tasks = write_task(tmp_path / "tasks")

@@ -89,6 +89,7 @@ def _env(head: Any, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(900)
 def test_scheduler_interface_on_real_ray(ray_head: Any, tmp_path: Path) -> None:
     """submit, the states of many jobs in ONE list_jobs call per poll, an exit code, find
     by name, stop; ids Ray does not know are left out."""
@@ -122,6 +123,7 @@ def test_scheduler_interface_on_real_ray(ray_head: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(900)
 def test_watch_via_ray_journals_jobs_retries_and_times_out(ray_head: Any, tmp_path: Path) -> None:
     """--via ray on two saves: one job per checkpoint, its id, state and exit journaled and
     in the results, its report journaled; a failing hook retried (a job per attempt); a
@@ -197,6 +199,7 @@ def test_watch_via_ray_journals_jobs_retries_and_times_out(ray_head: Any, tmp_pa
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(900)
 def test_watcher_killed_while_ray_jobs_pend_reattaches(ray_head: Any, tmp_path: Path) -> None:
     """kill -9 of the watcher while its 3 jobs are PENDING (a job holding the head's only
     CPU keeps them waiting for theirs), then a restart: still one Ray job per checkpoint,
