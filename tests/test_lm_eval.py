@@ -250,3 +250,34 @@ def test_unknown_task_is_one_line_before_the_first_save(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "unknown task(s) no_such_task" in last and "Traceback" not in out.stderr
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(600)
+def test_a_checkpoint_lm_eval_cannot_load_is_one_line(tmp_path: Path) -> None:
+    """The job on an export lm-eval cannot load: exit 1, its last line says why."""
+    pytest.importorskip("lm_eval")
+    tasks = write_task(tmp_path / "tasks")
+    broken = tmp_path / "hf"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "watcher.lmeval.job",
+            "--tasks",
+            "ilab_sums",
+            "--limit",
+            "2",
+            "--include-path",
+            str(tasks),
+        ],
+        env={**os.environ, **OFFLINE, "ILAB_HF_PATH": str(broken), "PYTHONPATH": pythonpath()},
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert job.returncode == 1
+    last = job.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"lm-eval failed on {broken}: ValueError: Unrecognized model"), last

@@ -113,9 +113,10 @@ def check_lm_eval(tasks: list[str], include_path: Path | None) -> None:
     if done.returncode == 3:
         raise click.UsageError(f"--lm-eval: lm_eval cannot be imported: {last}")
     if done.returncode == 4:
-        where = f" (nor in {include_path})" if include_path else ""
+        where = f" nor in {include_path}" if include_path else ""
         raise click.UsageError(
-            f"--lm-eval: unknown task(s) {last}{where}; `lm-eval ls tasks` lists them"
+            f"--lm-eval: unknown task(s) {last} (not among lm-eval's tasks{where}); "
+            "`lm-eval ls tasks` lists them"
         )
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
