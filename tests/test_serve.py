@@ -93,7 +93,7 @@ def test_updates_read_on_from_where_they_stopped(tmp_path: Path) -> None:
     assert up["count"] == count + 2 and up["summary"]["step"] == 32
     loss = next(x for x in up["series"] if x["name"] == "loss")
     assert (loss["x"], loss["y"], loss.get("reset")) == ([31.0, 32.0], [0.5, 0.5], None)
-    assert up["markers"] == [] and up["checkpoints"] is not None
+    assert up["markers"] == [] and up["checkpoints"] is None  # no checkpoint changed
     # a resumed attempt goes back in steps: its curves are sent whole again, its start marked
     w.close()
     w2 = JournalWriter(run, resume=True)
@@ -240,7 +240,7 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
         dialogs: list[str] = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(s.url + "run/hostile")
-        page.wait_for_selector("body[data-painted='1']")
+        page.wait_for_selector("body[data-tables='1']")
         assert page.text_content("#facts .state") == "stopped"
         strip = page.locator("#strip .marker")
         kinds = [strip.nth(i).get_attribute("data-kind") for i in range(strip.count())]
@@ -258,6 +258,13 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
         assert HOSTILE_SCRIPT in page.text_content("#reason")
         assert page.evaluate("window.__pwned") is None and dialogs == []
         assert page.locator("main img, main script").count() == 0
+        page.hover("#strip .marker.kind-control")  # the record, as text, on hover
+        tip = page.text_content("#tip") or ""
+        assert "command: stop" in tip and f"source: eval.py {HOSTILE_SCRIPT}{HOSTILE_IMG}" in tip
+        page.goto(s.url + "compare?run=hostile&run=live")  # both runs' curves overlaid
+        page.wait_for_selector("body[data-painted='1']")
+        assert page.locator(".chart[data-curves='hostile,live']").count() >= 3
+        assert page.evaluate("window.__pwned") is None and dialogs == []
         page.goto(s.url + "run/live")
         page.wait_for_selector("body[data-painted='1']")
         assert page.text_content("#step") == "20"
@@ -282,3 +289,19 @@ def test_plot_marks_kept_removed_best_stop_and_titles_the_run(tmp_path: Path) ->
     r = cli("ilab-journal", "plot", str(run), "-o", str(tmp_path / "p.png"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_quiet_run_that_writes_again_is_running_again(tmp_path: Path) -> None:
+    from journal.serve import data
+    from journal.serve.fold import RunFold
+
+    run = tmp_path / "run"
+    w = story_journal(run, end=False, steps=5)
+    fold = RunFold(run / "journal.jsonl")
+    fold.update()
+    later = (fold.summarizer.summary.last_ts or 0) + 3600
+    assert data.summary(fold, stale_after=60, now=later)["state"] == "stale"
+    w.append("log", log_payload(6), step=6)
+    w.close()
+    assert fold.update() == 1
+    assert data.summary(fold, stale_after=60)["state"] == "running"

@@ -4,6 +4,7 @@ Every value is JSON; strings from records stay strings (the page shows them as t
 
 from __future__ import annotations
 
+import copy
 import time
 from array import array
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 
 from journal.checkpoints.leases import active, checkpoint_name
 from journal.serve.fold import RunFold, Series
-from journal.views.summary import STATE_EXIT_CODES
+from journal.views.summary import STATE_EXIT_CODES, RunSummary, Summarizer
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
 STATE_MEANING: dict[str, str] = {
@@ -55,10 +56,19 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
+def result(summarizer: Summarizer, **kwargs: Any) -> RunSummary:
+    """``summarizer.result(...)`` as a copy: result() marks a quiet run stale in the summary
+    it keeps folding, and a server's run that writes again is running again."""
+    kept = (summarizer.summary.state, summarizer.summary.reason)
+    out = copy.copy(summarizer.result(**kwargs))
+    summarizer.summary.state, summarizer.summary.reason = kept
+    return out
+
+
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
     """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
     now = time.time() if now is None else now
-    s = fold.summarizer.result(stale_after=stale_after, now=now, run_dir=fold.journal.parent)
+    s = result(fold.summarizer, stale_after=stale_after, now=now, run_dir=fold.journal.parent)
     log = (fold.last_log or {}).get("data") or {}
     eta = None
     prev, last = fold.prev_log, fold.last_log
@@ -178,5 +188,5 @@ def updates(
             "count": fold.count,
             "series": out_series,
             "markers": fold.markers[markers:],
-            "checkpoints": checkpoints(fold, summ["best"]) if fold.count > since else None,
+            "checkpoints": checkpoints(fold, summ["best"]) if fold.ck_changed_at > since else None,
         }

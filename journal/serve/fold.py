@@ -18,6 +18,7 @@ from typing import Any
 
 from journal.read.reader import CHUNK_SIZE
 from journal.read.tailing import RotatingReader
+from journal.views.best import BEST_EVENTS
 from journal.views.summary import Summarizer
 
 #: Events drawn as markers on the step axis, and the marker kind each is shown as.
@@ -150,6 +151,7 @@ class RunFold:
         self.markers: list[dict[str, Any]] = []
         self.checkpoints: dict[str, Checkpoint] = {}
         self.lease_names: dict[str, str] = {}  # checkpoint path -> its name in leases/
+        self.ck_changed_at = 0  # the record count when the checkpoints or the best last changed
         self.count = 0  # records folded
         self.invalid = 0
         self.last_log: dict[str, Any] | None = None
@@ -187,6 +189,8 @@ class RunFold:
         event = rec.get("event")
         if event in _PLAIN:
             return
+        if event in BEST_EVENTS:  # the checkpoints table (or which is the best) may change
+            self.ck_changed_at = self.count
         if event in ("step_end", "log", "evaluate"):
             self._curves(rec, event)
         kind = MARKER_KINDS.get(event)  # type: ignore[arg-type]
@@ -253,6 +257,7 @@ class RunFold:
         path = data.get("checkpoint_path")
         if not isinstance(path, str):
             return
+        self.ck_changed_at = self.count
         row = self.checkpoints.get(path)
         if kind == "save":
             row = self.checkpoints[path] = Checkpoint(

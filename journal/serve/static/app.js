@@ -265,8 +265,7 @@ async function runPage(main, key) {
     charts.replaceChildren();
     const byName = Object.fromEntries(view.series.map((s) => [s.name, s]));
     for (const names of chartGroups(view.series.map((s) => s.name))) {
-      const tables = names.map((n) => [byName[n].x, byName[n].y]);
-      const u = makeChart(charts, names, tables, width, view);
+      const u = makeChart(charts, names, names.map((n) => [byName[n].x, byName[n].y]), width, view);
       u.over.addEventListener("dblclick", () => { view.zoom = null; build(); });
       view.charts.push({ names, u });
     }
@@ -274,9 +273,13 @@ async function runPage(main, key) {
   }
   build();
   renderFacts(facts, snap.summary);
-  renderCheckpoints(ckTable, view.checkpoints);
-  renderStory(story, view.markers, true);
   strip.dataset.count = String(view.markers.length);
+  // the tables after the curves are on screen (a long run has thousands of rows)
+  setTimeout(() => {
+    renderCheckpoints(ckTable, view.checkpoints);
+    renderStory(story, view.markers, true);
+    document.body.dataset.tables = "1";
+  }, 0);
 
   async function poll() {
     try {
@@ -284,6 +287,7 @@ async function runPage(main, key) {
       const up = await getJSON(base + "/updates?since=" + view.count + "&n=" + n + "&m=" +
         view.markers.length + "&width=1000");
       view.count = up.count;
+      renderFacts(facts, up.summary);
       let rebuild = false;
       for (const s of up.series) {
         const have = view.series.find((x) => x.name === s.name);
@@ -293,10 +297,11 @@ async function runPage(main, key) {
       }
       if (up.checkpoints) { view.setCheckpoints(up.checkpoints); renderCheckpoints(ckTable, view.checkpoints); }
       if (up.markers.length) { view.markers = view.markers.concat(up.markers); renderStory(story, up.markers, false); }
-      renderFacts(facts, up.summary);
-      if (up.series.length || up.markers.length) {
-        if (rebuild || view.zoom === null) build();
-        else { for (const c of view.charts) c.u.redraw(); placeMarkers(view, strip); }
+      if (rebuild) build();
+      else if (up.series.length || up.markers.length) {
+        if (view.zoom === null) for (const c of view.charts) c.u.setData(chartData(view, c.names));
+        else for (const c of view.charts) c.u.redraw();
+        placeMarkers(view, strip);
       }
       strip.dataset.count = String(view.markers.length);
       document.body.dataset.count = String(view.count);
@@ -307,6 +312,15 @@ async function runPage(main, key) {
   document.body.dataset.count = String(view.count);
   document.body.dataset.painted = "1";
   setTimeout(poll, POLL_MS);
+}
+
+// A chart's data from the curves it draws (their x joined when there are several).
+function chartData(view, names) {
+  const tables = names.map((n) => {
+    const s = view.series.find((x) => x.name === n);
+    return [s.x, s.y];
+  });
+  return tables.length === 1 ? [tables[0][0], tables[0][1]] : uPlot.join(tables);
 }
 
 async function zoomDetail(view, base) {
