@@ -31,14 +31,14 @@ def _trigger(
     tl: Timeline, p: StopPolicy, answers: list[WouldHave]
 ) -> tuple[float, int, int, int, str] | None:
     """(time, after_step, trigger seq, trigger step, reason) of the policy's stop, or None:
-    a target when its result was known, after its checkpoint's step; a callback's Control
-    when the record it answered was journaled, after that record's step."""
+    a target's from the record that brought the value (see :func:`metric_series`); a
+    callback's Control when the record it answered was journaled, after that record's step."""
     if p.target is not None:
         t = p.target
-        for step, value, known_at, seq in metric_series(tl, t.metric):
+        for step, value, ts, seq, after in metric_series(tl, t.metric):
             if t.met(value):
                 why = f"{t.metric} {value:.4g} {t.op} {t.value:g} (checkpoint step {step})"
-                return known_at, step, seq, step, why
+                return ts, after, seq, step, why
         return None
     first = next((a for a in answers if a.what in _ENDS and a.rejected is None), None)
     if first is None:
@@ -81,9 +81,9 @@ def _judge_metric(tl: Timeline, out: StopOutcome, goal: MetricGoal) -> None:
     pick = max if goal.mode == "max" else min
     out.metric = str(goal)
     out.final_value = series[-1][1]
-    out.best_value = pick(v for _, v, _, _ in series)
+    out.best_value = pick(v for _, v, _, _, _ in series)
     upto = tl.last_step if out.stop_step is None else out.stop_step
-    known = [v for step, v, _, _ in series if step <= upto]
+    known = [v for step, v, _, _, _ in series if step <= upto]
     if known:
         out.value_at_stop, out.best_at_stop = known[-1], pick(known)
         gap = out.best_value - out.best_at_stop

@@ -9,10 +9,12 @@ Control and Report as "would have", and writes nothing into ``control/`` or ``re
 Every record is delivered (a watcher that keeps up; one that lags may coalesce high-rate
 events such as ``log``).
 
-When a stop would have applied: a Control answering record R is applied at the end of the
-first step that ends after R was journaled (``step_end`` records, else ``log`` ones); the
-eval's own ``--target`` is decided when its result was known (a report's ``reported_at``),
-as an eval that asks to stop itself does. None: not before the run's own end.
+When a stop would have applied: a Control answering record R is read at a step boundary
+after R was journaled, so it applies at the end of the first step after R's step that
+ends after R (``step_end`` records, else ``log`` ones). The eval's own ``--target`` asks
+with its result: a report's value at the step whose boundary journaled the report (an
+eval's stop sent with it is read there too), an evaluate value at the next step. None:
+no step comes after it.
 """
 
 from __future__ import annotations

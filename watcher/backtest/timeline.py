@@ -34,7 +34,7 @@ class Timeline:
     keep_last_n: int | None = None
     #: the records that carry metrics or checkpoints (evaluate, log, report, save)
     metric_records: list[dict[str, Any]] = field(default_factory=list)
-    _series: dict[str, list[tuple[int, float, float, int]]] = field(default_factory=dict)
+    _series: dict[str, list[tuple[int, float, float, int, int]]] = field(default_factory=dict)
 
     def applied(self, t: float, after_step: int) -> tuple[int, int, float] | None:
         """(step, samples, ts) at the end of the first step after ``after_step`` that ends
@@ -105,24 +105,26 @@ def read_run(journal: Path) -> Timeline:
     return tl
 
 
-def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int]]:
-    """``(step, value, known_at, seq)`` of a metric: reports by their checkpoint's step and
-    their ``reported_at``, evaluate and log fields by their record (made once per metric)."""
+def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int, int]]:
+    """``(step, value, ts, seq, after)`` of a metric, made once per metric: reports by
+    their checkpoint's step, evaluate and log fields by their record's. ``after``: a stop
+    decided with this value (the eval's own target) applies at a step after it: a report
+    is read at the step boundary that journaled it, where a command sent with it is read
+    too; an evaluate or log record is journaled after its step's boundary."""
     if metric in tl._series:
         return tl._series[metric]
-    out: list[tuple[int, float, float, int]] = tl._series.setdefault(metric, [])
+    out: list[tuple[int, float, float, int, int]] = tl._series.setdefault(metric, [])
     for rec in tl.metric_records:
         ev, data = rec.get("event"), rec.get("data") or {}
-        ts = rec.get("ts", 0.0)
+        at = rec.get("step", 0)
         if ev == "report":
             v = (data.get("metrics") or {}).get(metric)
-            step = data.get("step") if isinstance(data.get("step"), int) else rec.get("step", 0)
-            at = data.get("reported_at")  # the eval's result was known then
-            known = min(at, ts) if isinstance(at, (int, float)) else ts
+            step = data.get("step") if isinstance(data.get("step"), int) else at
+            after = at - 1
         elif ev in _METRIC_EVENTS:
-            v, step, known = data.get(metric), rec.get("step", 0), ts
+            v, step, after = data.get(metric), at, at
         else:
             continue
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out.append((int(step or 0), float(v), float(known), rec["seq"]))
+            out.append((int(step or 0), float(v), float(rec.get("ts", 0.0)), rec["seq"], after))
     return out
