@@ -259,7 +259,9 @@ async function runPage(main, key) {
   };
 
   const width = Math.max(400, Math.min(1200, main.clientWidth - 20));
+  // Scale changes made here are not a person's zoom (view.syncing: onZoom ignores them).
   function build() {
+    view.syncing = true;
     for (const c of view.charts) c.u.destroy();
     view.charts = [];
     charts.replaceChildren();
@@ -269,6 +271,7 @@ async function runPage(main, key) {
       u.over.addEventListener("dblclick", () => { view.zoom = null; build(); });
       view.charts.push({ names, u });
     }
+    view.syncing = false;
     placeMarkers(view, strip);
   }
   build();
@@ -299,8 +302,10 @@ async function runPage(main, key) {
       if (up.markers.length) { view.markers = view.markers.concat(up.markers); renderStory(story, up.markers, false); }
       if (rebuild) build();
       else if (up.series.length || up.markers.length) {
+        view.syncing = true;
         if (view.zoom === null) for (const c of view.charts) c.u.setData(chartData(view, c.names));
         else for (const c of view.charts) c.u.redraw();
+        view.syncing = false;
         placeMarkers(view, strip);
       }
       strip.dataset.count = String(view.markers.length);
@@ -310,6 +315,7 @@ async function runPage(main, key) {
     }
   }
   document.body.dataset.count = String(view.count);
+  window.ilabPaintMs = performance.now(); // since navigation start (bench_serve reads it)
   document.body.dataset.painted = "1";
   setTimeout(poll, POLL_MS);
 }
@@ -391,7 +397,10 @@ function renderCheckpoints(table, rows) {
   const head = el("tr", {}, ...["step", "checkpoint", "on disk", "leases", "reports", "jobs", "best"]
     .map((h) => el("th", {}, h)));
   const now = Date.now() / 1000;
-  table.replaceChildren(head, ...rows.map((r) => el("tr", { "data-step": r.step,
+  // the newest rows and the best (a long run saves thousands of times; all are in /api/)
+  const shown = rows.filter((r, i) => r.best || i >= rows.length - TABLE_ROWS);
+  table.dataset.more = String(rows.length - shown.length);
+  table.replaceChildren(head, ...shown.map((r) => el("tr", { "data-step": r.step,
     "data-on-disk": r.on_disk, "data-best": r.best, className: "ckpt" },
     el("td", { className: "num" }, fmt(r.step)),
     el("td", {}, r.name),
@@ -406,7 +415,8 @@ function renderCheckpoints(table, rows) {
 }
 
 // The story's newest lines (every eval is a point on val_loss already); the rest is in /api/.
-const STORY_ROWS = 1000;
+const STORY_ROWS = 500;
+const TABLE_ROWS = 500;
 function renderStory(table, markers, fresh) {
   if (fresh) table.replaceChildren(el("tr", {}, el("th", {}, "step"), el("th", {}, "what")));
   const told = markers.filter((m) => m.kind !== "evaluate");
