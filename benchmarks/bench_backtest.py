@@ -17,7 +17,9 @@ copied to make N files. Timed on the same files, in one process:
 
 The issue's bound: backtest at most 3x the plain pass. Then ``check --wait`` on a finished
 run with nothing pending (one of the journals: it ended long ago, no job, no lease), a
-subprocess, against ``ilab-journal status`` on the same run: the issue's bound is 0.5 s.
+subprocess, against ``ilab-journal status`` on the same run and against the interpreter
+start and ``ilab-journal``'s imports alone (``python -c "import journal.cli.main"``, which
+every command pays): the issue's bound is 0.5 s.
 Each time is the median of ``--repeat`` runs.
 
 Usage: python benchmarks/bench_backtest.py [--quick] [--journals N] [--repeat R]
@@ -161,8 +163,13 @@ def main() -> None:
             cmd = [str(BIN / "ilab-journal"), "status", finished]
             return subprocess.run(cmd, capture_output=True).returncode
 
+        def imports() -> int:  # what every ilab-journal command pays before its work
+            cmd = [sys.executable, "-c", "import journal.cli.main"]
+            return subprocess.run(cmd, capture_output=True).returncode
+
         check_s, check_rc = timed(check, max(5, args.repeat))
         status_s, _ = timed(status, max(5, args.repeat))
+        import_s, _ = timed(imports, max(5, args.repeat))
         assert check_rc == 0, "check --wait failed on the finished run"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -177,6 +184,7 @@ def main() -> None:
         for name, wall, ratio in rows:
             print(f"{name:<34} {wall:>8.3f} {ratio:>8.2f}")
         print(f"{'check --wait (finished run)':<34} {check_s:>8.3f}   (status: {status_s:.3f} s)")
+        print(f"{'python -c import journal.cli.main':<34} {import_s:>8.3f}   (in both of them)")
     emit(
         "bench_backtest",
         {
@@ -190,6 +198,7 @@ def main() -> None:
             "cli_x_plain": cli_s / plain_s,
             "check_wait_finished_s": check_s,
             "status_s": status_s,
+            "cli_import_s": import_s,
         },
         args.json,
     )

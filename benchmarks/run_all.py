@@ -28,6 +28,7 @@ BENCHES = [
     "bench_replay",  # issue 35; each watcher case stops at --case-timeout (300 s)
     "bench_slurm",  # issue 37; one line and skipped where Slurm is not installed
     "bench_callback_pacing",  # issue 36; skipped without instructlab-training
+    "bench_backtest",  # issue 46: backtest sweeps beside a json.loads pass, check --wait
     "bench_gpu",  # one line and skipped without a CUDA GPU
 ]
 

@@ -220,3 +220,32 @@ def test_control_in_a_hook_says_so(tmp_path: Path) -> None:
     assert got.exit_code == 0, got.output
     body = json.loads((tmp_path / "control" / "x1.json").read_text())
     assert stop_kind(body["source"]) == "eval"
+
+
+def test_wait_waits_for_a_job_in_flight_and_a_held_lease(tmp_path: Path) -> None:
+    """What --wait waits on after train_end, read from the journal's job records and the
+    leases: a job still RUNNING, a checkpoint still leased (an eval at work)."""
+    from journal.ask.facts import FactFolder
+    from journal.ask.settle import RunReading
+    from journal.checkpoints.leases import acquire, release
+
+    build_run(tmp_path, [0.5], stop_source=None, ts=OLD)
+    job = {"id": "j1", "job_id": "42", "scheduler": "slurm", "node": None, "exit_code": None,
+           "log_path": None, "checkpoint_path": None, "step": 10, "delivery_id": "d1",
+           "hook": "eval", "attempt": 1, "source": "watcher:x", "reported_at": OLD}  # fmt: skip
+    with JournalWriter(tmp_path, join=True) as w:
+        w.append("job", {**job, "state": "RUNNING"}, step=10, ts=OLD)
+    reading = RunReading(tmp_path / "journal.jsonl", FactFolder(set()))
+    reading.read(final=True)
+    assert any("in flight" in p for p in reading.pending(quiet=1.0, now=OLD + 100))
+    with JournalWriter(tmp_path, join=True) as w:
+        w.append("job", {**job, "state": "COMPLETED", "exit_code": 0}, step=10, ts=OLD)
+    reading.read(final=True)  # only what the journal gained
+    assert reading.pending(quiet=1.0, now=OLD + 100) == []
+    ckpt = tmp_path / "checkpoints" / "step-000010"
+    (ckpt / "full_state").mkdir(parents=True)
+    (ckpt / "full_state" / ".metadata").write_bytes(b"x")
+    lease = acquire(tmp_path, ckpt, ttl=60, holder="eval")
+    assert any("leased" in p for p in reading.pending(quiet=1.0, now=time.time()))
+    release(tmp_path, lease.id)
+    assert reading.pending(quiet=1.0, now=time.time()) == []
