@@ -29,6 +29,7 @@ BENCHES = [
     "bench_slurm",  # issue 37; one line and skipped where Slurm is not installed
     "bench_callback_pacing",  # issue 36; skipped without instructlab-training
     "bench_backtest",  # issue 46: backtest sweeps beside a json.loads pass, check --wait
+    "bench_serve",  # issue 45: ilab-journal serve in chromium; one line, skipped without it
     "bench_gpu",  # one line and skipped without a CUDA GPU
 ]
 

@@ -139,6 +139,7 @@ async function runsPage(main) {
     table.dataset.loaded = String(body.length);
   }
   await draw();
+  window.ilabPaintMs = performance.now();
   document.body.dataset.painted = "1";
   setInterval(() => draw().catch(() => {}), 2000);
 }
