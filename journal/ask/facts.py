@@ -37,17 +37,14 @@ class FactFolder:
         self.metrics = metrics
         self.values: dict[str, MetricValues] = {m: MetricValues() for m in metrics}
         self._run: str | None = None
-        self.last_report_ts: float | None = None  # when the newest report was journaled
 
     def add_batch(self, records: list[dict[str, Any]]) -> None:
         add, metrics = self.summarizer.add, self.metrics
         for rec in records:
             add(rec)
-            event = rec.get("event")
-            if event == "report":
-                self.last_report_ts = rec.get("ts", self.last_report_ts)
             if not metrics:
                 continue
+            event = rec.get("event")
             if event == "train_begin" and rec.get("run_id") != self._run:
                 self._run = rec.get("run_id")  # a new run: its metrics only (a resume keeps them)
                 self.values = {m: MetricValues() for m in metrics}

@@ -14,8 +14,11 @@ from typing import Any
 
 from journal.ask.facts import FactFolder
 from journal.checkpoints.leases import expiries
+from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
 from journal.rundir.lock import run_holder
+from journal.views.index import Folded, fold, load
+from journal.views.summary import Summarizer
 
 #: A scheduler job's states after which nothing more comes (Slurm's names, which local jobs
 #: use too; the watcher's scheduler says the same). Any other latest state: in flight.
@@ -62,13 +65,25 @@ class RunReading:
             self.invalid += len(batch.invalid)
             self.folder.add_batch(batch.records)
             for rec in batch.records:
-                event = rec.get("event")
-                if event == "job":
-                    self._job(rec.get("data") or {})
-                elif event == "save":
-                    path = (rec.get("data") or {}).get("checkpoint_path")
-                    if isinstance(path, str):
-                        self.checkpoints.add(Path(path).name)
+                self._note(rec)
+
+    def from_index(self, *, final: bool) -> None:
+        """Start where ``status`` does: the journal index plus what came after it; the
+        ``job`` and ``save`` records (rare) found by :func:`iter_events`, not parsed all."""
+        folded = fold(self.path, load(self.path) or Folded(Summarizer()), final=final)
+        self.folder.summarizer, self.invalid = folded.summarizer, folded.invalid
+        self.reader.seek(folded.offset, folded.line_no)
+        for rec in iter_events(self.path, {"job", "save"}):
+            self._note(rec)
+
+    def _note(self, rec: dict[str, Any]) -> None:
+        event = rec.get("event")
+        if event == "job":
+            self._job(rec.get("data") or {})
+        elif event == "save":
+            path = (rec.get("data") or {}).get("checkpoint_path")
+            if isinstance(path, str):
+                self.checkpoints.add(Path(path).name)
 
     def _job(self, data: dict[str, Any]) -> None:
         key = f"{data.get('scheduler')}:{data.get('job_id')}"
@@ -87,8 +102,7 @@ class RunReading:
         ]
         if held:
             out.append(f"checkpoint(s) leased by a consumer still at work ({', '.join(held[:3])})")
-        s = self.folder.summarizer.summary
-        last = max(t for t in (s.last_ts, self.folder.last_report_ts, 0.0) if t is not None)
+        last = self.folder.summarizer.summary.last_ts or 0.0  # any record: reports too
         if now - last < quiet:
             out.append(f"a record {now - last:.1f}s ago (quiet period {quiet:g}s)")
         return out
@@ -101,7 +115,10 @@ def read_run(
     passed; returns it and what is still pending (empty when settled or not waited for)."""
     reading = RunReading(path, folder)
     final = run_holder(path.parent) is None
-    reading.read(final=final)
+    if folder.metrics:  # every value of a metric: the whole journal, once
+        reading.read(final=final)
+    else:  # the summary from the index (as status), jobs and saves by a byte search
+        reading.from_index(final=final)
     if wait is None:
         return reading, []
     deadline = time.monotonic() + wait
