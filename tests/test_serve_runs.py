@@ -103,6 +103,7 @@ def test_a_live_run_is_stopped_from_its_page_with_the_token(tmp_path: Path, brow
             assert end["data"]["status"] == "stopped" and end["step"] == stop["applied_at_step"]
             wait_until(lambda: page.locator("#strip .marker.kind-end").count() == 1, 10, "end")
             assert page.locator("#strip .marker.kind-control").count() == 1
+            assert page.locator("#strip .marker.kind-evaluate").count() >= 2
             assert page.locator("#strip .marker.kind-save.ck-removed").count() >= 1
             assert page.locator("#strip .marker.kind-save.ck-best").count() == 1
             assert page.locator("tr.ckpt[data-best='true']").count() == 1
