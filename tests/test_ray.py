@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import BIN, cli, make_checkpoint, pythonpath, records, wait_for, write_run
 from watcher.scheduler import JobSpec
 from watcher.scheduler.board import JobBoard
+from watcher.scheduler.markers import load
 
 EVAL = textwrap.dedent(
     """
@@ -82,6 +83,12 @@ def _saved_run(tmp_path: Path, saves: int) -> Path:
 def _results(ckpt: Path, name: str) -> list[dict[str, Any]]:
     path = ckpt / "watch" / f"{name}.results.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _noted(jobs_dir: Path) -> list[str]:
+    """The job ids noted in the job markers of ``jobs_dir`` (written after each submit)."""
+    markers = [load(p) for p in jobs_dir.glob("*.json")]
+    return [m["job_id"] for m in markers if m is not None and m.get("job_id")]
 
 
 def _env(head: Any, **extra: str) -> dict[str, str]:
@@ -238,3 +245,46 @@ def test_watcher_killed_while_ray_jobs_pend_reattaches(ray_head: Any, tmp_path: 
     assert [r["status"] for r in results] == ["ok"] * 3
     assert all(r["jobs"][0]["adopted"] for r in results)
     assert sorted(r["data"]["checkpoint_path"] for r in recs if r["event"] == "report") == saves
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_a_job_ray_forgot_is_recorded_from_its_exit_file(ray_head: Any, tmp_path: Path) -> None:
+    """A head restarted without fault tolerance forgets every job: kill -9 of the watcher
+    while its job runs, the job ends, Ray's record of it is deleted; the restarted watcher
+    takes the job's end from its exit file (exit code, report) and submits no second job."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(ray_head.address)
+    ckpt = _saved_run(tmp_path, 1)
+    go = tmp_path / "go"
+    script = tmp_path / "eval.sh"
+    script.write_text(
+        f"#!/bin/sh\necho started >> {tmp_path}/starts\n"
+        f"while [ ! -e {go} ]; do sleep 0.05; done\n"
+        'echo \'{"accuracy": 0.5}\' > "$ILAB_REPORT"\n'
+    )
+    script.chmod(0o755)
+    argv = [str(ckpt), "--on-save", str(script), "--name", "j", "--via", "ray"]
+    argv += ["--job-poll", "0.3", "--replay"]
+    env = {**os.environ, **_env(ray_head)}
+    first = subprocess.Popen([str(BIN / "ilab-watch"), *argv], env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (tmp_path / "starts").exists(), 120, "the job's start")
+        wait_for(lambda: _noted(ckpt / "watch" / "j.jobs"), 30, "the job's id in its marker")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        first.kill()
+    (job_id,) = _noted(ckpt / "watch" / "j.jobs")
+    go.touch()
+    wait_for(lambda: client.get_job_status(job_id).is_terminal(), 120, "the end")
+    assert client.delete_job(job_id)  # Ray forgets it, as a restarted head would
+    again = cli("ilab-watch", *argv, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    (res,) = _results(ckpt, "j")
+    assert (res["status"], res["exit_code"], res["jobs"][0]["adopted"]) == ("ok", 0, True)
+    assert (tmp_path / "starts").read_text().split() == ["started"]  # one job, not two
+    assert [r["data"]["metrics"] for r in records(ckpt) if r["event"] == "report"] == [
+        {"accuracy": 0.5}
+    ]
