@@ -18,7 +18,6 @@ from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
 from journal.rundir.lock import run_holder
 from journal.views.index import Folded, fold, load
-from journal.views.summary import Summarizer
 
 #: A scheduler job's states after which nothing more comes (Slurm's names, which local jobs
 #: use too; the watcher's scheduler says the same). Any other latest state: in flight.
@@ -67,10 +66,10 @@ class RunReading:
             for rec in batch.records:
                 self._note(rec)
 
-    def from_index(self, *, final: bool) -> None:
-        """Start where ``status`` does: the journal index plus what came after it; the
+    def from_index(self, index: Folded, *, final: bool) -> None:
+        """Start where ``status`` does: the journal ``index`` plus what came after it; the
         ``job`` and ``save`` records (rare) found by :func:`iter_events`, not parsed all."""
-        folded = fold(self.path, load(self.path) or Folded(Summarizer()), final=final)
+        folded = fold(self.path, index, final=final)
         self.folder.summarizer, self.invalid = folded.summarizer, folded.invalid
         self.reader.seek(folded.offset, folded.line_no)
         for rec in iter_events(self.path, {"job", "save"}):
@@ -115,10 +114,11 @@ def read_run(
     passed; returns it and what is still pending (empty when settled or not waited for)."""
     reading = RunReading(path, folder)
     final = run_holder(path.parent) is None
-    if folder.metrics:  # every value of a metric: the whole journal, once
+    index = None if folder.metrics else load(path)
+    if index is None:  # every value of a metric, or no index: the whole journal, once
         reading.read(final=final)
     else:  # the summary from the index (as status), jobs and saves by a byte search
-        reading.from_index(final=final)
+        reading.from_index(index, final=final)
     if wait is None:
         return reading, []
     deadline = time.monotonic() + wait
