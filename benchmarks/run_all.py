@@ -27,6 +27,7 @@ BENCHES = [
     "bench_mirror",  # issue 38: loopback S3 (SeaweedFS); needs the dev extra (s3fs, weed)
     "bench_replay",  # issue 35; each watcher case stops at --case-timeout (300 s)
     "bench_slurm",  # issue 37; one line and skipped where Slurm is not installed
+    "bench_ray",  # issue 47; one line and skipped where Ray is not installed or cannot start
     "bench_callback_pacing",  # issue 36; skipped without instructlab-training
     "bench_backtest",  # issue 46: backtest sweeps beside a json.loads pass, check --wait
     "bench_serve",  # issue 45: ilab-journal serve in chromium; one line, skipped without it
