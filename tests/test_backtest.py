@@ -181,3 +181,22 @@ def test_a_bad_policy_is_one_line_exit_2(tmp_path: Path, args: list[str]) -> Non
     build(tmp_path)
     code, out = backtest(str(tmp_path), *args)
     assert code == 2 and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+
+
+def test_a_function_hook_and_a_swept_retention(tmp_path: Path) -> None:
+    """``--on-evaluate file.py:func`` runs like ``watch(on_evaluate=func)``: its keyword
+    arguments are the payload; the Control it returns is a would-have stop."""
+    build(tmp_path / "run")
+    (tmp_path / "fn.py").write_text(
+        "from journal import Control\n"
+        "def rising(event, val_loss, **data):\n"
+        "    if event.step > 10 and val_loss > 0.96:\n"
+        "        return Control.stop(f'val_loss {val_loss}')\n"
+    )
+    code, out = backtest(str(tmp_path / "run"), "--on-evaluate", f"{tmp_path / 'fn.py'}:rising",
+                         "--keep-last-n", "1..2")  # fmt: skip
+    assert code == 0, out
+    assert "callbacks: would stop at step 71 (answering seq" in out  # val_loss 0.99 at 70
+    assert "stop: val_loss 0.99" in out
+    assert "keep_last_n=1 keep_best=accuracy:max: keeps" in out
+    assert "keep_last_n=2 keep_best=accuracy:max: keeps" in out
