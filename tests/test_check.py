@@ -249,3 +249,14 @@ def test_wait_waits_for_a_job_in_flight_and_a_held_lease(tmp_path: Path) -> None
     assert any("leased" in p for p in reading.pending(quiet=1.0, now=time.time()))
     release(tmp_path, lease.id)
     assert reading.pending(quiet=1.0, now=time.time()) == []
+
+
+def test_every_fact_and_function_is_documented() -> None:
+    from journal.ask.expect import FACTS, FUNCTIONS
+    from journal.views.stops import STOP_KINDS
+    from tests.helpers import ROOT
+
+    helped = CliRunner().invoke(main, ["check", "--help"]).output
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    for name in [*FACTS, *(f"{f}(M)" for f in FUNCTIONS), *STOP_KINDS]:
+        assert name in helped and f"`{name.split('(')[0]}" in docs, name

@@ -72,6 +72,15 @@ def check(
         -e 'best(accuracy) >= 0.9' -e 'refused_reports == 0'
 
     \b
+    Facts: status, steps, max_steps, epoch, samples, records, invalid_lines,
+      reports, refused_reports, unapplied_commands, stop_source (eval,
+      early_stopping, divergence, callback, hook, web, operator, trainer,
+      signal; none), stopped_by, stop_reason, run_id, attempt.
+    Of a metric M: best(M) (or best(M:max)), last(M), first(M), min(M), max(M),
+      reports(M), count(M). Compare with == != < <= > >= and in (a, b);
+      combine with and, or, not, (...). A bare word is a string.
+
+    \b
     Exit codes:
       0  every expectation holds      1  one or more fail (each printed with its values)
       2  usage error: a bad expression, not a run (one line)

@@ -4,7 +4,7 @@
 trainer journals it; for older journals the applied ``control`` record with that id gives
 it). :func:`stop_kind` maps that source to one of :data:`STOP_KINDS`, which ``status``
 shows and ``ilab-journal check`` compares (``stop_source == "eval"``). The words, from the
-sources each sender writes (docs/journal-format.md, "Who stopped a run"):
+sources each sender writes (docs/cli.md, "check"):
 
 ``eval``
     an eval asked for it: a source ``eval`` or ``eval:<anything>`` (the demo's
