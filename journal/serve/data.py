@@ -4,7 +4,6 @@ Every value is JSON; strings from records stay strings (the page shows them as t
 
 from __future__ import annotations
 
-import copy
 import time
 from array import array
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 
 from journal.checkpoints.leases import active, checkpoint_name
 from journal.serve.fold import RunFold, Series
-from journal.views.summary import STATE_EXIT_CODES, RunSummary, Summarizer
+from journal.views.summary import STATE_EXIT_CODES
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
 STATE_MEANING: dict[str, str] = {
@@ -56,19 +55,10 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
-def result(summarizer: Summarizer, **kwargs: Any) -> RunSummary:
-    """``summarizer.result(...)`` as a copy: result() marks a quiet run stale in the summary
-    it keeps folding, and a server's run that writes again is running again."""
-    kept = (summarizer.summary.state, summarizer.summary.reason)
-    out = copy.copy(summarizer.result(**kwargs))
-    summarizer.summary.state, summarizer.summary.reason = kept
-    return out
-
-
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
     """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
     now = time.time() if now is None else now
-    s = result(fold.summarizer, stale_after=stale_after, now=now, run_dir=fold.journal.parent)
+    s = fold.summarizer.result(stale_after=stale_after, now=now, run_dir=fold.journal.parent)
     log = (fold.last_log or {}).get("data") or {}
     eta = None
     prev, last = fold.prev_log, fold.last_log

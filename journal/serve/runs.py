@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.rundir.paths import JOURNAL_NAME
-from journal.serve.data import STATE_MEANING, result
+from journal.serve.data import STATE_MEANING
 from journal.serve.fold import RunFold
 from journal.views.index import summarize
 from journal.views.query import find_last
@@ -100,7 +100,7 @@ class RunSet:
             return _aged(run._row[1], now, self.stale_after)
         else:
             summarizer = summarize(run.journal).summarizer
-        s = result(summarizer, stale_after=None, now=now, run_dir=run.dir)
+        s = summarizer.result(stale_after=None, now=now, run_dir=run.dir)
         log = (find_last(run.journal, "log") or {}).get("data") or {}
         per_step = log.get("elapsed_time")
         eta = None

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -214,10 +214,12 @@ class Summarizer:
         now: float | None = None,
         run_dir: str | os.PathLike[str] | None = None,
     ) -> RunSummary:
-        """The summary so far; with ``run_dir``, the best checkpoint is one still on disk."""
-        s = self.summary
+        """The summary so far; with ``run_dir``, the best checkpoint is one still on disk.
+
+        A copy: judging a quiet run stale must not stick to the summary this keeps folding
+        (a long-lived reader, such as ``serve``, sees the run running again when it writes)."""
         best = self._best.best(run_dir) if self._best is not None else None
-        s.best_checkpoint = best.to_dict() if best else None
+        s = replace(self.summary, best_checkpoint=best.to_dict() if best else None)
         if s.state == "running" and s.last_ts is not None:
             now = time.time() if now is None else now
             if stale_after is not None and now - s.last_ts > stale_after:
