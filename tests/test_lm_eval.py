@@ -88,6 +88,27 @@ def test_lm_eval_command_line_adds_the_export_to_model_args() -> None:
     assert lm_eval_argv("/m", "t", None, None, "--model vllm").count("--model") == 1
 
 
+def test_lm_eval_hook_is_a_save_command_for_run_training(tmp_path: Path) -> None:
+    """``on_save=lm_eval_hook(...)``: the command ``--lm-eval`` runs, one argument per item
+    (no placeholder taken from the lm-eval options' braces); a mistake is one ValueError."""
+    from watcher.hooks.callbacks import CommandTarget
+    from watcher.lmeval import lm_eval_hook
+
+    tasks = write_task(tmp_path / "tasks")
+    cmd = lm_eval_hook(
+        ["ilab_sums"], limit=20, include_path=tasks, args="--gen_kwargs {}", check=False
+    )
+    argv = CommandTarget.parse(cmd, "save").render({})
+    assert argv[1:] == [
+        *("-m", "watcher.lmeval.job", "--tasks", "ilab_sums", "--limit", "20"),
+        *("--include-path", str(tasks.resolve()), "--args", "--gen_kwargs {}"),
+    ]
+    with pytest.raises(ValueError, match=r"include_path .* is not a directory"):
+        lm_eval_hook("x", include_path=tmp_path / "nope", check=False)
+    with pytest.raises(ValueError, match="--tasks is set by ilab-watch"):
+        lm_eval_hook("x", args="--tasks y", check=False)
+
+
 def test_lm_eval_option_mistakes_are_one_line_exit_2(tmp_path: Path) -> None:
     """Options that need --lm-eval, and lm-eval options ilab-watch sets itself; a save
     without an HF export is one line from the job (exit 2)."""
@@ -281,3 +302,49 @@ def test_a_checkpoint_lm_eval_cannot_load_is_one_line(tmp_path: Path) -> None:
     assert job.returncode == 1
     last = job.stderr.strip().splitlines()[-1]
     assert last.startswith(f"lm-eval failed on {broken}: ValueError: Unrecognized model"), last
+
+
+RUN_TRAINING = """
+import sys
+from trainer.config import TrainingArgs, TorchrunArgs
+from trainer.launch import run_training
+from watcher.lmeval import lm_eval_hook
+
+model, data, ckpt, tasks = sys.argv[1:5]
+args = TrainingArgs(
+    model_path=model, data_path=data, ckpt_dir=ckpt, effective_batch_size=8, max_steps=2,
+    save_every=2, lr=1e-5, keep_best="ilab_sums/acc:max",
+    on_save=lm_eval_hook("ilab_sums", limit=20, include_path=tasks),
+)
+result = run_training(args, TorchrunArgs(nproc_per_node=2), echo=False)
+print(result.status)
+"""
+
+
+@pytest.mark.extended
+@pytest.mark.dist
+@pytest.mark.timeout(1800)
+def test_run_training_scores_its_saves_with_lm_eval_hook(tmp_path: Path, smollm2: Path) -> None:
+    """run_training(on_save=lm_eval_hook(...)): the embedded watcher scores the save."""
+    tasks = write_task(tmp_path / "tasks")
+    ckpt = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUN_TRAINING,
+            str(smollm2),
+            str(chat_rows(tmp_path / "c.jsonl")),
+            str(ckpt),
+            str(tasks),
+        ],
+        env={**train_env(), **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("completed"), done.stderr[-3000:]
+    recs = records(ckpt)
+    (save,) = [r["data"]["checkpoint_path"] for r in recs if r["event"] == "save"]
+    (report,) = [r["data"] for r in recs if r["event"] == "report"]
+    assert report["checkpoint_path"] == save and "ilab_sums/acc" in report["metrics"]

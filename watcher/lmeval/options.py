@@ -123,11 +123,35 @@ def check_lm_eval(tasks: list[str], include_path: Path | None) -> None:
         raise click.UsageError(f"--lm-eval: {lines[-1] if lines else 'task check failed'}")
 
 
+def lm_eval_hook(
+    tasks: str | list[str],
+    *,
+    limit: float | None = None,
+    include_path: str | Path | None = None,
+    args: str | None = None,
+    check: bool = True,
+) -> str:
+    """The ``save`` command of ``--lm-eval``, for ``run_training``'s ``on_save`` (its
+    embedded watcher runs it as ``ilab-watch`` would): ``TrainingArgs(...,
+    on_save=lm_eval_hook("hellaswag", limit=500))``. ``check``: lm-eval installed and the
+    tasks known, now. A mistake is a ValueError of one line."""
+    names = tasks if isinstance(tasks, str) else ",".join(tasks)
+    folder = Path(include_path) if include_path is not None else None
+    if folder is not None and not folder.is_dir():
+        raise ValueError(f"include_path {folder} is not a directory")
+    try:
+        return lm_eval_pairs(names, args, limit, folder, check=check)[0][1]
+    except click.UsageError as exc:
+        raise ValueError(exc.format_message()) from None
+
+
 def lm_eval_pairs(
     tasks: str | None,
     args: str | None,
     limit: float | None,
     include_path: Path | None,
+    *,
+    check: bool = True,
 ) -> list[tuple[str, str]]:
     """The ``("save", command)`` hook of ``--lm-eval`` (none without it), checked."""
     if tasks is None:
@@ -156,5 +180,6 @@ def lm_eval_pairs(
             raise click.UsageError(
                 f"--lm-eval-args: {clash[0]} is set by ilab-watch (use --lm-eval / --limit)"
             )
-    check_lm_eval(names, include_path)
+    if check:
+        check_lm_eval(names, include_path)
     return [("save", lm_eval_command(",".join(names), limit, include_path, args))]
