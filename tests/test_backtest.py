@@ -200,3 +200,39 @@ def test_a_function_hook_and_a_swept_retention(tmp_path: Path) -> None:
     assert "stop: val_loss 0.99" in out
     assert "keep_last_n=1 keep_best=accuracy:max: keeps" in out
     assert "keep_last_n=2 keep_best=accuracy:max: keeps" in out
+
+
+@pytest.mark.extended  # importing instructlab-training and training_hub: about 12 s
+def test_instructlab_and_training_hub_callbacks_run_as_the_watcher_runs_them(
+    tmp_path: Path,
+) -> None:
+    """InstructLab's TrainerCallback returning our Control, training_hub's setting
+    should_training_stop, each with its own context (the watcher's adapter): their stops
+    are would-haves; nothing is written."""
+    pytest.importorskip("instructlab.training", reason="instructlab-training is not installed")
+    pytest.importorskip("training_hub", reason="training-hub is not installed")
+    build(tmp_path / "run")
+    (tmp_path / "theirs.py").write_text(
+        "from instructlab.training.callbacks import TrainerCallback\n"
+        "from training_hub import TrainingHubCallback\n"
+        "from journal import Control\n"
+        "class IlabStop(TrainerCallback):\n"
+        "    def on_log(self, context):\n"
+        "        return Control.stop('ilab') if context.step == 30 else None\n"
+        "class HubStop(TrainingHubCallback):\n"
+        "    def on_log(self, context):\n"
+        "        if context.step == 50:\n"
+        "            context.control.should_training_stop = True\n"
+    )
+    for name, step in (("IlabStop", 30), ("HubStop", 50)):
+        spec = f"{tmp_path / 'theirs.py'}:{name}"
+        code, out = backtest(str(tmp_path / "run"), "--callback", spec, "--json")
+        assert code == 0, out
+        stop = json.loads(out)["stops"][0]
+        assert (stop["policy"], stop["trigger_step"], stop["stop_step"]) == (
+            "callbacks",
+            step,
+            step + 1,
+        )
+    assert "should_training_stop" in stop["reason"]
+    assert not (tmp_path / "run" / "control").exists()
