@@ -19,7 +19,13 @@ PET = {
     "PET_MASTER_ADDR": "ft-node-0-0.ft",
     "PET_MASTER_PORT": "29400",
 }
-PYTORCHJOB = {"MASTER_ADDR": "ft-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "1"}
+PYTORCHJOB = {
+    "MASTER_ADDR": "ft-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "3",
+    "RANK": "1",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+}
 
 
 def test_trainer_v2_pet_variables_give_nodes_rank_processes_and_rendezvous() -> None:
@@ -47,7 +53,7 @@ def test_trainer_v2_pet_variables_give_nodes_rank_processes_and_rendezvous() -> 
 def test_pytorchjob_variables_count_pods_and_win_over_slurm() -> None:
     """PyTorchJob without PET_*: WORLD_SIZE pods, RANK this pod's node rank, MASTER_ADDR:
     MASTER_PORT the rendezvous; they win over SLURM_*; inside a torchrun worker (LOCAL_RANK)
-    the same names are torchrun's and change nothing."""
+    or outside a pod the same names change nothing."""
     slurm = {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0"}
     assert cluster_torchrun({"nproc_per_node": 2}, {**slurm, **PYTORCHJOB}) == {
         "nproc_per_node": 2,
@@ -57,6 +63,8 @@ def test_pytorchjob_variables_count_pods_and_win_over_slurm() -> None:
         "master_port": 23456,
     }
     assert cluster_torchrun({}, {**PYTORCHJOB, "LOCAL_RANK": "0"}) == {}
+    # outside a pod the same names are a shell's set up for torchrun: not node counts
+    assert cluster_torchrun({}, {k: v for k, v in PYTORCHJOB.items() if "KUBE" not in k}) == {}
     assert cluster_torchrun({}, {}) == {}
 
 

@@ -9,8 +9,8 @@ One place decides, in this order (the first that applies wins):
    ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (torchrun's own ``PET_`` names for its
    flags). The v1 training-operator's PyTorchJob sets these too since v1.7, so they win
    over its older variables.
-3. PyTorchJob's ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK``, with one pod
-   per node: ``WORLD_SIZE`` is taken as the node count and ``RANK`` as this pod's node rank
+3. PyTorchJob's ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (read only in
+   a pod: ``KUBERNETES_SERVICE_HOST`` set), with one pod per node: ``WORLD_SIZE`` is taken as the node count and ``RANK`` as this pod's node rank
    (what the operator sets for a torchrun-style launch without ``nprocPerNode``; with it,
    the ``PET_*`` variables are set as well and win).
 4. Slurm's ``SLURM_*`` (trainer/launch/slurm_env.py).
@@ -51,7 +51,9 @@ def kubernetes_source(env: Mapping[str, str]) -> str | None:
         return None
     if any(env.get(k) for k in _PET):
         return "PET"
-    if all(env.get(k) for k in _PYTORCHJOB):
+    # MASTER_ADDR, WORLD_SIZE and RANK are common names (a shell set up for torchrun has
+    # them): read as PyTorchJob's only in a pod, where Kubernetes sets its service host
+    if all(env.get(k) for k in _PYTORCHJOB) and env.get("KUBERNETES_SERVICE_HOST"):
         return "PyTorchJob"
     return None
 
