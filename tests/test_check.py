@@ -5,6 +5,7 @@ its exit codes, --wait for a report that comes after train_end, refused reports)
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -260,3 +261,16 @@ def test_every_fact_and_function_is_documented() -> None:
     docs = (ROOT / "docs" / "cli.md").read_text()
     for name in [*FACTS, *(f"{f}(M)" for f in FUNCTIONS), *STOP_KINDS]:
         assert name in helped and f"`{name.split('(')[0]}" in docs, name
+
+
+def test_from_the_index_or_every_record_the_same_values(tmp_path: Path) -> None:
+    """A run as written (its journal index: the summary from it, metrics by a byte search)
+    and its journal copied alone (every record read) give the same facts."""
+    build_run(tmp_path / "run", [0.5, 0.92, 0.9], ts=OLD)
+    assert (tmp_path / "run" / "journal.index.json").exists()
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "run" / "journal.jsonl", tmp_path / "copy" / "journal.jsonl")
+    gate = ["-e", "best(accuracy) > 0", "-e", "count(val_loss) == 3", "-e", "last(loss) > 0",
+            "-e", "reports(accuracy) == 3", "-e", "stop_source == eval", "--json"]  # fmt: skip
+    got = [json.loads(check(tmp_path / d, *gate)[1]) for d in ("run", "copy")]
+    assert got[0]["expectations"] == got[1]["expectations"] and got[0]["holds"]

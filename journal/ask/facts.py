@@ -42,18 +42,21 @@ class FactFolder:
         add, metrics = self.summarizer.add, self.metrics
         for rec in records:
             add(rec)
-            if not metrics:
-                continue
-            event = rec.get("event")
-            if event == "train_begin" and rec.get("run_id") != self._run:
-                self._run = rec.get("run_id")  # a new run: its metrics only (a resume keeps them)
-                self.values = {m: MetricValues() for m in metrics}
-            if event == "report":
-                got = (rec.get("data") or {}).get("metrics")
-                if isinstance(got, dict):
-                    self._take(got, report=True)
-            elif event in _RECORD_METRICS:
-                self._take(rec.get("data") or {}, report=False)
+            if metrics:
+                self.add_values(rec)
+
+    def add_values(self, rec: dict[str, Any]) -> None:
+        """Fold one record's values of the named metrics (the summary is not touched)."""
+        event = rec.get("event")
+        if event == "train_begin" and rec.get("run_id") != self._run:
+            self._run = rec.get("run_id")  # a new run: its metrics only (a resume keeps them)
+            self.values = {m: MetricValues() for m in self.metrics}
+        if event == "report":
+            got = (rec.get("data") or {}).get("metrics")
+            if isinstance(got, dict):
+                self._take(got, report=True)
+        elif event in _RECORD_METRICS:
+            self._take(rec.get("data") or {}, report=False)
 
     def _take(self, data: dict[str, Any], *, report: bool) -> None:
         for m in self.metrics:

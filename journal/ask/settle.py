@@ -68,12 +68,17 @@ class RunReading:
 
     def from_index(self, index: Folded, *, final: bool) -> None:
         """Start where ``status`` does: the journal ``index`` plus what came after it; the
-        ``job`` and ``save`` records (rare) found by :func:`iter_events`, not parsed all."""
+        ``job`` and ``save`` records and those holding a named metric found by a byte
+        search (:func:`iter_events`) up to where the summary got, not every record parsed."""
         folded = fold(self.path, index, final=final)
         self.folder.summarizer, self.invalid = folded.summarizer, folded.invalid
         self.reader.seek(folded.offset, folded.line_no)
-        for rec in iter_events(self.path, {"job", "save"}):
+        metrics = tuple(sorted(self.folder.metrics))
+        events = {"job", "save", "train_begin"}
+        for rec in iter_events(self.path, events, holding=metrics, end=folded.offset):
             self._note(rec)
+            if metrics:
+                self.folder.add_values(rec)
 
     def _note(self, rec: dict[str, Any]) -> None:
         event = rec.get("event")
@@ -114,10 +119,10 @@ def read_run(
     passed; returns it and what is still pending (empty when settled or not waited for)."""
     reading = RunReading(path, folder)
     final = run_holder(path.parent) is None
-    index = None if folder.metrics else load(path)
-    if index is None:  # every value of a metric, or no index: the whole journal, once
+    index = load(path)
+    if index is None:  # no index (a copied journal): the whole journal, once
         reading.read(final=final)
-    else:  # the summary from the index (as status), jobs and saves by a byte search
+    else:  # the summary from the index (as status), the rest by a byte search
         reading.from_index(index, final=final)
     if wait is None:
         return reading, []

@@ -153,19 +153,27 @@ def last_record(
     return None
 
 
-def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict[str, Any]]:
+def iter_events(
+    path: str | os.PathLike[str],
+    events: set[str],
+    *,
+    holding: tuple[str, ...] = (),
+    end: int | None = None,
+) -> Iterator[dict[str, Any]]:
     """Complete records of ``events``, in file order, in bounded memory: a line is parsed
     only when it contains one of the event names (a byte test), so scanning a journal for
     its rare records costs little more than reading it. Lines over the limit are skipped
-    unread."""
-    needles = [f'"{e}"'.encode() for e in events]
+    unread. ``holding``: also the records whose line holds one of these keys (a metric's
+    name, ``"accuracy"``), whatever their event; ``end``: only the lines before that byte
+    offset (a line start)."""
+    needles = [f'"{e}"'.encode() for e in (*events, *holding)]
     try:
         fd = open_for_reading(path)
     except FileNotFoundError:
         return
     try:
         carry, pos = Carry(), 0
-        while chunk := os.pread(fd, CHUNK_SIZE, pos):
+        while chunk := os.pread(fd, CHUNK_SIZE if end is None else min(CHUNK_SIZE, end - pos), pos):
             pos += len(chunk)
             _, buf = carry.feed(chunk)
             for start in _lines_with(buf, len(buf), needles):
@@ -176,7 +184,11 @@ def iter_events(path: str | os.PathLike[str], events: set[str]) -> Iterator[dict
                     obj = orjson.loads(buf[start:stop])
                 except orjson.JSONDecodeError:
                     continue
-                if type(obj) is dict and obj.get("event") in events and record_problem(obj) is None:
+                if (
+                    type(obj) is dict
+                    and (holding or obj.get("event") in events)
+                    and record_problem(obj) is None
+                ):
                     yield obj
     finally:
         os.close(fd)
