@@ -18,7 +18,7 @@ copied to make N files. Timed on the same files, in one process:
 The issue's bound: backtest at most 3x the plain pass. Then ``check --wait`` on a finished
 run with nothing pending (one of the journals: it ended long ago, no job, no lease), a
 subprocess, with the gate's facts (the summary: from the journal index, as ``status``) and
-with ``best(accuracy)`` (every record read), against ``ilab-journal status`` on the same run
+with ``best(accuracy)`` (the index, then the lines holding it), against ``ilab-journal status`` on the same run
 and against the interpreter start and ``ilab-journal``'s imports alone (``python -c "import
 journal.cli.main"``, which every command pays): the issue's bound is 0.5 s.
 Each time is the median of ``--repeat`` runs.
@@ -190,7 +190,7 @@ def main() -> None:
         for name, wall, ratio in rows:
             print(f"{name:<34} {wall:>8.3f} {ratio:>8.2f}")
         print(f"{'check --wait (finished run)':<34} {check_s:>8.3f}   (status: {status_s:.3f} s)")
-        print(f"{'check --wait best(accuracy)':<34} {metric_s:>8.3f}   (reads every record)")
+        print(f"{'check --wait best(accuracy)':<34} {metric_s:>8.3f}   (index + byte search)")
         print(f"{'python -c import journal.cli.main':<34} {import_s:>8.3f}   (in both of them)")
     emit(
         "bench_backtest",
