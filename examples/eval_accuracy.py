@@ -70,15 +70,16 @@ def main() -> int:
     )
     metrics = {"accuracy": acc, "eval_problems": len(problems)}
     reached = args.target_accuracy is not None and acc >= args.target_accuracy
-    if os.environ.get("ILAB_REPORT") and not reached:  # run by ilab-watch: it journals it
-        Path(os.environ["ILAB_REPORT"]).write_text(json.dumps(metrics))
-    else:  # straight to the journal; when asking to stop, first: the report that justified
-        # the stop is journaled by the step that applies it (a gate, a backtest see it)
-        submit_report(run_dir, Report(metrics, checkpoint_path=ckpt, step=step), source="eval")
-    if reached:
-        reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"
+    reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"
+    if reached:  # first: the trainer reads the stop at its next step boundary
         # "eval:": status's stop_source says an eval stopped the run, not an operator
         send_command(run_dir, Control.stop(reason), source="eval:eval_accuracy.py")
+    if os.environ.get("ILAB_REPORT") and not reached:  # run by ilab-watch: it journals it
+        Path(os.environ["ILAB_REPORT"]).write_text(json.dumps(metrics))
+    else:  # straight to the journal; with a stop, at once: journaled by the step that
+        # applies it at the latest (before train_end), where a gate and a backtest see it
+        submit_report(run_dir, Report(metrics, checkpoint_path=ckpt, step=step), source="eval")
+    if reached:
         print(f"eval: {reason}: asked training to stop")
     return 0
 
