@@ -381,7 +381,8 @@ def test_the_story_is_tagged_removed_checkpoints_commands_best_and_why_it_stoppe
     assert tags["checkpoint.step-000040.report"] == "accuracy=0.4 from watcher:eval-accuracy"
     assert tags["checkpoint.step-000060.report"] == "accuracy=0.61 from late"
     assert tags["control.c1"] == "stop applied at step 60 from eval.py: target reached"
-    assert tags["ilab.stop_source"] == "eval.py"
+    # the kind in status's words (a source not named eval:... is an operator's), and the source
+    assert tags["ilab.stop_source"] == "operator" and tags["ilab.stopped_by"] == "eval.py"
     assert tags["ilab.best_checkpoint"].endswith("checkpoints/step-000060")
     assert tags["ilab.best"] == "accuracy=0.6 at step 60"
     assert tags["mlflow.note.content"].startswith("stopped: stop command: target")

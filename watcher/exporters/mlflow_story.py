@@ -7,14 +7,16 @@ run does not read as plainly "Finished".
 Tags, by checkpoint name (``step-000040``): ``checkpoint.<name>`` its path (as before),
 ``checkpoint.<name>.step``, ``checkpoint.<name>.report`` (the latest: metrics and source),
 ``checkpoint.<name>.removed`` (the reason, at which step); by command id:
-``control.<id>``; for the run: ``ilab.best_checkpoint``, ``ilab.best``, ``ilab.stop_source``
-and ``mlflow.note.content`` (shown as the run's description in MLflow's UI).
+``control.<id>``; for the run: ``ilab.best_checkpoint``, ``ilab.best``, ``ilab.stop_source`` (the
+sender's kind in ``status``'s words), ``ilab.stopped_by`` (its source) and ``mlflow.note.content`` (shown as the run's description in MLflow's UI).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from journal.views.stops import stop_kind
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
 _MAX_KEY = 250
@@ -75,8 +77,14 @@ def control_tags(data: dict[str, Any]) -> dict[str, str]:
         verdict += f": {data['reason']}"
     tags = {f"control.{cid}"[:_MAX_KEY]: verdict}
     if command == "stop" and data.get("accepted") is not False:
-        tags["ilab.stop_source"] = str(data.get("source") or "?")
+        tags.update(stop_tags(data.get("source")))
     return tags
+
+
+def stop_tags(source: str | None) -> dict[str, str]:
+    """Who stopped the run: ``ilab.stop_source`` in ``status``'s words (``eval``,
+    ``operator``, ...; journal/views/stops.py), ``ilab.stopped_by`` the command's source."""
+    return {"ilab.stop_source": stop_kind(source), "ilab.stopped_by": str(source or "?")}
 
 
 def end_tags(status: str, data: dict[str, Any]) -> dict[str, str]:
@@ -92,6 +100,6 @@ def end_tags(status: str, data: dict[str, Any]) -> dict[str, str]:
         tags["ilab.best"] = f"{best.get('metric')}={best.get('value')} at step {best.get('step')}"
         note += f"\n\nbest checkpoint: {best['checkpoint_path']} ({tags['ilab.best']})"
     if data.get("command_source"):
-        tags["ilab.stop_source"] = str(data["command_source"])
+        tags.update(stop_tags(data["command_source"]))
     tags["mlflow.note.content"] = note
     return tags
