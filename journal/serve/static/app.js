@@ -50,7 +50,9 @@ function fmt(v, digits) {
   if (v === null || v === undefined) return "–";
   if (typeof v === "number") {
     if (Number.isInteger(v)) return String(v);
-    return Math.abs(v) >= 1000 || Math.abs(v) < 0.001 ? v.toExponential(3) : v.toFixed(digits || 4);
+    // digits 0: a rate such as tokens/s, read as a whole number (63,410), never 6.341e+4
+    if (digits === 0) return Math.round(v).toLocaleString("en-US");
+    return Math.abs(v) >= 1000 || Math.abs(v) < 0.001 ? v.toExponential(3) : v.toFixed(digits ?? 4);
   }
   return String(v);
 }
