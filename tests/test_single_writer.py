@@ -35,6 +35,7 @@ from tests.helpers import (
 pytestmark = pytest.mark.dist
 
 
+@pytest.mark.extended  # 30 s of a 2-rank run: the default suite keeps its margin under 10 min
 def test_a_second_launch_on_a_busy_dir_is_refused_with_exit_3(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     job = subprocess.Popen(
