@@ -75,8 +75,9 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "remote": {"rundir", "read", "checkpoints"},
     # serve: the web page (ilab-journal serve) over the readers, views, leases and commands
     "serve": {"rundir", "read", "views", "channels", "checkpoints"},
-    # ask: check's expressions over a summary (views), waiting on leases (checkpoints)
-    "ask": {"rundir", "read", "views", "checkpoints"},
+    # ask: check's expressions over a summary (views), waiting on leases (checkpoints) and
+    # on jobs not yet in a final state (channels)
+    "ask": {"rundir", "read", "views", "channels", "checkpoints"},
     "cli": {
         "record",
         "rundir",

@@ -13,28 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from journal.ask.facts import FactFolder
+from journal.channels.jobs import FINAL_JOB_STATES
 from journal.checkpoints.leases import expiries
 from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
 from journal.rundir.lock import run_holder
 from journal.views.index import Folded, fold, load
 
-#: A scheduler job's states after which nothing more comes (Slurm's names, which local jobs
-#: use too; the watcher's scheduler says the same). Any other latest state: in flight.
-ENDED_JOB_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "OUT_OF_MEMORY",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "LOST",
-    }
-)
 #: How often --wait reads what the journal gained (a few bytes: it goes on from its offset).
 POLL_S = 0.2
 
@@ -96,7 +81,7 @@ class RunReading:
     def pending(self, quiet: float, now: float) -> list[str]:
         """What the run is still waiting for, each in a few words (empty: settled)."""
         out = []
-        flying = [k for k, state in self.jobs.items() if state not in ENDED_JOB_STATES]
+        flying = [k for k, state in self.jobs.items() if state not in FINAL_JOB_STATES]
         if flying:
             out.append(f"{len(flying)} scheduler job(s) in flight ({', '.join(flying[:3])})")
         held = [

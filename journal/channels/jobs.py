@@ -21,6 +21,23 @@ from journal.rundir.inbox import MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
 
 #: The ``kind`` of an inbox file that is a job record (a report file has none).
 JOB_KIND = "job"
+#: A job's states after which nothing more happens (Slurm's names, which local and Ray jobs
+#: are given too): the watcher's scheduler stops polling them, ``check --wait`` stops
+#: waiting for them.
+FINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "LOST",  # ours: the scheduler no longer knows the job and it left no exit code
+    }
+)
 _TEXT = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source", "log_path")
 
 

@@ -20,23 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from journal.channels.jobs import FINAL_JOB_STATES
+
 #: Seconds any one scheduler command may take.
 COMMAND_TIMEOUT_S = 30.0
-#: Job states after which nothing more happens (Slurm's names; local jobs use the same).
-FINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "OUT_OF_MEMORY",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "LOST",  # ours: the scheduler no longer knows the job and it left no exit code
-    }
-)
 #: States of a job that has not started: what ``--cancel-on-abort`` cancels, and what a
 #: job whose exit file exists must not be in (a copy the scheduler would run again).
 QUEUED_STATES = frozenset(
@@ -71,7 +58,7 @@ class JobState:
 
     @property
     def final(self) -> bool:
-        return self.state in FINAL_STATES
+        return self.state in FINAL_JOB_STATES
 
     @property
     def held(self) -> bool:
