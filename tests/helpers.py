@@ -239,11 +239,15 @@ def log_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
 
 
 def begin_payload(
-    total_steps: int, *, world_size: int = 1, hostname: str = "test-host"
+    total_steps: int,
+    *,
+    world_size: int = 1,
+    hostname: str = "test-host",
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A schema-valid ``train_begin`` payload, for journals written without training."""
     return {
-        "config": {"lr": 1e-4},
+        "config": {"lr": 1e-4} if config is None else config,
         "world_size": world_size,
         "nnodes": 1,
         "device_type": "cpu",

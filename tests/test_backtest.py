@@ -16,20 +16,9 @@ from click.testing import CliRunner
 
 from journal import JournalWriter
 from journal.cli.main import main
-from tests.helpers import cli
+from tests.helpers import begin_payload, cli
 
-BEGIN = {
-    "config": {"keep_best": "accuracy:max", "keep_last_n": 2},
-    "world_size": 2,
-    "nnodes": 1,
-    "device_type": "cpu",
-    "journal_detail": "step",
-    "resumed_from": None,
-    "total_steps": 80,
-    "hostname": "test-host",
-    "pid": 1,
-    "versions": {},
-}
+BEGIN = begin_payload(80, world_size=2, config={"keep_best": "accuracy:max", "keep_last_n": 2})
 #: val_loss and the reported accuracy of each checkpoint (every 10 steps).
 VAL = [1.0, 0.8, 0.9, 0.85, 0.95, 0.7, 0.99, 0.98]
 ACC = [0.1, 0.5, 0.6, 0.4, 0.3, 0.9, 0.7, 0.8]

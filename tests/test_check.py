@@ -17,20 +17,9 @@ from journal import JournalWriter, Report, submit_report
 from journal.ask.expect import ExpectError, parse
 from journal.cli.main import main
 from journal.views.stops import stop_kind
-from tests.helpers import cli
+from tests.helpers import begin_payload, cli
 
-BEGIN = {
-    "config": {"keep_best": "accuracy:max", "keep_last_n": 2},
-    "world_size": 2,
-    "nnodes": 1,
-    "device_type": "cpu",
-    "journal_detail": "step",
-    "resumed_from": None,
-    "total_steps": 100,
-    "hostname": "test-host",
-    "pid": 1,
-    "versions": {},
-}
+BEGIN = begin_payload(100, world_size=2, config={"keep_best": "accuracy:max", "keep_last_n": 2})
 
 
 def build_run(
