@@ -19,8 +19,6 @@ Side by side in one run:
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,15 +28,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import job_saves
 from benchmarks.common import bench_parser, emit, pct
-from journal import JournalWriter
-from tests.helpers import BIN, begin_payload, make_checkpoint, pythonpath, wait_for
+from benchmarks.job_saves import JOB
+from tests.helpers import wait_for
 from tests.ray_cluster import RayCluster, RayUnavailable, running_ray
 from watcher.scheduler import JobSpec
 from watcher.scheduler.board import JobBoard
 from watcher.scheduler.ray_jobs import RayScheduler
-
-JOB = '#!/bin/sh\ndate +%s.%N > "{out}/start-${{ILAB_SEQ:-$1}}"\n'
 
 
 def bare_cli_loop(cluster: RayCluster, root: Path, n: int) -> list[float]:
@@ -78,70 +75,6 @@ def bare_client_loop(cluster: RayCluster, root: Path, n: int) -> list[float]:
         wait_for(lambda j=job: client.get_job_status(j).is_terminal(), 120, "job end")
         waits.append(float((out / f"start-{i}").read_text()) - t0)
     return waits
-
-
-def watched(cluster: RayCluster, root: Path, n: int) -> dict[str, Any]:
-    """Saves appended one at a time, each eval a job of ``ilab-watch --via ray``."""
-    ckpt = root / "run"
-    ckpt.mkdir()
-    out = root / "watched"
-    out.mkdir()
-    script = root / "eval.sh"
-    script.write_text(JOB.format(out=out))
-    script.chmod(0o755)
-    w = JournalWriter(ckpt, run_id="bench")
-    w.append("train_begin", begin_payload(n, world_size=1, hostname="bench"))
-    env = {**os.environ, "RAY_ADDRESS": cluster.address, "PYTHONPATH": pythonpath()}
-    watcher = subprocess.Popen(
-        [
-            str(BIN / "ilab-watch"),
-            str(ckpt),
-            *("--on-save", str(script), "--name", "bench", "--quiet"),
-            *("--via", "ray", "--job-poll", "0.2"),
-        ],
-        env=env,
-    )
-    waits: list[float] = []
-    saved: dict[int, float] = {}
-    results = ckpt / "watch" / "bench.results.jsonl"
-    try:
-        for i in range(1, n + 1):
-            path = make_checkpoint(ckpt, i, "bench")
-            ts = time.time()
-            seq = w.append(
-                "save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=i, ts=ts
-            )
-            start = wait_for(lambda s=seq: _read(out / f"start-{s}"), 120, "job start")
-            waits.append(start - ts)
-            saved[int(seq or 0)] = ts
-            wait_for(lambda i=i: _lines(results) >= i, 120, "the delivery's result")
-        w.append("train_end", {"status": "completed", "reason": None, "final_checkpoint": None})
-        w.close()
-        watcher.wait(timeout=120)
-    finally:
-        watcher.kill()
-    # the watcher's own part: save record -> submit_job answered (the job's PENDING state)
-    submitted = {
-        r["seq"]: r["jobs"][0]["states"][0]["at"]
-        for r in map(json.loads, results.read_text().splitlines())
-    }
-    own = [submitted[seq] - ts for seq, ts in saved.items()]
-    ray = [w - o for w, o in zip(waits, own, strict=True)]
-    return {"waits": waits, "own": own, "ray": ray}
-
-
-def _read(path: Path) -> float | None:
-    try:
-        return float(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _lines(path: Path) -> int:
-    try:
-        return len(path.read_text().splitlines())
-    except OSError:
-        return 0
 
 
 def calls_per_poll(cluster: RayCluster, root: Path, n_jobs: int, polls: int) -> dict[str, Any]:
@@ -195,7 +128,9 @@ def main() -> None:
         try:
             cli_loop = bare_cli_loop(cluster, root, min(n, 10))
             client_loop = bare_client_loop(cluster, root, n)
-            watch = watched(cluster, root, n)
+            watch = job_saves.watched(
+                root, n, {"RAY_ADDRESS": cluster.address}, ("--via", "ray", "--job-poll", "0.2")
+            )
             polls = [calls_per_poll(cluster, root, k, 10) for k in (1, 50)]
         finally:
             cluster_cm.__exit__(None, None, None)
@@ -211,7 +146,7 @@ def main() -> None:
         "watcher_save_to_start_p95_s": pct(waits, 95),
         "watcher_save_to_submit_p50_s": pct(own, 50),
         "watcher_save_to_submit_p95_s": pct(own, 95),
-        "watcher_submit_to_start_p50_s": pct(watch["ray"], 50),
+        "watcher_submit_to_start_p50_s": pct(watch["scheduler"], 50),
         "watcher_minus_client_loop_p50_s": pct(waits, 50) - pct(client_loop, 50),
         "watcher_minus_ray_job_submit_p50_s": pct(waits, 50) - pct(cli_loop, 50),
         # the goal: within 1 s of what Ray takes in the same rhythm (the client loop)
