@@ -87,6 +87,33 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
     cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A local Ray head per test module (tests/ray_cluster.py: 127.0.0.1, free ports,
+    stopped by its pid); tests skip with the reason where Ray is missing or cannot start."""
+    from tests.ray_cluster import RayUnavailable, start_ray
+
+    try:
+        head = start_ray(tmp_path_factory.mktemp("ray"))
+    except RayUnavailable as exc:
+        pytest.skip(str(exc))
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Debian's chromium driven by Playwright, one per test module (tests/browser.py);
+    tests skip with the reason where it cannot start."""
+    from tests.browser import BrowserUnavailable, launch
+
+    try:
+        with launch() as b:
+            yield b
+    except BrowserUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real S3 server (SeaweedFS's ``weed``) on loopback for the whole session, its keys

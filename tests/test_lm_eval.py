@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,18 +151,6 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     return convert_gguf(gguf, tmp_path_factory.mktemp("smollm2"))
-
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.ray_cluster import RayUnavailable, start_ray
-
-    try:
-        head = start_ray(tmp_path_factory.mktemp("ray"))
-    except RayUnavailable as exc:
-        pytest.skip(str(exc))
-    yield head
-    head.stop()
 
 
 def chat_rows(path: Path, n: int = 32) -> Path:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +60,6 @@ def test_ray_options_are_one_line_usage_errors(tmp_path: Path) -> None:
 
 
 # -- on a real Ray head (extended: starting one takes ~30 s on 2 cores) ---------------------
-
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.ray_cluster import RayUnavailable, start_ray
-
-    try:
-        head = start_ray(tmp_path_factory.mktemp("ray"))
-    except RayUnavailable as exc:
-        pytest.skip(str(exc))
-    yield head
-    head.stop()
 
 
 def _saved_run(tmp_path: Path, saves: int) -> Path:

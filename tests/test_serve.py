@@ -26,8 +26,6 @@ from journal.write.writer import JournalWriter
 from tests.browser import (
     HOSTILE_IMG,
     HOSTILE_SCRIPT,
-    BrowserUnavailable,
-    launch,
     serve,
     story_journal,
     wait_until,
@@ -216,15 +214,6 @@ def test_serve_cli_usage_errors(tmp_path: Path) -> None:
 
 
 # -- one real browser --------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    try:
-        with launch() as b:
-            yield b
-    except BrowserUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(

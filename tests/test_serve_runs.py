@@ -15,21 +15,12 @@ import pytest
 
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
-from tests.browser import BrowserUnavailable, launch, serve, story_journal, wait_until
+from tests.browser import serve, story_journal, wait_until
 from tests.helpers import cli, kill_tree, records, train_argv, train_env
 
 pytestmark = [pytest.mark.extended, pytest.mark.dist]
 
 SCREENSHOTS = os.environ.get("ILAB_SCREENSHOTS")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    try:
-        with launch() as b:
-            yield b
-    except BrowserUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def _open(browser: Any, url: str) -> Any:
