@@ -54,8 +54,8 @@ def test_a_symlinked_journal_has_no_identity_for_the_index_or_the_watcher(tmp_pa
     link = linked / JOURNAL_NAME
     assert first_line_fingerprint(link) is None  # not followed
     assert index.load(link) is None  # so its index is not trusted ...
-    full = index.summarize(journal, use_index=False).summarizer.result(now=1e12)
-    assert index.summarize(link).summarizer.result(now=1e12) == full  # ... a full scan
+    full = index.summarize(journal, use_index=False).fold.summary(now=1e12)
+    assert index.summarize(link).fold.summary(now=1e12) == full  # ... a full scan
     assert JournalFollower(link, poll=0.1).fingerprint() is None  # the watcher: the same
     assert JournalFollower(journal, poll=0.1).fingerprint() == fp
 

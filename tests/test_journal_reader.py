@@ -326,8 +326,8 @@ def test_status_from_the_index_equals_a_full_scan(
     fast, full = index.summarize(path), index.summarize(path, use_index=False)
     assert fast.invalid == full.invalid
     now = 1e12  # both results at the same moment (stale checks)
-    a = fast.summarizer.result(now=now).to_dict()
-    b = full.summarizer.result(now=now).to_dict()
+    a = fast.fold.summary(now=now).to_dict()
+    b = full.fold.summary(now=now).to_dict()
     assert a == b
     durable = {"train_begin", "save", "report", "train_end", "control", "checkpoint_removed"}
     if durable & {event for event, _, _ in plan}:

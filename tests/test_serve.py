@@ -288,7 +288,7 @@ def test_a_quiet_run_that_writes_again_is_running_again(tmp_path: Path) -> None:
     w = story_journal(run, end=False, steps=5)
     fold = RunFold(run / "journal.jsonl")
     fold.update()
-    later = (fold.summarizer.summary.last_ts or 0) + 3600
+    later = (fold.run.summarizer.summary.last_ts or 0) + 3600
     assert data.summary(fold, stale_after=60, now=later)["state"] == "stale"
     w.append("log", log_payload(6), step=6)
     w.close()

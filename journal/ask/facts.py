@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from journal.views.summary import RunSummary, Summarizer
+from journal.views.fold import RunFold
+from journal.views.summary import RunSummary
 
 #: Metric fields of trainer records (reported metrics are any name in a report).
 _RECORD_METRICS = ("evaluate", "log")
@@ -32,14 +34,14 @@ class MetricValues:
 class FactFolder:
     """Folds records (incrementally) into the summary and the named metrics' values."""
 
-    def __init__(self, metrics: set[str]) -> None:
-        self.summarizer = Summarizer()
+    def __init__(self, metrics: set[str], run_dir: Path | None = None) -> None:
+        self.fold = RunFold(run_dir)
         self.metrics = metrics
         self.values: dict[str, MetricValues] = {m: MetricValues() for m in metrics}
         self._run: str | None = None
 
     def add_batch(self, records: list[dict[str, Any]]) -> None:
-        add, metrics = self.summarizer.add, self.metrics
+        add, metrics = self.fold.add, self.metrics
         for rec in records:
             add(rec)
             if metrics:

@@ -56,7 +56,7 @@ class RunReading:
         ``job`` and ``save`` records and those holding a named metric found by a byte
         search (:func:`iter_events`) up to where the summary got, not every record parsed."""
         folded = fold(self.path, index, final=final)
-        self.folder.summarizer, self.invalid = folded.summarizer, folded.invalid
+        self.folder.fold, self.invalid = folded.fold, folded.invalid
         self.reader.seek(folded.offset, folded.line_no)
         metrics = tuple(sorted(self.folder.metrics))
         events = {"job", "save", "train_begin"}
@@ -91,7 +91,7 @@ class RunReading:
         ]
         if held:
             out.append(f"checkpoint(s) leased by a consumer still at work ({', '.join(held[:3])})")
-        last = self.folder.summarizer.summary.last_ts or 0.0  # any record: reports too
+        last = self.folder.fold.summarizer.summary.last_ts or 0.0  # any record: reports too
         if now - last < quiet:
             out.append(f"a record {now - last:.1f}s ago (quiet period {quiet:g}s)")
         return out
@@ -113,7 +113,7 @@ def read_run(
         return reading, []
     deadline = time.monotonic() + wait
     while True:
-        ended = folder.summarizer.ended
+        ended = folder.fold.summarizer.ended
         pending = reading.pending(quiet, time.time()) if ended else ["train_end"]
         if not pending or time.monotonic() >= deadline:
             return reading, pending

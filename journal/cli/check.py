@@ -102,10 +102,10 @@ def check(
         _unjudged("starting", f"{run}: starting (no record yet)", as_json, path)
     path = resolve_journal(run)
     metrics = set().union(*(e.metrics for e in expectations))
-    reading, pending = read_run(path, FactFolder(metrics), wait=wait, quiet=quiet)
+    reading, pending = read_run(path, FactFolder(metrics, path.parent), wait=wait, quiet=quiet)
     folder = reading.folder
-    require_journal(path, folder.summarizer.summary.records, reading.invalid)
-    s = folder.summarizer.result(stale_after=stale_after, run_dir=path.parent)
+    require_journal(path, folder.fold.summarizer.summary.records, reading.invalid)
+    s = folder.fold.summary(stale_after=stale_after)
     s.invalid_lines = reading.invalid
     s.unapplied_commands = len(unapplied_commands(path.parent)[1])
     names = [r.name for e in expectations for r in e.refs]

@@ -95,9 +95,9 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     else:
         path = resolve_journal(dir)
         folded = summarize(path, use_index=not full)
-        summ, invalid = folded.summarizer, folded.invalid
-        require_journal(path, summ.summary.records, invalid)
-        s = summ.result(stale_after=stale_after, run_dir=path.parent)
+        run, invalid = folded.fold, folded.invalid
+        require_journal(path, run.summarizer.summary.records, invalid)
+        s = run.summary(stale_after=stale_after)
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
         s.unapplied_commands = len(unapplied_commands(path.parent)[1])

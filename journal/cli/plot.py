@@ -57,7 +57,7 @@ def story(path: Path) -> PlotStory:
     fold = RunFold(path)
     fold.update()
     fold.close()
-    s = fold.summarizer.result(run_dir=path.parent)
+    s = fold.run.summary()
     title = f"run {s.run_id or '?'} (attempt {s.attempt or '?'}): {s.state}"
     if s.reason:
         title += f": {s.reason}"

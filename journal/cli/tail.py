@@ -13,6 +13,7 @@ from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
 from journal.record.text import printable
 from journal.views import index
+from journal.views.fold import RunFold
 from journal.views.query import last_records
 from journal.views.summary import STATE_EXIT_CODES, Summarizer
 
@@ -54,9 +55,9 @@ def follow_journal(
         return 0
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
-    folded = index.fold(path, index.load(path) or index.Folded(Summarizer()), final=False)
+    folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
     reader = RotatingReader(path, folded.offset, folded.line_no)  # mv, copytruncate
-    summ = folded.summarizer
+    summ = folded.fold.summarizer
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.offset)[0]:
             emit(rec)

@@ -61,6 +61,17 @@ def checkpoint_key(path: str) -> str:
     return name if checkpoint_step(name) is not None else os.path.normpath(path)
 
 
+def canonical_checkpoint(ckpt_dir: str | os.PathLike[str] | None, path: str) -> str:
+    """A checkpoint's path in one spelling, whatever the process that journaled it was given
+    (relative to its own working directory, ``./``, a trailing slash, a symlink): a
+    ``step-NNNNNN`` (``checkpoint-N``) is where the run dir ``ckpt_dir`` keeps it, absolute
+    and with links resolved; any other path is normalized (absolute ones resolved too)."""
+    name = Path(path).name
+    if ckpt_dir is not None and checkpoint_step(name) is not None:
+        return str(checkpoint_root(os.path.realpath(ckpt_dir), name) / name)
+    return os.path.realpath(path) if os.path.isabs(path) else os.path.normpath(path)
+
+
 def checkpoint_root(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
     """The directory that holds a checkpoint of this name: ``checkpoints/`` for ilab-train's,
     the run dir itself for HF Trainer's ``checkpoint-N``."""

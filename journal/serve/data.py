@@ -58,7 +58,7 @@ def downsample(
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
     """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
     now = time.time() if now is None else now
-    s = fold.summarizer.result(stale_after=stale_after, now=now, run_dir=fold.journal.parent)
+    s = fold.run.summary(stale_after=stale_after, now=now)
     log = (fold.last_log or {}).get("data") or {}
     eta = None
     prev, last = fold.prev_log, fold.last_log

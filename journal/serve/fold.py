@@ -19,7 +19,7 @@ from typing import Any
 from journal.read.reader import CHUNK_SIZE
 from journal.read.tailing import RotatingReader
 from journal.views.best import BEST_EVENTS
-from journal.views.summary import Summarizer
+from journal.views.fold import RunFold as RunTruth
 
 #: Events drawn as markers on the step axis, and the marker kind each is shown as.
 MARKER_KINDS: dict[str, str] = {
@@ -146,7 +146,7 @@ class RunFold:
 
     def __init__(self, journal: Path) -> None:
         self.journal = journal
-        self.summarizer = Summarizer()
+        self.run = RunTruth(journal.parent)  # the one fold: status, checkpoints, best
         self.series: dict[str, Series] = {}
         self.markers: list[dict[str, Any]] = []
         self.checkpoints: dict[str, Checkpoint] = {}
@@ -185,7 +185,7 @@ class RunFold:
 
     def _add(self, rec: dict[str, Any]) -> None:
         self.count += 1
-        self.summarizer.add(rec)
+        self.run.add(rec)
         event = rec.get("event")
         if event in _PLAIN:
             return

@@ -95,12 +95,12 @@ class RunSet:
             return {"key": run.key, "source": run.source, "state": "empty", "records": 0}
         ident = (st.st_size, st.st_mtime_ns)
         if run.fold is not None:
-            summarizer = run.opened().summarizer
+            truth = run.opened().run
         elif run._row is not None and run._row[0] == ident:
             return _aged(run._row[1], now, self.stale_after)
         else:
-            summarizer = summarize(run.journal).summarizer
-        s = summarizer.result(stale_after=None, now=now, run_dir=run.dir)
+            truth = summarize(run.journal).fold
+        s = truth.summary(stale_after=None, now=now, run_dir=run.dir)
         log = (find_last(run.journal, "log") or {}).get("data") or {}
         per_step = log.get("elapsed_time")
         eta = None

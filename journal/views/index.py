@@ -1,7 +1,7 @@
 """The journal index: what ``status`` needs, folded up to a byte offset, so a reader folds
 only the records written since (O(new records), not O(file)).
 
-``<ckpt_dir>/journal.index.json`` holds the :class:`~journal.views.summary.Summarizer` state up to
+``<ckpt_dir>/journal.index.json`` holds the :class:`~journal.views.fold.RunFold` state up to
 ``offset`` (records, invalid lines, the latest attempt, the best checkpoint, ...) and a
 fingerprint of the journal's first line. The journal's writer refreshes it after each durable
 record (save, train_end, control, report, checkpoint_removed, journal_gap) and train_begin:
@@ -25,20 +25,20 @@ from journal.read.lines import first_line_fingerprint, open_for_reading
 from journal.read.reader import CHUNK_SIZE, JournalReader
 from journal.rundir.files import atomic_write
 from journal.rundir.paths import INDEX_NAME
-from journal.views.summary import Summarizer
+from journal.views.fold import RunFold
 
-VERSION = (
-    4  # 2: folded only records of the right field types (journal/record/fields.py); 3: a new run
-)
-# forgets the last run's checkpoint; 4: refused reports are counted
+#: 2: folded only records of the right field types (journal/record/fields.py); 3: a new run
+#: forgets the last run's checkpoint; 4: refused reports are counted; 5: the run's whole fold
+#: (checkpoints with their fates, commands, attempts)
+VERSION = 5
 MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
 
 
 @dataclass
 class Folded:
-    """A summarizer and how far it has read."""
+    """A run's fold and how far it has read."""
 
-    summarizer: Summarizer
+    fold: RunFold
     offset: int = 0
     line_no: int = 0
     invalid: int = 0
@@ -64,7 +64,10 @@ def load(journal: Path) -> Folded | None:
         finally:
             os.close(fd)
         return Folded(
-            Summarizer.from_state(raw["state"]), offset, int(raw["line_no"]), int(raw["invalid"])
+            RunFold.from_state(raw["state"], journal.parent),
+            offset,
+            int(raw["line_no"]),
+            int(raw["invalid"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
         return None
@@ -89,7 +92,7 @@ def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
         before = reader.offset
         batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
         for rec in batch.records:
-            folded.summarizer.add(rec)
+            folded.fold.add(rec)
         folded.invalid += len(batch.invalid)
         if reader.offset == before:
             break
@@ -100,7 +103,7 @@ def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
 def refresh(journal: Path) -> None:
     """Fold what was written since the index was last saved, and save it (the writer calls
     this; a torn tail is left for next time)."""
-    folded = load(journal) or Folded(Summarizer())
+    folded = load(journal) or Folded(RunFold(journal.parent))
     fold(journal, folded, final=False)
     fp = first_line_fingerprint(journal)
     if fp is None:
@@ -111,7 +114,7 @@ def refresh(journal: Path) -> None:
         "offset": folded.offset,
         "line_no": folded.line_no,
         "invalid": folded.invalid,
-        "state": folded.summarizer.to_state(),
+        "state": folded.fold.to_state(),
     }
     atomic_write(index_path(journal), orjson.dumps(body), durable=False)
 
@@ -120,4 +123,4 @@ def summarize(journal: Path, *, use_index: bool = True) -> Folded:
     """The whole journal folded: from the index when it can be trusted (and ``use_index``),
     else from byte 0. A torn final fragment counts as an invalid line, as in a full scan."""
     start = load(journal) if use_index else None
-    return fold(journal, start or Folded(Summarizer()), final=True)
+    return fold(journal, start or Folded(RunFold(journal.parent)), final=True)

@@ -14,7 +14,8 @@ import orjson
 
 from journal.read.lines import LongLine, too_long_reason
 from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
-from journal.views.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
+from journal.views.best import BestCheckpoint, MetricGoal
+from journal.views.fold import CheckpointLedger
 
 _BLOCK = 1 << 20
 _MISSING = object()
@@ -211,11 +212,11 @@ def find_best(
     """The best checkpoint not journaled as removed and still on disk, by ``goal`` (reports
     and evaluate); of run ``run_id`` only, when given (a journal holds every run of its
     dir)."""
-    tracker = BestTracker(goal)
-    for rec in iter_events(path, set(BEST_EVENTS)):  # parses only lines naming those events
+    ledger = CheckpointLedger(Path(path).parent)
+    for rec in iter_events(path, set(CheckpointLedger.EVENTS)):  # parses only those lines
         if run_id is None or rec.get("run_id") == run_id:
-            tracker.add(rec)
-    return tracker.best(Path(path).parent)
+            ledger.add(rec)
+    return ledger.best(goal, Path(path).parent)
 
 
 def get_field(record: dict[str, Any], dotted: str) -> Any:

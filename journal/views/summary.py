@@ -14,7 +14,6 @@ from typing import Any
 from journal.read.reader import iter_batches
 from journal.rundir.inbox import refused_file
 from journal.rundir.paths import REPORTS_DIR_NAME
-from journal.views.best import BEST_EVENTS, BestTracker, MetricGoal
 from journal.views.stops import ending
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
@@ -56,7 +55,8 @@ class RunSummary:
     error: str | None = None
     keep_best: str | None = None  # the run's METRIC:max|min, when it keeps the best
     keep_last_n: int | None = None  # the run's rotation (train_begin's config)
-    best_checkpoint: dict[str, Any] | None = None  # by keep_best, from reports/evaluate
+    #: by keep_best, from reports/evaluate: filled by the run's fold (journal/views/fold.py)
+    best_checkpoint: dict[str, Any] | None = None
     reports: int = 0
     last_report: dict[str, Any] | None = None  # checkpoint_path, step, metrics
     holder: dict[str, Any] | None = None  # the launcher holding the directory now
@@ -95,13 +95,12 @@ _DERIVED = frozenset({"best_checkpoint", "holder", "prunable_checkpoints", "expi
 
 
 class Summarizer:
-    """Incrementally folds records into a :class:`RunSummary` (used by status and tail)."""
+    """Incrementally folds records into a :class:`RunSummary`: the status part of a run's
+    fold (:class:`journal.views.fold.RunFold` owns one and adds the best checkpoint)."""
 
     def __init__(self) -> None:
         self.summary = RunSummary()
         self.ended = False
-        self._best: BestTracker | None = None
-        self._best_run: str | None = None
         #: applied stop/abort commands' id -> source, for a train_end without command_source
         self._enders: dict[str, str | None] = {}
 
@@ -120,11 +119,10 @@ class Summarizer:
             s.last_checkpoint = None  # a new run: the run before's checkpoints are not its own
         if event == "train_begin" or s.run_id is None:
             s.run_id, s.attempt = rec.get("run_id"), rec.get("attempt")
-        if self._best is not None and event in BEST_EVENTS:
-            self._best.add(rec)
         if event == "train_begin":
             config = data.get("config") or {}
-            self._track_best(rec.get("run_id"), config.get("keep_best"))
+            keep_best = config.get("keep_best")
+            s.keep_best = keep_best if isinstance(keep_best, str) else None
             n = config.get("keep_last_n")
             s.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
             self.ended = False
@@ -170,14 +168,7 @@ class Summarizer:
     def to_state(self) -> dict[str, Any]:
         """Everything folded so far, as JSON types (the journal index stores it)."""
         s = {k: v for k, v in self.summary.to_dict().items() if k not in _DERIVED}
-        best = self._best.to_state() if self._best is not None else None
-        return {
-            "summary": s,
-            "ended": self.ended,
-            "best": best,
-            "best_run": self._best_run,
-            "enders": self._enders,
-        }
+        return {"summary": s, "ended": self.ended, "enders": self._enders}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Summarizer:
@@ -188,38 +179,20 @@ class Summarizer:
                 raise KeyError(key)
         summ.summary = RunSummary(**state["summary"])
         summ.ended = bool(state["ended"])
-        summ._best = BestTracker.from_state(state["best"]) if state.get("best") else None
-        summ._best_run = state.get("best_run")
         summ._enders = dict(state.get("enders") or {})
         return summ
-
-    def _track_best(self, run_id: str | None, keep_best: Any) -> None:
-        """A new run, or a changed goal, starts a new best (a resume keeps its history)."""
-        same_run = run_id == self._best_run
-        if same_run and keep_best == self.summary.keep_best:
-            return
-        self._best_run = run_id
-        self.summary.keep_best = keep_best if isinstance(keep_best, str) else None
-        self._best = None
-        if self.summary.keep_best:
-            try:
-                self._best = BestTracker(MetricGoal.parse(self.summary.keep_best))
-            except ValueError:
-                self.summary.keep_best = None
 
     def result(
         self,
         *,
         stale_after: float | None = None,
         now: float | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
     ) -> RunSummary:
-        """The summary so far; with ``run_dir``, the best checkpoint is one still on disk.
+        """The summary so far, without the best checkpoint (the run's fold adds it).
 
         A copy: judging a quiet run stale must not stick to the summary this keeps folding
         (a long-lived reader, such as ``serve``, sees the run running again when it writes)."""
-        best = self._best.best(run_dir) if self._best is not None else None
-        s = replace(self.summary, best_checkpoint=best.to_dict() if best else None)
+        s = replace(self.summary)
         if s.state == "running" and s.last_ts is not None:
             now = time.time() if now is None else now
             if stale_after is not None and now - s.last_ts > stale_after:

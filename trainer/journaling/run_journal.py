@@ -35,7 +35,8 @@ from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_
 from journal.read.reader import iter_events, last_record
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
-from journal.views.best import BEST_EVENTS, BestCheckpoint, BestTracker, MetricGoal
+from journal.views.best import BestCheckpoint, MetricGoal
+from journal.views.fold import CheckpointLedger
 from journal.write.writer import JournalWriter
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.steering.control_poller import ControlPoller
@@ -109,7 +110,8 @@ class RunJournal:
         self.main, self.role, self.detail = main, role, detail
         self.goal = MetricGoal.parse(keep_best) if keep_best else None
         self.emitter = Emitter(None, detail)
-        self.best: BestTracker | None = None
+        #: the run's checkpoints and their values: which is the best (``keep_best``)
+        self.ledger: CheckpointLedger | None = None
         self.poller: ControlPoller | None = None
         self.reports: ReportInbox | None = None
         self.lock: JournalLock | None = None
@@ -164,17 +166,19 @@ class RunJournal:
                 self.dir, resume=again, run_id=adopted, reserve_bytes=RESERVE_BYTES
             )
             self.emitter = Emitter(writer, self.detail, self.emitter.position)
-            self.best = BestTracker(self.goal) if self.goal else None
+            self.ledger = CheckpointLedger(self.dir) if self.goal else None
         seen: set[str] = set()
-        wanted = {"control", *BEST_EVENTS} if self.best is not None else {"control"}
+        wanted = {"control", *CheckpointLedger.EVENTS} if self.ledger is not None else {"control"}
         for rec in iter_events(jpath, wanted) if known else ():
             if rec["event"] == "control":
                 if isinstance(rec["data"].get("id"), str):
                     seen.add(rec["data"]["id"])
             elif (
-                self.best is not None and writer is not None and rec.get("run_id") == writer.run_id
+                self.ledger is not None
+                and writer is not None
+                and rec.get("run_id") == writer.run_id
             ):
-                self.best.add(rec)
+                self.ledger.add(rec)
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
         self._run_id = writer.run_id if writer is not None else fallback
         self.poller = ControlPoller(self.dir, seen, capabilities=self.capabilities)
@@ -219,9 +223,9 @@ class RunJournal:
     def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
         """Append a record (the main rank; nothing elsewhere) and fold it into the best."""
         self.emitter.emit(event, data)
-        if self.best is not None and event in BEST_EVENTS:
+        if self.ledger is not None and event in CheckpointLedger.EVENTS:
             step = self.emitter.position.step
-            self.best.add({"event": event, "data": data or {}, "step": step})
+            self.ledger.add({"event": event, "data": data or {}, "step": step})
 
     def emit_micro(self, event: str, data: dict[str, Any]) -> None:
         """Per-micro-batch events, recorded only at ``detail="microbatch"``."""
@@ -353,7 +357,9 @@ class RunJournal:
 
     def best_checkpoint(self) -> BestCheckpoint | None:
         """The best checkpoint of this run still on disk (``keep_best``), or None."""
-        return self.best.best(self.dir) if self.best is not None else None
+        if self.ledger is None or self.goal is None:
+            return None
+        return self.ledger.best(self.goal, self.dir)
 
     def rotate(
         self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None
