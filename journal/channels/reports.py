@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from journal.channels.jobs import JOB_KIND, InvalidJob, check_job
+from journal.record.numbers import parse_number, shown_value
 from journal.rundir.files import atomic_write, json_files
 from journal.rundir.inbox import (
     MAX_FILE_BYTES,
@@ -44,7 +45,7 @@ from journal.rundir.inbox import (
     refusal,
     refused_file,
 )
-from journal.rundir.lock import JournalLock, JournalLocked
+from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
     CHECKPOINTS_DIR_NAME,
     CONTROL_DIR_NAME,
@@ -58,7 +59,7 @@ from journal.rundir.paths import (
     checkpoints_dir,
     reports_dir,
 )
-from journal.write.writer import JournalWriter
+from journal.write.store import guest
 
 log = logging.getLogger(__name__)
 
@@ -136,25 +137,23 @@ def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
         name, sep, raw = item.partition("=")
         if not sep or not name:
             raise InvalidReport(f"{item!r}: expected name=value")
-        out[name] = _scalar(raw)
+        out[name] = _scalar(name, raw)
     return check_metrics(out)
 
 
-def _scalar(raw: str) -> Any:
+def _scalar(name: str, raw: str) -> Any:
     low = raw.strip().lower()
     if low in ("true", "false"):
         return low == "true"
     try:
-        return int(raw)
+        float(raw)
     except ValueError:
-        pass
-    try:
-        value = float(raw)
+        return raw  # text: a judge's name, a verdict
+    try:  # a number: finite, and not 5000 digits long (int() refuses past 4300)
+        whole = not any(c in raw.lower() for c in ".ein")  # no point, exponent, inf, nan
+        return parse_number(raw, whole=whole)
     except ValueError:
-        return raw
-    if not math.isfinite(value):
-        raise InvalidReport(f"{raw!r} is not a finite number")
-    return value
+        raise InvalidReport(f"{name}={shown_value(raw)}: not a finite number") from None
 
 
 # -- which checkpoint -----------------------------------------------------------------------
@@ -373,15 +372,10 @@ def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> N
     for _ in range(rounds):
         if not [p for p in pending(ckpt_dir) if p.name not in handled]:
             return
-        lock = JournalLock(ckpt_dir, role=role)
         try:
             # Short holders (another reporter, a status probe) are gone within milliseconds;
             # one that stays is a trainer, which drains before and after it releases.
-            lock.acquire(timeout=0.5)
+            with guest(ckpt_dir, role=role, timeout=0.5) as w:
+                ingest(ckpt_dir, w.append, handled)
         except JournalLocked:
             return
-        try:
-            with JournalWriter(ckpt_dir, join=True) as w:
-                ingest(ckpt_dir, w.append_at_last_position, handled)
-        finally:
-            lock.release()

@@ -25,7 +25,7 @@ from typing import Any
 
 from journal.checkpoints import leases
 from journal.read.reader import last_record
-from journal.rundir.lock import JournalLock
+from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
     DCP_METADATA_NAME,
     FULL_STATE_DIR_NAME,
@@ -252,8 +252,9 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     holds the journal: it rotates at its next save."""
     from journal.views.best import MetricGoal
     from journal.views.query import find_best, find_last
-    from journal.write.writer import JournalWriter
+    from journal.write.store import guest, run_dir
 
+    ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
     begin = find_last(journal_path(ckpt_dir), "train_begin")
     config = ((begin or {}).get("data") or {}).get("config") or {}
     keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
@@ -262,24 +263,19 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
         return []
     if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:
         return []  # the common case: nothing surplus, no lock and no scan
-    lock = JournalLock(ckpt_dir, role=role)
-    if not lock.try_acquire():
-        return []
-    writer: JournalWriter | None = None
-
-    def emit(event: str, data: dict[str, Any]) -> None:
-        nonlocal writer
-        if writer is None:
-            writer = JournalWriter(ckpt_dir, join=True)
-        writer.append_at_last_position(event, data)
-
     try:
-        keep: set[str] = set()
-        if isinstance(keep_best, str):
-            best = find_best(journal_path(ckpt_dir), MetricGoal.parse(keep_best), run_id=run_id)
-            keep = {Path(best.checkpoint_path).name} if best else set()
-        return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
-    finally:
-        if writer is not None:
-            writer.close()
-        lock.release()
+        with guest(ckpt_dir, role=role) as w:
+
+            def emit(event: str, data: dict[str, Any]) -> None:
+                if event == "checkpoint_removed":
+                    data = {**data, "by": role}  # who removed it, for the run's story
+                w.append(event, data)
+
+            keep: set[str] = set()
+            if isinstance(keep_best, str):
+                goal = MetricGoal.parse(keep_best)
+                best = find_best(journal_path(ckpt_dir), goal, run_id=run_id)
+                keep = {Path(best.checkpoint_path).name} if best else set()
+            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
+    except JournalLocked:  # a trainer writes: it rotates at its next save
+        return []

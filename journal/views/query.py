@@ -15,7 +15,7 @@ import orjson
 from journal.read.lines import LongLine, too_long_reason
 from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
 from journal.views.best import BestCheckpoint, MetricGoal
-from journal.views.fold import CheckpointLedger
+from journal.views.ledger import CheckpointLedger
 
 _BLOCK = 1 << 20
 _MISSING = object()

@@ -36,8 +36,8 @@ from journal.read.reader import iter_events, last_record
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
 from journal.views.best import BestCheckpoint, MetricGoal
-from journal.views.fold import CheckpointLedger
-from journal.write.writer import JournalWriter
+from journal.views.ledger import CheckpointLedger
+from journal.write.store import attempt_writer
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.steering.control_poller import ControlPoller
 from trainer.steering.policy import Capabilities
@@ -162,7 +162,7 @@ class RunJournal:
         again = continues_run(last, from_ckpt is not None or resume is True)
         writer = None
         if self.detail != "off":
-            writer = JournalWriter(
+            writer = attempt_writer(
                 self.dir, resume=again, run_id=adopted, reserve_bytes=RESERVE_BYTES
             )
             self.emitter = Emitter(writer, self.detail, self.emitter.position)
@@ -173,11 +173,7 @@ class RunJournal:
             if rec["event"] == "control":
                 if isinstance(rec["data"].get("id"), str):
                     seen.add(rec["data"]["id"])
-            elif (
-                self.ledger is not None
-                and writer is not None
-                and rec.get("run_id") == writer.run_id
-            ):
+            elif self.ledger is not None and writer and rec.get("run_id") == writer.run_id:
                 self.ledger.add(rec)
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
         self._run_id = writer.run_id if writer is not None else fallback
@@ -357,9 +353,7 @@ class RunJournal:
 
     def best_checkpoint(self) -> BestCheckpoint | None:
         """The best checkpoint of this run still on disk (``keep_best``), or None."""
-        if self.ledger is None or self.goal is None:
-            return None
-        return self.ledger.best(self.goal, self.dir)
+        return self.ledger.best(self.goal, self.dir) if self.ledger and self.goal else None
 
     def rotate(
         self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None

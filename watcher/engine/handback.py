@@ -18,8 +18,8 @@ from typing import Any
 from journal.channels.control import Control, new_command_id, send_command
 from journal.channels.reports import InvalidReport, Report, refused_report, submit_report
 from journal.rundir.inbox import MAX_NAME_CHARS, clip
-from journal.rundir.lock import JournalLock, JournalLocked
-from journal.write.writer import JournalWriter
+from journal.rundir.lock import JournalLocked
+from journal.write.store import guest
 from watcher.hooks.callbacks import BadReturn, returned_actions
 from watcher.hooks.delivery import Delivery, DeliveryResult
 
@@ -83,26 +83,19 @@ class HandBack:
             f"control {item.command} (id {cid}) from {source} on train_end rejected: {why}; "
             "a command returned at train_end cannot be applied"
         )
-        lock = JournalLock(self.ckpt_dir, role="watcher")
+        verdict = {
+            "command": item.command,
+            "id": cid,
+            "source": source,
+            "accepted": False,
+            "reason": why,
+            "applied_at_step": None,
+        }
         try:
-            lock.acquire(timeout=LATE_LOCK_WAIT_S)
+            with guest(self.ckpt_dir, role="watcher", timeout=LATE_LOCK_WAIT_S) as w:
+                w.append("control", verdict)
         except JournalLocked:  # a new attempt writes: it has its own commands to judge
-            return cid
-        try:
-            with JournalWriter(self.ckpt_dir, join=True) as w:
-                w.append_at_last_position(
-                    "control",
-                    {
-                        "command": item.command,
-                        "id": cid,
-                        "source": source,
-                        "accepted": False,
-                        "reason": why,
-                        "applied_at_step": None,
-                    },
-                )
-        finally:
-            lock.release()
+            pass
         return cid
 
     def submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
