@@ -55,6 +55,14 @@ def test_the_resume_rule() -> None:
     assert continues_run({"event": "train_end"}, from_checkpoint=True)
 
 
+def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt: Path) -> None:
+    first = write_run(ckpt, steps=4, save_every=0)  # ended, no checkpoint
+    with JournalWriter(ckpt, join=True) as w:  # a late eval's report, after train_end
+        w.append_at_last_position("report", {"checkpoint_path": str(ckpt / "x"), "metrics": {"a": 1}})
+    _, begin = attempt(ckpt, "auto")
+    assert begin["run_id"] != first.run_id and begin["attempt"] == 1
+
+
 @pytest.mark.parametrize("resume", ["auto", True, False])
 def test_an_attempt_after_a_kill_continues_the_run(ckpt: Path, resume: Any) -> None:
     first = write_run(ckpt, steps=4, save_every=0, end=None)

@@ -30,9 +30,10 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from journal.channels.control import last_trainer_record
 from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
-from journal.read.reader import iter_events, last_record
+from journal.read.reader import iter_events
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
 from journal.views.best import BestCheckpoint, MetricGoal
@@ -55,10 +56,10 @@ Resume = Literal["auto", "never"] | bool
 
 
 def continues_run(last: Mapping[str, Any] | None, from_checkpoint: bool) -> bool:
-    """The resume rule: whether this attempt continues the run of the journal's last record
-    (same ``run_id``, ``attempt`` + 1) rather than starting a new run. It does when that run
-    did not end (killed: no ``train_end`` last) or when this attempt resumes from a
-    checkpoint; never without a journal."""
+    """The resume rule: whether this attempt continues the run of the journal's last trainer
+    record ``last`` (not a late report: ``last_trainer_record``) with ``attempt`` + 1 rather
+    than start a new run: when that run did not end (killed: no ``train_end`` last) or when
+    this attempt resumes from a checkpoint; never without a journal."""
     return last is not None and (from_checkpoint or last.get("event") != "train_end")
 
 
@@ -110,8 +111,7 @@ class RunJournal:
         self.main, self.role, self.detail = main, role, detail
         self.goal = MetricGoal.parse(keep_best) if keep_best else None
         self.emitter = Emitter(None, detail)
-        #: the run's checkpoints and their values: which is the best (``keep_best``)
-        self.ledger: CheckpointLedger | None = None
+        self.ledger: CheckpointLedger | None = None  # the checkpoints: the best (keep_best)
         self.poller: ControlPoller | None = None
         self.reports: ReportInbox | None = None
         self.lock: JournalLock | None = None
@@ -154,7 +154,7 @@ class RunJournal:
     def _open(self, resume: Resume) -> Path | None:
         jpath = journal_path(self.dir)
         known = resume != "never" and jpath.exists()
-        last = last_record(jpath) if known else None
+        last = last_trainer_record(jpath) if known else None  # a late report is not it
         run = journal_run(jpath) if last else None  # None: no journal says which run
         # the journal's run goes on from its own checkpoint (no journal: that checkpoint's run)
         from_ckpt = latest_checkpoint(self.dir, run) if resume == "auto" else None
