@@ -122,6 +122,19 @@ def test_watch_console_escapes_callback_names_and_errors(run_dir: Path, tmp_path
     assert len(named) >= 3, proc.stderr  # the command's line, on_report's and on_train_end's
 
 
+def test_watch_refuses_a_cursor_name_that_is_not_one_plain_word(run_dir: Path) -> None:
+    """``--name`` names the cursor's files and is printed: a bidi override, a control
+    character or a separator in it is one line and exit 2, and no file gets that name."""
+    for bad in ("ev\u202eil", "a\x1b[31m", "../up", "a/b", ".hidden", ""):
+        proc = cli("ilab-watch", str(run_dir), "--replay", "--on-log", "true", "--name", bad)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "Traceback" not in proc.stderr and "--name" in proc.stderr
+        _assert_escaped(proc.stderr)
+    assert not (run_dir / "watch").exists() or all(
+        p.name.isascii() and not p.name.startswith(".") for p in (run_dir / "watch").iterdir()
+    )
+
+
 @pytest.mark.parametrize(
     ("char", "shown"),
     [

@@ -3,6 +3,7 @@ it): one decorator, :func:`watch_options`, so that a feature's options live besi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,17 @@ from watcher.mirror.remote import RunDirOrURI
 from watcher.scheduler.options import SCHEDULER_OPTIONS
 
 _SHOWN_EVENTS = ("save", "evaluate", "report", "train_end")
+#: A cursor name: it names files (``<name>.cursor.json``, ...) and is printed on consoles,
+#: so no separator, control character, bidi mark or leading dot.
+_CURSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def _cursor_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not _CURSOR_NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!a}: one word of up to 100 letters, digits and . _ - (it names files)"
+        )
+    return value
 
 
 def event_options(fn: Any) -> Any:
@@ -108,7 +120,13 @@ _OPTIONS = [
         help="Write config, metrics and the run status to Weights & Biases (offline unless "
         "WANDB_MODE=online; run dirs in DIR/wandb, for `wandb sync`). Needs the wandb package.",
     ),
-    click.option("--name", default=None, help="Cursor identity (default: derived from the hooks)."),
+    click.option(
+        "--name",
+        default=None,
+        callback=_cursor_name,
+        help="Cursor identity: one word of letters, digits and . _ - (default: derived from "
+        "the hooks). It names the cursor's files in the state dir.",
+    ),
     click.option(
         "--state-dir",
         type=click.Path(file_okay=False, path_type=Path),
