@@ -128,6 +128,18 @@ def test_divergence_relative_threshold_only() -> None:
         ("divergence", "smoothing=2", "smoothing"),
         ("divergence", "action=explode", "action"),
         ("divergence", "patience", "key=value"),
+        # numbers: finite and of their kind, or refused naming the setting (not a TypeError)
+        ("early-stopping", "min_delta=nan", "min_delta=nan: expected a finite number, 0 or more"),
+        ("early-stopping", "patience=2.9", "patience=2.9: expected a whole number, 1 or more"),
+        ("early-stopping", "patience=abc", "patience=abc"),
+        ("early-stopping", "patience=inf", "patience=inf"),
+        ("early-stopping", "patience=nan", "patience=nan"),
+        ("early-stopping", "patience=" + "9" * 5000, "patience=9999"),
+        ("divergence", "warmup=nan", "warmup=nan: expected a whole number, 0 or more"),
+        ("divergence", "threshold=nan", "threshold=nan"),
+        ("divergence", "threshold=-1", "threshold=-1"),
+        ("divergence", "relative_threshold=inf", "relative_threshold=inf"),
+        ("divergence", "smoothing=nan", "smoothing=nan"),
     ],
 )
 def test_bad_settings_are_clear_errors(kind: str, spec: str, message: str) -> None:
@@ -163,6 +175,33 @@ def test_ilab_watch_early_stopping_keeps_patience_across_restarts(ckpt: Path) ->
 def test_ilab_watch_rejects_bad_builtin_settings(ckpt: Path) -> None:
     proc = cli("ilab-watch", str(ckpt), "--divergence", "smoothing=7")
     assert proc.returncode == 2 and "smoothing" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_python_api_judges_numbers_as_the_options_do() -> None:
+    with pytest.raises(CallbackSpecError, match=r"patience=2\.9: expected a whole number"):
+        EarlyStopping(patience=2.9)  # type: ignore[arg-type]
+    with pytest.raises(CallbackSpecError, match="min_delta=nan"):
+        EarlyStopping(min_delta=math.nan)
+    with pytest.raises(CallbackSpecError, match="threshold=inf"):
+        DivergenceDetector(threshold=math.inf)
+    assert EarlyStopping(patience=3.0).patience == 3  # a whole float is a whole number
+
+
+def test_ilab_watch_refuses_min_delta_nan_instead_of_stopping_an_improving_run(
+    ckpt: Path,
+) -> None:
+    """min_delta=nan made every comparison false: a run improving at every eval was stopped."""
+    with JournalWriter(ckpt) as w:
+        for i, v in enumerate([1.0, 0.8, 0.6, 0.4, 0.2]):
+            data = {"val_loss": v, "val_num_tokens": 10, "duration": 0.1}
+            w.append("evaluate", data, step=(i + 1) * 10)
+        w.append("train_end", {"status": "completed"}, step=50)
+    spec = "metric=val_loss,patience=2,min_delta=nan"
+    proc = cli("ilab-watch", str(ckpt), "--early-stopping", spec, "--poll", "0.05")
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]  # after click's usage banner
+    assert line.startswith("Error: --early-stopping min_delta=nan: expected a finite number")
+    assert "Traceback" not in proc.stderr and not (ckpt / "control").exists()
 
 
 def test_early_stopping_on_a_metric_that_never_appears_warns_once(ckpt: Path) -> None:

@@ -102,7 +102,14 @@ def test_the_ci_gate_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["stpes >= 10", "best(accuracy) >=", "status < 3", "median(accuracy) > 1", "steps", "1 +"],
+    [
+        *["stpes >= 10", "best(accuracy) >=", "status < 3", "median(accuracy) > 1", "steps"],
+        "1 +",
+        "steps >= " + "9" * 5000,  # past int()'s 4300 digits: was a ValueError, exit 1
+        "steps >= 1e309",  # inf
+        "(" * 500 + "steps >= 1" + ")" * 500,  # was a RecursionError
+        "not " * 500 + "steps >= 1",
+    ],
 )
 def test_a_bad_expression_is_one_line_exit_2(tmp_path: Path, bad: str) -> None:
     build_run(tmp_path, [0.5], ts=OLD)

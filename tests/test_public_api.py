@@ -22,14 +22,13 @@ PUBLIC = {
     "trainer.instructlab": ["run_training", "InstructLabConfigError", "from_config"],
     "trainer.cli": ["main"],  # ilab-train's entry point, pyproject's trainer.cli:main
     "journal": ["Control", "send_command", "Report", "submit_report", "JournalReader"],
-    "journal.events": ["EVENTS"],
-    # documented before journal/ had folders (journal/moved.py keeps them importing)
-    "journal.control": ["wait_for_verdict", "Control"],
-    "journal.query": ["find_best"],
-    "journal.leases": ["acquire", "release"],
-    "journal.reader": ["JournalReader"],
-    "journal.rundir": ["UnsafeRunDir"],
-    "journal.best": ["MetricGoal"],
+    "journal.record.events": ["EVENTS"],
+    "journal.channels.control": ["wait_for_verdict", "Control"],
+    "journal.views.query": ["find_best"],
+    "journal.checkpoints.leases": ["acquire", "release"],
+    "journal.read.reader": ["JournalReader"],
+    "journal.rundir.safety": ["UnsafeRunDir"],
+    "journal.views.best": ["MetricGoal"],
     "watcher": ["EarlyStopping", "TrainerCallback"],
 }
 #: The bridges, each with the package its trainer comes from (an extra).
@@ -60,16 +59,3 @@ def test_run_training_is_one_function() -> None:
     from trainer.launch import run, run_training
 
     assert run_training is run.run_training
-
-
-def test_a_moved_module_is_the_module_itself() -> None:
-    """An old path names the module where it lives now: one module object, one state."""
-    import journal.query
-    import journal.views.query
-    import watcher.callbacks
-    import watcher.hooks.callbacks
-
-    assert journal.query is journal.views.query
-    assert watcher.callbacks is watcher.hooks.callbacks
-    assert journal.views.query.__spec__ is not None
-    assert journal.views.query.__spec__.name == "journal.views.query"

@@ -62,8 +62,7 @@ LAYERS: dict[str, set[str]] = {
 #: <- rundir (a run dir's paths, files, lock, inbox) <- read <- views (index, query,
 #: summary, validate) and write (the writer keeps the views' index) <- channels (control,
 #: reports, jobs) and checkpoints (leases, rotation) <- remote (a run in object storage)
-#: <- cli (``ilab-journal``); ``__init__`` (the public names) and moved (the old module
-#: paths, loaded by name) on top.
+#: <- cli (``ilab-journal``); ``__init__`` (the public names) on top.
 JOURNAL_LAYERS: dict[str, set[str]] = {
     "record": set(),
     "rundir": set(),
@@ -76,8 +75,8 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     # serve: the web page (ilab-journal serve) over the readers, views, leases and commands
     "serve": {"rundir", "read", "views", "channels", "checkpoints"},
     # ask: check's expressions over a summary (views), waiting on leases (checkpoints) and
-    # on jobs not yet in a final state (channels)
-    "ask": {"rundir", "read", "views", "channels", "checkpoints"},
+    # on jobs not yet in a final state (channels); its number literals judged by record's
+    "ask": {"record", "rundir", "read", "views", "channels", "checkpoints"},
     "cli": {
         "record",
         "rundir",
@@ -89,8 +88,7 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
         "serve",
         "ask",
     },
-    "moved": set(),
-    "__init__": {"record", "rundir", "read", "write", "channels", "moved"},
+    "__init__": {"record", "rundir", "read", "write", "channels"},
 }
 
 #: watcher's layers: hooks (a hook, its callbacks, commands and deliveries) is the base;
@@ -110,8 +108,7 @@ WATCHER_LAYERS: dict[str, set[str]] = {
     "embedded": {"hooks", "engine", "exporters"},
     # backtest: past journals through the watcher's executor (engine), callbacks and built-ins
     "backtest": {"hooks", "engine", "builtin"},
-    "moved": set(),
-    "__init__": {"hooks", "engine", "builtin", "moved"},
+    "__init__": {"hooks", "engine", "builtin"},
 }
 
 #: package -> its layers.
@@ -529,3 +526,26 @@ def test_one_envelope(tmp_path: Path) -> None:
     rec = read_all(tmp_path / "journal.jsonl").records[0]
     assert tuple(rec) == ENVELOPE_FIELDS
     assert tuple(Record.model_fields) == ENVELOPE_FIELDS
+
+
+def test_only_the_store_builds_a_journal_writer() -> None:
+    """One way into a run dir's journal (journal/write/store.py): the attempt's writer and
+    every guest (reports, rotation, the watcher's hand-back, the launcher) go through it, so
+    the lock and the position a late record gets are decided in one place."""
+    root = Path(__file__).resolve().parents[1]
+    allowed = {"journal/write/writer.py", "journal/write/store.py"}
+    builders = []
+    for package in ("journal", "watcher", "trainer"):
+        for path in _modules(root, package).values():
+            rel = str(path.relative_to(root))
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, (ast.Name, ast.Attribute))
+                    and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+                    == "JournalWriter"
+                    and rel not in allowed
+                ):
+                    builders.append(f"{rel}:{node.lineno}")
+    assert not builders, f"JournalWriter built outside journal/write/store.py: {builders}"

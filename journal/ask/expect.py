@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from journal.record.numbers import parse_number, shown_value
+
 #: Facts of a run: name -> (type, what it is). Types: "num" or "str".
 FACTS: dict[str, tuple[str, str]] = {
     "status": ("str", "the run's state, as status prints it (completed, stopped, ...)"),
@@ -52,6 +54,9 @@ FUNCTIONS: dict[str, str] = {
     "count": "how many values there are (reports, evaluate and log records)",
 }
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "none": None}
+#: Parentheses and ``not`` nested deeper than this are refused: the parser recurses once per
+#: level, and a test nobody writes by hand must not end in a RecursionError.
+MAX_NESTING = 32
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
@@ -169,6 +174,14 @@ class _Parser:
 
     def __init__(self, text: str, tokens: list[tuple[str, str]]) -> None:
         self.text, self.tokens, self.pos = text, tokens, 0
+        self.depth = 0  # parentheses and nots open around the current position
+
+    def deeper(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise ExpectError(
+                f"{shown_value(self.text)!r}: nested deeper than {MAX_NESTING} levels"
+            )
 
     def peek(self, value: str | None = None) -> bool:
         if self.pos >= len(self.tokens):
@@ -199,7 +212,10 @@ class _Parser:
     def neg(self) -> Node:
         if self.peek("not"):
             self.pos += 1
-            return Logic("not", (self.neg(),))
+            self.deeper()
+            node = Logic("not", (self.neg(),))
+            self.depth -= 1
+            return node
         return self.compare()
 
     def compare(self) -> Node:
@@ -236,14 +252,23 @@ class _Parser:
         kind, tok = self.tokens[self.pos]
         self.pos += 1
         if kind == "num":
-            return Lit(float(tok) if any(c in tok for c in ".eE") else int(tok))
+            try:  # finite, and short: not 5000 digits (int() refuses past 4300) nor 1e309
+                whole = not any(c in tok for c in ".eE")
+                return Lit(parse_number(tok, whole=whole))
+            except ValueError:
+                raise ExpectError(
+                    f"{shown_value(self.text)!r}: {shown_value(tok)} is not a number "
+                    "that can be compared (too long or too large)"
+                ) from None
         if kind == "str":
             return Lit(tok[1:-1])
         if kind == "op":
             if tok != "(":
                 raise ExpectError(f"{self.text!r}: unexpected {tok!r}")
+            self.deeper()
             inner = self.expr()
             self.take(")")
+            self.depth -= 1
             return inner
         if self.peek("("):  # a metric function
             if tok not in FUNCTIONS:

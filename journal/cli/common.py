@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
@@ -12,7 +11,7 @@ import click
 import orjson
 
 from journal.read.reader import InvalidLine, iter_batches
-from journal.record.text import printable
+from journal.record.numbers import parse_number, shown_value
 from journal.rundir.paths import JournalNotFound
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,43 +38,54 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class Seconds(click.ParamType):
-    """A number of seconds from ``low`` (``low_open``: more than it) to ``high``, finite.
+class Number(click.ParamType):
+    """A finite number from ``low`` (``low_open``: more than it) to ``high``, whole when
+    ``whole``: :func:`parse_number` as a click type.
 
     click's ``FloatRange`` lets ``nan`` through every bound (a comparison with nan is
-    false) and ``inf`` through a lower one: ``--stale-after nan`` made a dead run never
-    stale, ``--lease-ttl nan`` left checkpoints unleased. Out of range is one line naming
-    the option (:class:`UserError`, exit 2), not click's usage banner."""
+    false) and ``inf`` through a lower one. Out of range is one line naming the option
+    (:class:`UserError`, exit 2), not click's usage banner."""
+
+    name = "number"
+
+    def __init__(
+        self,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        whole: bool = False,
+        noun: str | None = None,
+    ) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+        self.whole, self.noun = whole, noun
+        if whole:
+            self.name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        name = max(param.opts, key=len) if param is not None and param.opts else self.name
+        try:
+            return parse_number(
+                value,
+                whole=self.whole,
+                low=self.low,
+                high=self.high,
+                low_open=self.low_open,
+                noun=self.noun,
+            )
+        except ValueError as exc:
+            raise UserError(f"{name} {shown_value(value)}: {exc}") from None
+
+
+class Seconds(Number):
+    """A number of seconds from ``low`` (``low_open``: more than it) to ``high``, finite:
+    ``--stale-after nan`` made a dead run never stale, ``--lease-ttl nan`` left checkpoints
+    unleased."""
 
     name = "seconds"
 
     def __init__(self, low: float = 0.0, high: float | None = None, *, low_open: bool = False):
-        self.low, self.high, self.low_open = low, high, low_open
-
-    def _range(self) -> str:
-        if self.low_open:
-            low = f"more than {self.low:.15g}"
-            return low if self.high is None else f"{low} and at most {self.high:.15g}"
-        return (
-            f"{self.low:.15g} or more"
-            if self.high is None
-            else f"{self.low:.15g} to {self.high:.15g}"
-        )
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        name = max(param.opts, key=len) if param is not None and param.opts else "seconds"
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = math.nan
-        if not (
-            math.isfinite(number)
-            and (number > self.low if self.low_open else number >= self.low)
-            and (self.high is None or number <= self.high)
-        ):
-            shown = printable(str(value)[:40])
-            raise UserError(f"{name} {shown}: expected a finite number of seconds, {self._range()}")
-        return number
+        super().__init__(low, high, low_open=low_open, noun="a finite number of seconds")
 
 
 def dumps(obj: Any) -> str:

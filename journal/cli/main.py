@@ -13,9 +13,7 @@ from typing import Any
 import click
 import orjson
 
-from journal.cli.check import check
 from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
-from journal.cli.export import export
 from journal.cli.format import holder_text, stats_text, status_text
 from journal.cli.plugins import PluginGroup
 from journal.cli.read import (
@@ -28,8 +26,6 @@ from journal.cli.read import (
     show_all,
     unknown_event,
 )
-from journal.cli.serve import serve
-from journal.cli.write import control, lease, prune, release, report
 from journal.record.events import EVENTS
 from journal.record.text import printable
 from journal.remote.readers import RUN_DIR_OR_URI
@@ -39,6 +35,16 @@ from journal.rundir.paths import resolve_journal
 
 @click.group(
     cls=PluginGroup,
+    lazy_commands={
+        "check": "journal.cli.check:check",
+        "control": "journal.cli.write:control",
+        "export": "journal.cli.export:export",
+        "lease": "journal.cli.write:lease",
+        "prune": "journal.cli.write:prune",
+        "release": "journal.cli.write:release",
+        "report": "journal.cli.write:report",
+        "serve": "journal.cli.serve:serve",
+    },
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(package_name="ilab-journal")
@@ -384,10 +390,6 @@ def plot(dir: str, output: str | None) -> None:
     except (MissingPlotExtra, NothingToPlot) as exc:
         raise UserError(str(exc)) from None
     click.echo(str(out))
-
-
-for _command in (control, report, lease, release, prune, export, serve, check):
-    main.add_command(_command)
 
 
 if __name__ == "__main__":

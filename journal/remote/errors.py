@@ -12,14 +12,13 @@
   gone). Said as such, and retried: space may be freed. (A local permission denied or
   read-only filesystem is permanent, and said as this machine's: ``Problem.local``.)
 
-The client libraries (botocore through s3fs, aiohttp) are never imported here: an
+The client libraries (botocore through s3fs, aiohttp, asyncio) are never imported here: an
 exception of theirs can exist only once they are loaded, so their classes are looked up
 in ``sys.modules``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import errno
 import sys
@@ -147,7 +146,10 @@ def _from_answer(response: dict[str, Any]) -> Problem:
 
 def _is_network(e: BaseException, botocore: Any) -> bool:
     """No answer at all: refused, reset, timed out."""
-    if isinstance(e, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    asyncio = sys.modules.get("asyncio")  # its TimeoutError is another class before 3.11
+    if asyncio is not None and isinstance(e, asyncio.TimeoutError):
         return True
     if botocore is not None and isinstance(e, (botocore.HTTPClientError, botocore.ConnectionError)):
         return True

@@ -17,7 +17,6 @@ from typing import Any
 import click
 
 from journal.remote.errors import classify
-from journal.remote.replica import Replica
 from journal.remote.store import StoreURIError, is_uri
 
 SYNC_EVERY_S = 1.0
@@ -28,6 +27,8 @@ def open_for_reading(uri: str) -> Path:
     (removed when the process exits). Raises StoreURIError and the store client's errors."""
     where = Path(tempfile.mkdtemp(prefix="ilab-remote-"))
     atexit.register(shutil.rmtree, where, True)
+    from journal.remote.replica import Replica  # only for a URI: local runs start fast
+
     replica = Replica(uri, where / "run", for_watchers=False)
     replica.store.check()  # no such bucket is said as such, not as "holds no journal"
     replica.sync()

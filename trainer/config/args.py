@@ -32,7 +32,7 @@ class ModelConfig(Settings):
     d_model: int = Field(128, ge=8, description="Built-in model width.")
     n_layers: int = Field(4, ge=1, description="Built-in model depth.")
     n_heads: int = Field(4, ge=1, description="Built-in model attention heads.")
-    d_ff: int | None = Field(None, description="Built-in model MLP width (default: 4 * d_model).")
+    d_ff: int | None = Field(None, ge=1, description="Built-in MLP width (default: 4 * d_model).")
     max_seq_len: int = Field(
         64, ge=4, description="Built-in model context in tokens (the training max_seq_len sets it)."
     )

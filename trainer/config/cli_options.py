@@ -223,6 +223,9 @@ def setting_name(path: str, flags: set[str] | None, source: str = "--config") ->
     """How an error names the setting at ``path``: by its flag when the value came from the
     command line (``flags``: the paths given as flags; None: no file, so all of them),
     else as the file ``source`` spells it, with the flag that overrides it."""
+    head, _, item = path.rpartition(".")
+    if item.isdigit() and head in FLAG_OF:  # adam_betas.0: an item of --adam-betas
+        path = head
     flag = FLAG_OF.get(path)
     if flag and (flags is None or path in flags):
         return flag

@@ -221,6 +221,9 @@ class ForeignCallback:
         progress: where paced runs record the steps handled (:class:`Progress`), or None.
     """
 
+    #: its name in cursors and results, fixed whatever module it lives in
+    CURSOR_LABEL = "watcher.foreign.ForeignCallback"
+
     deliver_every_record = True  # every record, never coalesced: theirs see every step
 
     def __init__(self, callback: Any, progress: Progress | None = None) -> None:

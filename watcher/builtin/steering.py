@@ -14,6 +14,7 @@ import math
 from typing import Any, Literal
 
 from journal.channels.control import Control
+from journal.record.numbers import parse_number, shown_value
 from journal.record.schema import LogData
 from watcher.hooks.callbacks import CallbackSpecError, Event, TrainerCallback
 
@@ -24,6 +25,29 @@ Action = Literal["stop", "abort"]
 
 #: Metrics the trainer's log records carry; any other name (not val_*) is a reported one.
 LOG_METRICS = frozenset(LogData.model_fields)
+
+
+#: How each numeric setting of the built-ins is judged (:func:`parse_number`'s arguments):
+#: the constructors and ``--early-stopping``/``--divergence`` (and backtest sweeps) alike.
+NUMERIC_SETTINGS: dict[str, dict[str, Any]] = {
+    "patience": {"whole": True, "low": 1},
+    "warmup": {"whole": True, "low": 0},
+    "min_delta": {"low": 0},
+    "smoothing": {"low": 0, "low_open": True, "high": 1},
+    "threshold": {"low": 0, "low_open": True},
+    # ema >= best * r: below 1 it would fire on every healthy (positive) loss
+    "relative_threshold": {"low": 1},
+}
+
+
+def setting(name: str, value: Any, where: str = "") -> Any:
+    """The numeric setting ``name`` (text as typed, or a number) judged by its rule in
+    :data:`NUMERIC_SETTINGS`: finite, in range, whole where it counts observations
+    (``patience=2.9`` is refused, not cut to 2). :class:`CallbackSpecError` names it."""
+    try:
+        return parse_number(value, **NUMERIC_SETTINGS[name])
+    except ValueError as exc:
+        raise CallbackSpecError(f"{where}{name}={shown_value(value)}: {exc}") from None
 
 
 def _event_for(metric: str) -> str:
@@ -157,6 +181,9 @@ class EarlyStopping(_MetricCallback):
         action: ``"stop"`` (save, end as stopped) or ``"abort"`` (end without saving).
     """
 
+    #: its name in cursors and results, fixed whatever module it lives in
+    CURSOR_LABEL = "watcher.builtins.EarlyStopping"
+
     def __init__(
         self,
         metric: str = "val_loss",
@@ -168,9 +195,9 @@ class EarlyStopping(_MetricCallback):
         super().__init__(metric, action)
         if mode not in ("min", "max"):
             raise CallbackSpecError(f"mode must be 'min' or 'max', not {mode!r}")
-        if patience < 1 or min_delta < 0:
-            raise CallbackSpecError("patience must be >= 1 and min_delta >= 0")
-        self.mode, self.patience, self.min_delta = mode, int(patience), float(min_delta)
+        self.mode = mode
+        self.patience: int = setting("patience", patience)
+        self.min_delta: float = setting("min_delta", min_delta)
         self.reset()
 
     def reset(self) -> None:
@@ -213,6 +240,9 @@ class DivergenceDetector(_MetricCallback):
         action: ``"stop"`` or ``"abort"``.
     """
 
+    #: its name in cursors and results, fixed whatever module it lives in
+    CURSOR_LABEL = "watcher.builtins.DivergenceDetector"
+
     def __init__(
         self,
         smoothing: float = 0.3,
@@ -224,18 +254,19 @@ class DivergenceDetector(_MetricCallback):
         action: Action = "stop",
     ) -> None:
         super().__init__(metric, action)
-        if not 0 < smoothing <= 1:
-            raise CallbackSpecError("smoothing must be in (0, 1]")
         if threshold is None and relative_threshold is None:
             raise CallbackSpecError("give threshold and/or relative_threshold")
-        if patience < 1 or warmup < 0:
-            raise CallbackSpecError("patience must be >= 1 and warmup >= 0")
-        self.smoothing, self.threshold, self.relative_threshold = (
-            smoothing,
-            threshold,
-            relative_threshold,
+        self.smoothing: float = setting("smoothing", smoothing)
+        self.threshold: float | None = (
+            None if threshold is None else setting("threshold", threshold)
         )
-        self.patience, self.warmup = int(patience), int(warmup)
+        self.relative_threshold: float | None = (
+            None
+            if relative_threshold is None
+            else setting("relative_threshold", relative_threshold)
+        )
+        self.patience: int = setting("patience", patience)
+        self.warmup: int = setting("warmup", warmup)
         self.reset()
 
     def reset(self) -> None:
@@ -277,7 +308,9 @@ class DivergenceDetector(_MetricCallback):
 
 
 def parse_builtin(kind: str, spec: str) -> TrainerCallback:
-    """``--early-stopping metric=val_loss,patience=3`` style options -> a callback."""
+    """``--early-stopping metric=val_loss,patience=3`` style options -> a callback; a
+    numeric setting that is not a finite number of its kind is :class:`CallbackSpecError`
+    naming it (one line), before the callback is made."""
     cls = {"early-stopping": EarlyStopping, "divergence": DivergenceDetector}[kind]
     kwargs: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -288,13 +321,10 @@ def parse_builtin(kind: str, spec: str) -> TrainerCallback:
         if key not in inspect.signature(cls).parameters:
             raise CallbackSpecError(f"--{kind}: unknown setting {key!r}")
         raw = raw.strip()
-        value: Any
+        value: Any = raw  # metric, mode, action: words
         if raw.lower() in ("none", "off"):
-            value = None
-        else:
-            try:
-                value = int(raw) if raw.lstrip("-").isdigit() else float(raw)
-            except ValueError:
-                value = raw
+            value = None  # a threshold switched off; any other setting refuses it when made
+        elif key in NUMERIC_SETTINGS:
+            value = setting(key, raw, f"--{kind} ")
         kwargs[key] = value
     return cls(**kwargs)

@@ -20,7 +20,6 @@ from typing import Any
 
 from journal.channels.control import Control
 from journal.channels.reports import Report
-from journal.moved import old_module_name
 from journal.record.events import ENVELOPE_FIELDS, EVENTS
 from journal.record.schema import PAYLOAD_MODELS
 
@@ -246,13 +245,19 @@ def hooked_methods(obj: Any) -> dict[str, Any]:
 
 def callable_name(fn: Any) -> str:
     """``module.QualName`` of a function, method, class or instance (a string as itself).
-    A module that moved into the folders is named by its old path: this name makes the
-    default cursor name, which must stay the same across an upgrade."""
+    This name makes the default cursor name and a callback's label in results, which must
+    outlive a refactoring: a built-in callback class says its own with a ``CURSOR_LABEL``
+    (a subclass names itself)."""
     if isinstance(fn, str):
         return fn
+    owner = getattr(fn, "__self__", None)  # a bound method: its object's class and name
+    cls = fn if isinstance(fn, type) else type(owner if owner is not None else fn)
+    fixed = vars(cls).get("CURSOR_LABEL")
+    if isinstance(fixed, str):
+        return f"{fixed}.{fn.__name__}" if owner is not None else fixed
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     mod = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"{old_module_name(mod)}.{name}"
+    return f"{mod}.{name}"
 
 
 # -- external commands ----------------------------------------------------------------------
@@ -344,7 +349,9 @@ def check_callable(fn: Any, where: str) -> None:
 
 
 def load_object(spec: str) -> Any:
-    """Import ``module:attr`` (or ``path/to/file.py:attr``)."""
+    """Import ``module:attr`` (or ``path/to/file.py:attr``); a module that cannot be
+    imported (whatever it raises, ``SystemExit`` too; not Ctrl-C) is a
+    :class:`CallbackSpecError` of one line."""
     import importlib
     import importlib.util
 
@@ -365,9 +372,9 @@ def load_object(spec: str) -> Any:
             if "" not in sys.path and os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())
             module = importlib.import_module(mod_name)
-    except CallbackSpecError:
+    except (CallbackSpecError, KeyboardInterrupt):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() at import too: a failed import, not the end
         raise CallbackSpecError(
             f"{spec!r}: cannot import {mod_name}: {type(exc).__name__}: {exc}"
         ) from None
