@@ -2,8 +2,8 @@
 
 The browser is Debian's ``chromium`` (apt) driven by Playwright for Python with
 ``executable_path`` (Playwright's own browser download needs the internet). Where chromium
-is missing, :func:`ensure_chromium` installs it with apt when it can (root, apt-get: what
-``.ci/run`` does for Slurm); where it still cannot start, :func:`launch` raises
+is missing, :func:`ensure_chromium` installs it with apt when it can (tests/apt.py, as
+tests/slurm_cluster.py does Slurm's); where it still cannot start, :func:`launch` raises
 :class:`BrowserUnavailable` with the reason and the fixtures skip.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.write.writer import JournalWriter
+from tests.apt import apt_install
 from tests.helpers import BIN, begin_payload, log_payload
 
 CHROMIUM = os.environ.get("ILAB_CHROMIUM", "/usr/bin/chromium")
@@ -35,19 +35,9 @@ class BrowserUnavailable(RuntimeError):
 
 def ensure_chromium() -> str:
     """The chromium executable, installed with apt first where missing and possible."""
-    if Path(CHROMIUM).exists():
-        return CHROMIUM
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        for argv in (
-            ["apt-get", "install", "-y", "-q", "chromium"],
-            ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "chromium"],
-        ):
-            with contextlib.suppress(subprocess.SubprocessError, OSError):
-                subprocess.run(argv, capture_output=True, timeout=900, check=False)
-            if Path(CHROMIUM).exists():
-                return CHROMIUM
-    raise BrowserUnavailable(f"no chromium at {CHROMIUM} (apt-get install chromium)")
+    if why := apt_install(["chromium"], Path(CHROMIUM).exists):
+        raise BrowserUnavailable(f"no chromium at {CHROMIUM}: {why}")
+    return CHROMIUM
 
 
 @contextlib.contextmanager

@@ -75,8 +75,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A one-node Slurm cluster for the session (tests/slurm_cluster.py), started once;
-    tests skip with the reason where Slurm is not installed or cannot start."""
+    """A one-node Slurm cluster for the session (tests/slurm_cluster.py), started once,
+    its packages installed with apt first where missing (tests/apt.py, as the browser's);
+    tests skip with the reason where Slurm still is not installed or cannot start."""
     from tests.slurm_cluster import SlurmUnavailable, start_cluster
 
     try:

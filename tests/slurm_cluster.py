@@ -4,8 +4,11 @@ Debian's ``slurm-wlm`` and ``munge`` packages run as root with everything in one
 ``slurm.conf`` (free ports, state and spool dirs, logs and pid files there), a munge key
 and socket of its own (the machine's munged, if any, is left alone), and ``slurmctld`` and
 ``slurmd`` in the foreground, stopped by pid. ``SLURM_CONF`` points the client commands
-(``sbatch``, ``squeue``, ...) at it. Where Slurm is not installed or cannot start,
-:func:`start_cluster` raises :class:`SlurmUnavailable` with the reason (the fixture skips).
+(``sbatch``, ``squeue``, ...) at it. Where Slurm is missing, :func:`start_cluster`
+installs the packages with apt first when it can (root, apt-get: tests/apt.py), so a fresh
+machine's ``make test`` runs the Slurm tests as ``.ci/run`` does; where it still is not
+installed or cannot start, it raises :class:`SlurmUnavailable` with the reason (the
+fixture skips).
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.apt import apt_install
+
 START_DEADLINE_S = 60.0
 _DAEMONS = ("munged", "slurmctld", "slurmd")
 _CLIENTS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "srun")
+#: Debian's packages that hold them.
+PACKAGES = ("slurm-wlm", "munge")
 
 
 class SlurmUnavailable(RuntimeError):
@@ -90,12 +97,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _missing() -> list[str]:
+    """The daemons and client commands not on PATH."""
+    return [n for n in (*_DAEMONS, *_CLIENTS) if shutil.which(n) is None]
+
+
 def _unavailable() -> str | None:
+    """Why no cluster can start here; None once root has Slurm (installed with apt first
+    where it is missing and can be: tests/apt.py, as for the browser tests' chromium)."""
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         return "the local Slurm cluster runs its daemons as root (SlurmUser=root)"
-    missing = [n for n in (*_DAEMONS, *_CLIENTS) if shutil.which(n) is None]
-    if missing:
-        return f"Slurm is not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+    if why := apt_install(list(PACKAGES), lambda: not _missing()):
+        return f"Slurm is not installed ({', '.join(_missing())} missing): {why}"
     return None
 
 

@@ -106,6 +106,62 @@ def test_a_callback_class_whose_constructor_raises_is_one_usage_line(
     assert not (ckpt / "watch").exists()  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("raise SystemExit(0)", "needs_gpu.Judge() raised SystemExit: 0"),
+        ("sys.exit('no GPU here')", "needs_gpu.Judge() raised SystemExit: no GPU here"),
+        ("raise Halt('stop')", "needs_gpu.Judge() raised Halt: stop"),
+    ],
+)
+def test_a_callback_constructor_that_exits_is_one_usage_line(
+    ckpt: Path, tmp_path: Path, body: str, said: str
+) -> None:
+    """Was: a constructor's ``SystemExit(0)`` ended ``ilab-watch`` with exit 0, silently,
+    nothing delivered. Now it, any SystemExit and any other BaseException (not Ctrl-C) is a
+    failed construction: one line, exit 2, as a raising constructor is."""
+    write_run(ckpt, steps=4, save_every=2)
+    mod = tmp_path / "needs_gpu.py"
+    mod.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+
+            class Halt(BaseException):
+                pass
+
+            class Judge:
+                def __init__(self):
+                    {body}
+
+                def on_save(self, event, **data):
+                    pass
+            """
+        )
+    )
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert error == f"Error: {mod}:Judge: {said}"
+    assert not (ckpt / "watch").exists()  # nothing ran
+
+
+def test_a_callback_module_that_exits_on_import_is_one_usage_line(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    """The same for ``sys.exit(0)`` while the ``--callback`` file is imported."""
+    write_run(ckpt, steps=4, save_every=2)
+    mod = tmp_path / "quits.py"
+    mod.write_text("import sys\n\nsys.exit(0)\n")
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert error == f"Error: '{mod}:Judge': cannot import {mod}: SystemExit: 0"
+    assert not (ckpt / "watch").exists()
+
+
 def test_a_callback_failing_on_every_record_prints_and_records_a_bounded_amount(
     tmp_path: Path,
 ) -> None:

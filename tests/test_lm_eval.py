@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import BIN, cli, pythonpath, records, train_env
+from journal import JournalWriter
+from tests.helpers import BIN, begin_payload, cli, pythonpath, records, train_env
 from watcher.lmeval.job import lm_eval_argv
 from watcher.lmeval.metrics import metrics_from_results
 
@@ -78,11 +79,14 @@ def test_lm_eval_results_become_task_metric_reports() -> None:
 
 
 def test_lm_eval_command_line_adds_the_export_to_model_args() -> None:
+    """The export as a JSON object (lm-eval never splits one); the user's ``--model_args``
+    come after, and lm-eval merges them into it."""
     argv = lm_eval_argv("/r/step-2/hf", "t1,t2", 20, "/tasks", "--model_args dtype=float32 -b 4")
     assert argv[1:] == [
         *("-m", "lm_eval", "run", "--model", "hf"),
-        *("--model_args", "pretrained=/r/step-2/hf,dtype=float32", "--tasks", "t1,t2"),
-        *("--limit", "20", "--include_path", "/tasks", "-b", "4"),
+        *("--model_args", '{"pretrained": "/r/step-2/hf"}', "--tasks", "t1,t2"),
+        *("--limit", "20", "--include_path", "/tasks", "--model_args", "dtype=float32"),
+        *("-b", "4"),
     ]
     assert lm_eval_argv("/m", "t", None, None, "--model vllm").count("--model") == 1
 
@@ -132,6 +136,158 @@ def test_lm_eval_option_mistakes_are_one_line_exit_2(tmp_path: Path) -> None:
         "lm-eval: the save at step 40 has no Hugging Face export (hf_path is null: train "
         "with --save-hf, and an --export-every that includes this save)"
     )
+
+
+#: What the refusal of an lm-eval option ilab-watch sets tells to use instead.
+INSTEAD = {
+    "--tasks": " (use --lm-eval TASKS)",
+    "--limit": " (use --limit N)",
+    "--include_path": " (use --include-path DIR)",
+}
+
+
+@pytest.mark.parametrize(
+    ("spelling", "owned"),
+    [
+        ("-t y", "--tasks"),
+        ("-ty", "--tasks"),
+        ("--tasks=y", "--tasks"),
+        ("--tas y", "--tasks"),
+        ("-xt y", "--tasks"),  # -x (--predict_only, a flag) then -t
+        ("-L 5", "--limit"),
+        ("-L5", "--limit"),
+        ("--limit=5", "--limit"),
+        ("--lim 5", "--limit"),
+        ("-o /tmp/elsewhere", "--output_path"),
+        ("-o=/tmp/elsewhere", "--output_path"),
+        ("--output /tmp/elsewhere", "--output_path"),
+        ("-so /tmp/elsewhere", "--output_path"),  # -s (--log_samples) then -o
+        ("--include_path /tmp", "--include_path"),
+        ("--incl=/tmp", "--include_path"),
+    ],
+)
+def test_every_spelling_of_an_option_ilab_watch_sets_is_refused(
+    tmp_path: Path, spelling: str, owned: str
+) -> None:
+    """Was: only ``--tasks``, ``--limit`` and ``--output_path`` as written were refused, so
+    ``-t``/``-L`` replaced ilab-watch's tasks and limit. Now every spelling lm-eval's
+    argparse reads as one of them (short forms, joined short flags, ``=value``, prefixes)
+    is one line at start, exit 2; the options ilab-watch leaves to lm-eval pass."""
+    pytest.importorskip("lm_eval")  # the spellings are read off lm-eval's own parser
+    out = cli("ilab-watch", str(tmp_path), "--lm-eval", "x", "--lm-eval-args", spelling)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    token = spelling.split()[0]
+    said = token if token == owned else f"{token} (lm-eval's {owned})"
+    use = INSTEAD.get(owned, "")
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == f"Error: --lm-eval-args: {said} is set by ilab-watch{use}", out.stderr
+
+
+def test_options_ilab_watch_leaves_to_lm_eval_pass() -> None:
+    from watcher.lmeval import lm_eval_hook
+
+    for args in (
+        "--model_args dtype=float32 -b 4 --log_samples",
+        "-a dtype=float32 --num_fewshot 5 --gen_kwargs temperature=0",
+        "--model vllm --seed 1 --system_instruction hello",
+    ):
+        assert lm_eval_hook("x", args=args, check=False)
+
+
+#: A model's own code, run by whoever loads it with trust_remote_code: it leaves a marker.
+REMOTE_CODE = """\
+from pathlib import Path
+
+Path({marker!r}).write_text("remote code ran")
+
+from transformers import PretrainedConfig
+
+
+class EvilConfig(PretrainedConfig):
+    model_type = "evil"
+"""
+
+
+def remote_code_model(folder: Path, marker: Path) -> Path:
+    """An HF model dir whose config's ``auto_map`` runs its code when loaded with
+    ``trust_remote_code``: the code writes ``marker``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    evil = "configuration_evil.EvilConfig"
+    auto_map = {"AutoConfig": evil, "AutoModelForCausalLM": evil}
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": auto_map}))
+    (folder / "configuration_evil.py").write_text(REMOTE_CODE.format(marker=str(marker)))
+    return folder
+
+
+def lm_eval_on_saves(
+    tmp_path: Path, ckpt: Path, hf_paths: list[str]
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """``ilab-watch --replay --lm-eval`` (a local task) on a journal of one save per
+    ``hf_paths`` item (its ``hf_path``): the watcher's run and its delivery results."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", begin_payload(2 * len(hf_paths)))
+        for i, hf_path in enumerate(hf_paths, 1):
+            path = ckpt / f"checkpoints/step-{2 * i:06d}"
+            (path / "full_state").mkdir(parents=True, exist_ok=True)
+            data = {"checkpoint_path": str(path), "kind": ["full_state", "hf"], "duration": 0.1}
+            w.append("save", {**data, "hf_path": hf_path}, step=2 * i)
+        w.append("train_end", {"status": "completed", "reason": None, "final_checkpoint": None})
+    tasks = write_task(tmp_path / "tasks")
+    out = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--replay", "--lm-eval", "ilab_sums", "--include-path", str(tasks)),
+        env={**OFFLINE, "HF_HOME": str(tmp_path / "hf-home")},  # remote code is copied there
+        timeout=600,
+    )
+    (results,) = (ckpt / "watch").glob("*.results.jsonl")
+    return out, [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def refusal(result: dict[str, Any]) -> str:
+    """The line a refused save's delivery ends with (its error's last stderr line)."""
+    assert result["status"] == "failed" and result["error"] == "exit code 2", result
+    return result["stderr_tail"].strip().splitlines()[-1]
+
+
+def test_a_save_cannot_add_lm_eval_model_arguments_through_its_hf_path(tmp_path: Path) -> None:
+    """Was: ``pretrained={hf_path}``, so a save whose hf_path ended in
+    ``,trust_remote_code=True`` ran its model's own code. Now such an hf_path is refused
+    before lm-eval starts (the delivery fails with that line, the watcher goes on), and the
+    export is handed to lm-eval as JSON, which it does not split."""
+    pytest.importorskip("lm_eval")
+    ckpt = tmp_path / "run"
+    marker = tmp_path / "remote-code-ran"
+    hf = remote_code_model(ckpt / "checkpoints/step-000002/hf", marker)
+    out, results = lm_eval_on_saves(tmp_path, ckpt, [f"{hf},trust_remote_code=True"])
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # a delivery failed
+    assert not marker.exists()
+    (result,) = results
+    line = refusal(result)
+    assert line == (
+        f"lm-eval: refusing the save's hf_path {str(hf) + ',trust_remote_code=True'!r}: "
+        "a ',' or '=' in it would be read as more lm-eval model arguments"
+    )
+    assert line in out.stderr  # on the watcher's console too
+
+
+def test_a_save_whose_hf_path_is_outside_the_run_dir_is_refused(tmp_path: Path) -> None:
+    """An hf_path that is not under the run's checkpoint dir (elsewhere, or out of it
+    through ``..``): refused, one line each, lm-eval never started on it."""
+    pytest.importorskip("lm_eval")
+    ckpt = tmp_path / "run"
+    marker = tmp_path / "remote-code-ran"
+    elsewhere = remote_code_model(tmp_path / "elsewhere", marker)
+    through = f"{ckpt}/checkpoints/step-000004/../../../elsewhere"
+    out, results = lm_eval_on_saves(tmp_path, ckpt, [str(elsewhere), through])
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert [refusal(r) for r in results] == [
+        f"lm-eval: refusing the save's hf_path {hf!r}: it is not under the run's "
+        f"checkpoint dir {str(ckpt)!r}"
+        for hf in (str(elsewhere), through)
+    ]
+    assert not marker.exists()
 
 
 # -- end to end (extended): SmolLM2 on 2 ranks, lm-eval on every save ------------------------
@@ -281,7 +437,10 @@ def test_a_checkpoint_lm_eval_cannot_load_is_one_line(tmp_path: Path) -> None:
             "--include-path",
             str(tasks),
         ],
-        env={**os.environ, **OFFLINE, "ILAB_HF_PATH": str(broken), "PYTHONPATH": pythonpath()},
+        env={
+            **(os.environ | OFFLINE | {"ILAB_HF_PATH": str(broken)}),
+            **{"ILAB_CKPT_DIR": str(tmp_path), "PYTHONPATH": pythonpath()},
+        },
         capture_output=True,
         text=True,
         timeout=500,

@@ -89,6 +89,12 @@ def rotate_by_hand(ckpt: Path, *steps: int) -> None:
         "s3://bucket/run?pass=wJalrXUtnFEMI",
         "s3://bucket/run#secret=wJalrXUtnFEMI",
         "s3://bucket/run?x=1&X-Amz-Credential=AKIAEXAMPLE",
+        # percent-encoded: the name, the '&' and '=' around it, twice over, the '@'
+        "s3://bucket/run?p%61ss=wJalrXUtnFEMI",
+        "s3://bucket/run?x=1%26tok%65n%3DwJalrXUtnFEMI",
+        "s3://bucket/run#s%2565cret=wJalrXUtnFEMI",
+        "s3://AKIAEXAMPLE%3AwJalrXUtnFEMI%40bucket/run",
+        "bucket/run?pass=wJalrXUtnFEMI",  # no scheme: said without repeating it all the same
     ],
 )
 def test_a_uri_with_a_secret_is_refused_in_one_line(ckpt: Path, uri: str) -> None:
@@ -98,6 +104,21 @@ def test_a_uri_with_a_secret_is_refused_in_one_line(ckpt: Path, uri: str) -> Non
     assert "wJalrXUtnFEMI" not in r.stderr + r.stdout and "AKIAEXAMPLE" not in r.stderr
     assert "Traceback" not in r.stderr
     assert "environment (AWS_ACCESS_KEY_ID" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("ilab-watch", "{uri}"), ("ilab-journal", "status", "{uri}")],
+)
+def test_a_percent_encoded_secret_is_never_printed(argv: tuple[str, ...]) -> None:
+    """Was: ``?p%61ss=`` passed the check (the name was read encoded), and every line that
+    names the store printed the secret. Now each command that takes a URI refuses it in one
+    line that does not repeat it, before the store is asked anything."""
+    uri = "s3://bucket/run?p%61ss=wJalrXUtnFEMI"
+    r = cli(argv[0], *(a.format(uri=uri) for a in argv[1:]), timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "wJalrXUtnFEMI" not in r.stderr + r.stdout and "Traceback" not in r.stderr
+    assert "refusing a s3:// URI with a credential parameter" in r.stderr
 
 
 def test_a_finished_run_is_mirrored_marker_last_and_journaled(ckpt: Path, s3: Any) -> None:
@@ -642,3 +663,43 @@ def test_an_oversize_object_from_the_store_is_moved_aside_unread(
         said = [line for line in r.stderr.splitlines() if f"{inbox}/huge.json" in line]
         assert len(said) == 1 and "64 KiB" in said[0], r.stderr
     assert (ckpt / "control/small.json").exists()
+
+
+def test_a_remote_watcher_is_handed_the_hf_export_of_its_local_copy(
+    tmp_path: Path, ckpt: Path
+) -> None:
+    """A save's ``hf_path`` (its HF export, inside the checkpoint) is rewritten with the
+    checkpoint's path in the replica: a remote ``--lm-eval`` (which refuses an ``hf_path``
+    outside the run it watches) evaluates the copy it downloaded, not a path of the
+    training machine."""
+    write_run(ckpt, steps=5, save_every=0, end=None)
+    run_id = records(ckpt)[0]["run_id"]
+    path = make_checkpoint(ckpt, 5, run_id)
+    (path / "hf").mkdir()
+    (path / "hf" / "config.json").write_text("{}")
+    with JournalWriter(ckpt, resume=True, run_id=run_id) as w:
+        w.append("save", {"checkpoint_path": str(path), "hf_path": str(path / "hf")}, step=5)
+        w.append("train_end", {"status": "completed", "reason": None}, step=5)
+    uri = f"file://{tmp_path / 'store'}"
+    assert mirror(ckpt, uri, "--replay").returncode == 0
+    out = tmp_path / "seen.txt"
+    script = tmp_path / "hf.py"
+    script.write_text(
+        "import json, os\n"
+        "d = json.load(open(os.environ['ILAB_EVENT_FILE']))['data']\n"
+        f"open({str(out)!r}, 'w').write(d['hf_path'] + '\\n' + d['checkpoint_path'])\n"
+    )
+    replica = tmp_path / "replica"
+    r = cli(
+        "ilab-watch",
+        uri,
+        "--on-save",
+        f"{sys.executable} {script}",
+        "--replay",
+        "--download",
+        str(replica),
+    )
+    assert r.returncode == 0, r.stderr
+    hf, local = out.read_text().splitlines()
+    assert hf == str(Path(local) / "hf") and Path(local).is_relative_to(replica)
+    assert (Path(hf) / "config.json").exists()

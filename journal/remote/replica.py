@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
@@ -175,6 +175,8 @@ class Replica:
                 local.mkdir(parents=True, exist_ok=True)
                 (local / "URI").write_text(self.store.url(key) + "\n")
         data = {**data, "checkpoint_path": str(local), "checkpoint_uri": self.store.url(key)}
+        if "hf_path" in data:  # the export inside it: at the local copy too
+            data["hf_path"] = _moved_inside(data["hf_path"], rec["data"]["checkpoint_path"], local)
         return orjson.dumps({**rec, "data": data}) + b"\n"
 
     def _local(self, rec: dict[str, Any]) -> Path | None:
@@ -246,3 +248,14 @@ def _record(line: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def _moved_inside(inner: Any, old: Any, new: Path) -> Any:
+    """A path inside a checkpoint (the save's ``hf_path``: its HF export) at the replica's
+    copy of that checkpoint; anything else as it was (None stays None)."""
+    if not isinstance(inner, str) or not isinstance(old, str):
+        return inner
+    try:
+        return str(new / PurePosixPath(inner).relative_to(PurePosixPath(old)))
+    except ValueError:  # not inside it: left for its reader to judge
+        return inner

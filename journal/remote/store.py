@@ -12,7 +12,7 @@ import os
 import posixpath
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from journal.remote.errors import StoreURIError, classify
 
@@ -41,14 +41,29 @@ def is_uri(text: str) -> bool:
     return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", text))
 
 
+def _decoded(text: str) -> str:
+    """``text`` with its percent-escapes undone until none is left (``p%61ss`` is ``pass``,
+    ``%2561`` is ``a`` encoded twice): each round shortens it, so this ends."""
+    while (plain := unquote(text)) != text:
+        text = plain
+    return text
+
+
 def credential_in(uri: str) -> str | None:
     """What in ``uri`` looks like a credential (``user:secret@``, a ``secret``, ``key``,
     ``token``, ``pass``, ``signature``... parameter in its query, fragment or path), in words
-    that do not repeat it; None when nothing does. The one place that decides it."""
-    parts = urlsplit(uri)
-    if "@" in parts.netloc:
+    that do not repeat it; None when nothing does. The one place that decides it: on the
+    text decoded first (:func:`_decoded`), so no percent-encoding hides a name, an ``=``,
+    a ``?`` or an ``@``; text that is no URI is searched whole."""
+    plain = _decoded(uri)
+    after = plain
+    if is_uri(plain):
+        parts = urlsplit(plain)
+        if "@" in parts.netloc:
+            return "credentials in it"
+        after = plain[len(parts.scheme) + 3 + len(parts.netloc) :]
+    elif "@" in plain.partition("/")[0]:
         return "credentials in it"
-    after = uri[len(parts.scheme) + 3 + len(parts.netloc) :]
     if any(_SECRET_NAME.search(name) for name in _PARAM_NAME.findall(after)):
         return "a credential parameter"
     return None
@@ -56,15 +71,17 @@ def credential_in(uri: str) -> str | None:
 
 def check_uri(uri: str) -> str:
     """``uri`` without a trailing slash; raises :class:`StoreURIError` for one that holds a
-    credential (:func:`credential_in`) or is no URI. The message never repeats the secret."""
+    credential (:func:`credential_in`) or is no URI. The message never repeats the secret
+    (a credential is looked for first: text that is no URI is repeated only without one)."""
+    if (what := credential_in(uri)) is not None:
+        scheme = f"{urlsplit(uri).scheme}:// " if is_uri(uri) else ""
+        raise StoreURIError(
+            f"refusing a {scheme}URI with {what}: give keys through the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a config file"
+        )
     if not is_uri(uri):
         raise StoreURIError(f"{uri!r} is not a store URI (scheme://bucket/prefix)")
     scheme = urlsplit(uri).scheme
-    if (what := credential_in(uri)) is not None:
-        raise StoreURIError(
-            f"refusing a {scheme}:// URI with {what}: give keys through the environment "
-            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a config file"
-        )
     if scheme == "s3" and len(urlsplit(uri).netloc) < 3:
         raise StoreURIError(f"{uri!r}: an S3 bucket name has 3 characters or more")
     return uri.rstrip("/")

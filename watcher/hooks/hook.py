@@ -165,7 +165,7 @@ def assemble_hooks(
 def instantiate(obj: Any, where: str) -> Any:
     """A class given by name is constructed with no arguments; a constructor that raises
     is a usage error in one line naming the class and the exception (the user's mistake,
-    not ours: no traceback)."""
+    not ours: no traceback), ``SystemExit`` and other BaseExceptions included."""
     if isinstance(obj, type):
         try:
             return obj()
@@ -173,7 +173,9 @@ def instantiate(obj: Any, where: str) -> Any:
             raise CallbackSpecError(
                 f"{where}: cannot construct {callable_name(obj)}() without arguments: {exc}"
             ) from None
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise  # Ctrl-C while it is being made: the watcher stops as for any Ctrl-C
+        except BaseException as exc:  # sys.exit(0) in it must not end the watcher "ok"
             raise CallbackSpecError(
                 printable(f"{where}: {callable_name(obj)}() raised {type(exc).__name__}: {exc}")
             ) from None

@@ -3,11 +3,11 @@ lm-eval on the save's Hugging Face export, its metrics written to ``$ILAB_REPORT
 
 ``python -m watcher.lmeval.job --tasks T [--limit N] [--include-path DIR] [--args '...']``
 reads the export's path from ``$ILAB_HF_PATH`` (the save record's ``hf_path``), runs
-``python -m lm_eval run --model hf --model_args pretrained=<hf_path> --tasks T
+``python -m lm_eval run --model hf --model_args '{"pretrained": "<hf_path>"}' --tasks T
 --output_path <temp dir> ...`` with the same Python, and turns the results file lm-eval
 wrote into report metrics (watcher/lmeval/metrics.py). lm-eval's own output goes to the
-job's log; a failure ends with one line saying why (exit 1), a save without an export
-with one line (exit 2).
+job's log; a failure ends with one line saying why (exit 1); a save without an export, or
+whose ``hf_path`` is refused (:func:`checked_hf_path`), with one line (exit 2).
 """
 
 from __future__ import annotations
@@ -28,25 +28,39 @@ from watcher.lmeval.metrics import metrics_from_results
 _ERROR_WORDS = ("Error", "Exception", "error:", "KeyError", "OSError", "ValueError")
 
 
+class Refused(ValueError):
+    """A save's ``hf_path`` lm-eval is not given (the message is the one line to say)."""
+
+
+def checked_hf_path(hf_path: str, ckpt_dir: str | None) -> str:
+    """``hf_path`` (the save record's, as written by whoever can append to the journal)
+    resolved, once it is known to be only a model dir of this run: raises
+    :class:`Refused` when it holds a ``,`` or ``=`` (lm-eval would read the rest as more
+    model arguments: ``...,trust_remote_code=True``) or does not lie under the run's
+    checkpoint dir ``ckpt_dir`` (``$ILAB_CKPT_DIR``; symlinks and ``..`` resolved)."""
+    said = f"lm-eval: refusing the save's hf_path {hf_path!r}"
+    if "," in hf_path or "=" in hf_path:
+        raise Refused(f"{said}: a ',' or '=' in it would be read as more lm-eval model arguments")
+    if not ckpt_dir:
+        raise Refused(f"{said}: $ILAB_CKPT_DIR is not set (the job runs as ilab-watch's hook)")
+    root, path = os.path.realpath(ckpt_dir), os.path.realpath(hf_path)
+    if os.path.commonpath([root, path]) != root:
+        raise Refused(f"{said}: it is not under the run's checkpoint dir {ckpt_dir!r}")
+    # an absolute path: a dir that is missing is never looked up on the Hugging Face Hub
+    return path
+
+
 def lm_eval_argv(
     hf_path: str, tasks: str, limit: float | None, include_path: str | None, extra: str
 ) -> list[str]:
     """lm-eval's command line for one export; ``extra`` (``--lm-eval-args``) is split like
-    a shell would, and its ``--model_args`` are added to ``pretrained=<hf_path>``."""
+    a shell would and comes last, so its ``--model_args`` are merged into ours by lm-eval.
+    The export is given as JSON: lm-eval takes a JSON object whole, never split at a comma."""
     args = shlex.split(extra)
-    model_args = f"pretrained={hf_path}"
-    for i, arg in enumerate(args):
-        if arg == "--model_args" and i + 1 < len(args):
-            model_args += "," + args.pop(i + 1)
-            args.pop(i)
-            break
-        if arg.startswith("--model_args="):
-            model_args += "," + args.pop(i).split("=", 1)[1]
-            break
     argv = [sys.executable, "-m", "lm_eval", "run"]
     if "--model" not in args and not any(a.startswith("--model=") for a in args):
         argv += ["--model", "hf"]
-    argv += ["--model_args", model_args, "--tasks", tasks]
+    argv += ["--model_args", json.dumps({"pretrained": hf_path}), "--tasks", tasks]
     if limit is not None:
         argv += ["--limit", f"{limit:g}"]
     if include_path:
@@ -74,9 +88,14 @@ def run(tasks: str, limit: float | None, include_path: str | None, extra: str) -
             file=sys.stderr,
         )
         return 2
+    try:
+        model = checked_hf_path(hf_path, os.environ.get("ILAB_CKPT_DIR"))
+    except Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
     report = os.environ.get("ILAB_REPORT")
     with tempfile.TemporaryDirectory(prefix="ilab-lm-eval-") as out_dir:
-        argv = lm_eval_argv(hf_path, tasks, limit, include_path, extra)
+        argv = lm_eval_argv(model, tasks, limit, include_path, extra)
         argv += ["--output_path", out_dir]
         print("lm-eval:", shlex.join(argv), file=sys.stderr, flush=True)
         tail: deque[str] = deque(maxlen=200)

@@ -6,20 +6,26 @@ leased until its evaluation ends.
 
 What can be known at the watcher's start is checked there, one line each (exit 2): lm-eval
 not installed, a task it does not know (looked up in ``--include-path`` first, then in
-lm-eval's own tasks), options without ``--lm-eval``. A checkpoint lm-eval cannot load is
-known at its save: that delivery fails with lm-eval's one line.
+lm-eval's own tasks), options without ``--lm-eval``, an lm-eval option ilab-watch sets
+itself given in ``--lm-eval-args`` (any spelling lm-eval's parser takes: :func:`owned_option`).
+A checkpoint lm-eval cannot load is known at its save: that delivery fails with lm-eval's
+one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+
+from journal.cli.common import Number
 
 LM_EVAL_OPTIONS = [
     click.option(
@@ -41,7 +47,7 @@ LM_EVAL_OPTIONS = [
     click.option(
         "--limit",
         "lm_eval_limit",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Number(0, low_open=True),  # FloatRange let nan and inf through
         default=None,
         metavar="N",
         help="With --lm-eval: at most N examples per task (a fraction below 1).",
@@ -73,6 +79,99 @@ if missing:
     missing = [t for t in missing if t not in TaskManager(include_path=include).all_tasks]
 print(",".join(missing)); sys.exit(4 if missing else 0)
 """
+
+
+#: lm-eval ``run`` options ilab-watch sets itself (by argparse dest): lm-eval 0.4.13's
+#: spellings (used where lm-eval's own parser cannot be read) and what to use instead.
+_OWNED: dict[str, tuple[list[str], str | None]] = {
+    "tasks": (["--tasks", "-t"], "--lm-eval TASKS"),
+    "limit": (["--limit", "-L"], "--limit N"),
+    "output_path": (["--output_path", "-o"], None),  # the job reads results from its own dir
+    "include_path": (["--include_path"], "--include-path DIR"),
+}
+
+#: Run by the watcher's Python: lm-eval's ``run`` parser, as JSON (its options' strings,
+#: dests and nargs, and whether it takes abbreviations); exit 3 when lm_eval is missing.
+_PARSER = """
+import argparse, json, sys
+try:
+    from lm_eval._cli.run import Run
+except ImportError as exc:
+    print(exc); sys.exit(3)
+run = Run.create(argparse.ArgumentParser().add_subparsers())._parser
+rows = [[a.option_strings, a.dest, a.nargs] for a in run._actions if a.option_strings]
+print(json.dumps({"allow_abbrev": run.allow_abbrev, "prefix_chars": run.prefix_chars, "options": rows}))
+"""
+
+
+class _Sets(Exception):
+    """The probe met an option ilab-watch sets (its dest)."""
+
+    def __init__(self, dest: str) -> None:
+        super().__init__(dest)
+        self.dest = dest
+
+
+class _Unparsed(Exception):
+    """The probe could not parse a prefix of the arguments (lm-eval could not either)."""
+
+
+class _Probe(argparse.ArgumentParser):
+    """argparse itself on lm-eval's options: it raises where a parser would exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Unparsed(message)
+
+
+class _Owned(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        raise _Sets(self.dest)
+
+
+def _lm_eval_parser() -> dict[str, Any]:
+    """lm-eval's ``run`` options as its installed version parses them (:data:`_PARSER`);
+    where it cannot be read (lm_eval not installed), the spellings in :data:`_OWNED`."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PARSER], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode == 0:
+            parsed: dict[str, Any] = json.loads(done.stdout)
+            return parsed
+    except (subprocess.SubprocessError, OSError, ValueError):
+        pass
+    rows = [[spellings, dest, None] for dest, (spellings, _) in _OWNED.items()]
+    return {"allow_abbrev": True, "prefix_chars": "-", "options": rows}
+
+
+def owned_option(args: list[str]) -> tuple[str, str, str | None] | None:
+    """The first of ``args`` that lm-eval would read as an option ilab-watch sets, as
+    ``(the argument, the option's name, what to use instead)``; None when there is none.
+    argparse reads them here on lm-eval's own options, so every spelling it takes counts:
+    ``-t``, ``-ty``, ``-xt`` (joined short flags), ``--tasks=y``, ``--tas`` (a prefix)."""
+    table = _lm_eval_parser()
+    probe = _Probe(
+        add_help=False, allow_abbrev=table["allow_abbrev"], prefix_chars=table["prefix_chars"]
+    )
+    names: dict[str, str] = {}
+    for strings, dest, nargs in table["options"]:
+        if dest in _OWNED:
+            probe.add_argument(*strings, dest=dest, nargs="?", action=_Owned)
+            names[dest] = next((s for s in strings if s.startswith("--")), strings[0])
+        elif nargs == 0:
+            probe.add_argument(*strings, dest=dest, action="store_true")
+        else:
+            probe.add_argument(*strings, dest=dest, nargs=nargs)
+    # argparse acts on options from left to right: the shortest prefix of ``args`` that
+    # reaches an owned option ends with the argument that names it
+    for k in range(1, len(args) + 1):
+        try:
+            probe.parse_known_args(args[:k])
+        except _Sets as hit:
+            return args[k - 1], names[hit.dest], _OWNED[hit.dest][1]
+        except _Unparsed:
+            continue
+    return None
 
 
 def _escape(text: str) -> str:
@@ -172,14 +271,14 @@ def lm_eval_pairs(
         raise click.UsageError("--lm-eval: give at least one task, e.g. --lm-eval hellaswag")
     if args:
         try:
-            split: Any = shlex.split(args)
+            split = shlex.split(args)
         except ValueError as exc:
             raise click.UsageError(f"--lm-eval-args: {exc}") from None
-        clash = [a for a in split if a.split("=")[0] in ("--tasks", "--output_path", "--limit")]
-        if clash:
-            raise click.UsageError(
-                f"--lm-eval-args: {clash[0]} is set by ilab-watch (use --lm-eval / --limit)"
-            )
+        if (owned := owned_option(split)) is not None:
+            arg, name, instead = owned
+            said = arg if arg == name else f"{arg} (lm-eval's {name})"
+            use = f" (use {instead})" if instead else ""
+            raise click.UsageError(f"--lm-eval-args: {said} is set by ilab-watch{use}")
     if check:
         check_lm_eval(names, include_path)
     return [("save", lm_eval_command(",".join(names), limit, include_path, args))]
