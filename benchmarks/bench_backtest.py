@@ -15,7 +15,12 @@ copied to make N files. Timed on the same files, in one process:
 - ``backtest CLI``: ``ilab-journal backtest <N journals> --early-stopping
   metric=val_loss,patience=1..8 --json`` as a subprocess (interpreter start included).
 
-The issue's bound: backtest at most 3x the plain pass. Then ``check --wait`` on a finished
+The issue's bound: backtest at most 3x the plain pass. Then its memory: the peak RSS of
+``ilab-journal backtest`` (a subprocess: ``getrusage`` of its children, read by a wrapper
+process) on one journal of ``--memory-lines`` records (1M: about 260 MB; the same records
+written straight with orjson, in seconds) with the same sweep and ``--divergence
+metric=loss`` (a logged metric judged too), against the same on a 1k-record journal (the
+interpreter and the imports): the bound (Hardening 4) is 300 MB. Then ``check --wait`` on a finished
 run with nothing pending (one of the journals: it ended long ago, no job, no lease), a
 subprocess, with the gate's facts (the summary: from the journal index, as ``status``) and
 with ``best(accuracy)`` (the index, then the lines holding it), against ``ilab-journal status`` on the same run
@@ -24,7 +29,8 @@ journal.cli.main"``, which every command pays): the issue's bound is 0.5 s.
 Each time is the median of ``--repeat`` runs.
 
 Usage: python benchmarks/bench_backtest.py [--quick] [--journals N] [--repeat R]
-JSON: benchmarks/results/bench_backtest.json.
+[--memory-lines N] [--memory-only]
+JSON: benchmarks/results/bench_backtest.json (``--memory-only``: bench_backtest_memory.json).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import orjson
+
 from benchmarks.common import bench_parser, emit
 from journal import JournalWriter
 from tests.helpers import begin_payload, log_payload
@@ -51,13 +59,41 @@ BIN = Path(sys.executable).parent
 SWEEP = "metric=val_loss,patience=1..8"
 
 
-def write_journal(run: Path, seed: int, steps: int) -> None:
-    """A step-detail run of about ``3 * steps`` records, ended long ago."""
+class FastWriter:
+    """``JournalWriter``'s records (the same envelope) written straight with orjson: no
+    fsync, lock or index, for a journal of a million records in seconds."""
+
+    def __init__(self, run: Path, run_id: str) -> None:
+        run.mkdir(parents=True, exist_ok=True)
+        self.f = open(run / "journal.jsonl", "wb")  # noqa: SIM115 (closed by __exit__)
+        self.run_id, self.seq = run_id, 0
+
+    def append(
+        self, event: str, data: dict[str, Any] | None = None, *, step: int = 0,
+        samples_seen: int = 0, ts: float,
+    ) -> None:  # fmt: skip
+        rec = {"v": 1, "seq": self.seq, "run_id": self.run_id, "attempt": 1, "ts": ts,
+               "event": event, "step": step, "epoch": 0, "samples_seen": samples_seen,
+               "data": data or {}}  # fmt: skip
+        self.f.write(orjson.dumps(rec) + b"\n")
+        self.seq += 1
+
+    def __enter__(self) -> FastWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+def write_journal(run: Path, seed: int, steps: int, *, fast: bool = False) -> None:
+    """A step-detail run of about ``3 * steps`` records, ended long ago (``fast``: written
+    by :class:`FastWriter`)."""
     rng = random.Random(seed)
     t = time.time() - 86400.0
     begin = begin_payload(steps, world_size=2, hostname="bench")
     begin["config"] = {**begin.get("config", {}), "keep_best": "accuracy:max", "keep_last_n": 2}
-    with JournalWriter(run, run_id=f"bench{seed}") as w:
+    writer = FastWriter if fast else JournalWriter
+    with writer(run, run_id=f"bench{seed}") as w:
         w.append("train_begin", begin, ts=t)
         val, acc = 2.0, 0.0
         for s in range(1, steps + 1):
@@ -107,6 +143,46 @@ def in_process(files: list[Path]) -> int:
     return stopped
 
 
+def peak_rss_mb(argv: list[str]) -> tuple[float, float]:
+    """(peak RSS in MB, wall s) of ``argv`` run to its end, read by a wrapper process
+    (``getrusage`` of its children: this process's own children would mix in the others)."""
+    code = (
+        "import resource, subprocess, sys, time; t0 = time.perf_counter(); "
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+        "time.perf_counter() - t0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         check=True).stdout.split()  # fmt: skip
+    return int(out[0]) / 1024, float(out[1])
+
+
+def memory(tmp: Path, lines: int) -> dict[str, Any]:
+    """The backtest's peak RSS on one journal of about ``lines`` records, and on 1k."""
+    argv = [str(BIN / "ilab-journal"), "backtest", "--early-stopping", SWEEP,
+            "--divergence", "metric=loss", "--json"]  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, n in (("small", 1000), ("large", lines)):
+        write_journal(tmp / f"mem-{name}", 7, round(n / 3.1), fast=True)
+        journal = tmp / f"mem-{name}" / "journal.jsonl"
+        with open(journal, "rb") as f:
+            records = sum(1 for _ in f)
+        rss, wall = peak_rss_mb([*argv, str(journal)])
+        out[name] = {"records": records, "mb_on_disk": journal.stat().st_size / 1e6,
+                     "peak_rss_mb": rss, "wall_s": wall}  # fmt: skip
+    return out
+
+
+def print_memory(mem: dict[str, Any]) -> None:
+    print(
+        f"{'backtest CLI peak RSS':<34} {'records':>10} {'MB file':>8} {'MB RSS':>8} {'wall s':>7}"
+    )
+    for name, m in mem.items():
+        print(f"{'  ' + name:<34} {m['records']:>10,} {m['mb_on_disk']:>8.0f} "
+              f"{m['peak_rss_mb']:>8.0f} {m['wall_s']:>7.2f}")  # fmt: skip
+    print(f"{'  (Hardening 4: at most 300 MB)':<34}")
+
+
 def timed(fn: Any, repeat: int) -> tuple[float, Any]:
     walls, out = [], None
     for _ in range(repeat):
@@ -121,11 +197,27 @@ def main() -> None:
     ap.add_argument("--journals", type=int, default=None, help="default 100 (--quick: 20)")
     ap.add_argument("--steps", type=int, default=3300, help="steps per journal (~3 records each)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--memory-lines", type=int, default=None, help="default 1,000,000 (--quick: 200,000)"
+    )
+    ap.add_argument("--memory-only", action="store_true", help="only the peak RSS")
     args = ap.parse_args()
     n = args.journals or (20 if args.quick else 100)
+    mem_lines = args.memory_lines or (200_000 if args.quick else 1_000_000)
     load_before = os.getloadavg()[0]  # other work on the machine skews every time below
     tmp = Path(tempfile.mkdtemp(prefix="bench-backtest-"))
+    if args.memory_only:
+        try:
+            mem = memory(tmp, mem_lines)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not args.json:
+            print_memory(mem)
+        policies = f"--early-stopping {SWEEP} --divergence metric=loss"
+        emit("bench_backtest_memory", {"policies": policies, "memory": mem}, args.json)
+        return
     try:
+        mem = memory(tmp, mem_lines)
         originals = []
         for seed in range(4):
             write_journal(tmp / f"src{seed}", seed, args.steps)
@@ -192,6 +284,7 @@ def main() -> None:
         print(f"{'check --wait (finished run)':<34} {check_s:>8.3f}   (status: {status_s:.3f} s)")
         print(f"{'check --wait best(accuracy)':<34} {metric_s:>8.3f}   (index + byte search)")
         print(f"{'python -c import journal.cli.main':<34} {import_s:>8.3f}   (in both of them)")
+        print_memory(mem)
     emit(
         "bench_backtest",
         {
@@ -207,6 +300,7 @@ def main() -> None:
             "check_wait_metric_s": metric_s,
             "status_s": status_s,
             "cli_import_s": import_s,
+            "memory": mem,
             "load_average": [load_before, os.getloadavg()[0]],
         },
         args.json,

@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
 from journal import JournalWriter
 from journal.cli.main import main
-from tests.helpers import begin_payload, cli
+from tests.helpers import BIN, begin_payload, cli, log_payload
 
 BEGIN = begin_payload(80, world_size=2, config={"keep_best": "accuracy:max", "keep_last_n": 2})
 #: val_loss and the reported accuracy of each checkpoint (every 10 steps).
@@ -164,6 +167,12 @@ def test_a_callback_sees_what_the_watcher_gives_it(tmp_path: Path) -> None:
         ["--callback", "nosuch.py:Cb"],
         ["--on-evaluate", "python eval.py"],
         ["--keep-best", "accuracy"],
+        # numbers in sweeps go through the setting's own rule: no TypeError, no int() limit
+        ["--early-stopping", "patience=1.5..3"],
+        ["--early-stopping", "patience=[1,2.9]"],
+        ["--early-stopping", "min_delta=[0,nan]"],
+        ["--divergence", "threshold=nan"],
+        ["--keep-last-n", "9" * 5000],
     ],
 )
 def test_a_bad_policy_is_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
@@ -225,3 +234,102 @@ def test_instructlab_and_training_hub_callbacks_run_as_the_watcher_runs_them(
         )
     assert "should_training_stop" in stop["reason"]
     assert not (tmp_path / "run" / "control").exists()
+
+
+def test_only_the_current_run_is_replayed_as_it_is_read(tmp_path: Path) -> None:
+    """A journal that holds an earlier run before the current one, and a torn final line of
+    yet another: the backtest (its callbacks too) sees only the current run, and says what
+    it says of that run alone; judged by a logged metric as well."""
+    build(tmp_path / "alone")
+    run = tmp_path / "run"
+    with JournalWriter(run, run_id="earlier") as w:
+        w.append("train_begin", BEGIN, ts=time.time() - 5000.0)
+        for step in (10, 20, 30):
+            w.append("evaluate", {"val_loss": 0.1 * step, "loss": 9.0}, step=step)
+            w.append("log", {"loss": 9.0}, step=step)
+    torn = b'{"v":1,"seq":9999,"run_id":"torn","event":"train_begin","step":0,"data":{}}'
+    (run / "journal.jsonl").write_bytes(
+        (run / "journal.jsonl").read_bytes()
+        + (tmp_path / "alone" / "journal.jsonl").read_bytes()
+        + torn
+    )
+    (tmp_path / "cb.py").write_text(CALLBACK)
+    outs = []
+    for name in ("alone", "run"):
+        os.environ["RECORDED"] = str(tmp_path / f"{name}.recorded")
+        try:
+            code, out = backtest(str(tmp_path / name), "--early-stopping",
+                                 "metric=val_loss,patience=1..3", "--divergence", "metric=loss",
+                                 "--target", "accuracy>=0.55", "--metric", "loss:min",
+                                 "--callback", f"{tmp_path / 'cb.py'}:Recorder", "--json")  # fmt: skip
+        finally:
+            del os.environ["RECORDED"]
+        assert code == 0, out
+        got = json.loads(out)
+        del got["journal"]
+        outs.append(got)
+    assert outs[0]["run_id"] != "earlier" and outs[0] == outs[1]
+    stops = {s["policy"]: s for s in outs[1]["stops"]}
+    assert stops["early_stopping patience=1"]["stop_step"] == 31
+    assert stops["target accuracy>=0.55"]["stop_step"] == 31
+    assert (stops["callbacks"]["stop_step"], stops["callbacks"]["final_value"]) == (41, 1.0)
+    recorded = (tmp_path / "run.recorded").read_text()
+    assert recorded == (tmp_path / "alone.recorded").read_text() and recorded.count("\n") == 25
+
+
+def _peak_rss_mb(*argv: str) -> float:
+    """The peak RSS of a command run to its end (its process and theirs), in MB."""
+    code = (
+        "import resource, subprocess, sys; "
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(proc.stdout) / 1024
+
+
+def write_long_journal(run: Path, steps: int) -> None:
+    """A finished step-detail run written straight with orjson (fast: no writer): per step a
+    ``log`` and a ``step_end``; every 20 steps an ``evaluate``, every 40 a ``save`` and its
+    ``report``."""
+    run.mkdir(parents=True)
+    t, seq = time.time() - 10 * steps, 0
+    with open(run / "journal.jsonl", "wb") as f:
+
+        def put(event: str, data: dict, step: int, samples: int = 0) -> None:
+            nonlocal seq
+            f.write(orjson.dumps({"v": 1, "seq": seq, "run_id": "long", "attempt": 1, "ts": t,
+                                  "event": event, "step": step, "epoch": 0,
+                                  "samples_seen": samples, "data": data}) + b"\n")  # fmt: skip
+            seq += 1
+
+        put("train_begin", BEGIN, 0)
+        for s in range(1, steps + 1):
+            t += 0.5
+            put("log", log_payload(s, 1.0 + (s % 7) / 10), s, 8 * s)
+            if s % 20 == 0:
+                put("evaluate", {"val_loss": 1.0 + ((s * 7919) % 100) / 100}, s)
+            put("step_end", {"loss": 1.0}, s, 8 * s)
+            if s % 40 == 0:
+                path = str(run / "checkpoints" / f"step-{s:06d}")
+                put("save", {"checkpoint_path": path, "kind": ["full_state"], "duration": 1.0}, s)
+                put("report", _report(path, s, (s % 97) / 100, t), s)
+        put("train_end", {"status": "completed", "reason": "done"}, steps)
+
+
+def test_a_long_journal_is_backtested_in_memory_that_does_not_grow_with_it(
+    tmp_path: Path,
+) -> None:
+    """420k records (130 MB) take less memory than their file (kept whole, as they were,
+    they took four times it): only step boundaries, the metrics asked for and one record
+    per eval or save are kept. benchmarks/bench_backtest.py measures 1M records."""
+    build(tmp_path / "short")
+    write_long_journal(tmp_path / "long", 200_000)
+    argv = [str(BIN / "ilab-journal"), "backtest", "--early-stopping",
+            "metric=val_loss,patience=1..8", "--divergence", "metric=loss", "--json"]  # fmt: skip
+    short = _peak_rss_mb(*argv, str(tmp_path / "short"))
+    long = _peak_rss_mb(*argv, str(tmp_path / "long"))
+    size = (tmp_path / "long" / "journal.jsonl").stat().st_size / 1e6
+    assert long - short < size, f"{long:.0f} MB for {size:.0f} MB of journal, {short:.0f} MB short"

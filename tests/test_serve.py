@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from array import array
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from starlette.testclient import TestClient
 from journal.checkpoints.leases import acquire
 from journal.serve.app import ServeConfig, build_app
 from journal.serve.data import downsample
+from journal.serve.fold import MAX_CURVES, MAX_LISTED, PRIORITY, REPORTED
 from journal.serve.runs import RunSet
 from journal.write.writer import JournalWriter
 from tests.browser import (
@@ -136,6 +139,133 @@ def test_runs_list_newest_first_with_stale_flagged(tmp_path: Path) -> None:
     assert rows[0]["tokens_per_s"] == 4096.0 and rows[0]["eta_s"] == pytest.approx(9 * 0.25)
 
 
+def test_many_metric_names_are_capped_curves_and_a_list(tmp_path: Path) -> None:
+    """3,000 logged names and 100 reported ones: the first MAX_CURVES of each (and loss,
+    lr, ...) are curves; the rest a list in the order met, one's curve read on demand; past
+    MAX_LISTED names are no longer kept. Before: 3,100 curves, each its own chart."""
+    run = tmp_path / "run"
+    w = JournalWriter(run)
+    w.append("train_begin", begin_payload(20))
+    names = [f"m{i:04d}" for i in range(3000)]
+    for s in range(1, 21):
+        w.append("log", {**{n: s * 0.5 + i for i, n in enumerate(names)}, **log_payload(s)},
+                 step=s)  # fmt: skip
+        if s % 10 == 0:
+            path = str(run / f"checkpoints/step-{s:06d}")
+            w.append("save", {"checkpoint_path": path, "kind": ["full_state"]}, step=s)
+            metrics = {f"task{i:03d}/acc": s / 100 + i for i in range(100)}
+            report = {"checkpoint_path": path, "step": s, "metrics": metrics, "source": "eval"}
+            w.append("report", report, step=s)
+    w.close()
+    c = client(run)
+    body = c.get("/api/runs/run").json()
+    curves = [x["name"] for x in body["series"]]
+    logged = [n for n in curves if n.startswith("m")]
+    reported = [n for n in curves if n.startswith(REPORTED)]
+    assert logged == names[:MAX_CURVES] and len(reported) == MAX_CURVES
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(curves)  # the page's own
+    assert len(curves) <= 2 * MAX_CURVES + len(PRIORITY)
+    assert body["listed"][: 3000 - MAX_CURVES] == names[MAX_CURVES:]
+    assert body["listed"][3000 - MAX_CURVES] == f"{REPORTED}task{MAX_CURVES:03d}/acc"
+    assert body["listed_all"] is True and body["listed"][-1] == f"{REPORTED}task099/acc"
+    one = c.get("/api/runs/run/series?name=m2999").json()  # read from the journal now
+    assert (one["x"], one["y"][:2], one["n"]) == (
+        [float(s) for s in range(1, 21)],
+        [2999.5, 3000.0],
+        20,
+    )
+    rep = c.get("/api/runs/run/series", params={"name": f"{REPORTED}task099/acc"}).json()
+    assert (rep["x"], rep["y"]) == ([10.0, 20.0], [99.1, 99.2])
+    assert c.get("/api/runs/run/series?name=nosuch").status_code == 404
+    # past MAX_LISTED names: the fold keeps no more (its memory bounded in names)
+    w = JournalWriter(run, resume=True)
+    w.append("log", {f"x{i}": 1.0 for i in range(MAX_LISTED)}, step=21)
+    w.close()
+    up = c.get(f"/api/runs/run/updates?since={body['count']}").json()
+    assert len(up["listed"]) == MAX_LISTED and up["listed_all"] is False
+    assert len(up["series"]) <= 2 * MAX_CURVES + len(PRIORITY)
+
+
+def _long_journal(run: Path, steps: int) -> None:
+    """A running run of ``steps`` logs written straight with orjson (fast: no writer)."""
+    run.mkdir(parents=True)
+    t = 1.8e9
+    lines = [{"v": 1, "seq": 0, "run_id": "long", "attempt": 1, "ts": t, "event": "train_begin",
+              "step": 0, "data": begin_payload(steps * 2)}]  # fmt: skip
+    for s in range(1, steps + 1):
+        lines.append({"v": 1, "seq": s, "run_id": "long", "attempt": 1, "ts": t + s,
+                      "event": "log", "step": s, "samples_seen": 8 * s,
+                      "data": log_payload(s, 1.0 + (s % 97) / 97)})  # fmt: skip
+    (run / "journal.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+
+
+def test_an_update_from_far_behind_is_downsampled_and_bounded(tmp_path: Path) -> None:
+    """``updates?since=0`` on 60k steps: each curve downsampled as the first paint has it
+    (at most 2 * width points, ``reset``), not 60k points each (9 MB before); then the
+    page, holding that, gets only what is new."""
+    run = tmp_path / "run"
+    _long_journal(run, 60_000)
+    c = client(run)
+    r = c.get("/api/runs/run/updates?since=0&width=1000")
+    up = r.json()
+    assert len(r.content) < 500_000, len(r.content)
+    assert up["count"] == 60_001 and len(up["series"]) >= 5
+    snap = c.get("/api/runs/run?width=1000").json()
+    first = {x["name"]: x for x in snap["series"]}
+    for x in up["series"]:
+        assert x["reset"] is True and x["n"] == 60_000 and len(x["x"]) <= 2000
+        assert (x["x"], x["y"]) == (first[x["name"]]["x"], first[x["name"]]["y"])
+    loss = next(x for x in up["series"] if x["name"] == "loss")
+    assert (min(loss["y"]), max(loss["y"]), loss["x"][0]) == (1.0, 1.0 + 96 / 97, 1.0)
+    with open(run / "journal.jsonl", "ab") as f:
+        rec = {"v": 1, "seq": 60_001, "run_id": "long", "attempt": 1, "ts": 1.9e9,
+               "event": "log", "step": 60_001, "data": log_payload(60_001, 0.25)}  # fmt: skip
+        f.write(orjson.dumps(rec) + b"\n")
+    n = ",".join(str(x["n"]) for x in snap["series"])
+    up = c.get(f"/api/runs/run/updates?since={up['count']}&n={n}&m={len(snap['markers'])}").json()
+    loss = next(x for x in up["series"] if x["name"] == "loss")
+    assert (loss["x"], loss["y"], loss.get("reset"), loss["n"]) == (
+        [60_001.0],
+        [0.25],
+        None,
+        60_001,
+    )
+
+
+def test_a_run_that_cannot_be_read_is_one_error_row(tmp_path: Path) -> None:
+    """A runs root with a good run and one whose journal.jsonl is a directory, served by
+    ``ilab-journal serve``: the list shows both, the bad one in the state ``error`` with
+    a one-line reason; its page's api says why; the good run's page is whole."""
+    story_journal(tmp_path / "good")
+    (tmp_path / "bad" / "journal.jsonl").mkdir(parents=True)
+
+    def get(url: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return r.status, orjson.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, orjson.loads(exc.read())
+
+    with serve(str(tmp_path)) as s, serve(str(tmp_path / "bad"), str(tmp_path / "good")) as s2:
+        for server in (s, s2):
+            code, body = get(server.url + "api/runs")
+            assert code == 200, body
+            rows = {r["key"]: r for r in body["runs"]}
+            assert set(rows) == {"good", "bad"}
+            assert (rows["good"]["state"], rows["good"]["step"]) == ("stopped", 60)
+            bad = rows["bad"]
+            assert (bad["state"], bad["reason"]) == (
+                "error",
+                "cannot read journal.jsonl: Is a directory",
+            )
+            assert bad["exit_code"] is None and "cannot be read" in bad["meaning"]
+            code, body = get(server.url + "api/runs/bad")
+            assert (code, body) == (500, {"error": "cannot read journal.jsonl: Is a directory"})
+            assert get(server.url + "api/runs/bad/updates?since=0")[0] == 500
+            code, body = get(server.url + "api/runs/good")
+            assert code == 200 and body["summary"]["state"] == "stopped"
+
+
 def _post(c: TestClient, headers: dict[str, str], body: Any = None) -> Any:
     return c.post(
         "/api/runs/run/control",
@@ -221,9 +351,14 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
 ) -> None:
     """The hostile run's page: state, every save / eval / report / stop marker, the removed
     and the best checkpoint, hostile strings shown as text and never run; a record appended
-    to the other (running) run shows in its open page."""
+    to the other (running) run shows in its open page; a run with more names than curves
+    lists the rest, and draws one when it is clicked."""
     story_journal(tmp_path / "hostile", hostile=True)
     live = story_journal(tmp_path / "live", end=False, steps=20)
+    with JournalWriter(tmp_path / "wide") as w:
+        w.append("train_begin", begin_payload(5))
+        for step in range(1, 6):
+            w.append("log", {f"w{i:02d}": step * i for i in range(MAX_CURVES + 8)}, step=step)
     with serve(str(tmp_path)) as s:
         page = browser.new_page()
         dialogs: list[str] = []
@@ -260,6 +395,14 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
         live.append("log", log_payload(21, 0.1), step=21)
         wait_until(lambda: page.text_content("#step") == "21", 5, "the appended step in the page")
         live.close()
+        # more names than curves: the rest listed, one drawn when clicked
+        page.goto(s.url + "run/wide")
+        page.wait_for_selector("body[data-painted='1']")
+        assert page.get_attribute("#more", "data-n") == "8"
+        assert page.locator(".chart[data-curves='w39']").count() == 0
+        page.click("#more summary")  # the list opens (closed: it may be 10,000 names)
+        page.click("#more button.metric[data-name='w39']")
+        page.wait_for_selector(".chart[data-curves='w39']")
         page.close()
 
 

@@ -72,8 +72,9 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "channels": {"record", "rundir", "read", "write"},
     "checkpoints": {"rundir", "read", "views", "write"},
     "remote": {"rundir", "read", "checkpoints"},
-    # serve: the web page (ilab-journal serve) over the readers, views, leases and commands
-    "serve": {"rundir", "read", "views", "channels", "checkpoints"},
+    # serve: the web page (ilab-journal serve) over the readers, views, leases and commands;
+    # record: which numbers the trainer itself logs (always a curve)
+    "serve": {"record", "rundir", "read", "views", "channels", "checkpoints"},
     # ask: check's expressions over a summary (views), waiting on leases (checkpoints) and
     # on jobs not yet in a final state (channels); its number literals judged by record's
     "ask": {"record", "rundir", "read", "views", "channels", "checkpoints"},

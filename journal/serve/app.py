@@ -111,22 +111,31 @@ def build_app(cfg: ServeConfig) -> Starlette:
         run = runs.get(request.path_params["key"])
         return run if run is not None else _error(404, "no such run")
 
-    def api_run(request: Request) -> Response:
+    def _fold(request: Request) -> Any:
+        """The run's fold read on, or the answer saying why there is none (one line)."""
         run = _run(request)
         if isinstance(run, Response):
-            return run
+            return run, run
         fold = run.opened()
+        if fold.unreadable:
+            return run, _error(500, fold.unreadable)
+        return run, fold
+
+    def api_run(request: Request) -> Response:
+        run, fold = _fold(request)
+        if isinstance(fold, Response):
+            return fold
         body = data.snapshot(fold, width=_width(request), stale_after=runs.stale_after)
         body.update(key=run.key, source=run.source, remote=run.remote)
         return _json(body)
 
     def api_updates(request: Request) -> Response:
-        run = _run(request)
-        if isinstance(run, Response):
-            return run
+        _, fold = _fold(request)
+        if isinstance(fold, Response):
+            return fold
         lengths = [int(n) for n in request.query_params.get("n", "").split(",") if n.isdigit()]
         body = data.updates(
-            run.opened(),
+            fold,
             since=_int(request, "since", 0),
             lengths=lengths,
             markers=_int(request, "m", 0),
@@ -136,12 +145,12 @@ def build_app(cfg: ServeConfig) -> Starlette:
         return _json(body)
 
     def api_series(request: Request) -> Response:
-        run = _run(request)
-        if isinstance(run, Response):
-            return run
+        _, fold = _fold(request)
+        if isinstance(fold, Response):
+            return fold
         name = request.query_params.get("name", "")
         lo, hi = _float(request, "lo"), _float(request, "hi")
-        out = data.series_range(run.opened(), name, lo, hi, _width(request))
+        out = data.series_range(fold, name, lo, hi, _width(request))
         return _json(out) if out is not None else _error(404, "no such curve")
 
     async def api_control(request: Request) -> Response:

@@ -1,6 +1,11 @@
 """What ``/api/`` answers for one run: its summary, curves (downsampled for the first paint,
 full resolution on zoom), markers, checkpoints, and what changed since the page last asked.
-Every value is JSON; strings from records stay strings (the page shows them as text)."""
+Every value is JSON; strings from records stay strings (the page shows them as text).
+
+One answer's size is bounded whatever the journal: at most ``2 * width`` points per curve
+(an update from far behind sends the downsampled curve, as the first paint does), the
+fold's curves (:data:`journal.serve.fold.MAX_CURVES`), :data:`MAX_MARKERS` new markers per
+update, and the names listed beyond the curves."""
 
 from __future__ import annotations
 
@@ -24,9 +29,12 @@ STATE_MEANING: dict[str, str] = {
     "interrupted": "exit 5: interrupted",
     "stale": "exit 6: stale (no record, no train_end)",
     "empty": "exit 7: no record yet",
+    "error": "the journal cannot be read: see the reason",
 }
 #: Points per curve on the first paint (two per pixel bucket: its min and its max).
 DEFAULT_WIDTH = 1000
+#: New markers one update carries at most: a page far behind gets the rest on its next asks.
+MAX_MARKERS = 5000
 
 
 def downsample(
@@ -139,30 +147,40 @@ def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]
             "series": [_series_out(s, None, None, width) for s in fold.series.values()],
             "markers": fold.markers,
             "checkpoints": checkpoints(fold, summ["best"]),
+            "listed": list(fold.listed),
+            "listed_all": fold.listed_all,
         }
 
 
 def series_range(
     fold: RunFold, name: str, lo: float | None, hi: float | None, width: int
 ) -> dict[str, Any] | None:
-    """One curve between two steps (zoom): full resolution when it fits ``2 * width``."""
+    """One curve between two steps (zoom): full resolution when it fits ``2 * width``; a
+    listed name's read from the journal now (:meth:`RunFold.listed_curve`)."""
     with fold.lock:
         series = fold.series.get(name)
-        return None if series is None else _series_out(series, lo, hi, width)
+        if series is not None:
+            return _series_out(series, lo, hi, width)
+    series = fold.listed_curve(name)  # outside the lock: the page's polls go on meanwhile
+    return None if series is None else _series_out(series, lo, hi, width)
 
 
 def updates(
     fold: RunFold, *, since: int, lengths: list[int], markers: int, width: int, stale_after: float
 ) -> dict[str, Any]:
     """What changed after the page's ``since`` records: per curve (in the snapshot's order,
-    ``lengths`` the points the page has) the new points, or the whole curve again when it
-    changed other than by appending (``reset``); new markers; the summary and table."""
+    ``lengths`` the points the page has) the new points, or the whole curve again,
+    downsampled (``reset``), when it changed other than by appending or when the new points
+    are more than ``2 * width`` (a page far behind, ``since=0``); at most
+    :data:`MAX_MARKERS` new markers; the summary, the table and the listed names when
+    they changed."""
     with fold.lock:
         summ = summary(fold, stale_after=stale_after)
         out_series = []
         for i, series in enumerate(fold.series.values()):
             have = lengths[i] if i < len(lengths) else 0
-            if series.reset_at > since or have > len(series.steps):
+            n = len(series.steps)
+            if series.reset_at > since or have > n or n - have > 2 * width:
                 out_series.append({**_series_out(series, None, None, width), "reset": True})
             elif have < len(series.steps):
                 out_series.append(
@@ -177,6 +195,8 @@ def updates(
             "summary": summ,
             "count": fold.count,
             "series": out_series,
-            "markers": fold.markers[markers:],
+            "markers": fold.markers[markers : markers + MAX_MARKERS],
             "checkpoints": checkpoints(fold, summ["best"]) if fold.ck_changed_at > since else None,
+            "listed": list(fold.listed) if fold.names_changed_at > since else None,
+            "listed_all": fold.listed_all,
         }

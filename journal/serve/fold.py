@@ -4,6 +4,11 @@ reading on from where the last read stopped (never the whole file again).
 A curve holds one point per step. A resumed attempt goes back in steps: its points replace
 the ones from its step on (the curves show the latest attempt's path; the resume is a
 marker). Reported metrics are per checkpoint step, inserted in step order.
+
+Memory is bounded in the number of names: the first :data:`MAX_CURVES` logged names and
+the first :data:`MAX_CURVES` reported ones (and the page's own, :data:`PRIORITY`, whenever
+they come) are kept as curves; later names are only listed (at most :data:`MAX_LISTED`),
+and one's curve is read from the journal when asked for (:meth:`RunFold.listed_curve`).
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journal.read.reader import CHUNK_SIZE
+import orjson
+
+from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
+from journal.record.fields import PAYLOAD_TYPES
 from journal.views.best import BEST_EVENTS
 from journal.views.fold import RunFold as RunTruth
 
@@ -55,6 +63,18 @@ _PLAIN = frozenset(
 REPORTED = "report:"
 #: The longest string a marker's detail carries (a reason, a source): the page shows text.
 MAX_TEXT = 500
+#: Curves kept (at full resolution) of logged names, and as many of reported ones: the
+#: first met. A journal with thousands of names paints in a second, not a minute.
+MAX_CURVES = 32
+#: Names kept as curves whenever they come, beyond the cap: the trainer's own numbers.
+PRIORITY = frozenset(
+    name
+    for event in ("log", "evaluate")
+    for name, types in PAYLOAD_TYPES[event].items()
+    if float in types and name not in _NOT_CURVES
+)
+#: Names listed beyond the curves (a curve read on demand); later ones are not kept.
+MAX_LISTED = 10_000
 
 
 def _number(v: Any) -> float | None:
@@ -154,28 +174,44 @@ class RunFold:
         self.ck_changed_at = 0  # the record count when the checkpoints or the best last changed
         self.count = 0  # records folded
         self.invalid = 0
+        self.listed: dict[str, None] = {}  # names beyond the curves, in the order met
+        self.listed_all = True  # False once a name came past MAX_LISTED
+        self.names_changed_at = 0  # the record count when ``listed`` last changed
+        self._capped = {False: 0, True: 0}  # curves kept beyond PRIORITY, by by_report
+        self.unreadable: str | None = None  # why the journal cannot be read now: one line
         self.last_log: dict[str, Any] | None = None
         self.prev_log: dict[str, Any] | None = None
         self._reader: RotatingReader | None = None
         self.lock = threading.RLock()  # held by the api while it reads the fold
 
     def update(self) -> int:
-        """Fold what was appended since the last call; the number of records folded now."""
+        """Fold what was appended since the last call; the number of records folded now.
+        A journal that cannot be read (a directory, no permission) sets ``unreadable``
+        and is tried again on the next call."""
         with self.lock:
-            if self._reader is None:
-                if not self.journal.exists():
-                    return 0
-                self._reader = RotatingReader(self.journal)
             before = self.count
-            while True:
-                self._reader.check()
-                offset = self._reader.offset
-                batch = self._reader.read(max_bytes=CHUNK_SIZE)
-                self.invalid += len(batch.invalid)
-                for rec in batch.records:
-                    self._add(rec)
-                if self._reader.offset == offset:
-                    return self.count - before
+            try:
+                self._read_on()
+            except OSError as exc:
+                self.unreadable = f"cannot read {self.journal.name}: {exc.strerror or exc}"
+            else:
+                self.unreadable = None
+            return self.count - before
+
+    def _read_on(self) -> None:
+        if self._reader is None:
+            if not self.journal.exists():
+                return
+            self._reader = RotatingReader(self.journal)
+        while True:
+            self._reader.check()
+            offset = self._reader.offset
+            batch = self._reader.read(max_bytes=CHUNK_SIZE)
+            self.invalid += len(batch.invalid)
+            for rec in batch.records:
+                self._add(rec)
+            if self._reader.offset == offset:
+                return
 
     def close(self) -> None:
         if self._reader is not None:
@@ -197,10 +233,38 @@ class RunFold:
         if kind is not None:
             self._marker(rec, kind)
 
+    def _new_series(self, name: str, by_report: bool = False) -> Series | None:
+        """A curve for a name met for the first time, or None past the cap (then listed)."""
+        if name in PRIORITY or self._capped[by_report] < MAX_CURVES:
+            self._capped[by_report] += name not in PRIORITY
+            series = self.series[name] = Series(name, by_report=by_report)
+            return series
+        if name not in self.listed:
+            if len(self.listed) < MAX_LISTED:
+                self.listed[name] = None
+                self.names_changed_at = self.count
+            else:
+                self.listed_all = False
+        return None
+
+    def listed_curve(self, name: str) -> Series | None:
+        """A listed name's curve, read now from the journal's lines that hold the name
+        (a byte search: only those are parsed); None for a name not listed. Reads the
+        journal file at the path (a rotated-away part is not in it)."""
+        if name not in self.listed:
+            return None
+        key = name.removeprefix(REPORTED)
+        one = _OneCurve(self.journal, name)
+        for rec in iter_events(self.journal, set(), holding=(orjson.dumps(key).decode()[1:-1],)):
+            one._add(rec)
+        return one.series.get(name) or Series(name, by_report=name.startswith(REPORTED))
+
     def _point(self, name: str, step: float, value: float, *, by_report: bool = False) -> None:
         series = self.series.get(name)
         if series is None:
-            series = self.series[name] = Series(name, by_report=by_report)
+            series = self._new_series(name, by_report)
+            if series is None:
+                return
         series.add(step, value, self.count)
 
     def _curves(self, rec: dict[str, Any], event: str) -> None:
@@ -223,7 +287,9 @@ class RunFold:
                 continue
             curve = series.get(key)
             if curve is None:
-                curve = series[key] = Series(str(key))
+                curve = self._new_series(str(key))
+                if curve is None:
+                    continue
             curve.add(step, float(value), count)
 
     def _marker(self, rec: dict[str, Any], kind: str) -> None:
@@ -291,3 +357,17 @@ class RunFold:
                 k: _scalar(data.get(k))
                 for k in ("job_id", "scheduler", "state", "node", "exit_code", "hook")
             }
+
+
+class _OneCurve(RunFold):
+    """A fold that keeps one curve: a listed name's, from the records that hold it."""
+
+    def __init__(self, journal: Path, name: str) -> None:
+        super().__init__(journal)
+        self.only = name
+
+    def _new_series(self, name: str, by_report: bool = False) -> Series | None:
+        if name != self.only:
+            return None
+        series = self.series[name] = Series(name, by_report=by_report)
+        return series

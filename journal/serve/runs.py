@@ -64,8 +64,10 @@ class RunSet:
         return list(self.runs.values())
 
     def rows(self) -> list[dict[str, Any]]:
-        """The runs list: every run's row, newest first (by start, else last record)."""
-        rows = [self.row(run) for run in self.refresh()]
+        """The runs list: every run's row, newest first (by start, else last record). A run
+        that cannot be read is a row in the state ``error`` with the reason; the others
+        are shown as ever."""
+        rows = [self.row_or_error(run) for run in self.refresh()]
         return sorted(
             rows, key=lambda r: (-(r.get("started_ts") or r.get("last_ts") or 0.0), r["key"])
         )
@@ -86,6 +88,16 @@ class RunSet:
         run = self.runs[key] = Run(key, run_dir, given, remote)
         return run
 
+    def row_or_error(self, run: Run) -> dict[str, Any]:
+        """:meth:`row`, or the run's error row: one run's trouble stays in its row."""
+        try:
+            return self.row(run)
+        except Exception as exc:  # whatever one journal does, the list stays up
+            reason = unreadable(run, exc)
+        row = {"key": run.key, "source": run.source, "remote": run.remote, "state": "error",
+               "reason": reason, "records": 0}  # fmt: skip
+        return _aged(row, time.time(), self.stale_after)
+
     def row(self, run: Run, now: float | None = None) -> dict[str, Any]:
         """The runs list's row of ``run``: state, step / max, throughput, ETA, best, age."""
         now = time.time() if now is None else now
@@ -95,7 +107,10 @@ class RunSet:
             return {"key": run.key, "source": run.source, "state": "empty", "records": 0}
         ident = (st.st_size, st.st_mtime_ns)
         if run.fold is not None:
-            truth = run.opened().run
+            fold = run.opened()
+            if fold.unreadable:
+                raise OSError(fold.unreadable)
+            truth = fold.run
         elif run._row is not None and run._row[0] == ident:
             return _aged(run._row[1], now, self.stale_after)
         else:
@@ -128,6 +143,14 @@ class RunSet:
         return _aged(row, now, self.stale_after)
 
 
+def unreadable(run: Run, exc: BaseException) -> str:
+    """Why a run cannot be shown, in one line."""
+    if isinstance(exc, OSError) and exc.strerror:  # "Is a directory", "Permission denied"
+        return f"cannot read {run.journal.name}: {exc.strerror}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
 def _aged(row: dict[str, Any], now: float, stale_after: float) -> dict[str, Any]:
     """The row with its age, and a running run that has been quiet too long as stale."""
     out = dict(row)
@@ -137,7 +160,8 @@ def _aged(row: dict[str, Any], now: float, stale_after: float) -> dict[str, Any]
         out["state"], out["reason"] = "stale", f"no record for {now - last:.0f}s and no train_end"
     out["stale"] = out.get("state") == "stale"
     out["meaning"] = STATE_MEANING.get(out.get("state") or "", "")
-    out["exit_code"] = STATE_EXIT_CODES.get(out.get("state") or "", 1)
+    state = out.get("state") or ""
+    out["exit_code"] = None if state == "error" else STATE_EXIT_CODES.get(state, 1)
     return out
 
 
@@ -147,7 +171,7 @@ def _run_dirs(path: Path) -> list[Path]:
         return [path.parent]
     if (path / JOURNAL_NAME).exists():
         return [path]
-    try:
-        return sorted(p for p in path.iterdir() if (p / JOURNAL_NAME).is_file())
+    try:  # a journal that is not a file is a run too: shown with why it cannot be read
+        return sorted(p for p in path.iterdir() if (p / JOURNAL_NAME).exists())
     except OSError:
         return []

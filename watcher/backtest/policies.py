@@ -6,25 +6,33 @@ given as a range ``1..8`` or a list ``[1,2,4]`` makes one variant per value."""
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from journal.record.numbers import parse_number, shown_value
 from watcher.builtin.steering import parse_builtin
 from watcher.hooks.callbacks import CallbackSpecError
 
 #: Sweeps larger than this are refused: a typo such as 1..100000 should not run for hours.
 MAX_VARIANTS = 256
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+#: ``A..B`` of anything number-like (``1.5..3`` too: refused as a range, not a TypeError).
+_RANGE = re.compile(r"^([-+]?[\d.eE_+]+?)\.\.([-+]?[\d.eE_+]+)$")
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.\-/]*)\s*(>=|<=|>|<)\s*(\S+)\s*$")
 
 
 def expand_values(raw: str, where: str) -> list[str]:
-    """``"1..4"`` -> 1, 2, 3, 4; ``"[0,0.01]"`` -> 0, 0.01; anything else: itself."""
+    """``"1..4"`` -> 1, 2, 3, 4; ``"[0,0.01]"`` -> 0, 0.01; anything else: itself. Each
+    value is then judged like a single one (the setting's own rule); a range's ends must
+    be whole numbers."""
     raw = raw.strip()
     if m := _RANGE.match(raw):
-        lo, hi = int(m[1]), int(m[2])
+        try:
+            lo, hi = (parse_number(end, whole=True) for end in (m[1], m[2]))
+        except ValueError:
+            raise CallbackSpecError(
+                f"{where}: range {shown_value(raw)}: expected whole numbers A..B, e.g. 1..8"
+            ) from None
         if hi < lo:
             raise CallbackSpecError(f"{where}: range {raw} ends before it starts")
         if hi - lo + 1 > MAX_VARIANTS:
@@ -87,13 +95,13 @@ class Target:
     def parse(cls, text: str) -> Target:
         m = _TARGET.match(text)
         try:
-            value = float(m[3]) if m else math.nan
+            value = parse_number(m[3] if m else "")  # any finite number: a metric's bound
         except ValueError:
-            value = math.nan
-        if not m or not math.isfinite(value):
             raise CallbackSpecError(
-                f"--target {text!r}: expected METRIC>=NUMBER (or <=, >, <), e.g. accuracy>=0.8"
-            )
+                f"--target {shown_value(text)!r}: expected METRIC>=NUMBER (or <=, >, <), "
+                "e.g. accuracy>=0.8"
+            ) from None
+        assert m is not None
         return cls(m[1], m[2], value)
 
     def met(self, v: float) -> bool:
@@ -150,7 +158,8 @@ def keep_last_values(raw: str | None) -> list[int | None]:
         return [None]
     out: list[int | None] = []
     for v in expand_values(raw, "--keep-last-n"):
-        if not v.isdigit() or int(v) < 1:
-            raise CallbackSpecError(f"--keep-last-n {v!r}: expected a whole number >= 1")
-        out.append(int(v))
+        try:
+            out.append(parse_number(v, whole=True, low=1))
+        except ValueError as exc:
+            raise CallbackSpecError(f"--keep-last-n {shown_value(v)}: {exc}") from None
     return out

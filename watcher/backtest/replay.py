@@ -29,7 +29,7 @@ from journal.views.best import MetricGoal
 from watcher.backtest.judge import judge_retention, judge_stop, policy_goal
 from watcher.backtest.outcome import RunBacktest, WouldHave
 from watcher.backtest.policies import StopPolicy
-from watcher.backtest.timeline import Timeline, read_run
+from watcher.backtest.timeline import read_run
 from watcher.engine.execute import Executor
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import BadReturn, returned_actions
@@ -86,14 +86,16 @@ def replay(
     hooks, fresh for each journal as a watcher of it would (one policy: ``callbacks``);
     ``retention``: (keep_last_n, keep_best) pairs, None for the run's own; ``goal``: the
     metric losses are judged by (None: the run's keep_best, else each policy's metric)."""
-    tl = read_run(journal)
     made = [(p, _builtin_hooks(p) if p.builtin is not None else None) for p in policies]
     if user is not None:
         made.append((StopPolicy("callbacks", "callback"), user()))
-    answers, failures = _deliver(journal, tl, [hs for _, hs in made])
+    metrics = {g.metric for g in [goal, *map(policy_goal, policies)] if g is not None}
+    with Replayer(journal, [hs for _, hs in made]) as deliver:
+        # each record delivered as it is read: the journal is never held in memory
+        tl = read_run(journal, metrics, on_record=deliver)
+    answers, failures = deliver.hand.answers, deliver.failures
     run_goal = MetricGoal.parse(tl.keep_best) if tl.keep_best else None
-    run_id = tl.records[0].get("run_id") if tl.records else None
-    out = RunBacktest(str(journal), run_id, tl.status, tl.last_step, tl.stop_source)
+    out = RunBacktest(str(journal), tl.run_id, tl.status, tl.last_step, tl.stop_source)
     for i, (p, _) in enumerate(made):
         stop = judge_stop(tl, p, answers.get(i, []), goal or run_goal or policy_goal(p))
         stop.failures = failures.get(i, [])
@@ -109,44 +111,48 @@ def _builtin_hooks(p: StopPolicy) -> HookSet:
     return assemble_hooks([], [p.make()], [], lambda event: HookOptions())
 
 
-def _deliver(
-    journal: Path, tl: Timeline, sets: list[HookSet | None]
-) -> tuple[dict[int, list[WouldHave]], dict[int, list[str]]]:
+class Replayer:
     """Each record to the hooks of its event, in journal order, through the watcher's
-    executor; returns each policy's answers and its failed deliveries (one line each)."""
-    hand = WouldHaveHandBack(str(journal.parent))
-    ex = Executor(
-        journal,
-        files=None,
-        control_source="backtest",
-        stop=threading.Event(),
-        checkpoints=cast(Any, _NoRemovals()),
-    )
-    ex.handback = hand
-    routes: dict[str, list[Hook]] = {}
-    for i, hs in enumerate(sets):
-        if hs is None:
-            continue
-        for obj in hs.stateful:  # a watcher that starts at the beginning: no history
-            obj.restore_state([])
-        for hook in hs.hooks:
-            routes.setdefault(hook.event, []).append(hook)
-            hand.owner[id(hook)] = i
-    failures: dict[int, list[str]] = {}
-    batch = Batch(0, 0, 0, 0)
-    try:
-        for rec in tl.records:
-            ev = rec.get("event")
-            hooks = routes.get(ev) if type(ev) is str else None
-            if not hooks or undeliverable(rec):
+    executor (call it with each record; close it after the last); keeps each policy's
+    answers (``hand.answers``) and its failed deliveries (``failures``: one line each)."""
+
+    def __init__(self, journal: Path, sets: list[HookSet | None]) -> None:
+        self.hand = WouldHaveHandBack(str(journal.parent))
+        self.ex = Executor(
+            journal,
+            files=None,
+            control_source="backtest",
+            stop=threading.Event(),
+            checkpoints=cast(Any, _NoRemovals()),
+        )
+        self.ex.handback = self.hand
+        self.routes: dict[str, list[Hook]] = {}
+        for i, hs in enumerate(sets):
+            if hs is None:
                 continue
-            prefix = f"{rec.get('run_id', '')}-{rec['seq']}-"
-            for hook in hooks:
-                res = ex.deliver(Delivery(hook, rec, batch, prefix + hook.short_id))
-                if res is not None and res.status not in ("ok", "skipped"):
-                    failures.setdefault(hand.owner[id(hook)], []).append(
-                        f"{hook.label} on seq {rec['seq']}: {res.error}"
-                    )
-    finally:
-        ex.close()
-    return hand.answers, failures
+            for obj in hs.stateful:  # a watcher that starts at the beginning: no history
+                obj.restore_state([])
+            for hook in hs.hooks:
+                self.routes.setdefault(hook.event, []).append(hook)
+                self.hand.owner[id(hook)] = i
+        self.failures: dict[int, list[str]] = {}
+        self._batch = Batch(0, 0, 0, 0)
+
+    def __call__(self, rec: dict[str, Any]) -> None:
+        ev = rec.get("event")
+        hooks = self.routes.get(ev) if type(ev) is str else None
+        if not hooks or undeliverable(rec):
+            return
+        prefix = f"{rec.get('run_id', '')}-{rec['seq']}-"
+        for hook in hooks:
+            res = self.ex.deliver(Delivery(hook, rec, self._batch, prefix + hook.short_id))
+            if res is not None and res.status not in ("ok", "skipped"):
+                self.failures.setdefault(self.hand.owner[id(hook)], []).append(
+                    f"{hook.label} on seq {rec['seq']}: {res.error}"
+                )
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ex.close()

@@ -1,29 +1,76 @@
-"""One pass over a journal: the records of its current run, the step boundaries a stop
-can fall on, a metric's values and when each was known."""
+"""One pass over a journal: the step boundaries of its current run a stop can fall on, the
+values of the metrics the policies judge by and when each was known, the records that
+decide the best checkpoint; each record of the run handed to the replay as it is read.
+
+Memory is bounded by what the policies need, not by the journal: a step boundary is four
+numbers in arrays, a ``log`` record is kept only as the values of the metrics asked for;
+only ``evaluate``, ``report`` and ``save`` records (one per eval or save) are kept whole.
+"""
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journal.read.reader import iter_batches
+import orjson
+
+from journal.read.lines import LongLine, lines_backwards
+from journal.read.reader import iter_batches, record_problem
+from journal.views.best import MetricGoal
 from journal.views.stops import ending
 
 _ENDS = ("stop", "abort")
-_METRIC_EVENTS = ("evaluate", "log")
-_KEPT = frozenset({"evaluate", "log", "report", "save"})
+#: Records kept whole: what the best checkpoint and reported metrics are folded from.
+_KEPT = frozenset({"evaluate", "report", "save"})
+_NO_RUN = object()  # the run id of an empty journal
+
+
+class Boundaries:
+    """Step boundaries as ``(ts, seq, step, samples)``, in four arrays (32 bytes each, not
+    a tuple of four objects: a 1M-record journal has a third of a million). A logged
+    metric's values are kept the same way, the value in ``samples`` (``kind`` "d")."""
+
+    def __init__(self, kind: str = "q") -> None:
+        self.ts = array("d")
+        self.seq = array("q")
+        self.step = array("q")
+        self.samples: array[Any] = array(kind)
+
+    def add(self, ts: float, seq: int, step: int, samples: float) -> None:
+        self.ts.append(ts)
+        self.seq.append(seq)
+        self.step.append(step)
+        self.samples.append(samples)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def sort(self) -> None:
+        """In ``(ts, seq)`` order (journal order already, unless clocks went back)."""
+        ts, seq = self.ts, self.seq
+        if all(
+            ts[i] < ts[i + 1] or (ts[i] == ts[i + 1] and seq[i] <= seq[i + 1])
+            for i in range(len(ts) - 1)
+        ):
+            return
+        rows = sorted(zip(ts, seq, self.step, self.samples, strict=True))
+        self.ts = array("d", (r[0] for r in rows))
+        self.seq = array("q", (r[1] for r in rows))
+        self.step = array("q", (r[2] for r in rows))
+        self.samples = array(self.samples.typecode, (r[3] for r in rows))
 
 
 @dataclass
 class Timeline:
     """What one pass over a journal's current run gathers for every policy."""
 
-    records: list[dict[str, Any]]
-    boundaries: list[tuple[float, int, int, int]] = field(
-        default_factory=list
-    )  # ts, seq, step, samples
+    run_id: str | None = None
+    boundaries: Boundaries = field(default_factory=Boundaries)
     tokens_per_step: float | None = None
     end_ts: float | None = None
     end_samples: int = 0
@@ -32,88 +79,131 @@ class Timeline:
     stop_source: str | None = None
     keep_best: str | None = None
     keep_last_n: int | None = None
-    #: the records that carry metrics or checkpoints (evaluate, log, report, save)
+    #: the records kept whole, in journal order (evaluate, report, save)
     metric_records: list[dict[str, Any]] = field(default_factory=list)
+    #: the metrics gathered from ``log`` records (see :func:`read_run`)
+    log_metrics: set[str] = field(default_factory=set)
+    _logged: dict[str, Boundaries] = field(default_factory=dict)  # (ts, seq, step, value)
     _series: dict[str, list[tuple[int, float, float, int, int]]] = field(default_factory=dict)
 
     def applied(self, t: float, after_step: int) -> tuple[int, int, float] | None:
         """(step, samples, ts) at the end of the first step after ``after_step`` that ends
         after time ``t`` (a command is read at a step boundary: one that answers a record
         of step s applies at s + 1 at the earliest); None when no step does."""
-        i = bisect.bisect_right(self.boundaries, (t, float("inf")))
-        for ts, _, step, samples in self.boundaries[i:]:
-            if step > after_step and ts > t:
-                return step, samples, ts
+        b = self.boundaries
+        for i in range(bisect.bisect_right(b.ts, t), len(b)):
+            if b.step[i] > after_step and b.ts[i] > t:
+                return b.step[i], b.samples[i], b.ts[i]
         return None
 
 
-def read_run(journal: Path) -> Timeline:
-    """The journal read once: the records of its current run (the last ``run_id``, all its
-    attempts) and the step boundaries a stop can fall on."""
-    records: list[dict[str, Any]] = []
-    for batch in iter_batches(journal, final=True):
-        records.extend(batch.records)
-    run_id = records[-1].get("run_id") if records else None
-    first = next((i for i, r in enumerate(records) if r.get("run_id") == run_id), 0)
-    tl = Timeline(records[first:])
-    logs: list[tuple[float, int, int, int]] = []
-    tokens, logged = 0, 0
+def current_run_id(journal: Path) -> Any:
+    """The ``run_id`` of the journal's last valid record, read backwards by the reader's
+    rules (a torn final fragment is no record once the run is over, nor a line over the
+    limit); ``_NO_RUN`` when it has none. Known before the one forward pass, so that each
+    record of the current run can be replayed as it is read."""
+    for _, line in lines_backwards(journal, block=64 * 1024):
+        if isinstance(line, LongLine) or not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if record_problem(obj) is None:
+            return obj.get("run_id")
+    return _NO_RUN
+
+
+def read_run(
+    journal: Path,
+    metrics: Iterable[str] = (),
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> Timeline:
+    """The journal read once, its current run (from the first record of the last
+    ``run_id``, all its attempts) folded: step boundaries, the end, the run's retention,
+    ``metrics`` (and each ``keep_best`` metric of the run) from ``log`` records, the
+    ``evaluate``/``report``/``save`` records. ``on_record`` gets each record of the run in
+    journal order as it is read (the replay's deliveries): none is kept for later."""
+    run_id = current_run_id(journal)
+    tl = Timeline(run_id=None if run_id is _NO_RUN else run_id)
+    wanted = tl.log_metrics
+    wanted.update(metrics)
+    logged = tl._logged
+    logs = Boundaries()  # a bridge's journal without step_end: its log records
+    tokens, n_logged = 0, 0
     enders: dict[str, str | None] = {}
     kept, ends = tl.metric_records, tl.boundaries
     last = 0
-    for rec in tl.records:  # once per record: one dict lookup for most of them
-        ev = rec.get("event")
-        if ev == "step_end":
-            ends.append(
-                (rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0))
-            )
-            continue
-        if ev in _KEPT:
-            kept.append(rec)
-            if ev == "log":
-                logs.append(
-                    (rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0))
+    started = False
+    for batch in iter_batches(journal, final=True):
+        for rec in batch.records:  # once per record: one dict lookup for most of them
+            if not started:
+                if rec.get("run_id") != run_id:
+                    continue
+                started = True
+            ev = rec.get("event")
+            if ev == "step_end":
+                ends.add(
+                    rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0)
                 )
-                bm = (rec.get("data") or {}).get("batch_metrics") or {}
+            elif ev == "log":
+                step, ts, seq = rec.get("step", 0), rec.get("ts", 0.0), rec["seq"]
+                logs.add(ts, seq, step, rec.get("samples_seen", 0))
+                last = max(last, step)
+                data = rec.get("data") or {}
+                bm = data.get("batch_metrics") or {}
                 if isinstance(bm.get("total_length"), int):
-                    tokens, logged = tokens + bm["total_length"], logged + 1
-            elif ev != "report" and rec.get("step", 0) > last:
-                last = rec.get("step", 0)
-        elif ev == "train_begin":
-            config = (rec.get("data") or {}).get("config") or {}
-            tl.keep_best = (
-                config.get("keep_best") if isinstance(config.get("keep_best"), str) else None
-            )
-            n = config.get("keep_last_n")
-            tl.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
-        elif ev == "control":
-            data = rec.get("data") or {}
-            if data.get("accepted") and data.get("command") in _ENDS:
-                enders[str(data.get("id"))] = data.get("source")
-        elif ev == "train_end":
-            data = rec.get("data") or {}
-            tl.status = str(data.get("status"))
-            tl.stop_source = ending(data, enders)[0]
-            tl.end_ts = rec.get("ts")
-            last = max(last, rec.get("step", 0))
-    if not tl.boundaries:  # a bridge's journal without step_end: its log records
+                    tokens, n_logged = tokens + bm["total_length"], n_logged + 1
+                for name in wanted:
+                    v = data.get(name)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+                        col = logged.get(name) or logged.setdefault(name, Boundaries("d"))
+                        col.add(ts, seq, int(step or 0), float(v))
+            elif ev in _KEPT:
+                kept.append(rec)
+                if ev != "report" and rec.get("step", 0) > last:
+                    last = rec.get("step", 0)
+            elif ev == "train_begin":
+                config = (rec.get("data") or {}).get("config") or {}
+                kb = config.get("keep_best")
+                tl.keep_best = kb if isinstance(kb, str) else None
+                if tl.keep_best:  # the run's own goal: its log values from here on too
+                    with contextlib.suppress(ValueError):  # judged as the replay judges it
+                        wanted.add(MetricGoal.parse(tl.keep_best).metric)
+                n = config.get("keep_last_n")
+                tl.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
+            elif ev == "control":
+                data = rec.get("data") or {}
+                if data.get("accepted") and data.get("command") in _ENDS:
+                    enders[str(data.get("id"))] = data.get("source")
+            elif ev == "train_end":
+                data = rec.get("data") or {}
+                tl.status = str(data.get("status"))
+                tl.stop_source = ending(data, enders)[0]
+                tl.end_ts = rec.get("ts")
+                last = max(last, rec.get("step", 0))
+            if on_record is not None:
+                on_record(rec)
+    if not tl.boundaries:
         tl.boundaries = logs
     tl.boundaries.sort()
-    tl.last_step = max([last, *(b[2] for b in tl.boundaries[-1:])])
-    tl.end_samples = max((b[3] for b in tl.boundaries), default=0)
-    tl.tokens_per_step = tokens / logged if logged else None
+    b = tl.boundaries
+    tl.last_step = max(last, b.step[-1] if len(b) else 0)
+    tl.end_samples = max(b.samples, default=0)
+    tl.tokens_per_step = tokens / n_logged if n_logged else None
     return tl
 
 
 def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int, int]]:
-    """``(step, value, ts, seq, after)`` of a metric, made once per metric: reports by
-    their checkpoint's step, evaluate and log fields by their record's. ``after``: a stop
-    decided with this value (the eval's own target) applies at a step after it: a report
-    is read at the step boundary that journaled it, where a command sent with it is read
-    too; an evaluate or log record is journaled after its step's boundary."""
+    """``(step, value, ts, seq, after)`` of a metric in journal order, made once per
+    metric: reports by their checkpoint's step, evaluate and log fields by their record's
+    (log fields only of the metrics :func:`read_run` gathered). ``after``: a stop decided
+    with this value (the eval's own target) applies at a step after it: a report is read at
+    the step boundary that journaled it, where a command sent with it is read too; an
+    evaluate or log record is journaled after its step's boundary."""
     if metric in tl._series:
         return tl._series[metric]
-    out: list[tuple[int, float, float, int, int]] = tl._series.setdefault(metric, [])
+    out: list[tuple[int, float, float, int, int]] = []
     for rec in tl.metric_records:
         ev, data = rec.get("event"), rec.get("data") or {}
         at = rec.get("step", 0)
@@ -121,10 +211,15 @@ def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, in
             v = (data.get("metrics") or {}).get(metric)
             step = data.get("step") if isinstance(data.get("step"), int) else at
             after = at - 1
-        elif ev in _METRIC_EVENTS:
+        elif ev == "evaluate":
             v, step, after = data.get(metric), at, at
         else:
             continue
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
             out.append((int(step or 0), float(v), float(rec.get("ts", 0.0)), rec["seq"], after))
+    logged = tl._logged.get(metric)
+    if logged:  # merged into journal order by seq
+        out += zip(logged.step, logged.samples, logged.ts, logged.seq, logged.step, strict=True)
+        out.sort(key=lambda row: row[3])
+    tl._series[metric] = out
     return out

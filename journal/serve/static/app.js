@@ -42,7 +42,11 @@ function token() {
 
 async function getJSON(url) {
   const r = await fetch(url, { cache: "no-store" });
-  if (!r.ok) throw new Error(url + ": " + r.status);
+  if (!r.ok) {
+    // the server's one-line reason when it gave one ("cannot read journal.jsonl: ...")
+    const why = await r.json().then((b) => b.error, () => null);
+    throw new Error(why || url + ": " + r.status);
+  }
   return r.json();
 }
 
@@ -227,6 +231,7 @@ async function runPage(main, key) {
   const facts = el("div", { className: "facts", id: "facts" });
   const strip = el("div", { className: "strip", id: "strip" });
   const charts = el("div", { id: "charts" });
+  const more = el("details", { id: "more" });
   const ckTable = el("table", { id: "checkpoints" });
   const story = el("table", { id: "story" });
   const legend = el("div", { className: "legend-keys" }, ...Object.entries(KIND_COLORS).map(([k, c]) => {
@@ -236,11 +241,12 @@ async function runPage(main, key) {
   }));
   main.replaceChildren(facts);
   if (cfg.control) main.append(controlPanel(base));
-  main.append(legend, strip, charts, el("h2", {}, "Checkpoints"), ckTable, el("h2", {}, "Story"), story);
+  main.append(legend, strip, charts, more, el("h2", {}, "Checkpoints"), ckTable, el("h2", {}, "Story"), story);
 
   const view = {
     count: snap.count, series: snap.series, markers: snap.markers, checkpoints: snap.checkpoints,
-    charts: [], zoom: null, syncing: false,
+    charts: [], zoom: null, syncing: false, listed: snap.listed || [], listedAll: snap.listed_all,
+    pinned: [], // listed curves asked for by name: read once, not followed live
   };
   view.setCheckpoints = (rows) => {
     view.checkpoints = rows;
@@ -269,7 +275,9 @@ async function runPage(main, key) {
     view.charts = [];
     charts.replaceChildren();
     const byName = Object.fromEntries(view.series.map((s) => [s.name, s]));
-    for (const names of chartGroups(view.series.map((s) => s.name))) {
+    const groups = chartGroups(view.series.map((s) => s.name));
+    for (const s of view.pinned) { byName[s.name] = s; groups.push([s.name]); }
+    for (const names of groups) {
       const u = makeChart(charts, names, names.map((n) => [byName[n].x, byName[n].y]), width, view);
       u.over.addEventListener("dblclick", () => { view.zoom = null; build(); });
       view.charts.push({ names, u });
@@ -277,7 +285,23 @@ async function runPage(main, key) {
     view.syncing = false;
     placeMarkers(view, strip);
   }
+  // names beyond the curves the server keeps: a chart of one when it is clicked
+  async function pin(name) {
+    const s = await getJSON(base + "/series?name=" + encodeURIComponent(name) + "&width=1000");
+    view.pinned = view.pinned.filter((p) => p.name !== name).concat([s]);
+    view.zoom = null;
+    build();
+  }
+  function renderMore() {
+    more.hidden = view.listed.length === 0;
+    more.dataset.n = String(view.listed.length);
+    more.replaceChildren(el("summary", {}, view.listed.length + (view.listedAll ? "" : "+")
+      + " more metrics without a chart: click one to draw it"),
+      ...view.listed.map((n) => el("button", { className: "metric", "data-name": n,
+        onclick: () => pin(n).catch(() => {}) }, n)));
+  }
   build();
+  renderMore();
   renderFacts(facts, snap.summary);
   strip.dataset.count = String(view.markers.length);
   // the tables after the curves are on screen (a long run has thousands of rows)
@@ -303,6 +327,9 @@ async function runPage(main, key) {
       }
       if (up.checkpoints) { view.setCheckpoints(up.checkpoints); renderCheckpoints(ckTable, view.checkpoints); }
       if (up.markers.length) { view.markers = view.markers.concat(up.markers); renderStory(story, up.markers, false); }
+      if (up.listed) { view.listed = up.listed; view.listedAll = up.listed_all; renderMore(); }
+      // a curve sent whole again (downsampled) while zoomed: the zoomed range is fetched anew
+      if (view.zoom !== null && up.series.some((s) => s.reset)) zoomDetail(view, base);
       if (rebuild) build();
       else if (up.series.length || up.markers.length) {
         view.syncing = true;
@@ -326,7 +353,7 @@ async function runPage(main, key) {
 // A chart's data from the curves it draws (their x joined when there are several).
 function chartData(view, names) {
   const tables = names.map((n) => {
-    const s = view.series.find((x) => x.name === n);
+    const s = view.series.find((x) => x.name === n) || view.pinned.find((x) => x.name === n);
     return [s.x, s.y];
   });
   return tables.length === 1 ? [tables[0][0], tables[0][1]] : uPlot.join(tables);
