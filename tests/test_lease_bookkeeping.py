@@ -4,6 +4,8 @@ renewal never brings back a lease its delivery just released."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -221,3 +223,102 @@ def test_leases_of_a_killed_watcher_stop_holding_checkpoints_after_the_run(ckpt:
     assert "retention" not in cli("ilab-journal", "status", str(ckpt)).stdout
     assert cli("ilab-journal", "release", str(ckpt), held.stdout.strip()).returncode == 0
     assert cli("ilab-journal", "prune", str(ckpt)).stdout.split() == [str(second)]
+
+
+# -- "Hardening 4", item 2: a killed watcher's successor takes its leases over --------------
+
+HOLD = 'while [ ! -e "$GO" ]; do sleep 0.05; done'  # a hook that runs until the test says go
+
+
+def _lease_files(ckpt: Path) -> dict[str, dict[str, Any]]:
+    """Each lease file's lease, by id (unreadable ones, being renamed, left out)."""
+    out = {}
+    for path in (ckpt / "leases").glob("*.json"):
+        try:
+            obj = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[obj["id"]] = obj
+    return out
+
+
+def _watcher(ckpt: Path, state: Path, go: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``ilab-watch`` on cursor 'evals' with a hook that runs until ``go`` exists; leases
+    that outlive it by 600 s unless someone releases them."""
+    argv = [str(BIN / "ilab-watch"), str(ckpt), "--on-save", HOLD, "--shell", "--name", "evals"]
+    argv += ["--state-dir", str(state), "--lease-ttl", "600", *extra]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "GO": str(go), "OMP_NUM_THREADS": "1"},
+    )
+
+
+def _killed_with_two_leases(ckpt: Path, state: Path, go: Path) -> dict[str, dict[str, Any]]:
+    """Two saves of a run still training; a watcher delivering the first (the second
+    queued) killed with ``kill -9``: the two leases it held, by id."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"keep_last_n": 1}})
+        for step in (1, 2):
+            path = make_checkpoint(ckpt, step, w.run_id)
+            save = {"checkpoint_path": str(path), "kind": ["full_state"], "duration": 0.1}
+            w.append("save", save, step=step)
+    first = _watcher(ckpt, state, go)
+    try:
+        held = wait_for(lambda: len(_lease_files(ckpt)) == 2 and _lease_files(ckpt), 60, "leases")
+    finally:
+        first.kill()  # kill -9: nothing is released
+        first.wait()
+    assert {lease["holder"].rpartition(":")[2] for lease in held.values()} == {str(first.pid)}
+    return held
+
+
+def test_a_successor_takes_over_the_leases_of_a_killed_watcher(ckpt: Path, tmp_path: Path) -> None:
+    state, go = tmp_path / "state", tmp_path / "go"
+    dead = _killed_with_two_leases(ckpt, state, go)
+    successor = _watcher(ckpt, state, go)
+    try:
+        # Delivering both saves again, it holds both checkpoints: with the same leases, made
+        # its own at its start, not a second pair beside the dead watcher's.
+        def taken_over() -> bool:
+            now = _lease_files(ckpt)
+            return now.keys() == dead.keys() and all(
+                lease["holder"].endswith(f":{successor.pid}") for lease in now.values()
+            )
+
+        wait_for(taken_over, 60, "the successor to hold the dead watcher's leases")
+        go.touch()
+        with JournalWriter(ckpt, resume=True) as w:
+            w.append("train_end", {"status": "completed"}, step=2)
+        assert successor.wait(timeout=60) == 0
+    finally:
+        if successor.poll() is None:
+            successor.kill()
+            successor.wait()
+    assert _lease_files(ckpt) == {}  # its deliveries done: nothing holds the checkpoints
+
+
+def test_a_successor_releases_the_leases_it_does_not_need(ckpt: Path, tmp_path: Path) -> None:
+    state, go = tmp_path / "state", tmp_path / "go"
+    dead = _killed_with_two_leases(ckpt, state, go)
+    first = ckpt / "checkpoints" / "step-000001"
+    shutil.rmtree(first)  # removed meanwhile (by hand): its save is skipped, not delivered
+    with JournalWriter(ckpt, resume=True) as w:
+        w.append("checkpoint_removed", {"checkpoint_path": str(first), "reason": "by hand"}, step=2)
+    successor = _watcher(ckpt, state, go)
+    try:
+        # As soon as it has read the journal, while its delivery of the second save runs,
+        # only that save's lease is left (its own now); the first one's is gone.
+        second = next(i for i, lease in dead.items() if lease["checkpoint"] == "step-000002")
+
+        def only_the_second() -> bool:
+            now = _lease_files(ckpt)
+            return list(now) == [second] and now[second]["holder"].endswith(f":{successor.pid}")
+
+        wait_for(only_the_second, 60, "only the second save's lease, the successor's")
+        assert successor.poll() is None  # released while it runs, not at its exit
+    finally:
+        go.touch()
+        successor.kill()
+        successor.wait()

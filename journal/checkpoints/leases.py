@@ -61,6 +61,8 @@ class LeaseError(ValueError):
 
 @dataclass(frozen=True)
 class Lease:
+    """One lease on a checkpoint: who holds it and until when (a file in ``leases/``)."""
+
     id: str
     checkpoint: str  # step-000040, or a .ckpt file's path relative to the run dir
     holder: str
@@ -198,6 +200,35 @@ def release(ckpt_dir: str | os.PathLike[str], lease_id: str) -> str:
 def drop(ckpt_dir: str | os.PathLike[str], lease: Lease) -> None:
     """End a lease its holder still has in hand (no directory scan)."""
     _path(ckpt_dir, lease.checkpoint, lease.id).unlink(missing_ok=True)
+
+
+def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: float) -> list[Lease]:
+    """The unexpired leases of ``holder``, a holder that is known to be dead (a watcher
+    whose successor took its cursor), made ``by``'s: the same ids and checkpoints, renewed
+    for ``ttl`` seconds. Its expired leases are removed. Files that are not leases are left
+    alone (rotation moves them aside)."""
+    ttl = check_ttl(ttl)
+    now = time.time()
+    out = []
+    for path in _files(ckpt_dir):
+        try:
+            expires, obj = _lease(path)
+        except (FileNotFoundError, RejectedFile):
+            continue
+        if obj.get("holder") != holder:
+            continue
+        lease_id, checkpoint = obj.get("id"), obj.get("checkpoint")
+        if not isinstance(lease_id, str) or not isinstance(checkpoint, str):
+            continue
+        if path != _path(ckpt_dir, checkpoint, lease_id):
+            continue  # not a file its holder wrote: left to expire
+        if expires <= now:
+            path.unlink(missing_ok=True)  # it holds nothing; only its file was left
+            continue
+        lease = Lease(lease_id, checkpoint, by, time.time() + ttl, ttl)
+        atomic_write(path, lease.to_json())
+        out.append(lease)
+    return out
 
 
 def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:

@@ -241,6 +241,7 @@ class Watcher:
                     # says this is following, not about to finish.
                     waiting_at = follower.position[0]
                     log.debug("idle at byte %d; waiting for more records", waiting_at)
+                self._checkpoints.caught_up()  # a dead predecessor's leases: only those needed
                 follower.waker.wait(SAFETY_POLL_S)
             if self._run.ended and not self._stop.is_set():
                 self._say_unapplied()
@@ -273,6 +274,8 @@ class Watcher:
         files = self._executor.files
         if files is not None and (n := end_leftovers(files.running)):
             self._notices(f"ended {n} callback process group(s) a previous watcher left running")
+        if self._lock is not None:  # its leases are ours now, not held until their ttl
+            self._checkpoints.take_over(self._lock.previous)
         saved = self.cursor.load()
         if self.cursor.warning:
             self._notices(self.cursor.warning)

@@ -4,9 +4,11 @@ A save being delivered (queued or running) keeps its checkpoint from rotation wi
 (a checkpoint directory, or a Lightning ``.ckpt`` file anywhere in the run dir). Leases are
 renewed every ``ttl / 3`` by one thread and released when the delivery completes; a
 watcher killed with ``kill -9`` stops renewing, so its leases expire after ``ttl`` and
-rotation proceeds. A save whose checkpoint was journaled as removed is not leased, and its
-delivery is skipped. :class:`CheckpointGuard` is the one object the
-engine, the executor and completion share for all of this.
+rotation proceeds. A successor on the same cursor does not wait for that: at its start it
+takes the dead watcher's leases over, keeps those of the saves it delivers again, and
+releases the others once it has caught up with the journal. A save whose checkpoint was
+journaled as removed is not leased, and its delivery is skipped. :class:`CheckpointGuard`
+is the one object the engine, the executor and completion share for all of this.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ class LeaseKeeper:
     def __init__(self, ckpt_dir: Path, *, ttl: float, holder: str) -> None:
         self.ckpt_dir = ckpt_dir
         self.ttl = ttl
-        self.holder = f"{holder} {socket.gethostname()}:{os.getpid()}"
+        self.role = holder
+        self.holder = holder_name(holder, socket.gethostname(), os.getpid())
         self._held: dict[str, Lease] = {}
+        # taken over from a dead predecessor, by checkpoint name: not yet claimed by a save
+        self._adopted: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,7 +57,10 @@ class LeaseKeeper:
             log.warning("checkpoints are not leased: %s", exc)
 
     def take(self, checkpoint_path: str) -> str | None:
-        """Lease a checkpoint of this run; None for paths that are not one (or on errors)."""
+        """Lease a checkpoint of this run; None for paths that are not one (or on errors).
+        A lease taken over from the predecessor on that checkpoint is used first."""
+        if self._adopted and (lease_id := self._claim_adopted(checkpoint_path)):
+            return lease_id
         try:
             lease = leases.acquire(
                 self.ckpt_dir, checkpoint_path, ttl=self.ttl, holder=self.holder, must_exist=False
@@ -75,6 +83,50 @@ class LeaseKeeper:
                 leases.drop(self.ckpt_dir, lease)
             except OSError as exc:
                 log.warning("cannot release the lease on %s: %s", lease.checkpoint, exc)
+
+    def take_over(self, host: str, pid: int) -> int:
+        """Make the leases of this keeper's dead predecessor (the same role, on ``host``
+        with ``pid``) ours, renewed as ours until :meth:`take` claims them for the saves
+        delivered again or :meth:`release_adopted` ends the rest; how many."""
+        if not self._usable:
+            return 0
+        dead = holder_name(self.role, host, pid)
+        if dead == self.holder:
+            return 0
+        try:
+            taken = leases.take_over(self.ckpt_dir, dead, by=self.holder, ttl=self.ttl)
+        except OSError as exc:
+            log.warning("cannot take over the leases of %s: %s", dead, exc)
+            return 0
+        with self._lock:
+            for lease in taken:
+                self._held[lease.id] = lease
+                self._adopted.setdefault(lease.checkpoint, []).append(lease.id)
+        return len(taken)
+
+    def _claim_adopted(self, checkpoint_path: str) -> str | None:
+        try:
+            name = leases.checkpoint_name(self.ckpt_dir, checkpoint_path)
+        except LeaseError:
+            return None
+        with self._lock:
+            ids = self._adopted.get(name)
+            while ids:
+                lease_id = ids.pop()
+                if lease_id in self._held:  # not lost (a renewal found it gone)
+                    return lease_id
+            self._adopted.pop(name, None)
+        return None
+
+    def release_adopted(self) -> None:
+        """Release the taken-over leases no save claimed (their checkpoints may rotate)."""
+        if not self._adopted:
+            return  # the usual case, once per wait of the watcher's loop
+        with self._lock:
+            ids = [i for names in self._adopted.values() for i in names]
+            self._adopted.clear()
+        for lease_id in ids:
+            self.release(lease_id)
 
     def start(self) -> None:
         """Start the renewal thread (none for a ttl no lease can have: nothing to renew)."""
@@ -113,6 +165,11 @@ class LeaseKeeper:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             self.renew_held()
+
+
+def holder_name(role: str, host: str, pid: int) -> str:
+    """The ``holder`` of a lease file: who (``watcher:<name>``) and which process."""
+    return f"{role} {host}:{pid}"
 
 
 class CheckpointGuard:
@@ -159,6 +216,21 @@ class CheckpointGuard:
     def stop(self) -> None:
         """Stop renewing and release every lease still held."""
         self.leases.stop()
+
+    def take_over(self, previous: dict[str, Any] | None) -> None:
+        """The cursor's previous watcher died holding it (``previous``: its lock file's
+        description): its leases become ours, kept for the saves delivered again, released
+        by :meth:`caught_up` for the others. Its successor does not wait for their ttl."""
+        host, pid = (previous or {}).get("host"), (previous or {}).get("pid")
+        if not (isinstance(host, str) and isinstance(pid, int)):
+            return
+        if n := self.leases.take_over(host, pid):
+            log.info("took over %d lease(s) of the previous watcher (%s:%d)", n, host, pid)
+
+    def caught_up(self) -> None:
+        """Every record read so far is dispatched (its saves leased): a taken-over lease no
+        save claimed holds a checkpoint nobody needs any more."""
+        self.leases.release_adopted()
 
     def note_removals(self, records: list[dict[str, Any]]) -> None:
         """Remember which checkpoints are gone before the batch's saves are dispatched (a

@@ -14,6 +14,7 @@ from journal.cli.common import Seconds
 from journal.remote.store import StoreURIError
 from journal.rundir.paths import watch_dir
 from watcher.engine.cursor import CursorBusy, CursorLock
+from watcher.engine.signals import StopOnSignal
 from watcher.engine.statedir import StateFiles
 from watcher.mirror.mirror import Mirror
 
@@ -134,24 +135,15 @@ def open_mirror(
 def run_alone(run: MirrorRun, quiet: bool) -> int:
     """``ilab-watch DIR --mirror URI`` with no hooks: the mirror until the run's end is in
     the store; 130 when interrupted."""
-    import signal
-
-    interrupted: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signum)
-        run.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    run.check()  # a store that refuses is its one line, not after a "mirroring" line
-    if not quiet:
-        click.echo(
-            f"ilab-watch: mirroring {run.mirror.ckpt_dir} to {run.mirror.store.uri}", err=True
-        )
-    # Background work: on a node whose cores training keeps busy, uploads take what is
-    # left (with hooks beside it, the process keeps its priority: evals are not slowed).
-    os.nice(MIRROR_NICE)
-    run.start()
-    code = run.finish(quiet)
-    return 130 if interrupted else code
+    with StopOnSignal(run.stop) as signals:  # every SIGINT/SIGTERM: the same graceful stop
+        run.check()  # a store that refuses is its one line, not after a "mirroring" line
+        if not quiet:
+            click.echo(
+                f"ilab-watch: mirroring {run.mirror.ckpt_dir} to {run.mirror.store.uri}", err=True
+            )
+        # Background work: on a node whose cores training keeps busy, uploads take what is
+        # left (with hooks beside it, the process keeps its priority: evals are not slowed).
+        os.nice(MIRROR_NICE)
+        run.start()
+        code = run.finish(quiet)
+    return 130 if signals.received else code
