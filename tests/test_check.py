@@ -270,3 +270,157 @@ def test_from_the_index_or_every_record_the_same_values(tmp_path: Path) -> None:
             "-e", "reports(accuracy) == 3", "-e", "stop_source == eval", "--json"]  # fmt: skip
     got = [json.loads(check(tmp_path / d, *gate)[1]) for d in ("run", "copy")]
     assert got[0]["expectations"] == got[1]["expectations"] and got[0]["holds"]
+
+
+# -- names: a typo is refused, never read as a string (issue "One truth of a run", 6.1) ---
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ("stauts == completed", "unknown fact 'stauts' (did you mean 'status'?)"),
+        ("stauts != failed", "unknown fact 'stauts' (did you mean 'status'?)"),  # was exit 0
+        ("stauts", "unknown fact 'stauts' (did you mean 'status'?)"),
+        ("steps >= stpes", "unknown fact 'stpes' (did you mean 'steps'?)"),
+        ("steps in (10, stpes)", "unknown fact 'stpes' (did you mean 'steps'?)"),
+        ("stpes >= 10", "unknown fact 'stpes' (did you mean 'steps'?)"),
+        ("completed == status", "unknown fact 'completed'"),  # a string only on the right
+        ("best(accuracy) > acc", "unknown fact 'acc'"),
+        ("best(accuracy) == None", "unknown fact 'None' (did you mean 'none'?)"),
+        ("bets(accuracy) > 0.5", "unknown function 'bets' (did you mean 'best'?)"),
+        ("status != completd", "status is never 'completd' (did you mean 'completed'?)"),
+        ("status in (completed, stoped)", "status is never 'stoped' (did you mean 'stopped'?)"),
+        ("stop_source == operater", "stop_source is never 'operater' (did you mean 'operator'?)"),
+    ],
+)
+def test_a_misspelt_name_is_refused_naming_the_closest(tmp_path: Path, bad: str, said: str) -> None:
+    build_run(tmp_path, [0.5], ts=OLD)
+    got = CliRunner().invoke(main, ["check", str(tmp_path), "-e", bad])
+    assert got.exit_code == 2, got.output
+    assert said in got.output and len(got.output.strip().splitlines()) == 1, got.output
+    with pytest.raises(ExpectError, match=r"unknown|never"):
+        parse(bad)
+
+
+def test_a_bare_word_is_a_string_where_a_string_is_expected(tmp_path: Path) -> None:
+    build_run(tmp_path, [0.5], ts=OLD)  # stopped by eval:eval_accuracy.py
+    for expr in [
+        "status in (completed, stopped)",
+        "status == stopped",
+        "status != failed",
+        "stop_source in (eval, none) and status not in (failed, interrupted)",
+        "stopped_by == 'eval:eval_accuracy.py'",  # no fixed words: any (a colon: quoted)
+        "stop_reason != anything",
+        "run_id != abc-123",
+        'status == "stopped"',
+    ]:
+        code, out = check(tmp_path, "-e", expr)
+        assert code == 0, (expr, out)
+    assert check(tmp_path, "-e", "status in (completed, failed)")[0] == 1
+
+
+def test_a_metric_a_settled_run_never_had_is_a_usage_error(tmp_path: Path) -> None:
+    """Metrics are known only once the run is read: in a run that ended and settled, a
+    metric it never had is exit 2 naming the closest one it has (count(val_los) == 0 held)."""
+    build_run(tmp_path, [0.5, 0.9], ts=OLD)
+    for expr, said in [
+        ("best(accurcy) >= 0.5", "best(accurcy): the run has no metric 'accurcy' (did you mean 'accuracy'?)"),
+        ("count(val_los) == 0", "did you mean 'val_loss'?"),  # held: exit 0 before
+        ("last(zzz) > 1", "no metric 'zzz' (its metrics: accuracy, loss, lr, val_loss)"),
+    ]:  # fmt: skip
+        got = CliRunner().invoke(main, ["check", str(tmp_path), "--json", "-e", expr])
+        assert got.exit_code == 2 and said in got.output, (expr, got.output)
+        assert len(got.output.strip().splitlines()) == 1 and "Traceback" not in got.output
+    code, out = check(tmp_path, "--wait", "5", "-e", "max(accurcy) > 0")  # settled at once
+    assert code == 2 and "did you mean 'accuracy'?" in out
+
+
+def test_a_metric_still_to_come_is_not_yet(tmp_path: Path) -> None:
+    """Not settled (a record within --quiet: a report may still land): judged as none, said
+    on stderr; the run's keep_best metric is known before its first report; a running run
+    cannot be judged at all."""
+    build_run(tmp_path / "fresh", [0.5])  # ended just now
+    for wait in ([], ["--wait", "0.2", "--quiet", "60"]):
+        code, out = check(tmp_path / "fresh", *wait, "-e", "best(accurcy) >= 0.5")
+        assert code == 1, out
+        assert "FAIL  best(accurcy) >= 0.5  (best(accurcy) = none)" in out
+        assert "no metric 'accurcy' (did you mean 'accuracy'?); the run is not settled" in out
+    build_run(tmp_path / "declared", [], stop_source=None, ts=OLD)  # keep_best accuracy:max
+    code, out = check(tmp_path / "declared", "-e", "best(accuracy) >= 0.5")
+    assert (code, out.strip()) == (1, "FAIL  best(accuracy) >= 0.5  (best(accuracy) = none)")
+    with JournalWriter(tmp_path / "running") as w:
+        w.append("train_begin", BEGIN)
+    assert check(tmp_path / "running", "-e", "best(accurcy) >= 0.5")[0] == 3
+
+
+# -- --wait for a run not there yet (issue "One truth of a run", 6.2) ----------------------
+
+
+def test_without_wait_a_missing_or_starting_run_answers_at_once(tmp_path: Path) -> None:
+    from journal.rundir.lock import RunLock
+
+    code, out = check(tmp_path / "b", "-e", "steps > 0")
+    assert code == 2 and "no such file or directory" in out and "waiting" not in out
+    (tmp_path / "s").mkdir()
+    lock = RunLock(tmp_path / "s")
+    assert lock.try_acquire()
+    try:
+        code, out = check(tmp_path / "s", "-e", "steps > 0")
+        assert code == 3 and "starting (no record yet)" in out, out
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("starting", [False, True], ids=["no-dir", "starting"])
+def test_wait_honours_its_deadline_when_nothing_comes(tmp_path: Path, starting: bool) -> None:
+    """Nothing appears within --wait: judged as without it, after the wait (2 no such run,
+    3 starting: status's codes), the wait said on stderr."""
+    from journal.rundir.lock import RunLock
+
+    run = tmp_path / "b"
+    lock = RunLock(run)
+    if starting:
+        run.mkdir()
+        assert lock.try_acquire()
+    try:
+        began = time.monotonic()
+        code, out = check(run, "--wait", "0.5", "-e", "steps > 0")
+        took = time.monotonic() - began
+    finally:
+        lock.release()
+    assert code == (3 if starting else 2), out
+    assert f"waiting for {run} to start" in out and "after waiting 0.5s" in out
+    assert 0.5 <= took < 10
+
+
+@pytest.mark.parametrize("starting", [False, True], ids=["no-dir", "starting"])
+def test_wait_waits_for_a_run_that_appears(tmp_path: Path, starting: bool) -> None:
+    """``check --wait`` started before the run: its dir (or, with a launcher holding it, its
+    journal) appears while check waits; it is then read and judged as usual."""
+    import subprocess
+
+    from journal.rundir.lock import RunLock
+    from tests.helpers import BIN, write_run
+
+    run = tmp_path / "b"
+    lock = RunLock(run)
+    if starting:
+        run.mkdir()
+        assert lock.try_acquire()
+    argv = [str(BIN / "ilab-journal"), "check", str(run), "--wait", "60", "--quiet", "0.3",
+            "-e", "status == completed", "-e", "steps == 10"]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            assert p.stderr is not None
+            first = p.stderr.readline()  # blocks until check says it waits (or exits)
+            assert f"waiting for {run} to start" in first, first
+            assert p.poll() is None  # still waiting: the run is written only now
+            write_run(run, steps=10)
+            lock.release()
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            lock.release()
+    assert p.returncode == 0, (out, err)
+    assert "ok    status == completed" in out and "ok    steps == 10" in out

@@ -10,9 +10,14 @@ Grammar (docs/cli.md, "check")::
     value   := NUMBER | STRING | WORD | WORD "(" METRIC ")" | "(" expr ")"
     OP      := "==" | "!=" | "<" | "<=" | ">" | ">="
 
-A WORD is a fact (:data:`FACTS`), ``true``/``false``/``none``, or else a bare string
-(``status in (completed, stopped)``). ``NAME(METRIC)`` reads a metric's values
-(:data:`FUNCTIONS`); METRIC may be ``name:max`` or ``name:min`` for ``best``.
+A WORD is a fact (:data:`FACTS`), ``true``/``false``/``none``, or a bare string, but only
+where a string is expected: on the right of a comparison with a string fact (``status ==
+completed``) or inside ``in (...)`` (``status in (completed, stopped)``). Anywhere else an
+unknown word is refused naming the closest fact (``stauts == completed``: did you mean
+``status``), so a typo can never be read as a string and pass. ``NAME(METRIC)`` reads a
+metric's values (:data:`FUNCTIONS`); METRIC may be ``name:max`` or ``name:min`` for
+``best``. Which metrics a run has is known only once it is read: ``journal.cli.check``
+refuses a metric a settled run never had (:func:`journal.ask.names.unknown_metric`).
 """
 
 from __future__ import annotations
@@ -23,36 +28,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# FACTS and FUNCTIONS live in names.py with the typo hints; imported here, where they
+# have always been read from (the help and docs tests among others)
+from journal.ask.names import FACTS, FUNCTIONS, VOCABULARY, did_you_mean
 from journal.record.numbers import parse_number, shown_value
 
-#: Facts of a run: name -> (type, what it is). Types: "num" or "str".
-FACTS: dict[str, tuple[str, str]] = {
-    "status": ("str", "the run's state, as status prints it (completed, stopped, ...)"),
-    "steps": ("num", "the last step reached"),
-    "max_steps": ("num", "the steps the run planned (train_begin's total_steps)"),
-    "epoch": ("num", "the last epoch"),
-    "samples": ("num", "samples seen"),
-    "records": ("num", "valid records in the journal"),
-    "invalid_lines": ("num", "lines that are not valid records"),
-    "reports": ("num", "report records of the run"),
-    "refused_reports": ("num", "report files refused when journaled"),
-    "unapplied_commands": ("num", "commands that arrived after the run ended"),
-    "stop_source": ("str", "who stopped it: eval, early_stopping, callback, operator, ..."),
-    "stopped_by": ("str", "the stopping command's source string"),
-    "stop_reason": ("str", "train_end's reason"),
-    "run_id": ("str", "the run's id"),
-    "attempt": ("num", "the attempt (1 + resumes)"),
-}
-#: Functions of a metric (reported, evaluate or log fields): name -> what they give.
-FUNCTIONS: dict[str, str] = {
-    "best": "the best value (the run's keep_best direction, else min for *loss*, max else)",
-    "last": "the newest value",
-    "first": "the oldest value",
-    "min": "the smallest value",
-    "max": "the largest value",
-    "reports": "how many reports carry it",
-    "count": "how many values there are (reports, evaluate and log records)",
-}
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "none": None}
 #: Parentheses and ``not`` nested deeper than this are refused: the parser recurses once per
 #: level, and a test nobody writes by hand must not end in a RecursionError.
@@ -99,6 +79,14 @@ class Ref:
 @dataclass(frozen=True)
 class Lit:
     value: Any
+
+
+@dataclass(frozen=True)
+class Word(Lit):
+    """A bare word that is no fact nor literal: a string only where one is expected (the
+    right of a comparison with a string fact, inside ``in (...)``), else an unknown name.
+    Never left in a parsed tree: :meth:`_Parser.compare` turns it into a :class:`Lit` or
+    refuses it."""
 
 
 @dataclass(frozen=True)
@@ -223,10 +211,11 @@ class _Parser:
         if self.peek() and self.tokens[self.pos][1] in _OPS and self.tokens[self.pos][0] == "op":
             op = self.tokens[self.pos][1]
             self.pos += 1
-            right = self.value()
-            return _typed(
-                self.text, Compare(_operand(self.text, left), op, (_operand(self.text, right),))
-            )
+            lhs = self.operand(left)
+            # a bare word on the right is a string only beside a string fact (status ==
+            # completed); beside a number it can only be a misspelt fact (steps >= stpes)
+            rhs = self.operand(self.value(), string_ok=_is_str_fact(lhs))
+            return _typed(self.text, Compare(lhs, op, (rhs,)))
         negated = False
         if (
             self.peek("not")
@@ -236,15 +225,32 @@ class _Parser:
             negated, self.pos = True, self.pos + 1
         if self.peek("in"):
             self.pos += 1
+            lhs = self.operand(left)
+            words = _kind(lhs) != "num"  # (completed, stopped); steps in (1, stpes): a typo
             self.take("(")
-            items = [_operand(self.text, self.value())]
+            items = [self.operand(self.value(), string_ok=words)]
             while self.peek(","):
                 self.pos += 1
-                items.append(_operand(self.text, self.value()))
+                items.append(self.operand(self.value(), string_ok=words))
             self.take(")")
             op = "not in" if negated else "in"
-            return _typed(self.text, Compare(_operand(self.text, left), op, tuple(items)))
+            return _typed(self.text, Compare(lhs, op, tuple(items)))
+        if isinstance(left, Word):  # a lone word: no string is expected here (stauts)
+            self.operand(left)
         return left
+
+    def operand(self, node: Node, *, string_ok: bool = False) -> Ref | Lit:
+        """``node`` as one side of a comparison; a bare word as a string where ``string_ok``,
+        else refused as an unknown fact, naming the closest one."""
+        if isinstance(node, Word):
+            if string_ok:
+                return Lit(node.value)
+            word = node.value
+            hint = did_you_mean(word, [*FACTS, *_LITERALS])
+            if not hint:
+                hint = f" (facts: {', '.join(FACTS)}; a string elsewhere needs quotes)"
+            raise ExpectError(f"{shown_value(self.text)!r}: unknown fact {word!r}{hint}")
+        return _operand(self.text, node)
 
     def value(self) -> Node:
         if self.pos >= len(self.tokens):
@@ -272,8 +278,9 @@ class _Parser:
             return inner
         if self.peek("("):  # a metric function
             if tok not in FUNCTIONS:
+                hint = did_you_mean(tok, FUNCTIONS)
                 raise ExpectError(
-                    f"{self.text!r}: unknown function {tok!r} (known: {', '.join(FUNCTIONS)})"
+                    f"{self.text!r}: unknown function {tok!r}{hint} (known: {', '.join(FUNCTIONS)})"
                 )
             self.pos += 1
             if self.pos >= len(self.tokens) or self.tokens[self.pos][0] != "word":
@@ -291,13 +298,17 @@ class _Parser:
             return Ref(tok)
         if tok in _LITERALS:
             return Lit(_LITERALS[tok])
-        return Lit(tok)  # a bare word: a string (completed, eval, ...)
+        return Word(tok)  # a string or a misspelt fact: compare() tells which
 
 
 def _operand(text: str, node: Node) -> Ref | Lit:
     if isinstance(node, (Ref, Lit)):
         return node
     raise ExpectError(f"{text!r}: a test cannot be compared; use and/or/not to combine tests")
+
+
+def _is_str_fact(node: Ref | Lit) -> bool:
+    return isinstance(node, Ref) and node.metric is None and FACTS[node.name][0] == "str"
 
 
 def _kind(node: Ref | Lit) -> str | None:
@@ -313,15 +324,18 @@ def _kind(node: Ref | Lit) -> str | None:
 
 
 def _typed(text: str, c: Compare) -> Compare:
-    """Refuse what can never be true: a number against a word (a typo in a fact's name,
-    ``stpes >= 10``), an order between words."""
+    """Refuse what can never be true: a number against a word (``status == 3``,
+    ``steps == "ten"``; a misspelt fact is refused before, as unknown), an order between
+    words."""
     kinds = {_kind(n) for n in (c.left, *c.right)} - {None}
     if len(kinds) > 1:
-        words = [
-            n.value for n in (c.left, *c.right) if isinstance(n, Lit) and isinstance(n.value, str)
-        ]
-        hint = f" (unknown name {words[0]!r}? facts: {', '.join(FACTS)})" if words else ""
-        raise ExpectError(f"{text!r}: compares a number with a word{hint}")
+        raise ExpectError(f"{text!r}: compares a number with a word")
+    if isinstance(c.left, Ref) and c.left.name in VOCABULARY:
+        words = VOCABULARY[c.left.name]
+        for n in c.right:
+            if isinstance(n, Lit) and isinstance(n.value, str) and n.value not in words:
+                hint = did_you_mean(n.value, words) or f" (it is one of: {', '.join(words)})"
+                raise ExpectError(f"{text!r}: {c.left.name} is never {n.value!r}{hint}")
     if c.op in ("<", "<=", ">", ">=") and kinds - {"num"}:
         raise ExpectError(f"{text!r}: {c.op} compares numbers only")
     return c

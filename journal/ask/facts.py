@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.read.reader import iter_events
 from journal.views.fold import RunFold
 from journal.views.summary import RunSummary
 
@@ -95,6 +96,37 @@ class FactFolder:
             mv = self.values.get(metric, MetricValues())
             out[name] = _apply(fn, mv, mode or default_mode(metric, s.keep_best))
         return out
+
+
+def known_metrics(path: Path, keep_best: str | None = None) -> set[str]:
+    """Every metric the journal's current run has: a finite number in a report's metrics or
+    an ``evaluate``/``log`` field (what :class:`FactFolder` would find by name), plus the
+    metric the run keeps the best by (named by the run, even before its first report).
+
+    Reads the whole journal: ``check`` asks only when a named metric has no value, to tell a
+    misspelt metric from one that has not come yet."""
+    names: set[str] = set()
+    run: str | None = None
+    for rec in iter_events(path, {"train_begin", "report", *_RECORD_METRICS}):
+        event = rec.get("event")
+        data = rec.get("data") or {}
+        if event == "train_begin":
+            if rec.get("run_id") != run:  # a new run: its metrics only, as FactFolder
+                run, names = rec.get("run_id"), set()
+            continue
+        if event == "report":
+            data = data.get("metrics") if isinstance(data, dict) else None
+        elif event not in _RECORD_METRICS:  # a line that only mentions one of the names
+            continue
+        if isinstance(data, dict):
+            names.update(
+                k
+                for k, v in data.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            )
+    if keep_best and ":" in keep_best:
+        names.add(keep_best.rpartition(":")[0])
+    return names
 
 
 def _apply(fn: str, mv: MetricValues, mode: str) -> float | int | None:

@@ -97,6 +97,18 @@ class RunReading:
         return out
 
 
+def wait_for_journal(path: Path, deadline: float) -> bool:
+    """Wait until the journal at ``path`` exists (its run dir may not exist yet, or a
+    launcher may hold it with no record yet), at most until ``deadline`` (monotonic);
+    returns whether it exists."""
+    while not path.exists():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(POLL_S, left))  # a poll: nothing to wake us on a dir not there yet
+    return True
+
+
 def read_run(
     path: Path, folder: FactFolder, *, wait: float | None, quiet: float
 ) -> tuple[RunReading, list[str]]:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
 from journal.remote.readers import RUN_DIR_OR_URI
 from journal.rundir.paths import resolve_journal
+
+if TYPE_CHECKING:
+    from journal.ask.expect import Expectation
+    from journal.ask.settle import RunReading
 
 #: --wait's seconds when given without a number; --quiet's default.
 DEFAULT_WAIT_S = 3600.0
@@ -37,7 +43,8 @@ UNJUDGED = frozenset({"running", "starting", "stale", "empty"})
     flag_value=DEFAULT_WAIT_S,
     default=None,
     metavar="[SECONDS]",
-    help="Wait until the run ended (train_end), no scheduler job is in flight, no "
+    help="Wait until the run exists and started (its dir or journal not there yet, a "
+    "launcher starting it), ended (train_end), no scheduler job is in flight, no "
     f"checkpoint is leased and no record came for --quiet seconds; at most SECONDS "
     f"(default {DEFAULT_WAIT_S:g}).",
 )
@@ -46,7 +53,8 @@ UNJUDGED = frozenset({"running", "starting", "stale", "empty"})
     type=Seconds(),
     default=DEFAULT_QUIET_S,
     show_default=True,
-    help="With --wait: seconds without a new record after train_end before judging.",
+    help="Seconds without a new record after train_end before the run is settled: --wait "
+    "judges then; a metric never seen is refused as unknown only then.",
 )
 @click.option(
     "--stale-after",
@@ -78,29 +86,43 @@ def check(
       signal; none), stopped_by, stop_reason, run_id, attempt.
     Of a metric M: best(M) (or best(M:max)), last(M), first(M), min(M), max(M),
       reports(M), count(M). Compare with == != < <= > >= and in (a, b);
-      combine with and, or, not, (...). A bare word is a string.
+      combine with and, or, not, (...). A bare word is a string only on the
+      right of a string fact (status == completed) or in (...); an unknown
+      fact, function, status or stop_source word is refused (did you mean ...).
 
     \b
     Exit codes:
       0  every expectation holds      1  one or more fail (each printed with its values)
-      2  usage error: a bad expression, not a run (one line)
+      2  usage error: a bad expression, not a run (even after --wait), a metric
+         the ended and settled run never had (one line)
       3  running or starting, 6 stale, 7 empty: the run cannot be judged (as status)
     """
     from journal.ask.expect import ExpectError, parse
     from journal.ask.facts import FactFolder
-    from journal.ask.settle import read_run
+    from journal.ask.settle import read_run, wait_for_journal
     from journal.channels.control import unapplied_commands
+    from journal.record.text import printable
     from journal.rundir.lock import run_holder
+    from journal.rundir.paths import JournalNotFound
 
     try:
         expectations = [parse(text) for text in exprs]
     except ExpectError as exc:
         raise UserError(str(exc)) from None
-    given = Path(run)
     path = resolve_journal(run, must_exist=False)
-    if given.is_dir() and not path.exists() and run_holder(given):
-        _unjudged("starting", f"{run}: starting (no record yet)", as_json, path)
-    path = resolve_journal(run)
+    waited = f" after waiting {wait:g}s" if wait is not None else ""
+    if wait is not None and not path.exists():  # not there yet: wait for it, same deadline
+        deadline = time.monotonic() + wait
+        line = f"check: waiting for {run} to start (its {path.name}), at most {wait:g}s"
+        click.echo(printable(line), err=True)
+        wait_for_journal(path, deadline)
+        wait = max(0.0, deadline - time.monotonic())
+    if not path.exists() and path.parent.is_dir() and run_holder(path.parent):
+        _unjudged("starting", f"{run}: starting (no record yet){waited}", as_json, path)
+    try:
+        path = resolve_journal(run)
+    except JournalNotFound as exc:  # never seen (even after --wait): a usage error, as status
+        raise UserError(f"{exc}{waited}") from None
     metrics = set().union(*(e.metrics for e in expectations))
     reading, pending = read_run(path, FactFolder(metrics, path.parent), wait=wait, quiet=quiet)
     folder = reading.folder
@@ -111,8 +133,10 @@ def check(
     names = [r.name for e in expectations for r in e.refs]
     facts = folder.facts(s, names)
     if s.state in UNJUDGED:
-        waited = f" after waiting {wait:g}s" if wait is not None else ""
         _unjudged(s.state, f"{path.parent}: {s.state}{waited}: cannot judge", as_json, path)
+    missing = {m for m in metrics if not folder.values[m].values}
+    if missing:
+        _unknown_metrics(reading, missing, expectations, s.keep_best, pending, wait, quiet)
     results = [(e.text, e.holds(facts), e.values(facts)) for e in expectations]
     ok = all(h for _, h, _ in results)
     if as_json:
@@ -134,6 +158,37 @@ def check(
     if pending:  # --wait ran out: judged on what came, and said so
         click.echo(f"check: judged while still pending: {'; '.join(pending)}", err=True)
     sys.exit(0 if ok else 1)
+
+
+def _unknown_metrics(
+    reading: RunReading,
+    missing: set[str],
+    expectations: list[Expectation],
+    keep_best: str | None,
+    pending: list[str],
+    wait: float | None,
+    quiet: float,
+) -> None:
+    """Metrics named but with no value in the run: a misspelt one, or one still to come.
+    A run that ended and settled (nothing pending, as --wait judges it) will never have
+    it: a usage error naming the closest metric it has. Else (a report can still land: the
+    quiet period, a job, a lease) it is "not yet": judged as none (fails every bound), and
+    said on stderr."""
+    from journal.ask.facts import known_metrics
+    from journal.ask.names import unknown_metric
+    from journal.record.text import printable
+
+    known = known_metrics(reading.path, keep_best)
+    refs = {
+        r.metric.metric.partition(":")[0]: r.name for e in expectations for r in e.refs if r.metric
+    }
+    if wait is None:  # not waited: settled by the same rule --wait would apply now
+        pending = reading.pending(quiet, time.time())
+    for metric in sorted(missing - known):  # known: keep_best's metric, with no report yet
+        line = unknown_metric(refs[metric], metric, known)
+        if not pending:
+            raise UserError(line)
+        click.echo(printable(f"check: {line}; the run is not settled: judged as none"), err=True)
 
 
 def _show(v: object) -> str:
