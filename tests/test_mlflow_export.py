@@ -213,7 +213,10 @@ def test_replay_into_a_file_store_continues_one_run_across_a_resume(
         "max_steps": "9",
     }
     assert run.data.tags["ilab.attempt"] == "2"
-    assert run.data.tags["checkpoint.step-000004"] == "/c/checkpoints/step-000004"
+    # journaled as /c/checkpoints/...: tagged where the run dir keeps it, as status says
+    assert run.data.tags["checkpoint.step-000004"] == str(
+        ckpt.resolve() / "checkpoints/step-000004"
+    )
     assert run.info.status == "FINISHED"
     files = client.list_artifacts(run.info.run_id, "checkpoints/step-000009")
     assert [Path(f.path).name for f in files] == ["weights.txt"]
@@ -384,6 +387,95 @@ def test_the_story_is_tagged_removed_checkpoints_commands_best_and_why_it_stoppe
     # the kind in status's words (a source not named eval:... is an operator's), and the source
     assert tags["ilab.stop_source"] == "operator" and tags["ilab.stopped_by"] == "eval.py"
     assert tags["ilab.best_checkpoint"].endswith("checkpoints/step-000060")
-    assert tags["ilab.best"] == "accuracy=0.6 at step 60"
+    assert tags["ilab.best"] == "accuracy=0.61 at step 60"  # the late report: the fold's best
     assert tags["mlflow.note.content"].startswith("stopped: stop command: target")
     assert run.info.status == "FINISHED" and tags["ilab.status"] == "stopped"
+
+
+def _late_evals_journal(ckpt: Path) -> None:
+    """``keep_best accuracy:max``, saves at 10..60; the evals of 10..30 report before
+    ``train_end`` (which so names step 30, 0.03, its best then), those of 40..60 after it.
+    A watcher elsewhere journaled step 10's removal with a relative path."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"keep_best": "accuracy:max"}})
+        for s in range(10, 70, 10):
+            (ckpt / "checkpoints" / f"step-{s:06d}").mkdir(parents=True)
+            path = str(ckpt / f"checkpoints/step-{s:06d}")
+            w.append("save", {"checkpoint_path": path, "kind": ["full_state"]}, step=s)
+            if s <= 30:
+                w.append(
+                    "report",
+                    {"checkpoint_path": path, "step": s, "metrics": {"accuracy": s / 1000}},
+                    step=s,
+                )
+        best = {"checkpoint_path": str(ckpt / "checkpoints/step-000030"), "metric": "accuracy"}
+        w.append(
+            "train_end",
+            {
+                "status": "stopped",
+                "reason": "enough",
+                "best_checkpoint": {**best, "value": 0.03, "step": 30},
+            },
+            step=60,
+        )
+    (ckpt / "checkpoints/step-000010").rmdir()
+    with JournalWriter(ckpt, resume=True) as w:  # after the end: a removal, evals behind
+        w.append(
+            "checkpoint_removed",
+            {"checkpoint_path": "run/checkpoints/step-000010", "reason": "pruned", "by": "watcher"},
+            step=60,
+        )
+        for s in (40, 50):
+            path = f"checkpoints/step-{s:06d}"  # relative: the eval ran in the run dir
+            w.append(
+                "report",
+                {"checkpoint_path": path, "step": s, "metrics": {"accuracy": s / 1000}},
+                step=60,
+            )
+
+
+def test_the_best_and_the_description_come_from_the_fold_not_train_ends_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports that land after ``train_end`` change the best: MLflow's ``ilab.best*`` tags and
+    the description name what ``status`` names (the run's fold), retagged by a later
+    watcher whose cursor starts after the end; a checkpoint spelled relative and absolute
+    is one ``checkpoint.<name>`` tag with its canonical path."""
+    from journal.read.reader import iter_records
+    from journal.views.fold import RunFold
+
+    ckpt, store = tmp_path / "run", tmp_path / "mlruns"
+    _late_evals_journal(ckpt)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    watch = ("ilab-watch", str(ckpt), "--replay", "--mlflow", store.as_uri())
+    proc = cli(*watch, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    client = mlflow_tracking.MlflowClient(store.as_uri())
+    tags = only_run(client, "ilab-journal").data.tags
+    canonical = str(ckpt.resolve() / "checkpoints/step-000050")
+    assert tags["ilab.best_checkpoint"] == canonical  # train_end said step 30
+    assert tags["ilab.best"] == "accuracy=0.05 at step 50"
+    assert (
+        tags["mlflow.note.content"]
+        == f"stopped: enough\n\nbest checkpoint: {canonical} (accuracy=0.05 at step 50)"
+    )
+    assert tags["checkpoint.step-000010"] == str(ckpt.resolve() / "checkpoints/step-000010")
+    assert tags["checkpoint.step-000010.removed"] == "pruned (at step 60)"
+    assert tags["checkpoint.step-000050.report"] == "accuracy=0.05"
+    # one more late report, for a watcher whose cursor is past everything else: the fold
+    # is the journal's (read up to the report), the tags follow
+    with JournalWriter(ckpt, resume=True) as w:
+        path = str(ckpt / "checkpoints/step-000060")
+        w.append(
+            "report", {"checkpoint_path": path, "step": 60, "metrics": {"accuracy": 0.06}}, step=60
+        )
+    proc = cli(*watch, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    fold = RunFold(ckpt)
+    fold.add_batch(list(iter_records(ckpt / "journal.jsonl")))
+    best = fold.summary().best_checkpoint
+    assert best is not None and best["checkpoint_path"].endswith("step-000060")
+    tags = only_run(client, "ilab-journal").data.tags
+    assert tags["ilab.best_checkpoint"] == best["checkpoint_path"]
+    assert tags["ilab.best"] == "accuracy=0.06 at step 60"
+    assert tags["mlflow.note.content"].endswith(f"({tags['ilab.best']})")

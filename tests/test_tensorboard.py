@@ -1,6 +1,7 @@
 """``ilab-watch --tensorboard``: the journal's metrics read back from the event files with
 TensorBoard's own ``EventAccumulator``, live and replayed, with no duplicate point after a
-watcher is killed and restarted."""
+watcher is killed and restarted; one TensorBoard run (subdirectory) per journal run, and a
+new LOGDIR a new cursor that gets every point."""
 
 from __future__ import annotations
 
@@ -10,9 +11,24 @@ from pathlib import Path
 import pytest
 
 from journal import JournalWriter
-from tests.helpers import BIN, cli, kill_tree, wait_for, write_steps
+from tests.helpers import BIN, cli, kill_tree, records, wait_for, write_steps
 
 ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+def tb_runs(logdir: Path) -> dict[str, Path]:
+    """The runs TensorBoard shows for ``--logdir LOGDIR`` (its own multiplexer finds them)."""
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    mux = EventMultiplexer().AddRunsFromDirectory(str(logdir))
+    return {run: logdir / run for run in mux.Runs()}
+
+
+def the_run(logdir: Path, ckpt: Path) -> Path:
+    """The one TensorBoard run of the journal in ``ckpt``: ``LOGDIR/<dir name>-<run id>``."""
+    run_id = records(ckpt)[0]["run_id"]
+    assert list(tb_runs(logdir)) == [f"{ckpt.name}-{run_id}"]
+    return logdir / f"{ckpt.name}-{run_id}"
 
 
 def read_back(logdir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[str]]]:
@@ -39,7 +55,7 @@ def test_replay_writes_scalars_and_text_at_the_right_steps(tmp_path: Path) -> No
         w.append("train_end", {"status": "stopped", "reason": "stop command"}, step=8)
     proc = cli("ilab-watch", str(ckpt), "--replay", "--tensorboard", str(logdir))
     assert proc.returncode == 0, proc.stderr
-    scalars, texts = read_back(logdir)
+    scalars, texts = read_back(the_run(logdir, ckpt))
     assert scalars["train/loss"] == [(s, pytest.approx(10.0 / s)) for s in range(1, 9)]
     assert [st for st, _ in scalars["train/tokens_per_s"]] == list(range(1, 9))
     assert scalars["eval/val_loss"] == [(4, pytest.approx(1.25)), (8, pytest.approx(0.625))]
@@ -53,7 +69,7 @@ def test_replay_writes_scalars_and_text_at_the_right_steps(tmp_path: Path) -> No
     # a second replay with a fresh cursor delivers everything again: nothing is duplicated
     proc = cli("ilab-watch", str(ckpt), "--replay", "--tensorboard", str(logdir), "--name", "again")
     assert proc.returncode == 0, proc.stderr
-    assert read_back(logdir) == (scalars, texts)
+    assert read_back(the_run(logdir, ckpt)) == (scalars, texts)
 
 
 def test_live_export_survives_a_kill_9_without_duplicates(tmp_path: Path) -> None:
@@ -68,7 +84,7 @@ def test_live_export_survives_a_kill_9_without_duplicates(tmp_path: Path) -> Non
     )
     try:
         wait_for(
-            lambda: len(read_back(logdir)[0].get("train/loss", [])) == 6,
+            lambda: len(read_back(logdir / f"run-{w.run_id}")[0].get("train/loss", [])) == 6,
             60,
             "6 loss points written live",
         )
@@ -79,12 +95,66 @@ def test_live_export_survives_a_kill_9_without_duplicates(tmp_path: Path) -> Non
     w.close()
     proc = cli("ilab-watch", str(ckpt), "--tensorboard", str(logdir))  # the restart
     assert proc.returncode == 0, proc.stderr
-    scalars, texts = read_back(logdir)
+    scalars, texts = read_back(the_run(logdir, ckpt))
     assert [st for st, _ in scalars["train/loss"]] == list(range(1, 11))
     assert [st for st, _ in scalars["eval/val_loss"]] == [4, 8]
     assert texts["events/train_end"] == ["completed"]
 
 
+def _finished_run(ckpt: Path, last: int) -> None:
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+        write_steps(w, 1, last)
+        w.append("train_end", {"status": "completed"}, step=last)
+
+
+def test_another_logdir_is_another_cursor_and_gets_every_point(tmp_path: Path) -> None:
+    """``--tensorboard tb2 --replay`` after ``--tensorboard tb1``: the destination is part
+    of the cursor's identity, so tb2 gets the whole journal too (it got nothing when the
+    cursor ignored LOGDIR); tb1 again is tb1's cursor, done: nothing is written twice."""
+    ckpt = tmp_path / "run"
+    _finished_run(ckpt, 8)
+    names = []
+    for logdir in (tmp_path / "tb1", tmp_path / "tb2", tmp_path / "tb1"):
+        proc = cli("ilab-watch", str(ckpt), "--replay", "--tensorboard", str(logdir))
+        assert proc.returncode == 0, proc.stderr
+        names.append(proc.stderr.split("(cursor '")[1].split("'")[0])
+        scalars, texts = read_back(the_run(logdir, ckpt))
+        assert [st for st, _ in scalars["train/loss"]] == list(range(1, 9)), logdir
+        assert [st for st, _ in scalars["eval/val_loss"]] == [4, 8]
+        assert texts["events/train_end"] == ["completed"]
+    assert names[0] != names[1] and names[0] == names[2]
+    assert "done: 0 ok" in proc.stderr  # tb1's cursor again: it had delivered everything
+
+
+def test_two_runs_in_one_logdir_are_two_tensorboard_runs(tmp_path: Path) -> None:
+    """Two run dirs exported to one LOGDIR: each its own subdirectory, which TensorBoard
+    shows as its own run, each step once (not one run with every step twice)."""
+    logdir = tmp_path / "tb"
+    for name, last in (("a", 8), ("b", 12)):
+        _finished_run(tmp_path / name, last)
+        proc = cli("ilab-watch", str(tmp_path / name), "--replay", "--tensorboard", str(logdir))
+        assert proc.returncode == 0, proc.stderr
+    runs = tb_runs(logdir)
+    assert sorted(runs) == sorted(f"{n}-{records(tmp_path / n)[0]['run_id']}" for n in ("a", "b"))
+    for run, path in runs.items():
+        last = 8 if run.startswith("a-") else 12
+        scalars, _ = read_back(path)
+        assert [st for st, _ in scalars["train/loss"]] == list(range(1, last + 1)), run
+        assert [st for st, _ in scalars["report/accuracy"]] == list(range(4, last + 1, 4))
+
+
 def test_help_names_the_tensorboard_option() -> None:
     proc = cli("ilab-watch", "--help")
     assert "--tensorboard LOGDIR" in proc.stdout
+
+
+def test_a_run_subdirectory_is_one_plain_path_component() -> None:
+    """A run id from a hand-written record names no path outside LOGDIR."""
+    from watcher.exporters.tensorboard_export import run_subdir
+
+    assert run_subdir("/r/exp 1", "abc123") == "exp-1-abc123"
+    for run_id in ("../../etc", "..", "a/b"):
+        sub = run_subdir("/r/x", run_id)
+        assert "/" not in sub and sub.strip(".") and Path(sub).name == sub
+    assert run_subdir("/", "") not in ("", ".", "..")

@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers import free_port
 from watcher.embedded import Trackers
+from watcher.hooks.callbacks import callable_name
 
 
 def test_a_tracker_that_could_not_start_or_failed_mid_run_names_its_replay(
@@ -16,6 +17,8 @@ def test_a_tracker_that_could_not_start_or_failed_mid_run_names_its_replay(
 ) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
+    from watcher.exporters.tensorboard_export import TensorBoardExport
+
     dead = f"http://127.0.0.1:{free_port()}"
     settings = {"mlflow_tracking_uri": dead, "tensorboard_dir": str(tmp_path / "tb")}
     trackers = Trackers(tmp_path, ["tensorboard", "mlflow"], settings)
@@ -23,9 +26,12 @@ def test_a_tracker_that_could_not_start_or_failed_mid_run_names_its_replay(
     warning = capsys.readouterr().err
     assert warning.count("\n") == 1 and "training goes on without it" in warning
     assert f"ilab-watch {tmp_path} --mlflow {dead} --replay" in warning
+    # its hooks' label: the class, then its destination's digest (the cursor's identity)
+    label = trackers.exporters["tensorboard"].callback_label
+    assert label is not None and label.startswith(callable_name(TensorBoardExport) + ".to-")
     rows = [
         {
-            "callback": "watcher.tensorboard.TensorBoardExport.on_log",
+            "callback": f"{label}.on_log",
             "event": "log",
             "failed": 2,
             "errors": ["OSError: disk full"],

@@ -145,3 +145,27 @@ def test_a_wandb_dir_that_cannot_be_written_is_refused_and_replays_add_no_rows(
             assert proc.returncode == 0, proc.stderr
         logged = [r for f in run_files(disk, run_id) for r in history_rows(f) if "train/loss" in r]
         assert sorted(r["train/step"] for r in logged) == list(range(1, 13))
+
+
+def test_another_project_is_another_cursor_and_gets_every_row(tmp_path: Path) -> None:
+    """``WANDB_PROJECT=p2 ilab-watch --wandb --replay`` after p1: the project is part of the
+    cursor's identity and p1's rows are not p2's, so p2 gets every row too (it got none:
+    the cursor ignored the project, and the rows of p1's run directories were skipped)."""
+    from watcher.exporters.wandb_log import project
+
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=8, save_every=4)
+    run_id = records(ckpt)[0]["run_id"]
+    for name in ("p1", "p2"):
+        proc = cli(
+            "ilab-watch", str(ckpt), "--replay", "--wandb", env={"WANDB_PROJECT": name}, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+    steps: dict[str | None, list[int]] = {}
+    for f in run_files(ckpt, run_id):
+        logged = [r["train/step"] for r in history_rows(f) if "train/loss" in r]
+        steps.setdefault(project(f), []).extend(logged)
+    assert {p: sorted(s) for p, s in steps.items()} == {
+        "p1": list(range(1, 9)),
+        "p2": list(range(1, 9)),
+    }

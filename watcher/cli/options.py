@@ -94,8 +94,9 @@ _OPTIONS = [
         default=None,
         metavar="LOGDIR",
         help="Write loss, lr, grad_norm, throughput, val_* and reported metrics as TensorBoard "
-        "scalars (and save/control/train_end as text) to LOGDIR, live or with --replay; "
-        "restarts add no duplicate points. Needs the tensorboard package.",
+        "scalars (and save/control/train_end as text) to LOGDIR/<run dir name>-<run id> (one "
+        "TensorBoard run per journal run), live or with --replay; restarts add no duplicate "
+        "points, another LOGDIR is another cursor. Needs the tensorboard package.",
     ),
     click.option(
         "--mlflow",

@@ -13,10 +13,17 @@ so they are kept.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any
+import os
+from collections.abc import Generator
+from contextlib import closing
+from typing import Any, cast
 
-from watcher.hooks.callbacks import Event, TrainerCallback
+from journal.read.reader import iter_events
+from journal.rundir.paths import resolve_journal
+from journal.views.fold import CheckpointLedger, RunFold
+from watcher.hooks.callbacks import Event, TrainerCallback, callable_name
 from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
 
 # TrackerUnavailable (raised by the exporters, said once by the engine) lives below both,
@@ -59,9 +66,32 @@ def close_all(exporters: list[Any]) -> None:
             log.error("closing %s failed: %s", type(exporter).__name__, exc)
 
 
+def destination_digest(destination: str) -> str:
+    """A short stable digest of an exporter's resolved destination (8 hex digits)."""
+    return hashlib.sha1(destination.encode()).hexdigest()[:8]
+
+
 class MetricsExport(TrainerCallback):
     """Base of the exporters: turns ``log``, ``evaluate`` and ``report`` records into named
-    scalars at a step and hands them to :meth:`write_scalars`."""
+    scalars at a step and hands them to :meth:`write_scalars`.
+
+    ``destination`` (set by each exporter: the resolved LOGDIR, the MLflow tracking URI
+    and experiment, the W&B entity and project) is part of the watcher's cursor identity
+    (:attr:`callback_label`): a new destination is a new cursor, which delivers the
+    journal from its start, so ``--tensorboard tb2`` after ``--tensorboard tb1`` gets
+    every point, not only those after tb1's cursor."""
+
+    #: where the exporter writes, resolved (None: not part of the cursor identity)
+    destination: str | None = None
+
+    @property
+    def callback_label(self) -> str | None:
+        """The name of the exporter's hooks (``<class>.to-<digest>.on_<event>``): the class
+        and a digest of :attr:`destination`. The class comes first and the digest follows a
+        dot, so what matches hooks by ``<class>.`` still does."""
+        if self.destination is None:
+            return None
+        return f"{callable_name(type(self))}.to-{destination_digest(self.destination)}"
 
     def on_log(self, event: Event, **data: Any) -> None:
         values = numbers({k: v for k, v in data.items() if k not in SKIP_LOG_FIELDS})
@@ -97,3 +127,67 @@ class MetricsExport(TrainerCallback):
 
     def close(self) -> None:
         """Flush and finish (the watcher is done); the default has nothing to do."""
+
+
+class RunFolds:
+    """The fold of each run dir an exporter is delivered (journal/views/fold.py: the one
+    truth of a run, which ``status``, ``query --best`` and ``serve`` read too), so that what
+    an exporter says of checkpoints and of the best comes from it, never from a snapshot a
+    record carries (``train_end``'s ``best_checkpoint`` is written while evals may still be
+    behind: reports landing after it change the best).
+
+    Fed in journal order with the records the exporter is delivered (:meth:`add`); the
+    first one of a run dir is preceded by what the journal holds before it (a restarted
+    watcher's cursor does not deliver those again, the fold needs them). Only the records
+    that change checkpoints, the best or the run's ending are folded (a replay's millions of
+    ``log`` records cost nothing here). Not thread-safe: the caller holds its lock."""
+
+    #: the records folded (the rest change nothing an exporter asks the fold)
+    EVENTS = CheckpointLedger.EVENTS | {"train_begin", "train_end", "control"}
+
+    def __init__(self) -> None:
+        self._folds: dict[str, RunFold] = {}
+        self._last_seq: dict[str, int] = {}
+
+    def add(self, event: Event) -> RunFold:
+        """Fold ``event``'s record (once: a record delivered again, a retry or a watcher's
+        at-least-once repeat, is not folded twice) and return its run dir's fold."""
+        key = os.path.abspath(event.ckpt_dir)
+        fold = self._folds.get(key)
+        last = self._last_seq.get(key, -1)
+        # a replaced journal begins again at seq 0, with a run of its own
+        if (
+            fold is not None
+            and event.seq <= last
+            and event.name == "train_begin"
+            and (event.run_id != fold.run_id)
+        ):
+            fold = None
+        if fold is None:
+            fold = self._folds[key] = RunFold(key)
+            last = self._last_seq[key] = self._seed(fold, key, event.seq)
+        if event.seq > last and event.name in self.EVENTS:
+            fold.add(event.record)
+            self._last_seq[key] = event.seq
+        return fold
+
+    @classmethod
+    def _seed(cls, fold: RunFold, ckpt_dir: str, before: int) -> int:
+        """Fold the journal's records before seq ``before``; the last seq folded."""
+        last = -1
+        if before <= 0:
+            return last  # delivered from the journal's start: nothing before it
+        journal = resolve_journal(ckpt_dir, must_exist=False)
+        try:
+            records = cast(
+                "Generator[dict[str, Any], None, None]", iter_events(journal, set(cls.EVENTS))
+            )
+            with closing(records):  # its file closed at the break, not when collected
+                for rec in records:
+                    if rec["seq"] >= before:
+                        break
+                    fold.add(rec)
+                    last = rec["seq"]
+        except OSError as exc:  # unreadable now: the fold starts with what is delivered
+            log.warning("cannot read %s before seq %d: %s", journal, before, exc)
+        return last

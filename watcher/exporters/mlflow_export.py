@@ -9,6 +9,12 @@ record's time as timestamp. Each ``save`` sets a ``checkpoint.<name>`` tag to it
 with ``log_artifacts`` copies the checkpoint in as artifacts under ``checkpoints/<name>``);
 the rest of the story (each checkpoint's step, reports and removal, commands, the best, the
 end's reason as the run's description) is tagged too (watcher/exporters/mlflow_story.py).
+Checkpoints and the best come from the run's fold (journal/views/fold.py, kept by
+:class:`~watcher.exporters.base.RunFolds`), as ``status`` says them: the best and the
+description are tagged at ``train_end`` and again whenever a later report or removal
+changes the best (``train_end``'s own ``best_checkpoint`` may predate evals still running).
+The tracking URI and experiment are part of the watcher's cursor identity: another
+destination gets the journal from its start.
 The run's status follows ``train_begin`` (RUNNING) and ``train_end`` (FINISHED for
 completed or stopped, FAILED, KILLED for interrupted), in journal order.
 
@@ -18,30 +24,27 @@ No duplicates: the exporter reads the run's metric history first and skips a poi
 A server that dies mid-run: MLflow's client retries each call for minutes, which would hold
 the launcher past its grace period with every later record queued behind it. So each call
 to an http(s) server runs on a thread of its own while ``/health`` is probed beside it;
-after :data:`DOWN_AFTER` unanswered probes in a row (or a failed call and an unanswered
-probe) the exporter is down: every later call fails at once with one
-:class:`~watcher.exporters.base.TrackerUnavailable` line saying that the MLflow run is incomplete
-and that ``ilab-watch DIR --mlflow URI --replay`` repairs it (it is probed again every
-:data:`RECHECK_S`).
+after :data:`~watcher.exporters.mlflow_calls.DOWN_AFTER` unanswered probes in a row (or a
+failed call and an unanswered probe) the exporter is down: every later call fails at once
+with one :class:`~watcher.exporters.base.TrackerUnavailable` line saying that the MLflow run
+is incomplete and that ``ilab-watch DIR --mlflow URI --replay`` repairs it (it is probed
+again every :data:`~watcher.exporters.mlflow_calls.RECHECK_S`; watcher/exporters/mlflow_calls.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shlex
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from journal.views.fold import CheckpointFate, RunFold
 from watcher.exporters import mlflow_story as story
-from watcher.exporters.base import MetricsExport, TrackerUnavailable, flatten
+from watcher.exporters.base import MetricsExport, RunFolds, flatten
+from watcher.exporters.mlflow_calls import Breaker, Guarded, check_reachable
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
 DEFAULT_EXPERIMENT = "ilab-journal"
@@ -50,12 +53,6 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_BATCH = 100  # MLflow's limit on params or tags per log_batch call
 _MAX_METRICS = 1000  # and on metrics
 _MAX_VALUE = 6000  # MLflow's limit on a param value's length
-
-PROBE_EVERY_S = 2.0  # while a call is in flight, /health is asked this often
-DOWN_AFTER = 3  # unanswered probes in a row: the server is gone
-RECHECK_S = 30.0  # once down, calls fail at once; the server is asked again this often
-_CALL_THREAD = "ilab-mlflow-call"
-T = TypeVar("T")
 
 
 @dataclass
@@ -69,102 +66,11 @@ class _Run:
     pending: list[Any] = field(default_factory=list)  # metrics not sent yet (Metric)
 
 
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Raise :class:`CallbackSpecError` when an http(s) tracking server does not answer
-    (before the client's own retries, which take minutes)."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
-            pass
-    except urllib.error.HTTPError:
-        pass  # it answered (a proxy may not serve /health): reachable
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise CallbackSpecError(
-            f"cannot reach the MLflow tracking server at {uri}: {reason}"
-        ) from None
-
-
-def _answers(uri: str) -> bool:
-    try:
-        check_reachable(uri, timeout_s=PROBE_EVERY_S)
-    except CallbackSpecError:
-        return False
-    return True
-
-
-class _QuietCalls(logging.Filter):
-    """urllib3's "Retrying ..." lines of our call threads: the breaker says it, once."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.threadName or "").startswith(_CALL_THREAD)
-
-
-class _Breaker:
-    """Runs calls to an http(s) tracking server, giving up when the server stops answering
-    (see the module docstring). ``incomplete(reason)`` is the line a down server raises."""
-
-    def __init__(self, uri: str, incomplete: Callable[[str], str]) -> None:
-        self.uri = uri
-        self.incomplete = incomplete
-        self.down: str | None = None
-        self._down_at = 0.0
-        quiet = logging.getLogger("urllib3.connectionpool")
-        if not any(isinstance(f, _QuietCalls) for f in quiet.filters):
-            quiet.addFilter(_QuietCalls())
-
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self.down is not None:
-            if time.monotonic() - self._down_at < RECHECK_S:
-                raise TrackerUnavailable(self.down)
-            if not _answers(self.uri):
-                self._down_at = time.monotonic()  # asked again in RECHECK_S, not every call
-                raise TrackerUnavailable(self.down)
-            self.down = None  # back: later records are exported again (earlier need a replay)
-        result: list[T] = []
-        error: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                result.append(fn(*args, **kwargs))
-            except BaseException as exc:
-                error.append(exc)
-
-        # A thread we can stop waiting for: a call on a dead server retries for minutes,
-        # and is left to end by itself (its points, if it ever lands them, are deduplicated).
-        t = threading.Thread(target=run, name=_CALL_THREAD, daemon=True)
-        t.start()
-        misses = 0
-        while True:
-            t.join(PROBE_EVERY_S)
-            if not t.is_alive():
-                break
-            misses = 0 if _answers(self.uri) else misses + 1
-            if misses >= DOWN_AFTER:
-                self._trip(f"no answer from {self.uri}/health {misses} times in a row")
-        if error:
-            if not _answers(self.uri):
-                self._trip(f"{type(error[0]).__name__}; no answer from {self.uri}/health")
-            raise error[0]
-        return result[0]
-
-    def _trip(self, reason: str) -> None:
-        self.down, self._down_at = self.incomplete(reason), time.monotonic()
-        raise TrackerUnavailable(self.down)
-
-
-class _Guarded:
-    """An ``MlflowClient`` whose calls go through a :class:`_Breaker`."""
-
-    def __init__(self, client: Any, breaker: _Breaker) -> None:
-        self._client, self._breaker = client, breaker
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kwargs: self._breaker.call(attr, *args, **kwargs)
+def _absolute(uri: str) -> str:
+    """A tracking URI with a local path made absolute (``mlruns`` is another store from
+    another directory); a URI with a scheme as it is."""
+    head = uri.split("/", 1)[0]
+    return uri if ":" in head else os.path.abspath(uri)
 
 
 class MlflowExport(MetricsExport):
@@ -208,11 +114,15 @@ class MlflowExport(MetricsExport):
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._runs: dict[str, _Run] = {}
         self._where: tuple[str, str] | None = None  # (ckpt_dir, run_id) being exported
+        self._folds = RunFolds()  # each run dir's fold: checkpoints and the best from it
         try:
             self.client: Any = MlflowClient(uri)
             self.tracking_uri = uri or mlflow.get_tracking_uri()
+            # the tracking URI and experiment are the watcher's cursor identity
+            # (MetricsExport.callback_label): another server or experiment starts over
+            self.destination = f"mlflow {_absolute(self.tracking_uri)} {self.experiment}"
             if self.tracking_uri.startswith(("http://", "https://")):
-                self.client = _Guarded(self.client, _Breaker(self.tracking_uri, self._incomplete))
+                self.client = Guarded(self.client, Breaker(self.tracking_uri, self._incomplete))
             found = self.client.get_experiment_by_name(self.experiment)
             self._experiment_id = (
                 found.experiment_id if found else self.client.create_experiment(self.experiment)
@@ -227,6 +137,7 @@ class MlflowExport(MetricsExport):
         from mlflow.entities import Param
 
         with self._lock:
+            self._folds.add(event)  # the run's keep_best: which checkpoint is the best
             run = self._run(event)
             if run is None:
                 return
@@ -245,23 +156,23 @@ class MlflowExport(MetricsExport):
                 self._tag(run, "ilab.attempt", str(event.attempt))
 
     def on_save(self, event: Event, **data: Any) -> None:
-        path = data.get("checkpoint_path")
-        if not isinstance(path, str):
-            return
-        name = Path(path).name
         with self._lock:
+            fold = self._folds.add(event)
+            fate = self._fate(fold, data)
             run = self._run(event)
-            if run is None:
+            if run is None or fate is None:
                 return
-            self._tag(run, f"checkpoint.{name}", path)
-            self._tag(run, "ilab.last_checkpoint", path)
-            self._tags(run, story.save_tags(event.step, data))
-            if self.log_artifacts and not self.client.list_artifacts(run.id, f"checkpoints/{name}"):
-                self.client.log_artifacts(run.id, path, artifact_path=f"checkpoints/{name}")
+            self._tags(run, story.save_tags(fate, event.step))
+            self._tag(run, "ilab.last_checkpoint", fate.path)
+            self._best(run, fold)
+            where = f"checkpoints/{fate.name}"
+            if self.log_artifacts and not self.client.list_artifacts(run.id, where):
+                self.client.log_artifacts(run.id, str(data["checkpoint_path"]), artifact_path=where)
 
     def on_train_end(self, event: Event, **data: Any) -> None:
         status = str(data.get("status"))
         with self._lock:
+            fold = self._folds.add(event)
             run = self._run(event)
             if run is None:
                 return
@@ -269,28 +180,72 @@ class MlflowExport(MetricsExport):
             if not self._newer(run, event):
                 return
             self._tag(run, "ilab.status", status)
-            if data.get("reason"):
-                self._tag(run, "ilab.reason", str(data["reason"])[:_MAX_VALUE])
-            self._tags(run, story.end_tags(status, data))
+            reason = str(data["reason"]) if data.get("reason") else None
+            if reason:
+                self._tag(run, "ilab.reason", reason[:_MAX_VALUE])
+            self._tags(run, story.end_tags(data))
+            # the best and the description from the fold, not train_end's best_checkpoint:
+            # reports still on their way when it was written land after it
+            self._best(run, fold, ending=(status, reason))
             self.client.set_terminated(
                 run.id, _STATUS.get(status, "KILLED"), end_time=int(event.ts * 1000)
             )
 
+    def on_evaluate(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._folds.add(event)  # a step's validation belongs to the save at that step
+        super().on_evaluate(event, **data)
+
     def on_report(self, event: Event, **data: Any) -> None:
         super().on_report(event, **data)  # the metrics, at the checkpoint's step
-        self._story(event, story.report_tags(data))
+        with self._lock:
+            fold = self._folds.add(event)
+            fate = self._fate(fold, data)
+            run = self._run(event)
+            if run is not None and fate is not None:
+                self._tags(run, story.report_tags(fate, data))
+                self._best(run, fold)  # a late report may change it, after train_end too
 
     def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
-        self._story(event, story.removed_tags(event.step, data))
+        with self._lock:
+            fold = self._folds.add(event)
+            fate = self._fate(fold, data)
+            run = self._run(event)
+            if run is not None and fate is not None:
+                self._tags(run, story.removed_tags(fate, event.step, data))
+                self._best(run, fold)  # the best removed: the next one is
 
     def on_control(self, event: Event, **data: Any) -> None:
-        self._story(event, story.control_tags(data))
-
-    def _story(self, event: Event, tags: dict[str, str]) -> None:
         with self._lock:
+            self._folds.add(event)
             run = self._run(event)
             if run is not None:
-                self._tags(run, tags)
+                self._tags(run, story.control_tags(data))
+
+    # -- the run's fold ------------------------------------------------------------------
+
+    @staticmethod
+    def _fate(fold: RunFold, data: dict[str, Any]) -> CheckpointFate | None:
+        """The checkpoint a record names, as the fold knows it (its canonical path)."""
+        path = data.get("checkpoint_path")
+        return fold.ledger.fate(path) if isinstance(path, str) and path else None
+
+    def _best(self, run: _Run, fold: RunFold, ending: tuple[str, str | None] | None = None) -> None:
+        """Tag the run's best checkpoint as its fold says now, and once the run has ended
+        (``ending``: its train_end's status and reason, else the fold's last attempt's) the
+        description that names it. Only changed tags are sent."""
+        goal = fold.keep_best()
+        best = fold.best(goal) if goal is not None else None
+        for key, value in story.best_tags(best).items():
+            if value:
+                self._tag(run, key, value[:_MAX_VALUE])
+            elif key in run.tags:  # no best any more (removed): no stale name left
+                self.client.delete_tag(run.id, key)
+                del run.tags[key]
+        if ending is None and fold.ended and fold.attempts and fold.attempts[-1].status:
+            ending = (fold.attempts[-1].status, fold.attempts[-1].reason)
+        if ending is not None:
+            self._tags(run, story.note(*ending, best))
 
     # -- writing -------------------------------------------------------------------------
 

@@ -4,7 +4,11 @@ every control command (applied at which step or refused, who sent it), the best 
 and the run's end with its status and reason as the run's description, so that a stopped
 run does not read as plainly "Finished".
 
-Tags, by checkpoint name (``step-000040``): ``checkpoint.<name>`` its path (as before),
+Checkpoints, and the best, come from the run's fold (journal/views/fold.py), as ``status``
+and ``query --best`` say them: a checkpoint by its canonical path, the best by the run's
+``keep_best`` from every report, those that land after ``train_end`` too.
+
+Tags, by checkpoint name (``step-000040``): ``checkpoint.<name>`` its canonical path,
 ``checkpoint.<name>.step``, ``checkpoint.<name>.report`` (the latest: metrics and source),
 ``checkpoint.<name>.removed`` (the reason, at which step); by command id:
 ``control.<id>``; for the run: ``ilab.best_checkpoint``, ``ilab.best``, ``ilab.stop_source`` (the
@@ -13,17 +17,14 @@ sender's kind in ``status``'s words), ``ilab.stopped_by`` (its source) and ``mlf
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from journal.views.best import BestCheckpoint
+from journal.views.fold import CheckpointFate
 from journal.views.stops import stop_kind
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
 _MAX_KEY = 250
-
-
-def _name(path: Any) -> str | None:
-    return Path(path).name if isinstance(path, str) and path else None
 
 
 def _metrics(metrics: Any) -> str:
@@ -32,35 +33,28 @@ def _metrics(metrics: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in metrics.items())
 
 
-def save_tags(step: int, data: dict[str, Any]) -> dict[str, str]:
-    """A save: the checkpoint's step (its path is tagged by the exporter as before)."""
-    name = _name(data.get("checkpoint_path"))
-    return {f"checkpoint.{name}.step": str(step)} if name else {}
+def save_tags(fate: CheckpointFate, step: int) -> dict[str, str]:
+    """A save: the checkpoint's path (the fold's canonical spelling, so a relative and an
+    absolute path of one checkpoint are one tag) and its step."""
+    return {f"checkpoint.{fate.name}": fate.path, f"checkpoint.{fate.name}.step": str(step)}
 
 
-def removed_tags(step: int, data: dict[str, Any]) -> dict[str, str]:
+def removed_tags(fate: CheckpointFate, step: int, data: dict[str, Any]) -> dict[str, str]:
     """A ``checkpoint_removed``: the checkpoint (a replay may never deliver its save: it is
     gone) and why it went."""
-    path = data.get("checkpoint_path")
-    name = _name(path)
-    if not name:
-        return {}
     why = data.get("reason") or "removed"
     return {
-        f"checkpoint.{name}": str(path),
-        f"checkpoint.{name}.removed": f"{why} (at step {step})",
+        f"checkpoint.{fate.name}": fate.path,
+        f"checkpoint.{fate.name}.removed": f"{why} (at step {step})",
     }
 
 
-def report_tags(data: dict[str, Any]) -> dict[str, str]:
+def report_tags(fate: CheckpointFate, data: dict[str, Any]) -> dict[str, str]:
     """A report: its metrics and source on the checkpoint it is about."""
-    name = _name(data.get("checkpoint_path"))
-    if not name:
-        return {}
     text = _metrics(data.get("metrics"))
     if data.get("source"):
         text += f" from {data['source']}"
-    return {f"checkpoint.{name}.report": text}
+    return {f"checkpoint.{fate.name}.report": text}
 
 
 def control_tags(data: dict[str, Any]) -> dict[str, str]:
@@ -87,19 +81,28 @@ def stop_tags(source: str | None) -> dict[str, str]:
     return {"ilab.stop_source": stop_kind(source), "ilab.stopped_by": str(source or "?")}
 
 
-def end_tags(status: str, data: dict[str, Any]) -> dict[str, str]:
-    """``train_end``: the best checkpoint, and the status with its reason as the run's
-    description (MLflow's run status has no "stopped": FINISHED alone would hide it)."""
-    tags: dict[str, str] = {}
-    note = f"{status}"
-    if data.get("reason"):
-        note += f": {data['reason']}"
-    best = data.get("best_checkpoint")
-    if isinstance(best, dict) and best.get("checkpoint_path"):
-        tags["ilab.best_checkpoint"] = str(best["checkpoint_path"])
-        tags["ilab.best"] = f"{best.get('metric')}={best.get('value')} at step {best.get('step')}"
-        note += f"\n\nbest checkpoint: {best['checkpoint_path']} ({tags['ilab.best']})"
-    if data.get("command_source"):
-        tags.update(stop_tags(data["command_source"]))
-    tags["mlflow.note.content"] = note
-    return tags
+def end_tags(data: dict[str, Any]) -> dict[str, str]:
+    """``train_end``: who stopped the run (the best and the description: :func:`best_tags`,
+    :func:`note`, from the run's fold)."""
+    return stop_tags(data["command_source"]) if data.get("command_source") else {}
+
+
+def best_tags(best: BestCheckpoint | None) -> dict[str, str]:
+    """The best checkpoint by the run's ``keep_best``, as the run's fold says now (reports
+    that landed after ``train_end`` included); empty values (tags to remove) when there is
+    none."""
+    if best is None:
+        return {"ilab.best_checkpoint": "", "ilab.best": ""}
+    return {
+        "ilab.best_checkpoint": best.checkpoint_path,
+        "ilab.best": f"{best.metric}={best.value} at step {best.step}",
+    }
+
+
+def note(status: str, reason: str | None, best: BestCheckpoint | None) -> dict[str, str]:
+    """The status with its reason and the best checkpoint, as the run's description
+    (MLflow's run status has no "stopped": FINISHED alone would hide it)."""
+    text = f"{status}: {reason}" if reason else status
+    if best is not None:
+        text += f"\n\nbest checkpoint: {best.checkpoint_path} ({best_tags(best)['ilab.best']})"
+    return {"mlflow.note.content": text}

@@ -28,7 +28,8 @@ def make_exporter(
 ) -> MetricsExport:
     """The exporter called ``name`` (one of :data:`TRACKERS`) for the run in ``ckpt_dir``.
 
-    TensorBoard writes to ``tensorboard_dir`` (default ``ckpt_dir/tensorboard``); MLflow
+    TensorBoard writes to ``tensorboard_dir`` (default ``ckpt_dir/tensorboard``), one
+    subdirectory per journal run; MLflow
     to ``mlflow_uri`` (default ``$MLFLOW_TRACKING_URI``); W&B under ``ckpt_dir/wandb``.
     ``settings`` (``TrainingArgs.tracker_settings``: ``tensorboard_dir``,
     ``mlflow_tracking_uri``, ``mlflow_experiment``, ``mlflow_run_name``, ``wandb_project``,

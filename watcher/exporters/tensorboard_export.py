@@ -5,38 +5,76 @@ Scalars at the record's step, with the record's time as wall time: ``train/*`` f
 ``evaluate``, ``report/*`` from reports (at the reported checkpoint's step). ``save``,
 ``control`` and ``train_end`` become text (``events/*``). Works live and with ``--replay``.
 
+Each journal run gets a subdirectory of LOGDIR, ``<run dir name>-<run id>`` (the name of its
+MLflow and W&B runs), which TensorBoard shows as one run: two runs given one LOGDIR stay
+two runs (``tensorboard --logdir LOGDIR`` compares them), never one with each step twice,
+and a resume continues its run's subdirectory. LOGDIR (resolved) is part of the watcher's
+cursor identity: another LOGDIR gets the journal from its start.
+
 Idempotent across watcher restarts (see watcher/exporters/base.py): the exporter first reads what
-LOGDIR already holds and skips a point it has already written: same tag, step and wall
-time. A resumed run's repeated steps have other times, so they are kept, as TensorBoard
-shows them.
+a run's subdirectory already holds and skips a point it has already written: same tag, step
+and wall time. A resumed run's repeated steps have other times, so they are kept, as
+TensorBoard shows them.
 Needs the ``tensorboard`` package (``pip install 'ilab-journal[tensorboard]'``).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from watcher.exporters.base import MetricsExport
+from watcher.exporters.base import MetricsExport, destination_digest
 from watcher.hooks.callbacks import CallbackSpecError, Event
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _plain(text: str) -> str:
+    """``text`` as one plain path component (other characters as ``-``, at most 64); a
+    name that is nothing but dots, or empty, as a digest: never a path outside LOGDIR."""
+    plain = _UNSAFE.sub("-", text)[:64]
+    return plain if plain.strip(".") else f"x{destination_digest(text)}"
+
+
+def run_subdir(ckpt_dir: str, run_id: str) -> str:
+    """The subdirectory of LOGDIR for one journal run: ``<run dir name>-<run id>`` (the
+    name of its MLflow and W&B runs), each made a plain path component."""
+    name = _plain(Path(os.path.abspath(ckpt_dir)).name)
+    return f"{name}-{_plain(run_id)}" if run_id else name
+
+
+class _RunLog:
+    """One journal run's event file writer and the points its subdirectory holds."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.seen = _written(logdir)
+        self.writer = EventFileWriter(str(logdir))
 
 
 class TensorBoardExport(MetricsExport):
-    """Writes the journal's metrics and milestones to TensorBoard event files in ``logdir``."""
+    """Writes the journal's metrics and milestones to TensorBoard event files, one
+    subdirectory of ``logdir`` per journal run (:func:`run_subdir`)."""
 
     def __init__(self, logdir: str | Path) -> None:
         try:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            from tensorboard.summary.writer.event_file_writer import (  # noqa: F401
+                EventFileWriter,
+            )
         except ImportError:
             raise CallbackSpecError(
                 "--tensorboard needs the tensorboard package: pip install 'ilab-journal[tensorboard]'"
             ) from None
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
+        self.destination = f"tensorboard {self.logdir.resolve()}"  # the cursor identity
         self._lock = threading.Lock()  # hooks of different events run in different threads
-        self._seen = _written(self.logdir)
-        self._writer = EventFileWriter(str(self.logdir))
+        self._runs: dict[str, _RunLog] = {}  # subdirectory -> its writer, opened on first use
 
     # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
 
@@ -58,9 +96,7 @@ class TensorBoardExport(MetricsExport):
     def write_scalars(self, prefix: str, values: dict[str, float], step: int, event: Event) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self._write(
-            [Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step, event.ts
-        )
+        self._write(event, [Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step)
 
     def _text(self, tag: str, event: Event, text: str) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -73,28 +109,36 @@ class TensorBoardExport(MetricsExport):
             string_val=[text.encode()],
             tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
         )
-        self._write([Summary.Value(tag=tag, metadata=meta, tensor=tensor)], event.step, event.ts)
+        self._write(event, [Summary.Value(tag=tag, metadata=meta, tensor=tensor)], event.step)
 
-    def _write(self, values: list[Any], step: int, wall_time: float) -> None:
+    def _write(self, event: Event, values: list[Any], step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event as TBEvent
         from tensorboard.compat.proto.summary_pb2 import Summary
 
+        wall_time = event.ts
         with self._lock:
-            new = [v for v in values if (v.tag, step, wall_time) not in self._seen]
+            sub = run_subdir(event.ckpt_dir, event.run_id)
+            run = self._runs.get(sub)
+            if run is None:
+                run = self._runs[sub] = _RunLog(self.logdir / sub)
+            new = [v for v in values if (v.tag, step, wall_time) not in run.seen]
             if not new:
                 return
-            self._writer.add_event(
+            run.writer.add_event(
                 TBEvent(wall_time=wall_time, step=step, summary=Summary(value=new))
             )
-            self._seen.update((v.tag, step, wall_time) for v in new)
+            run.seen.update((v.tag, step, wall_time) for v in new)
 
     def after_deliveries(self) -> None:
         """On disk once per batch of records (live: per record), not once per point."""
         with self._lock:
-            self._writer.flush()
+            for run in self._runs.values():
+                run.writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        with self._lock:
+            for run in self._runs.values():
+                run.writer.close()
 
 
 def _written(logdir: Path) -> set[tuple[str, int, float]]:

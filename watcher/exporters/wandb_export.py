@@ -13,8 +13,10 @@ that ending's exit code (0 completed or stopped, 1 failed, 5 interrupted, as
 ``ilab-train``'s).
 
 No duplicates: each watcher start makes a new run directory for the same id, so the
-exporter first reads the history of every earlier one (watcher/exporters/wandb_log.py) and skips a
-row it holds (same prefix, step and time). A directory wandb could not write is refused at
+exporter first reads the history of every earlier one of the same project
+(watcher/exporters/wandb_log.py) and skips a row it holds (same prefix, step and time).
+The directory, entity and project are part of the watcher's cursor identity: another
+project gets the journal from its start. A directory wandb could not write is refused at
 start (wandb would write to /tmp instead, where no later replay finds the rows). Needs the
 ``wandb`` package
 (``ilab-journal[wandb]``).
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from watcher.exporters.base import MetricsExport
-from watcher.exporters.wandb_log import history_rows, run_files
+from watcher.exporters.wandb_log import history_rows, project, run_files
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
 DEFAULT_PROJECT = "ilab-journal"
@@ -73,6 +75,8 @@ class WandbExport(MetricsExport):
         self.root = Path(os.environ.get("WANDB_DIR") or ckpt_dir)
         self.project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
         _check_writable(self.root)
+        # where the rows go is the watcher's cursor identity (MetricsExport.callback_label)
+        self.destination = f"wandb {self.root.resolve()} {self.entity or ''}/{self.project}"
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._run: Any = None
         self._exit_code = 0
@@ -130,7 +134,7 @@ class WandbExport(MetricsExport):
         if self._run is not None and self._run_id == event.run_id:
             return self._run
         self._finish()  # the previous journal run's
-        self._seen = _logged(self.root, event.run_id)
+        self._seen = _logged(self.root, event.run_id, self.project)
         self._run_id = event.run_id
         self._run = wandb.init(
             id=event.run_id,
@@ -178,10 +182,13 @@ def _check_writable(root: Path) -> None:
         ) from None
 
 
-def _logged(root: Path, run_id: str) -> set[tuple[str, int, float]]:
-    """(prefix, step, time) of every row earlier run directories of ``run_id`` hold."""
+def _logged(root: Path, run_id: str, project_name: str) -> set[tuple[str, int, float]]:
+    """(prefix, step, time) of every row earlier run directories of ``run_id`` hold for
+    ``project_name`` (another project's rows are not this one's: a new project gets them all)."""
     seen = set()
     for f in run_files(root, run_id):
+        if project(f) not in (None, project_name):
+            continue
         for row in history_rows(f):
             for key, value in row.items():
                 if key.endswith("/step") and isinstance(value, int):

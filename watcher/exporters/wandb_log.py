@@ -85,6 +85,15 @@ def summary(wandb_file: Path) -> dict[str, Any]:
     return out
 
 
+def project(wandb_file: Path) -> str | None:
+    """The W&B project a run directory's ``.wandb`` file was written for (its ``run``
+    record's), or None when it names none."""
+    for r in records(wandb_file):
+        if r.WhichOneof("record_type") == "run":
+            return r.run.project or None
+    return None
+
+
 def run_files(root: Path, run_id: str) -> list[Path]:
     """The ``.wandb`` files of every directory wandb made for ``run_id`` under ``root``
     (``root/wandb/[offline-]run-<time>-<id>/run-<id>.wandb``), oldest first."""
