@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN
-from trainer.launch.cluster_env import cluster_torchrun
+from tests.helpers import BIN, records, train_env
+from trainer.config import TorchrunArgs
+from trainer.launch.cluster_env import cluster_torchrun, torchrun_command, torchrun_env
 
 PET = {
     "PET_NNODES": "4",
@@ -104,3 +105,58 @@ def test_ilab_train_says_a_bad_variable_in_one_line_exit_2(tmp_path: Path) -> No
     assert "PET_NODE_RANK=5 is not below PET_NNODES=2" in last
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "journal.jsonl").exists()
+
+
+#: A pod's PET_* that contradict every flag of the run below: torchrun reads each as its
+#: flag's default, so any one left to it would change the run (PET_NNODES=2: it waits for
+#: a second node for ever).
+CONTRADICTING = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "3",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "192.0.2.1",
+    "PET_MASTER_PORT": "29400",
+    "PET_RDZV_BACKEND": "static",
+    "PET_RDZV_ENDPOINT": "192.0.2.1:29400",
+    "PET_MAX_RESTARTS": "3",
+}
+
+
+def test_torchrun_gets_every_setting_as_a_flag_and_no_pet_variable(tmp_path: Path) -> None:
+    """The agent's command names node count, ranks per node, node rank and rendezvous
+    itself, and its environment has no PET_* left for torchrun to read as defaults."""
+    cfg = tmp_path / "cfg.json"
+    one = torchrun_command(cfg, TorchrunArgs(nproc_per_node=2))
+    assert one[one.index("trainer.launch.agent") + 1 : one.index("trainer.rank.worker") - 1] == [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--node-rank=0",
+        "--standalone",
+    ]
+    static = torchrun_command(
+        cfg, TorchrunArgs(nnodes=2, node_rank=1, master_addr="h", master_port=29400)
+    )
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=static"} <= set(static)
+    assert {"--master-addr=h", "--master-port=29400"} <= set(static)
+    c10d = torchrun_command(cfg, TorchrunArgs(nnodes=2, rdzv_endpoint="h:1", rdzv_id="r"))
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=r"} <= set(c10d)
+    env = torchrun_env({**CONTRADICTING, "PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"})
+    assert env == {"PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.timeout(300)
+def test_flags_win_over_pet_variables_in_a_real_run(tmp_path: Path) -> None:
+    """ilab-train --nnodes 1 --nproc-per-node 1 in a pod whose PET_* say 2 nodes of 3
+    ranks: one node of one rank trains to the end (before: torchrun took PET_NNODES=2
+    behind --standalone and waited for a second node)."""
+    ckpt = tmp_path / "run"
+    argv = [str(BIN / "ilab-train"), "--demo", "--ckpt-dir", str(ckpt), "--quiet"]
+    argv += ["--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "1", "--max-steps", "3"]
+    done = subprocess.run(
+        argv, env={**train_env(), **CONTRADICTING}, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    recs = records(ckpt)
+    begin = next(r["data"] for r in recs if r["event"] == "train_begin")
+    assert (begin["world_size"], begin["nnodes"]) == (1, 1)
+    assert recs[-1]["event"] == "train_end" and recs[-1]["data"]["status"] == "completed"

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ def test_ray_options_are_one_line_usage_errors(tmp_path: Path) -> None:
         (("--ray-address", "http://h:8265"), "--ray-address need(s) --via ray"),
         (("--via", "ray"), "--via ray needs --ray-address URL or $RAY_ADDRESS"),
         (("--via", "ray", "--ray-address", "h:1", "--ray-resources", "gpu"), "'gpu' is not"),
+        (("--via", "ray", "--job-env", "RAY_ADDRESS"), "RAY_* variables are Ray's own"),
+        # amounts that are not finite: refused at start, not an OverflowError or a failed submit
+        (("--via", "ray", "--ray-address", "h:1", "--ray-resources", "memory=inf"), "memory=inf"),
+        (("--via", "ray", "--ray-address", "h:1", "--ray-resources", "num_gpus=nan"), "num_gpus"),
         # where Ray is not installed (PYTHON_ENV=system), that is the one line instead
         (("--via", "ray", "--ray-address", "http://127.0.0.1:9"), unreachable),
     ]:
@@ -279,3 +284,43 @@ def test_a_job_ray_forgot_is_recorded_from_its_exit_file(ray_head: Any, tmp_path
     assert [r["data"]["metrics"] for r in records(ckpt) if r["event"] == "report"] == [
         {"accuracy": 0.5}
     ]
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_a_ray_job_shows_no_secret_of_the_watcher_on_the_dashboard(
+    ray_head: Any, tmp_path: Path
+) -> None:
+    """A watcher whose environment holds AWS, HF and W&B secrets runs a job on the real
+    head: the dashboard's GET /api/jobs/ (what anyone who reaches it reads) and the job's
+    own environment hold none of them, but the --job-env name and ILAB_* (before: every
+    variable but RAY_* went into the job's runtime_env)."""
+    secrets = {
+        "AWS_SECRET_ACCESS_KEY": "aws-secret-4f1d9c",
+        "HF_TOKEN": "hf_token_7b2e0a",
+        "WANDB_API_KEY": "wandb-key-91c3e5",
+    }
+    ckpt = _saved_run(tmp_path, 1)
+    script = tmp_path / "print_env.sh"
+    script.write_text("#!/bin/sh\nenv\n")
+    script.chmod(0o755)
+    done = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--on-save", str(script), "--name", "env", "--via", "ray", "--job-poll", "0.3"),
+        *("--replay", "--job-env", "EVAL_EXTRA"),
+        env=_env(ray_head, **secrets, EVAL_EXTRA="named-extra-5e8a"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with urllib.request.urlopen(f"{ray_head.address}/api/jobs/", timeout=30) as resp:
+        body = resp.read().decode()
+    ours = [j for j in json.loads(body) if str(ckpt) in json.dumps(j.get("runtime_env"))]
+    (job,) = ours
+    env_vars = job["runtime_env"]["env_vars"]
+    assert env_vars["EVAL_EXTRA"] == "named-extra-5e8a" and env_vars["ILAB_STEP"] == "5"
+    assert not [v for v in secrets.values() if v in body]
+    (res,) = _results(ckpt, "env")
+    seen = Path(res["log_path"]).read_text()
+    assert "EVAL_EXTRA=named-extra-5e8a" in seen
+    assert not [v for v in secrets.values() if v in seen]

@@ -131,6 +131,7 @@ def test_watch_via_slurm_journals_jobs_and_retries_failures(
     common: tuple[str, ...] = ("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3")
     common += ("--replay",)
     common += ("--concurrency", "2")  # both saves' jobs at once
+    common += ("--job-env", "EVAL_SECONDS")  # a job gets only what is named (and ILAB_*)
     ok = cli(
         "ilab-watch",
         str(ckpt),
@@ -184,7 +185,7 @@ def test_watch_via_local_runs_jobs_as_processes(tmp_path: Path) -> None:
         "ilab-watch",
         "run",  # relative: the job runs in the watcher's cwd, as a local command would
         *("--on-save", str(script), "--name", "local", "--via", "local", "--replay"),
-        *("--job-poll", "0.2"),
+        *("--job-poll", "0.2", "--job-env", "EVAL_SECONDS"),
         env={"EVAL_SECONDS": "0", "PYTHONPATH": pythonpath()},
         cwd=tmp_path,
     )
@@ -233,6 +234,82 @@ def test_scheduler_options_are_usage_errors_without_via(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+#: The watcher's secrets (values unique enough to be searched for) that no job may get.
+SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-4f1d9c",
+    "HF_TOKEN": "hf_token_7b2e0a",
+    "WANDB_API_KEY": "wandb-key-91c3e5",
+}
+PRINT_ENV = "#!/bin/sh\nenv\n"
+
+
+def test_a_job_gets_ilab_what_a_program_needs_and_named_variables_only() -> None:
+    """The one rule of every scheduler's job environment (watcher/scheduler job_env):
+    ILAB_*, PATH and the like, HF's offline switches, --job-env's names; no secret."""
+    from watcher.scheduler import job_env
+
+    env = {**SECRETS, "PATH": "/bin", "ILAB_STEP": "5", "LC_ALL": "C", "HF_HUB_OFFLINE": "1"}
+    env |= {"MY_SETTING": "x", "RAY_ADDRESS": "http://h:1", "EXTRA": "y"}
+    assert job_env(env, ["EXTRA", "NOT_SET"]) == {
+        "PATH": "/bin",
+        "ILAB_STEP": "5",
+        "LC_ALL": "C",
+        "HF_HUB_OFFLINE": "1",
+        "EXTRA": "y",
+    }
+
+
+def test_job_env_takes_names_with_via_only(tmp_path: Path) -> None:
+    """--job-env without --via, or with NAME=VALUE (a value would be on the command line
+    for ps to show): one line, exit 2."""
+    for extra, says in [
+        ((), "--job-env needs --via"),
+        (("--via", "local"), "--job-env 'HF_TOKEN=abc': not a variable name"),
+    ]:
+        arg = "HF_TOKEN=abc" if extra else "HF_TOKEN"
+        out = cli("ilab-watch", str(tmp_path), "--on-save", "true", *extra, "--job-env", arg)
+        assert out.returncode == 2, out.stderr
+        assert says in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+
+
+def _job_env_seen(ckpt: Path, via: tuple[str, ...], env: dict[str, str], tmp: Path) -> str:
+    """What a job of ``ilab-watch ... --via ...`` printed of its environment (``env``: its
+    watcher's additions, the secrets among them)."""
+    script = tmp / "print_env.sh"
+    script.write_text(PRINT_ENV)
+    script.chmod(0o755)
+    done = cli(
+        "ilab-watch",
+        str(ckpt),
+        *("--on-save", str(script), "--name", "env", "--replay", "--job-poll", "0.2", *via),
+        *("--job-env", "EVAL_EXTRA"),
+        env={**SECRETS, "EVAL_EXTRA": "named-extra-5e8a", **env},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (res,) = _results(ckpt, "env")
+    return Path(res["log_path"]).read_text()
+
+
+def test_a_local_job_gets_no_secret_of_the_watcher(tmp_path: Path) -> None:
+    """--via local rehearses a cluster's job: the same environment, no secret."""
+    seen = _job_env_seen(_saved_run(tmp_path, saves=1), ("--via", "local"), {}, tmp_path)
+    assert "EVAL_EXTRA=named-extra-5e8a" in seen and "ILAB_STEP=5" in seen
+    assert not [v for v in SECRETS.values() if v in seen]
+
+
+def test_a_slurm_job_gets_no_secret_of_the_watcher(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A real Slurm job of a watcher whose environment holds AWS, HF and W&B secrets: the
+    job's environment (printed by the job) has none of them, and has ILAB_*, PATH and the
+    --job-env name (before: sbatch --export=ALL gave it the watcher's whole environment)."""
+    ckpt = _saved_run(tmp_path, saves=1)
+    via = ("--via", "slurm", "--sbatch-args", "-c1")
+    seen = _job_env_seen(ckpt, via, _env(slurm), tmp_path)
+    assert "EVAL_EXTRA=named-extra-5e8a" in seen and "ILAB_STEP=5" in seen
+    assert f"PATH={os.environ['PATH']}" in seen and "SLURM_JOB_ID=" in seen
+    assert not [v for v in SECRETS.values() if v in seen]
+
+
 @pytest.mark.extended
 def test_watcher_killed_while_jobs_pend_reattaches(slurm: SlurmCluster, tmp_path: Path) -> None:
     """kill -9 of the watcher while its 3 jobs are pending (a job holding every CPU keeps
@@ -252,6 +329,7 @@ def test_watcher_killed_while_jobs_pend_reattaches(slurm: SlurmCluster, tmp_path
         str(ckpt),
         *("--on-save", str(script), "--name", "eval", "--concurrency", "3"),
         *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3", "--lease-ttl", "30"),
+        *("--job-env", "EVAL_SECONDS"),
     ]
     env = {**os.environ, **_env(slurm, EVAL_SECONDS="0.5")}
     before = set(_squeue_all(slurm))
@@ -327,7 +405,7 @@ def test_eval_jobs_beside_two_rank_training_keep_their_checkpoints(
             str(BIN / "ilab-watch"),
             str(ckpt),
             *("--on-save", str(script), "--name", "eval", "--via", "slurm"),
-            *("--sbatch-args", "-c1", "--job-poll", "0.5"),
+            *("--sbatch-args", "-c1", "--job-poll", "0.5", "--job-env", "EVAL_SECONDS"),
         ],
         env={**os.environ, **_env(slurm, EVAL_SECONDS="2")},
         stderr=subprocess.PIPE,
@@ -658,6 +736,7 @@ def test_a_percent_in_the_run_dir_is_no_sbatch_pattern(slurm: SlurmCluster, tmp_
         str(ckpt),
         *("--on-save", str(script), "--name", "eval", "--replay"),
         *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
+        *("--job-env", "EVAL_SECONDS"),
         env=_env(slurm, EVAL_SECONDS="0"),
         timeout=120,
     )
@@ -795,7 +874,7 @@ def test_cancel_on_abort_spares_the_resumed_attempt_in_a_replay(
                 str(ckpt),
                 *("--on-save", str(script), "--name", "eval", "--replay", "--concurrency", "3"),
                 *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.3"),
-                "--cancel-on-abort",
+                *("--cancel-on-abort", "--job-env", "EVAL_SECONDS"),
             ],
             env={**os.environ, **_env(slurm, EVAL_SECONDS="0")},
             stderr=err,
@@ -833,6 +912,7 @@ def test_a_watcher_restarted_before_an_abort_evaluates_the_resumed_attempt(
     script.write_text("BEST = 5\n" + EVAL)
     argv = [str(ckpt), "--on-save", str(script), "--name", "eval", "--replay", "--via", "slurm"]
     argv += ["--sbatch-args", "-c1", "--job-poll", "0.3", "--cancel-on-abort"]
+    argv += ["--job-env", "EVAL_SECONDS"]
     env = _env(slurm, EVAL_SECONDS="0")
     first = cli("ilab-watch", *argv, env=env, timeout=120)
     assert first.returncode == 0, first.stderr
@@ -888,6 +968,7 @@ def test_a_held_job_is_said_once_and_runs_when_released(
                 str(ckpt),
                 *("--on-save", str(script), "--name", "eval", "--replay"),
                 *("--via", "slurm", "--sbatch-args", "-c1", "--job-poll", "0.2"),
+                *("--job-env", "EVAL_SECONDS"),
             ],
             env={**os.environ, **_env(slurm, EVAL_SECONDS="0", PATH=path)},
             stderr=err,

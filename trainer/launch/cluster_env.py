@@ -19,14 +19,23 @@ A multi-node rendezvous from Kubernetes variables is static (torchrun's ``--mast
 and ``--master-port``, the master pod's service name), as Kubeflow's own launches do.
 Inconsistent or unusable values are a ValueError of one line naming the variable (the
 CLI says it and exits 2). No torch, no cluster needed to import.
+
+What was decided reaches torchrun as flags only (:func:`torchrun_command`), and torchrun
+runs without any ``PET_*`` variable (:func:`torchrun_env`): torchrun takes ``PET_<FLAG>``
+as the default of each flag it is not given (``PET_NNODES=2`` behind ``--standalone``
+would make a one-node run wait for a second node), so a flag the user gave must win there
+too.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from trainer.config import TorchrunArgs
 from trainer.launch.slurm_env import slurm_torchrun
 
 DEFAULT_MASTER_PORT = 29500
@@ -133,3 +142,31 @@ def cluster_torchrun(
         if given.get("master_port") is None:
             out["master_port"] = found["master_port"]
     return out
+
+
+def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
+    """The torchrun agent's command line for the workers of ``cfg_path``: every setting of
+    ``t`` as a flag (node count, ranks per node, node rank, rendezvous), so that nothing is
+    left to torchrun's ``PET_*`` defaults. One node without an address is standalone (a
+    local c10d store on a free port, its backend, endpoint and id torchrun's); otherwise a c10d rendezvous at ``rdzv_endpoint`` or
+    a static one at ``master_addr:master_port``."""
+    cmd = [sys.executable, "-m", "trainer.launch.agent", f"--nnodes={t.nnodes}"]
+    cmd += [f"--nproc-per-node={t.nproc_per_node}", f"--node-rank={t.node_rank}"]
+    if t.nnodes == 1 and not (t.rdzv_endpoint or t.master_addr):
+        return [*cmd, "--standalone", "-m", "trainer.rank.worker", str(cfg_path)]
+    if t.rdzv_endpoint:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={t.rdzv_endpoint}"]
+    else:
+        cmd += ["--rdzv-backend=static", f"--master-addr={t.master_addr}"]
+        cmd.append(f"--master-port={t.master_port}")
+    if t.rdzv_id:
+        cmd.append(f"--rdzv-id={t.rdzv_id}")
+    return [*cmd, "-m", "trainer.rank.worker", str(cfg_path)]
+
+
+def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without torchrun's ``PET_*`` variables: what the torchrun agent (and so its
+    workers) runs with. They were read once, by :func:`cluster_torchrun`; left in, torchrun
+    would read them again as its flags' defaults, behind the flags we did not pass (or a
+    switch such as ``PET_STANDALONE``)."""
+    return {k: v for k, v in env.items() if not k.startswith("PET_")}

@@ -23,13 +23,14 @@ from typing import IO, Any
 from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
 from journal.read.reader import JournalReader
-from journal.rundir.lock import JournalLock, JournalLocked, Locked, RunLock, describe, run_holder
+from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
 from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir
 from journal.views.query import find_last
-from journal.write.writer import JournalWriter
+from journal.write.store import guest
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.launch.cluster_env import torchrun_command, torchrun_env
 from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
@@ -99,21 +100,6 @@ class TrainingResult:
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     #: report_to's trackers: "ok", or what failed and the ilab-watch line that replays it
     trackers: dict[str, str] = field(default_factory=dict)
-
-
-def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
-    cmd = [sys.executable, "-m", "trainer.launch.agent", f"--nproc-per-node={t.nproc_per_node}"]
-    if t.nnodes == 1 and not (t.rdzv_endpoint or t.master_addr):
-        cmd.append("--standalone")
-    else:
-        cmd += [f"--nnodes={t.nnodes}", f"--node-rank={t.node_rank}"]
-        if t.rdzv_endpoint:
-            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={t.rdzv_endpoint}"]
-        else:
-            cmd += [f"--master-addr={t.master_addr}", f"--master-port={t.master_port}"]
-        if t.rdzv_id:
-            cmd.append(f"--rdzv-id={t.rdzv_id}")
-    return [*cmd, "-m", "trainer.rank.worker", str(cfg_path)]
 
 
 def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerConfig:
@@ -300,7 +286,7 @@ def _launch(
             raise RunDirBusy(str(exc)) from None
         watcher.start()
 
-    proc_env = {**os.environ, **(env or {})}
+    proc_env = torchrun_env({**os.environ, **(env or {})})  # the flags decide, not PET_*
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
     proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
@@ -380,9 +366,8 @@ def _write_fallback_end(
     }
     seq = None
     try:
-        lock = JournalLock(ckpt_dir, role="launcher")
-        with lock.hold(timeout=10), JournalWriter(ckpt_dir, join=True) as w:
-            seq = w.append_at_last_position("train_end", payload)  # closes their attempt
+        with guest(ckpt_dir, role="launcher", timeout=10) as w:
+            seq = w.append("train_end", payload)  # closes their attempt
     except JournalLocked as exc:  # a worker outlived torchrun and still writes
         print(f"ilab-train: cannot record the workers' end: {exc}", file=sys.stderr)
     drain(ckpt_dir, role="launcher")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
-import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -21,6 +20,7 @@ from watcher.cli.options import parse_queue, watch_options
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
+from watcher.engine.signals import StopOnSignal
 from watcher.exporters.base import close_all
 from watcher.hooks.delivery import already_said
 from watcher.hooks.hook import Hook, HookSet
@@ -163,30 +163,22 @@ def _run(
 ) -> tuple[int, bool]:
     """Deliver until the run's end (and the mirror's); the exit code, and whether a signal
     stopped it."""
-    interrupted: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signum)
-        watcher.request_stop()
+    stops = [watcher.request_stop] if mirror is None else [watcher.request_stop, mirror.stop]
+    with StopOnSignal(*stops) as signals:  # every SIGINT/SIGTERM: the same graceful stop
+        if not quiet:
+            click.echo(
+                f"ilab-watch: {len(watcher.hooks)} hook(s) on {watcher.journal} (cursor "
+                f"'{watcher.name}', {'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
+                err=True,
+            )
         if mirror is not None:
-            mirror.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    if not quiet:
-        click.echo(
-            f"ilab-watch: {len(watcher.hooks)} hook(s) on {watcher.journal} (cursor "
-            f"'{watcher.name}', {'poll ' + format(poll, 'g') + 's' if poll else 'watchdog'})",
-            err=True,
-        )
-    if mirror is not None:
-        mirror.start()
-    code = watcher.run()
-    if remote is not None:
-        remote.finish()  # the last reports and commands reach the store
-    if mirror is not None:
-        code = max(code, mirror.finish(quiet))
-    return code, bool(interrupted)
+            mirror.start()
+        code = watcher.run()
+        if remote is not None:
+            remote.finish()  # the last reports and commands reach the store
+        if mirror is not None:
+            code = max(code, mirror.finish(quiet))
+    return code, signals.received
 
 
 def _summarise(watcher: Watcher, board: JobBoard | None) -> None:
@@ -242,6 +234,7 @@ def main(
     sbatch_args: str | None,
     cancel_on_abort: bool,
     job_poll: float,
+    job_env: tuple[str, ...],
     mirror_uri: str | None,
     linger: float,
     download_dir: Path | None,
@@ -276,7 +269,9 @@ def main(
     ckpt_dir = journal.parent
     policies = parse_queue(queue)
     # --via: scheduler jobs
-    board = job_board(via, sbatch_args, cancel_on_abort, job_poll, ray_address, ray_resources)
+    board = job_board(
+        via, sbatch_args, cancel_on_abort, job_poll, ray_address, ray_resources, job_env
+    )
     options_for = hook_options(policies, timeout, retries, backoff, concurrency, via)
     pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
     pairs += lm_eval_pairs(lm_eval_tasks, lm_eval_args, lm_eval_limit, lm_eval_include)

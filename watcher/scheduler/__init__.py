@@ -10,12 +10,15 @@ machine) and :class:`~watcher.scheduler.slurm.SlurmScheduler` (``sbatch``, ``squ
 would be a third module with these calls.
 
 Every scheduler command runs with a timeout and its failure is one line
-(:class:`SchedulerError`).
+(:class:`SchedulerError`). What a job gets of the watcher's environment is decided here,
+once for every scheduler (:func:`job_env`).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -31,17 +34,48 @@ QUEUED_STATES = frozenset(
 )
 
 
+#: What every job gets of the watcher's environment, besides ``ILAB_*`` and the names of
+#: ``--job-env``: what a program needs to start (where programs and the Python environment
+#: are, the user, locale, time zone, temporary dir, threads) and Hugging Face's cache and
+#: offline switches (``--lm-eval``'s jobs read their models and datasets through them).
+#: Never a credential: the environment of a Ray job is shown on its dashboard to anyone
+#: who can reach it, and a Slurm job's is kept by the controller.
+JOB_ENV_NAMES = frozenset(
+    {
+        *("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR"),
+        *("VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "PYTHONPATH", "OMP_NUM_THREADS"),
+        *("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE"),
+        *("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"),
+    }
+)
+#: Prefixes of the same: the delivery's own ``ILAB_*`` and the locale's ``LC_*``.
+JOB_ENV_PREFIXES = ("ILAB_", "LC_")
+#: What ``--job-env`` takes: a variable's name (its value is the watcher's).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def job_env(env: Mapping[str, str], names: Iterable[str] = ()) -> dict[str, str]:
+    """The environment of a scheduler job, for every scheduler (the one place that decides
+    it): of ``env`` (the delivery's: the watcher's plus its ``ILAB_*``), the variables of
+    :data:`JOB_ENV_NAMES` and :data:`JOB_ENV_PREFIXES` and those in ``names``
+    (``--job-env``); nothing else, so that the watcher's secrets (``AWS_SECRET_ACCESS_KEY``,
+    ``HF_TOKEN``, ``WANDB_API_KEY``, ...) stay with it. A name not set is left out."""
+    wanted = JOB_ENV_NAMES.union(names)
+    return {k: v for k, v in env.items() if k in wanted or k.startswith(JOB_ENV_PREFIXES)}
+
+
 class SchedulerError(RuntimeError):
     """A scheduler command failed or timed out (one line: the command and why)."""
 
 
 @dataclass
 class JobSpec:
-    """One job: run ``script`` (a shell script) with ``env``; output to ``log``."""
+    """One job: run ``script`` (a shell script) with :func:`job_env` of ``env``; output to
+    ``log``."""
 
     name: str  # unique per delivery attempt: how a restarted watcher finds the job
     script: Path
-    env: dict[str, str]
+    env: dict[str, str]  # the delivery's (the watcher's and ILAB_*): the scheduler's own too
     log: Path
     workdir: Path
     extra_args: list[str] = field(default_factory=list)  # scheduler options (--sbatch-args)

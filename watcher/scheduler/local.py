@@ -1,7 +1,9 @@
 """Local processes as a scheduler: each job is ``sh SCRIPT`` in its own session on this
 machine, with its output in its log. A job outlives a watcher killed with ``kill -9`` (as a
 Slurm job would), so a restarted watcher re-attaches to it: the id holds the pid and its
-start time, which tell the job from a process that reused the pid."""
+start time, which tell the job from a process that reused the pid. Its environment is a
+cluster job's (:func:`~watcher.scheduler.job_env`), so that ``--via local`` rehearses what
+a Slurm or Ray job will get."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Iterable
 
 from journal.rundir.procs import start_time
-from watcher.scheduler import JobSpec, JobState, SchedulerError
+from watcher.scheduler import JobSpec, JobState, SchedulerError, job_env
 
 
 class LocalScheduler:
-    """Jobs as processes of this machine (``ilab-watch --via local``)."""
+    """Jobs as processes of this machine (``ilab-watch --via local``); ``env_names``
+    (``--job-env``) go with each job besides what every job gets."""
 
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, env_names: Iterable[str] = ()) -> None:
+        self.env_names = tuple(env_names)
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._names: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -35,7 +40,7 @@ class LocalScheduler:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=spec.env,
+                    env=job_env(spec.env, self.env_names),
                     cwd=spec.workdir,
                     start_new_session=True,  # its own group: cancel ends it whole
                 )

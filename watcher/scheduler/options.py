@@ -1,17 +1,17 @@
 """``ilab-watch``'s scheduler options (``--via``, ``--sbatch-args``, ``--cancel-on-abort``,
-``--job-poll``) and the :class:`~watcher.scheduler.board.JobBoard` they make."""
+``--job-poll``, ``--job-env``) and the :class:`~watcher.scheduler.board.JobBoard` they make."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 from journal.cli.common import Seconds
 from watcher.hooks.hook import Hook, HookOptions
-from watcher.scheduler import Scheduler
+from watcher.scheduler import ENV_NAME, Scheduler
 from watcher.scheduler.board import DEFAULT_POLL_S, JobBoard
 from watcher.scheduler.local import LocalScheduler
 from watcher.scheduler.slurm import SlurmScheduler
@@ -56,6 +56,17 @@ SCHEDULER_OPTIONS = [
         "submits no more for its saves (a resumed attempt's saves are evaluated).",
     ),
     click.option(
+        "--job-env",
+        "job_env",
+        multiple=True,
+        metavar="NAME",
+        help="With --via: a variable of the watcher's environment that each job gets too "
+        "(repeatable; its value is the watcher's). Otherwise a job gets only ILAB_*, PATH, "
+        "HOME, the Python environment, locale, OMP_NUM_THREADS and HF_HOME/HF_*_OFFLINE: no "
+        "secret unless named here, and one named here is readable by whoever can read the "
+        "job (Ray's dashboard, Slurm's controller).",
+    ),
+    click.option(
         "--job-poll",
         type=Seconds(0.1),
         default=DEFAULT_POLL_S,
@@ -71,17 +82,20 @@ def make_scheduler(
     sbatch_args: str | None = None,
     ray_address: str | None = None,
     ray_resources: str | None = None,
+    job_env: Sequence[str] = (),
 ) -> Scheduler:
-    """The scheduler named by ``--via`` (``local``, ``slurm`` or ``ray``)."""
+    """The scheduler named by ``--via`` (``local``, ``slurm`` or ``ray``); ``job_env``: the
+    ``--job-env`` names its jobs get besides :func:`watcher.scheduler.job_env`'s."""
     if via == "slurm":
-        return SlurmScheduler(sbatch_args)
+        return SlurmScheduler(sbatch_args, env_names=job_env)
     if via == "ray":
         from watcher.scheduler.ray_jobs import RayScheduler, parse_resources
         from watcher.scheduler.ray_jobs import ray_address as address_of
 
-        return RayScheduler(address_of(ray_address), parse_resources(ray_resources))
+        resources = parse_resources(ray_resources)
+        return RayScheduler(address_of(ray_address), resources, env_names=job_env)
     if via == "local":
-        return LocalScheduler()
+        return LocalScheduler(env_names=job_env)
     raise ValueError(f"unknown scheduler {via!r} (local, slurm or ray)")
 
 
@@ -92,6 +106,7 @@ def job_board(
     job_poll: float,
     ray_address: str | None = None,
     ray_resources: str | None = None,
+    job_env: Sequence[str] = (),
 ) -> JobBoard | None:
     """The board of ``--via`` (None without it); usage mistakes as click.UsageError."""
     ray_given = [
@@ -100,6 +115,10 @@ def job_board(
     if via is None:
         if sbatch_args is not None or cancel_on_abort:
             raise click.UsageError("--sbatch-args and --cancel-on-abort need --via")
+        if job_env:
+            raise click.UsageError(
+                "--job-env needs --via (a local command gets the whole environment)"
+            )
         if ray_given:
             raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
         return None
@@ -109,11 +128,26 @@ def job_board(
         raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
     if via == "slurm" and (missing := [c for c in _SLURM_COMMANDS if shutil.which(c) is None]):
         raise click.UsageError(f"--via slurm: {', '.join(missing)} not found on PATH")
+    check_job_env(job_env, via)
     try:
-        scheduler = make_scheduler(via, sbatch_args, ray_address, ray_resources)
+        scheduler = make_scheduler(via, sbatch_args, ray_address, ray_resources, job_env)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return JobBoard(scheduler, poll_s=job_poll, cancel_on_abort=cancel_on_abort)
+
+
+def check_job_env(names: Sequence[str], via: str) -> None:
+    """``--job-env`` takes variable names only (a value would be on the command line, for
+    ``ps`` to show), and with ``--via ray`` none of Ray's own ``RAY_*`` (a job's driver
+    reads them: ``RAY_ADDRESS`` would send it to the dashboard). click.UsageError if not."""
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise click.UsageError(
+                f"--job-env {name!r}: not a variable name (give NAME: the job gets the "
+                "watcher's value)"
+            )
+        if via == "ray" and name.startswith("RAY_"):
+            raise click.UsageError(f"--job-env {name}: RAY_* variables are Ray's own, not sent")
 
 
 def abort_hook(board: JobBoard, options_for: Callable[[str], HookOptions]) -> Hook:

@@ -4,11 +4,14 @@ uses, a Ray head's dashboard port (8265) or a KubeRay cluster's job endpoint.
 
 ``submit`` runs the job script as the job's entrypoint, ``sh SCRIPT >> LOG 2>&1`` in the
 watcher's working directory (the run dir is on a filesystem the cluster shares, as for
-Slurm), with the watcher's environment as the job's ``env_vars`` (as ``sbatch
---export=ALL``), less ``RAY_*`` (the driver's own). ``states`` is ONE ``list_jobs`` call
-for all jobs in flight; ``cancel`` stops each job; ``find`` looks the job up by the name
-the runner gave it (kept in the job's metadata: the submission id has a random suffix, so
-that a second watcher's job of the same name is never refused as a duplicate).
+Slurm), with :func:`~watcher.scheduler.job_env` of the delivery's environment as the
+job's ``env_vars`` (``ILAB_*``, what a program needs to start, ``--job-env``'s names; no
+``RAY_*``: the driver's own), which the dashboard shows to anyone who can reach it: the
+watcher's other variables, its secrets among them, stay with it. ``states`` is ONE
+``list_jobs`` call for all jobs in flight; ``cancel`` stops each job; ``find`` looks the
+job up by the name the runner gave it (kept in the job's metadata: the submission id has a
+random suffix, so that a second watcher's job of the same name is never refused as a
+duplicate).
 
 Every call has a timeout (:data:`~watcher.scheduler.COMMAND_TIMEOUT_S`) and its failure is
 one line (:class:`~watcher.scheduler.SchedulerError`). Imports Ray only when used.
@@ -19,10 +22,11 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from watcher.scheduler import COMMAND_TIMEOUT_S, JobSpec, JobState, SchedulerError
+from journal.record.numbers import parse_number, shown_value
+from watcher.scheduler import COMMAND_TIMEOUT_S, JobSpec, JobState, SchedulerError, job_env
 
 #: Ray's job statuses as the runner's (Slurm's) names.
 _STATES = {
@@ -40,7 +44,8 @@ _T = TypeVar("_T")
 
 def parse_resources(text: str | None) -> dict[str, Any]:
     """``num_cpus=1,num_gpus=1,memory=4e9,accel=1`` as ``submit_job`` keyword arguments;
-    ValueError (one line) for a malformed item."""
+    ValueError (one line) for a malformed item or an amount that is not a finite number,
+    0 or more (nan or inf would pass here and fail only at the first submit)."""
     out: dict[str, Any] = {}
     custom: dict[str, float] = {}
     for item in (text or "").split(","):
@@ -48,12 +53,12 @@ def parse_resources(text: str | None) -> dict[str, Any]:
             continue
         name, sep, value = item.partition("=")
         name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--ray-resources: {shown_value(item.strip())!r} is not NAME=AMOUNT")
         try:
-            amount = float(value)
-        except ValueError:
-            amount = -1.0
-        if not sep or not name or amount < 0:
-            raise ValueError(f"--ray-resources: {item.strip()!r} is not NAME=AMOUNT")
+            amount = parse_number(value, low=0)
+        except ValueError as exc:
+            raise ValueError(f"--ray-resources {name}={shown_value(value)}: {exc}") from None
         if name in _OWN:
             out[_OWN[name]] = amount
         elif name == "memory":
@@ -80,11 +85,17 @@ def ray_address(given: str | None, env: Mapping[str, str] = os.environ) -> str:
 
 class RayScheduler:
     """Jobs on the Ray cluster at ``address`` (see the module docstring); ``resources`` are
-    :func:`parse_resources`'s keyword arguments for every job."""
+    :func:`parse_resources`'s keyword arguments for every job; ``env_names``
+    (``--job-env``) go with each job besides what every job gets."""
 
     name = "ray"
 
-    def __init__(self, address: str, resources: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        resources: Mapping[str, Any] | None = None,
+        env_names: Iterable[str] = (),
+    ) -> None:
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as exc:
@@ -102,6 +113,7 @@ class RayScheduler:
 
         self.address = address
         self.resources = dict(resources or {})
+        self.env_names = tuple(env_names)  # --job-env: sent besides what every job gets
         self.calls = 0  # job API calls made (benchmarks/bench_ray.py counts them)
         try:
             self.client = _Client(address)
@@ -118,7 +130,7 @@ class RayScheduler:
     def submit(self, spec: JobSpec) -> str:
         q = shlex.quote
         entrypoint = f"cd {q(str(spec.workdir))} && exec /bin/sh {q(str(spec.script))} >> {q(str(spec.log))} 2>&1"
-        env = {k: v for k, v in spec.env.items() if not k.startswith("RAY_")}
+        env = job_env(spec.env, self.env_names)  # ILAB_* and named ones: never RAY_*
         submission_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
         return self._call(
             "submit",

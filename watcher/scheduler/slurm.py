@@ -1,15 +1,21 @@
 """Slurm as a scheduler: ``sbatch --parsable`` to submit, one ``squeue`` for the state of
 all jobs, ``scancel`` to cancel. ``SLURM_CONF`` and the other Slurm variables of the
-watcher's environment choose the cluster, as for any Slurm command."""
+watcher's environment choose the cluster, as for any Slurm command.
+
+``sbatch`` itself runs with the watcher's whole environment (what it needs to reach the
+cluster); the job gets only :func:`~watcher.scheduler.job_env`'s names, by name in
+``--export`` (their values are sbatch's: none is on the command line), plus what Slurm
+gives a job so submitted: its ``SLURM_*`` and the user's login environment on the node
+(``SLURM_GET_USER_ENV``), which the named ones override."""
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from watcher.scheduler import JobSpec, JobState, SchedulerError, run_tool
+from watcher.scheduler import JobSpec, JobState, SchedulerError, job_env, run_tool
 
 #: ``squeue --Format``: id, state, node list, exit code and reason, ``|``-separated, not padded.
 _FORMAT = "JobID:|,State:|,NodeList:|,exit_code:|,Reason:|"
@@ -22,7 +28,7 @@ _REFUSED = (
     ("array", "a", "a job array would run each checkpoint's eval once per index"),
     ("hold", "H", "a held job never starts by itself (the delivery would wait for ever)"),
 )
-#: sbatch reads these as --array and --hold; the job's environment is the watcher's.
+#: sbatch reads these as --array and --hold; sbatch's environment is the watcher's.
 _REFUSED_ENV = {"SBATCH_ARRAY_INX": "array", "SBATCH_HOLD": "hold"}
 #: sbatch's short options that take a value (``-c1``, ``-c 1``): the rest of a cluster
 #: of short options after one of them is its value, not more options.
@@ -32,18 +38,23 @@ _SHORT_WITH_VALUE = frozenset("aAbBcCdDeFGiJLmMnNopqStwx")
 class SlurmScheduler:
     """Jobs on the Slurm cluster the environment names. ``sbatch_args`` (one string, split
     like a shell would) go to every ``sbatch``, e.g. ``--gres=gpu:1 --time=30``; ones that
-    would run an eval several times or never (``--array``, ``--hold``) are a ValueError."""
+    would run an eval several times or never (``--array``, ``--hold``) are a ValueError.
+    ``env_names`` (``--job-env``) go with each job besides what every job gets."""
 
     name = "slurm"
 
     def __init__(
-        self, sbatch_args: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        sbatch_args: str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_names: Iterable[str] = (),
     ) -> None:
         try:
             self.sbatch_args = shlex.split(sbatch_args or "")
         except ValueError as exc:
             raise ValueError(f"--sbatch-args: {exc}") from None
         refuse_options(self.sbatch_args, os.environ if env is None else env)
+        self.env_names = tuple(env_names)
         self.calls = 0  # scheduler commands run (benchmarks/bench_slurm.py counts them)
 
     def submit(self, spec: JobSpec) -> str:
@@ -58,7 +69,9 @@ class SlurmScheduler:
             # a copy Slurm runs again (a requeue) adds to the log instead of emptying it
             "--open-mode=append",
             f"--chdir={spec.workdir}",
-            "--export=ALL",  # the ILAB_* environment goes with the job
+            # the job's environment by name, values from sbatch's (the delivery's): not ALL,
+            # which would hand the watcher's secrets to the job and the controller
+            "--export=" + ",".join(sorted(job_env(spec.env, self.env_names))),
             str(spec.script),
         ]
         self.calls += 1
