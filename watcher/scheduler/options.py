@@ -57,11 +57,12 @@ SCHEDULER_OPTIONS = [
     ),
     click.option(
         "--job-env",
+        "--ray-env",
         "job_env",
         multiple=True,
         metavar="NAME",
         help="With --via: a variable of the watcher's environment that each job gets too "
-        "(repeatable; its value is the watcher's). Otherwise a job gets only ILAB_*, PATH, "
+        "(repeatable; its value is the watcher's; --ray-env is the same option). Otherwise a job gets only ILAB_*, PATH, "
         "HOME, the Python environment, locale, OMP_NUM_THREADS and HF_HOME/HF_*_OFFLINE: no "
         "secret unless named here, and one named here is readable by whoever can read the "
         "job (Ray's dashboard, Slurm's controller).",
