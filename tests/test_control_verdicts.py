@@ -52,8 +52,8 @@ def test_staleness_is_judged_by_arrival_not_by_the_writers_clock(
         # During the attempt, from a host whose clock is 2 minutes behind.
         drop_command(ckpt, "behind", "stop", time.time() - 120)
         with caplog.at_level(logging.INFO):
-            mask = j.poll_control()
-            j.journal_control()
+            mask = j.inbox.poll_control()
+            j.inbox.journal_control()
     finally:
         j.close()
     assert mask == STOP and not mask & (ABORT | SAVE)
@@ -75,8 +75,8 @@ def test_a_command_file_replaced_after_the_attempt_began_is_fresh(ckpt: Path) ->
     try:
         os.unlink(ckpt / "control" / "nightly.json")
         drop_command(ckpt, "nightly", "save", time.time() - 120)
-        assert j.poll_control() == SAVE
-        j.journal_control()
+        assert j.inbox.poll_control() == SAVE
+        j.inbox.journal_control()
     finally:
         j.close()
     assert verdicts(ckpt)["nightly"]["accepted"] is True

@@ -58,7 +58,9 @@ def test_the_resume_rule() -> None:
 def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt: Path) -> None:
     first = write_run(ckpt, steps=4, save_every=0)  # ended, no checkpoint
     with JournalWriter(ckpt, join=True) as w:  # a late eval's report, after train_end
-        w.append_at_last_position("report", {"checkpoint_path": str(ckpt / "x"), "metrics": {"a": 1}})
+        w.append_at_last_position(
+            "report", {"checkpoint_path": str(ckpt / "x"), "metrics": {"a": 1}}
+        )
     _, begin = attempt(ckpt, "auto")
     assert begin["run_id"] != first.run_id and begin["attempt"] == 1
 
@@ -144,11 +146,11 @@ def test_commands_handled_in_an_earlier_attempt_are_not_applied_again(ckpt: Path
     j.open(resume="auto")
     try:
         send_command(ckpt, "stop", command_id="old")  # e.g. left behind by a crash
-        assert j.poll_control() == 0
+        assert j.inbox.poll_control() == 0
         send_command(ckpt, "stop", command_id="new")
-        j.poller.watch.changed = True  # type: ignore[union-attr]  # no wait for the thread
-        assert j.poll_control() == STOP
-        applied = j.journal_control()
+        j.inbox.poller.watch.changed = True  # type: ignore[union-attr]  # no wait for the thread
+        assert j.inbox.poll_control() == STOP
+        applied = j.inbox.journal_control()
     finally:
         j.close()
     assert [c["id"] for c in applied] == ["new"]
@@ -209,7 +211,7 @@ def test_other_ranks_write_nothing_and_take_no_lock(ckpt: Path) -> None:
     assert j.open(resume="auto") is None
     j.emit("step_begin")
     j.end({"status": "completed", "reason": None, "final_checkpoint": None})
-    assert j.poll_control() == 0 and j.lock is None
+    assert j.inbox.poll_control() == 0 and j.lock is None
     j.close()
     assert not journal_path(ckpt).exists()
 
@@ -226,10 +228,10 @@ def test_a_bridge_journals_reports_and_commands_at_its_step_boundary(ckpt: Path)
     submit_report(ckpt, Report({"accuracy": 0.5}, checkpoint_path=hf_checkpoint))
     send_command(ckpt, "stop")
     try:
-        bits, applied = j.agree(torch.device("cpu"))
+        bits, applied, interrupted = j.inbox.agree(torch.device("cpu"), signalled=False)
     finally:
         j.close()
-    assert bits == STOP and [c["command"] for c in applied] == ["stop"]
+    assert bits == STOP and [c["command"] for c in applied] == ["stop"] and not interrupted
     got = {r["event"]: r for r in records(ckpt)}
     assert got["report"]["data"]["metrics"] == {"accuracy": 0.5}
     assert got["report"]["step"] == got["control"]["step"] == 3

@@ -58,12 +58,13 @@ class Steering:
     def step(self, journal: RunJournal, device: torch.device, step: int) -> Actions:
         """Every rank, at the same step (one all-reduce): what the agreed commands and
         signals ask of ``step``; the first ending is kept for :meth:`finish`."""
-        bits, applied = journal.agree(device)
-        act = steer(bits, journal.interrupted_anywhere)
+        agreed = journal.inbox.agree(device, signalled=bool(journal.interrupted))
+        act = steer(agreed.bits, agreed.interrupted)
         if act.end is not None and self.end is None:
-            self.end, self.end_command = act.end, ending_command(applied, act.end)
-        if bits and journal.main:  # the console line ilab-train's loop prints too
-            log.info("control %s applied at step %d", "+".join(command_names(bits)), step)
+            self.end, self.end_command = act.end, ending_command(agreed.applied, act.end)
+        if agreed.bits and journal.main:  # the console line ilab-train's loop prints too
+            names = "+".join(command_names(agreed.bits))
+            log.info("control %s applied at step %d", names, step)
         return act
 
     def finish(

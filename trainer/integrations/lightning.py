@@ -18,8 +18,8 @@ exception (``on_exception``) and ``interrupted`` on SIGTERM/SIGINT.
 
 Control commands (``ilab-journal control stop|abort|save|evaluate|log DIR``) are read by
 rank 0 and agreed on by every rank in one ``all_reduce`` of a small tensor at each step end
-(:meth:`trainer.journaling.run_journal.RunJournal.agree`, shared with the HF bridge), then applied at
-the same step everywhere, as the steering policy (:mod:`trainer.steering.policy`) says: ``stop``
+(:meth:`trainer.journaling.inbox.SteeringInbox.agree`, shared with the HF bridge), then applied
+at the same step everywhere, as the steering policy (:mod:`trainer.steering.policy`) says: ``stop``
 saves a checkpoint and sets ``trainer.should_stop``, ``abort`` stops without saving, ``save``
 saves one. Each is journaled as a ``control`` record. ``evaluate`` is rejected (a
 ``control`` record with ``accepted: false`` and the reason): Lightning validates on its own

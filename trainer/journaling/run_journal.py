@@ -1,11 +1,13 @@
-"""The run journal: one implementation for ``ilab-train``'s loop and for the bridges
+"""The run session: one implementation for ``ilab-train``'s loop and for the bridges
 (:mod:`trainer.integrations`).
 
 Every rank of a run holds a :class:`RunJournal`. Every rank catches SIGTERM/SIGINT (the
 flag rides the step's agreement, so all ranks end at the same boundary). The main rank
 (rank 0) alone takes the journal lock, decides whether this attempt continues the
-journal's run (:func:`continues_run`), writes the records, reads control commands and
-reports, keeps the best checkpoint (``keep_best``), and measures what all of it costs.
+journal's run (:func:`continues_run`), writes the records, keeps the best checkpoint
+(``keep_best``), and measures what all of it costs. What flows in at step boundaries,
+control commands and reports, is the session's steering inbox (``RunJournal.inbox``,
+:class:`trainer.journaling.inbox.SteeringInbox`), which it starts when it opens.
 
 A record's position comes from the training state the journal follows
 (:meth:`RunJournal.follow`): the loop never tells it the step.
@@ -40,9 +42,8 @@ from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
 from journal.write.store import attempt_writer
 from trainer.journaling.emitter import Emitter, Position, failure_payload
-from trainer.steering.control_poller import ControlPoller
+from trainer.journaling.inbox import SteeringInbox
 from trainer.steering.policy import Capabilities
-from trainer.steering.report_inbox import ReportInbox
 
 log = logging.getLogger("trainer")
 
@@ -85,7 +86,8 @@ def jsonable(value: Any) -> Any:
 
 
 class RunJournal:
-    """One run's journal, control channel and report inbox, on one rank.
+    """One run's session on one rank: its journal opened, records, signals and end; its
+    :attr:`inbox` holds the control commands and reports.
 
     Args:
         ckpt_dir: the run dir: ``journal.jsonl``, ``control/``, ``reports/``, checkpoints.
@@ -107,23 +109,24 @@ class RunJournal:
         keep_best: str | None = None,
         capabilities: Capabilities | None = None,
     ) -> None:
-        self.dir, self.capabilities = Path(ckpt_dir), capabilities
+        self.dir = Path(ckpt_dir)
         self.main, self.role, self.detail = main, role, detail
         self.goal = MetricGoal.parse(keep_best) if keep_best else None
         self.emitter = Emitter(None, detail)
         self.ledger: CheckpointLedger | None = None  # the checkpoints: the best (keep_best)
-        self.poller: ControlPoller | None = None
-        self.reports: ReportInbox | None = None
+        # Every rank polls it (each takes part in the step's agreement); open() starts its
+        # readers on the main rank.
+        self.inbox = SteeringInbox(
+            self.dir,
+            emit=self.emit,
+            step=lambda: self.emitter.position.step,  # the emitter is replaced by open()
+            capabilities=capabilities,
+        )
         self.lock: JournalLock | None = None
         self._run_id: str | None = None  # set by open()
         self.interrupted: list[str] = []  # the signal seen on this rank
-        self.interrupted_anywhere = False  # ... on any rank, as of the last agree()
         self.ended = False
         self.t0 = time.perf_counter()
-        self.steps = 0  # step boundaries seen (poll_control calls)
-        self.poll_idle_ns = self.poll_idle_steps = 0  # control checks that found nothing new
-        self.poll_busy_ns = self.poll_busy_steps = 0  # ... that read new command files
-        self.agree_ns = 0  # the bridges' own all_reduce
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -177,11 +180,7 @@ class RunJournal:
                 self.ledger.add(rec)
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
         self._run_id = writer.run_id if writer is not None else fallback
-        self.poller = ControlPoller(self.dir, seen, capabilities=self.capabilities)
-        self.poller.start()  # the attempt starts: command files already there are stale
-        if writer is not None:
-            self.reports = ReportInbox(self.dir, self.emit)
-            self.reports.start()
+        self.inbox.start(seen, reports=writer is not None)
         return from_ckpt
 
     def fail_on_uncaught_exception(self) -> None:
@@ -261,7 +260,7 @@ class RunJournal:
         best checkpoint and the measured cost (see :meth:`cost`)."""
         if self.ended:
             return
-        self.ingest_reports()
+        self.inbox.ingest_reports()
         best = self.best_checkpoint()
         self.emit(
             "train_end",
@@ -281,11 +280,9 @@ class RunJournal:
         self.emit("train_end", {**failure_payload(exc, reason), "journal": self.cost()})
 
     def close(self) -> None:
-        """Stop reading the inboxes, close the writer, release the lock, then journal the
+        """Stop reading the inbox, close the writer, release the lock, then journal the
         reports that came in after the last look. Safe to call twice."""
-        for inbox in (self.poller, self.reports):
-            if inbox is not None:
-                inbox.close()
+        self.inbox.close()
         self.emitter.close()
         if self.lock is not None and self.lock.held:
             self.lock.release()
@@ -297,59 +294,7 @@ class RunJournal:
             self.interrupted.append(name)
             log.warning("%s received: finishing the step, then saving and ending", name)
 
-    # -- control, reports, checkpoints -------------------------------------------------------
-
-    def poll_control(self) -> int:
-        """Every rank, once per step: the bit mask of new control commands (read on the
-        main rank; 0 elsewhere) for the step's agreement; timed for the cost report."""
-        self.steps += 1
-        if self.poller is None:
-            return 0
-        looked = self.poller.changed
-        t = time.perf_counter_ns()
-        mask = self.poller.poll()
-        dt = time.perf_counter_ns() - t
-        if looked:
-            self.poll_busy_ns += dt
-            self.poll_busy_steps += 1
-        else:
-            self.poll_idle_ns += dt
-            self.poll_idle_steps += 1
-        return mask
-
-    def journal_control(self) -> list[dict[str, Any]]:
-        """After the agreement: the commands it carried (and any rejections) as ``control``
-        records; returns the applied ones (the main rank; empty elsewhere)."""
-        if self.poller is None:
-            return []
-        return self.poller.journal(self.emit, self.emitter.position.step)
-
-    def agree(self, device: torch.device) -> tuple[int, list[dict[str, Any]]]:
-        """For a trainer whose step has no all-reduce of ours (the bridges): every rank, once
-        per step, one all_reduce of the command bits and whether a signal arrived on any
-        rank; then the ``control`` records and the reports. Returns (bits, applied)."""
-        bits = self.poll_control()
-        self.interrupted_anywhere = bool(self.interrupted)
-        if self.world > 1:
-            t = time.perf_counter_ns()
-            vec = torch.tensor([float(bits), 1.0 if self.interrupted else 0.0], device=device)
-            dist.all_reduce(vec)
-            bits_all, signals = vec.tolist()
-            self.agree_ns += time.perf_counter_ns() - t
-            bits, self.interrupted_anywhere = int(bits_all), signals > 0
-        applied = self.journal_control()
-        self.poll_reports()
-        return bits, applied
-
-    def poll_reports(self) -> None:
-        """At a step boundary: journal new reports (one attribute read when none came)."""
-        if self.reports is not None:
-            self.reports.poll()
-
-    def ingest_reports(self) -> None:
-        """Journal every pending report now (before rotation and ``train_end``)."""
-        if self.reports is not None:
-            self.reports.ingest_now()
+    # -- checkpoints -------------------------------------------------------------------------
 
     def best_checkpoint(self) -> BestCheckpoint | None:
         """The best checkpoint of this run still on disk (``keep_best``), or None."""
@@ -363,7 +308,7 @@ class RunJournal:
         leased ones; each removal is journaled."""
         if not self.main:
             return
-        self.ingest_reports()
+        self.inbox.ingest_reports()
         names = set(keep or ())
         best = self.best_checkpoint()
         if best is not None:
@@ -372,15 +317,15 @@ class RunJournal:
         rotate(self.dir, keep_last_n, keep=names, emit=self.emit, root=root, run_id=owner)
 
     def cost(self, step_time_s: float | None = None) -> dict[str, Any]:
-        """Time inside the journal, measured directly on this rank: appends, control checks
-        and the bridges' agreement, per step of this attempt and as a fraction of the step
-        time (``step_time_s``: the loop's measured steps; the wall time when not given)."""
-        e, steps = self.emitter, max(self.steps, 1)
+        """Time inside the journal, measured directly on this rank: appends, and the inbox's
+        control checks and the bridges' agreement (:meth:`SteeringInbox.cost`), per step of
+        this attempt (the inbox's step boundaries) and as a fraction of the step time
+        (``step_time_s``: the loop's measured steps; the wall time when not given)."""
+        e, steps = self.emitter, max(self.inbox.steps, 1)
         wall = time.perf_counter() - self.t0
         base = wall if step_time_s is None else step_time_s
         hot = e.append_ns - e.durable_ns  # records on the step path, no fsync
-        control = self.poll_idle_ns + self.poll_busy_ns
-        own = e.append_ns + control + self.agree_ns
+        own = e.append_ns + self.inbox.own_ns
         return {
             "records": e.appends,
             "append_ns_total": e.append_ns,
@@ -388,11 +333,7 @@ class RunJournal:
             "hot_append_ns_per_step": hot / steps,
             "durable_records": e.durable_appends,  # save/control records: fsynced
             "durable_ns_total": e.durable_ns,
-            "control_idle_ns_per_step": self.poll_idle_ns / max(self.poll_idle_steps, 1),
-            "control_busy_steps": self.poll_busy_steps,  # steps that read new command files
-            "control_busy_ns_per_step": self.poll_busy_ns / max(self.poll_busy_steps, 1),
-            "control_ns_per_step": control / steps,
-            "agree_ns_per_step": self.agree_ns / steps,
+            **self.inbox.cost(),  # control checks and the agreement
             "step_time_s_total": step_time_s,
             "train_wall_s": wall,
             "overhead_fraction": own / 1e9 / base if base > 0 else None,

@@ -76,7 +76,7 @@ class Trainer:
         self.planner, self.val_planner = built.planner, built.val_planner
         self.state, self.total_steps = built.state, built.total_steps
         self.write_consolidated = built.write_consolidated
-        self.journal = journal
+        self.journal, self.inbox = journal, journal.inbox  # the inbox: commands and reports
         journal.follow(self.state)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_saved_step = self.state.step if self.state.step else -1
@@ -99,7 +99,7 @@ class Trainer:
         steps = parse_profile_steps(args.profile_steps) if args.profile_steps else None
         self.profiler = StepProfiler(steps, logs_dir(args.ckpt_dir) / "profile", self.rank, device)
         # rank 0 alone paces saves (the others wait in the all-reduce)
-        poller, interrupted = journal.poller, lambda: bool(journal.interrupted)
+        poller, interrupted = self.inbox.poller, lambda: bool(journal.interrupted)
         self.pacer = LeasePacer.for_run(args, poller.watch, interrupted) if poller else None
         self.lease_wait_s = 0.0  # rank 0's wait for leases before the coming save
         # and it runs one step ahead of the launcher's paced callbacks at most
@@ -152,15 +152,15 @@ class Trainer:
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
         self._pace(plan)
-        m = self._all_reduce(loss_local, tokens_local, grad_norm, self.journal.poll_control())
+        m = self._all_reduce(loss_local, tokens_local, grad_norm, self.inbox.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
         if self.step_delay:
             time.sleep(self.step_delay)
         elapsed = time.perf_counter() - t0
         self.step_time_s += elapsed
-        applied = self.journal.journal_control()
-        self.journal.poll_reports()
+        applied = self.inbox.journal_control()
+        self.inbox.poll_reports()
         act = decide(
             st.step, m.commands, m.interrupted, self.args, st.samples_seen, plan.global_samples
         )

@@ -13,7 +13,7 @@ Precedence, as HF documents ``TrainerControl``:
 - **Logging and evaluation**: whenever commanded, also at the step that ends the run.
 
 The bits come out of the step's one all-reduce (the loop's metrics reduce, a bridge's
-:meth:`trainer.journaling.run_journal.RunJournal.agree`), so every rank steers the same way at the
+:meth:`trainer.journaling.inbox.SteeringInbox.agree`), so every rank steers the same way at the
 same step. A command the trainer cannot carry out never gets there: rank 0's poller
 rejects it (:meth:`Capabilities.refusal`) like a stale or unknown one, with a ``control``
 record (``accepted: false`` and the reason) and one console line.
