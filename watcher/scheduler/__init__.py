@@ -3,7 +3,8 @@
 A scheduler is three calls (:class:`Scheduler`): ``submit`` a job script, the ``states`` of
 many jobs in ONE query (the watcher polls all its jobs with one call, never one per job),
 and ``cancel``; ``find`` looks a job up by the unique name it was submitted with (a
-watcher killed between submitting and noting the job id finds it again). Two
+watcher killed between submitting and noting the job id finds it again; a local job,
+which no scheduler remembers, by the record it cannot run without: local.py). Two
 implementations: :class:`~watcher.scheduler.local.LocalScheduler` (processes on this
 machine) and :class:`~watcher.scheduler.slurm.SlurmScheduler` (``sbatch``, ``squeue``,
 ``scancel``: the scheduler's own commands, no client library). Kubernetes Jobs or Ray

@@ -3,7 +3,18 @@ machine, with its output in its log. A job outlives a watcher killed with ``kill
 Slurm job would), so a restarted watcher re-attaches to it: the id holds the pid and its
 start time, which tell the job from a process that reused the pid. Its environment is a
 cluster job's (:func:`~watcher.scheduler.job_env`), so that ``--via local`` rehearses what
-a Slurm or Ray job will get."""
+a Slurm or Ray job will get.
+
+Unlike Slurm's, a local job is known to no one but the watcher that started it, so
+``find`` cannot find it after a restart. Instead the job starts behind a gate: its shell
+waits on a pipe from the watcher, which records the job's id durably beside its script
+(``<prefix>.job``, :func:`~watcher.scheduler.markers.record_job`) and then closes the pipe.
+The gate opens when the pipe closes, by the watcher or by its death, and the job runs its
+script only if that record names it. So a job whose command may have run is always on
+disk for a restarted watcher (:func:`~watcher.scheduler.markers.recorded_job`), and one
+whose watcher died before recording it ends without running anything: the delivery is
+submitted again and its command still runs once.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +26,17 @@ import threading
 from collections.abc import Iterable
 
 from journal.rundir.procs import start_time
-from watcher.scheduler import JobSpec, JobState, SchedulerError, job_env
+from watcher.scheduler import COMMAND_TIMEOUT_S, JobSpec, JobState, SchedulerError, job_env
+from watcher.scheduler.markers import JOB_RECORD, record_job
+
+#: The job's shell before its script (``$1``: its record, ``$2``: its script): wait for the
+#: watcher's pipe to close (nothing is written to it: EOF is the signal, a dead watcher's
+#: too), then run the script, in place (the job's pid and start time stay its id), only if
+#: the record names this process.
+_GATE = """read -r _ || :
+case "$(cat "$1" 2>/dev/null)" in "$$-"*) ;; *) exit 0 ;; esac
+exec /bin/sh "$2" </dev/null
+"""
 
 
 class LocalScheduler:
@@ -33,11 +54,30 @@ class LocalScheduler:
 
     def submit(self, spec: JobSpec) -> str:
         self.calls += 1
+        proc = self.start_gated(spec)
+        job_id = f"{proc.pid}-{start_time(proc.pid) or 0}"
+        try:
+            record_job(spec.script, job_id)  # before the gate opens: a restart finds the job
+        except OSError as exc:
+            _open_gate(proc)  # no record: the job ends without running its script
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(COMMAND_TIMEOUT_S)  # reaped, not left a zombie
+            raise SchedulerError(f"cannot record job {job_id}: {exc.strerror or exc}") from None
+        _open_gate(proc)
+        with self._lock:
+            self._children[job_id] = proc
+            self._names[spec.name] = job_id
+        return job_id
+
+    def start_gated(self, spec: JobSpec) -> subprocess.Popen[bytes]:
+        """The job's process, waiting at its gate (the module docstring): it runs
+        ``spec.script`` only once its stdin pipe is closed AND its record names it."""
+        record = spec.script.with_suffix(JOB_RECORD)
         try:
             with open(spec.log, "ab") as log:
-                proc = subprocess.Popen(
-                    ["/bin/sh", str(spec.script)],
-                    stdin=subprocess.DEVNULL,
+                return subprocess.Popen(
+                    ["/bin/sh", "-c", _GATE, "ilab-job", str(record), str(spec.script)],
+                    stdin=subprocess.PIPE,  # the gate; the script gets /dev/null
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=job_env(spec.env, self.env_names),
@@ -46,11 +86,6 @@ class LocalScheduler:
                 )
         except OSError as exc:
             raise SchedulerError(f"cannot start {spec.script}: {exc.strerror or exc}") from None
-        job_id = f"{proc.pid}-{start_time(proc.pid) or 0}"
-        with self._lock:
-            self._children[job_id] = proc
-            self._names[spec.name] = job_id
-        return job_id
 
     def states(self, job_ids: list[str]) -> dict[str, JobState]:
         self.calls += 1
@@ -81,6 +116,13 @@ class LocalScheduler:
     def find(self, name: str) -> str | None:
         with self._lock:
             return self._names.get(name)
+
+
+def _open_gate(proc: subprocess.Popen[bytes]) -> None:
+    """Close the job's gate pipe (its shell reads EOF and looks for its record)."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
 
 
 def _alive(job_id: str) -> bool:

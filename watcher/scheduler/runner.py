@@ -14,9 +14,11 @@ Durable state, for a watcher killed with ``kill -9``: a marker per delivery in
 ``<state>/<name>.jobs/<delivery>.json``, written before the job is submitted (its unique
 job name) and after (its id), and again when the job ended. A restarted watcher that
 delivers the record again re-attaches to that job (or takes its recorded end) instead of
-submitting a second one. Markers of deliveries whose results were recorded are removed
+submitting a second one; killed between submitting and noting the id, it finds the job by
+its name (Slurm, Ray) or by the record a local job cannot run without (``<prefix>.job``,
+watcher/scheduler/local.py). Markers of deliveries whose results were recorded are removed
 when the watcher ends normally (:meth:`~watcher.scheduler.board.JobBoard.finish`); the
-markers and exit files are watcher/scheduler/markers.py's.
+markers, exit files and local jobs' records are watcher/scheduler/markers.py's.
 
 Each state change is also journaled as a ``job`` record (watcher/scheduler/records.py) and
 listed in the result's ``jobs``.
@@ -48,7 +50,7 @@ from watcher.hooks.command import OUTPUT_KEEP_BYTES, command_env, read_tail
 from watcher.hooks.delivery import Delivery, DeliveryResult
 from watcher.scheduler import QUEUED_STATES, JobSpec, JobState, SchedulerError
 from watcher.scheduler.board import JobBoard, attempt_of
-from watcher.scheduler.markers import exit_code, load, save
+from watcher.scheduler.markers import JOB_RECORD, exit_code, load, recorded_job, save
 from watcher.scheduler.records import JobRecords
 
 log = logging.getLogger("watcher")
@@ -97,7 +99,12 @@ class JobRunner:
             marker["owner"] = self.token  # a previous watcher's job: re-attach, never resubmit
             save(marker_path, marker)
             if marker.get("job_id") is None:  # killed between submitting and noting the id
-                marker["job_id"] = self._find(str(marker["job_name"]))
+                # a local job is known to its record only (the scheduler's find knows the
+                # jobs of this watcher process); a cluster's, to the scheduler by its name
+                found = recorded_job(Path(marker["prefix"])) or self._find(str(marker["job_name"]))
+                if found is not None:
+                    marker["job_id"] = found
+                    save(marker_path, marker)
             if marker.get("job_id") is not None:
                 self._follow(marker_path, marker, d, out, adopted=True)
                 return
@@ -121,8 +128,8 @@ class JobRunner:
             logs.mkdir(parents=True, exist_ok=True)
             event = prefix.with_suffix(".event.json")
             atomic_write(event, payload)
-            for stale in (prefix.with_suffix(".report.json"), prefix.with_suffix(".exit")):
-                stale.unlink(missing_ok=True)
+            for stale in (".report.json", ".exit", JOB_RECORD):  # an earlier watcher's
+                prefix.with_suffix(stale).unlink(missing_ok=True)
             command = " ".join(shlex.quote(a) for a in target.render(self.site.values(d)))
             script = prefix.with_suffix(".sh")
             q = shlex.quote
@@ -325,7 +332,7 @@ class JobRunner:
             code_text = f", exit code {out.exit_code}" if out.exit_code is not None else ""
             out.error = f"{name} job {job_id} {st.state}{code_text}"
             out.stderr_tail = out.stdout_tail  # one log for both: its last line says why
-        for suffix in (".sh", ".event.json", ".exit"):
+        for suffix in (".sh", ".event.json", ".exit", JOB_RECORD):
             prefix.with_suffix(suffix).unlink(missing_ok=True)
 
     def close(self) -> None:
