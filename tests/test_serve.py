@@ -65,8 +65,10 @@ def test_run_api_tells_the_story(tmp_path: Path) -> None:
     stop = body["markers"][-2]["detail"]
     assert (stop["command"], stop["source"], stop["applied_at_step"]) == ("stop", "eval.py", 60)
     rows = {r["step"]: r for r in body["checkpoints"]}
-    assert rows[20]["on_disk"] is False and rows[20]["removed"].startswith("rotation")
-    assert rows[20]["removed_step"] == 40 and rows[40]["on_disk"] is True
+    assert rows[20]["on_disk"] is False and rows[20]["state"] == "removed"
+    assert rows[20]["removed"]["reason"].startswith("rotation")
+    assert rows[20]["removed"]["step"] == 40 and rows[40]["on_disk"] is True
+    assert (rows[40]["state"], rows[60]["state"]) == ("on_disk", "leased")
     assert [r["best"] for r in body["checkpoints"]] == [False, False, True]
     assert [h["holder"] for h in rows[60]["leases"]] == ["eval-job-7"]
     assert rows[40]["reports"][0]["metrics"] == {"accuracy": 0.4}
@@ -77,6 +79,7 @@ def test_run_api_tells_the_story(tmp_path: Path) -> None:
         "node": "node1",
         "exit_code": 0,
         "hook": "save-eval",
+        "log_path": None,
     }
 
 
@@ -437,3 +440,60 @@ def test_a_quiet_run_that_writes_again_is_running_again(tmp_path: Path) -> None:
     w.close()
     assert fold.update() == 1
     assert data.summary(fold, stale_after=60)["state"] == "running"
+
+
+def test_the_table_is_the_runs_fold_one_row_per_checkpoint_as_ls_shows(tmp_path: Path) -> None:
+    """Issue 52: saves journaled with absolute paths, the watcher's removals after the end
+    relative to its own working directory: each checkpoint is one row, in the state `ls`
+    shows (step 30 and 40 were listed twice, "on disk" and "removed"), and plot marks them
+    removed (it drew them kept)."""
+    from journal.cli.plot import story
+    from tests.test_run_fold import _late_eval_run
+
+    run = tmp_path / "runs" / "b"
+    run.mkdir(parents=True)
+    _late_eval_run(run, tmp_path)
+    body = client(run).get("/api/runs/b").json()
+    rows = {r["name"]: r for r in body["checkpoints"]}
+    assert len(body["checkpoints"]) == len(rows) == 6
+    on_disk = sorted(n for n, r in rows.items() if r["on_disk"])
+    assert on_disk == sorted(os.listdir(run / "checkpoints")) == ["step-000050", "step-000060"]
+    assert [n for n, r in rows.items() if r["best"]] == ["step-000060"]
+    gone = rows["step-000040"]["removed"]
+    assert (gone["by"], gone["after_end"], rows["step-000040"]["state"]) == (
+        "watcher",
+        True,
+        "removed",
+    )
+    with JournalWriter(run, join=True) as w:  # a curve to plot
+        w.append("log", log_payload(60, 0.5), step=60)
+    st = story(run / "journal.jsonl")
+    marks = {m.label.split()[-1]: m.kind for m in st.marks if m.kind in ("kept", "removed", "best")}
+    assert marks == {
+        "step-000010": "removed",
+        "step-000020": "removed",
+        "step-000030": "removed",
+        "step-000040": "removed",
+        "step-000050": "kept",
+        "step-000060": "best",
+    }
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("localhost", True), ("127.0.0.1", True), ("127.8.9.1", True), ("::1", True),
+     ("0.0.0.0", False), ("::", False), ("evil.example", False), ("10.0.0.1", False)],
+)  # fmt: skip
+def test_one_loopback_check_for_the_address_and_the_host_header(
+    host: str, loopback: bool, tmp_path: Path
+) -> None:
+    """The address serve listens on and a request's Host header are judged by one function
+    (it was written twice, in journal/cli/serve.py and journal/serve/app.py)."""
+    import journal.cli.serve
+    from journal.serve.app import is_loopback
+
+    assert is_loopback(host) is loopback
+    assert not hasattr(journal.cli.serve, "_is_loopback")
+    shown = f"[{host}]" if ":" in host else host
+    got = client(tmp_path).get("/api/config", headers={"host": f"{shown}:8420"})
+    assert (got.status_code == 403) is not loopback  # a loopback server: that Host refused

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -129,7 +128,7 @@ def send_command(
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
-        "source": clip(source or f"{socket.gethostname()}:{os.getpid()}", MAX_NAME_CHARS),
+        "source": clip(source or f"{os.uname().nodename}:{os.getpid()}", MAX_NAME_CHARS),
         "reason": None if reason is None else clip(reason),
         "ts": time.time(),
     }

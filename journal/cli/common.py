@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
-from journal.read.reader import InvalidLine, iter_batches
 from journal.record.numbers import parse_number, shown_value
 from journal.rundir.paths import JournalNotFound
+
+if TYPE_CHECKING:
+    from journal.read.reader import InvalidLine
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,6 +96,8 @@ def dumps(obj: Any) -> str:
 
 
 def scan(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[InvalidLine]]]:
+    from journal.read.reader import iter_batches  # the reader only for the commands that scan
+
     for batch in iter_batches(path, final=True):
         yield batch.records, batch.invalid
 

@@ -5,11 +5,14 @@ titled with the run id, its status and reason."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.rundir.paths import checkpoint_key
 from journal.serve.fold import REPORTED, RunFold
+from journal.views.fold import CheckpointView
 
 #: How each mark is drawn: (colour, line style, line width).
 MARK_STYLES: dict[str, tuple[str, str, float]] = {
@@ -52,6 +55,17 @@ class PlotStory:
     marks: list[Mark] = field(default_factory=list)
 
 
+def checkpoint_marks(views: Iterable[CheckpointView]) -> dict[str, str]:
+    """How each checkpoint of the run's fold is marked, by its key
+    (:func:`~journal.rundir.paths.checkpoint_key`): ``best`` (the run's keep_best), ``removed``
+    (journaled as removed, or gone from disk without a record), else ``kept``. Pure: the
+    differential test compares it with the fold."""
+    out = {}
+    for v in views:
+        out[v.fate.key] = "best" if v.best else "kept" if v.on_disk else "removed"
+    return out
+
+
 def story(path: Path) -> PlotStory:
     """The journal at ``path`` read once into what :func:`plot_journal` draws."""
     fold = RunFold(path)
@@ -67,17 +81,15 @@ def story(path: Path) -> PlotStory:
             name.startswith(REPORTED) and len(set(series.values)) > 1
         ):  # a reported metric that never changes (a problem count) would squash the scale
             out.curves[name] = (list(series.steps), list(series.values))
-    best = (s.best_checkpoint or {}).get("checkpoint_path")
+    fates = checkpoint_marks(fold.run.checkpoints())
     for m in fold.markers:
         step, d = m["step"], m["detail"]
         if step is None:
             continue
         if m["kind"] == "save":
-            row = fold.checkpoints.get(d.get("checkpoint_path", ""))
-            kind = (
-                "best" if row and row.path == best else "removed" if row and row.removed else "kept"
-            )
-            out.marks.append(Mark(step, kind, f"{kind} {Path(str(d.get('checkpoint_path'))).name}"))
+            saved = str(d.get("checkpoint_path"))
+            kind = fates.get(checkpoint_key(saved), "kept")
+            out.marks.append(Mark(step, kind, f"{kind} {Path(saved).name}"))
         elif m["kind"] == "control" and d.get("command"):
             verdict = "refused" if d.get("accepted") is False else "applied"
             out.marks.append(Mark(step, "command", f"{d['command']} {verdict} ({d.get('source')})"))

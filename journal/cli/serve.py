@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 import socket
 import sys
@@ -15,15 +14,6 @@ from journal.remote.readers import RUN_DIR_OR_URI
 from journal.remote.store import is_uri
 
 DEFAULT_PORT = 8420
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _sources(given: tuple[str, ...]) -> list[tuple[str, Path, bool]]:
@@ -86,7 +76,7 @@ def serve(
     try:
         import uvicorn
 
-        from journal.serve.app import ServeConfig, build_app
+        from journal.serve.app import ServeConfig, build_app, is_loopback
         from journal.serve.runs import RunSet
     except ImportError:
         raise UserError("serve needs its extra: pip install 'ilab-journal[serve]'") from None
@@ -98,7 +88,7 @@ def serve(
     for run in found:
         if run.remote or run.dir in named:
             run.opened()  # a run named by itself: folded now, so its page opens at once
-    loopback = _is_loopback(host)
+    loopback = is_loopback(host)
     token = secrets.token_urlsafe(24) if allow_control else None
     app = build_app(ServeConfig(runs, allow_control, token, loopback))
     try:

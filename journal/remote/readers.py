@@ -7,17 +7,13 @@ line, exit 2."""
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import click
 
-from journal.remote.errors import classify
-from journal.remote.store import StoreURIError, is_uri
+# The store's modules load only for a URI: ``ilab-journal status DIR`` (the common case,
+# in scripts) pays for none of them.
 
 SYNC_EVERY_S = 1.0
 
@@ -25,10 +21,16 @@ SYNC_EVERY_S = 1.0
 def open_for_reading(uri: str) -> Path:
     """A temporary run dir holding ``uri``'s journal now, kept in step in the background
     (removed when the process exits). Raises StoreURIError and the store client's errors."""
+    import atexit
+    import shutil
+    import tempfile
+    import threading
+
+    from journal.remote.replica import Replica
+    from journal.remote.store import StoreURIError
+
     where = Path(tempfile.mkdtemp(prefix="ilab-remote-"))
     atexit.register(shutil.rmtree, where, True)
-    from journal.remote.replica import Replica  # only for a URI: local runs start fast
-
     replica = Replica(uri, where / "run", for_watchers=False)
     replica.store.check()  # no such bucket is said as such, not as "holds no journal"
     replica.sync()
@@ -54,6 +56,11 @@ class RunDirOrURI(click.ParamType):
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         text = str(value)
+        if "://" not in text:  # not a URI (journal.remote.store.is_uri says which are)
+            return text
+        from journal.remote.errors import classify
+        from journal.remote.store import StoreURIError, is_uri
+
         if not is_uri(text):
             return text
         try:

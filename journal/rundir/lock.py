@@ -22,7 +22,6 @@ import errno
 import fcntl
 import logging
 import os
-import socket
 import stat
 import threading
 import time
@@ -127,7 +126,7 @@ class FileLock:
     def _write_info(self) -> None:
         now = time.time()
         body = {
-            "host": socket.gethostname(),
+            "host": os.uname().nodename,
             "pid": os.getpid(),
             "role": self.role,
             "since": self.info.get("since", now),
@@ -175,7 +174,7 @@ def _read_info(fd: int) -> dict[str, Any]:
 def _alive_elsewhere(info: dict[str, Any], now: float | None = None) -> bool:
     """A holder on another host whose heartbeat is fresh (flock may not reach us)."""
     beat = info.get("heartbeat")
-    if info.get("host") in (None, socket.gethostname()) or not isinstance(beat, (int, float)):
+    if info.get("host") in (None, os.uname().nodename) or not isinstance(beat, (int, float)):
         return False
     return (time.time() if now is None else now) - beat < STALE_AFTER_S
 

@@ -80,18 +80,24 @@ def _width(request: Request) -> int:
     return max(10, min(MAX_WIDTH, _int(request, "width", data.DEFAULT_WIDTH)))
 
 
-def _host_ok(request: Request, cfg: ServeConfig) -> bool:
-    """On a loopback address, only loopback host names: a page from elsewhere that points
-    its own name at 127.0.0.1 (DNS rebinding) cannot read the runs."""
-    if not cfg.loopback:
-        return True
-    host = request.headers.get("host", "").rsplit(":", 1)[0].strip("[]")
+def is_loopback(host: str) -> bool:
+    """Whether a host name or address is this machine's loopback: ``localhost`` or a
+    loopback IP (v4 or v6, without brackets). The one check of both the address ``serve``
+    listens on (``--host``) and the ``Host`` header a request names."""
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _host_ok(request: Request, cfg: ServeConfig) -> bool:
+    """On a loopback address, only loopback host names: a page from elsewhere that points
+    its own name at 127.0.0.1 (DNS rebinding) cannot read the runs."""
+    if not cfg.loopback:
+        return True
+    return is_loopback(request.headers.get("host", "").rsplit(":", 1)[0].strip("[]"))
 
 
 def build_app(cfg: ServeConfig) -> Starlette:

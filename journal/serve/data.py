@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from journal.checkpoints.leases import active, checkpoint_name
-from journal.serve.fold import RunFold, Series
+from journal.checkpoints.leases import active
+from journal.serve.fold import RunFold, Series, scalar
 from journal.views.summary import STATE_EXIT_CODES
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
@@ -100,36 +100,28 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     }
 
 
-def checkpoints(fold: RunFold, best: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The checkpoints table: every save (removed ones too), its leases held now, reports,
-    jobs, and which is the best."""
-    run_dir = fold.journal.parent
-    leases: dict[str, list[dict[str, Any]]] = {}
-    for lease in active(run_dir):
-        leases.setdefault(lease.checkpoint, []).append(
-            {"holder": lease.holder, "expires": lease.expires}
-        )
-    best_path = (best or {}).get("checkpoint_path")
-    rows = []
-    for ckpt in fold.checkpoints.values():
-        row = ckpt.to_dict()
-        row["leases"] = leases.get(_lease_name(fold, ckpt.path), []) if leases else []
-        row["best"] = ckpt.path == best_path
-        rows.append(row)
-    rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
-    return rows
+def checkpoints(fold: RunFold) -> list[dict[str, Any]]:
+    """The checkpoints table: the run's one fold (:meth:`journal.views.fold.RunFold.checkpoints`)
+    with what the disk says now: every checkpoint once, whatever spelling journaled it, its
+    state (on_disk, leased, removed, missing), the removal (when, why, by whom), the
+    leases held now, reports, jobs and which is the best. Strings clipped for the page."""
+    run_dir = fold.run.run_dir
+    held = active(run_dir) if run_dir is not None else []
+    return [_clipped(view.to_dict()) for view in fold.run.checkpoints(leases=held)]
 
 
-def _lease_name(fold: RunFold, path: str) -> str:
-    """The name leases give a checkpoint (resolving paths costs: once per checkpoint)."""
-    name = fold.lease_names.get(path)
-    if name is None:
-        try:
-            name = checkpoint_name(fold.journal.parent, path)
-        except ValueError:  # not under this run dir (a mirrored run's original path)
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-        fold.lease_names[path] = name
-    return name
+def _clipped(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as JSON scalars where the page shows text (a record's strings may be long)."""
+    row["trigger"] = scalar(row["trigger"])
+    if row["removed"] is not None:
+        row["removed"]["reason"] = scalar(row["removed"]["reason"])
+        row["removed"]["by"] = scalar(row["removed"]["by"])
+    for report in row["reports"]:
+        report["metrics"] = {str(k): scalar(v) for k, v in report["metrics"].items()}
+        report["source"] = scalar(report["source"])
+    row["jobs"] = [{k: scalar(v) for k, v in job.items()} for job in row["jobs"]]
+    row["leases"] = [{k: scalar(v) for k, v in lease.items()} for lease in row["leases"]]
+    return row
 
 
 def _series_out(series: Series, lo: float | None, hi: float | None, width: int) -> dict:
@@ -146,7 +138,7 @@ def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]
             "count": fold.count,
             "series": [_series_out(s, None, None, width) for s in fold.series.values()],
             "markers": fold.markers,
-            "checkpoints": checkpoints(fold, summ["best"]),
+            "checkpoints": checkpoints(fold),
             "listed": list(fold.listed),
             "listed_all": fold.listed_all,
         }
@@ -196,7 +188,7 @@ def updates(
             "count": fold.count,
             "series": out_series,
             "markers": fold.markers[markers : markers + MAX_MARKERS],
-            "checkpoints": checkpoints(fold, summ["best"]) if fold.ck_changed_at > since else None,
+            "checkpoints": checkpoints(fold) if fold.ck_changed_at > since else None,
             "listed": list(fold.listed) if fold.names_changed_at > since else None,
             "listed_all": fold.listed_all,
         }

@@ -1,5 +1,7 @@
-"""One run's journal folded for the page: curves, markers and checkpoints, kept up to date by
-reading on from where the last read stopped (never the whole file again).
+"""One run's journal folded for the page: curves and markers, kept up to date by reading on
+from where the last read stopped (never the whole file again). The status, the checkpoints
+with their fates and the best are the run's one fold (:class:`journal.views.fold.RunFold`,
+``RunFold.run`` here), fed the same records: the page cannot disagree with ``status``.
 
 A curve holds one point per step. A resumed attempt goes back in steps: its points replace
 the ones from its step on (the curves show the latest attempt's path; the resume is a
@@ -26,8 +28,8 @@ import orjson
 from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
 from journal.record.fields import PAYLOAD_TYPES
-from journal.views.best import BEST_EVENTS
 from journal.views.fold import RunFold as RunTruth
+from journal.views.ledger import CheckpointLedger
 
 #: Events drawn as markers on the step axis, and the marker kind each is shown as.
 MARKER_KINDS: dict[str, str] = {
@@ -83,7 +85,7 @@ def _number(v: Any) -> float | None:
     return None
 
 
-def _scalar(v: Any) -> Any:
+def scalar(v: Any) -> Any:
     """A detail value as JSON scalars: strings clipped, nested values left out."""
     if isinstance(v, str):
         return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
@@ -92,7 +94,7 @@ def _scalar(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)
     if isinstance(v, dict):  # a report's metrics: one level, as "name=value" text
-        return _scalar(", ".join(f"{k}={x}" for k, x in v.items()))
+        return scalar(", ".join(f"{k}={x}" for k, x in v.items()))
     return None
 
 
@@ -131,46 +133,15 @@ class Series:
         self.reset_at = count
 
 
-@dataclass
-class Checkpoint:
-    """A checkpoint's row: from its save to its removal, with its reports and jobs."""
-
-    path: str
-    step: int | None
-    saved_ts: float | None = None
-    trigger: Any = None
-    removed: str | None = None  # the removal's reason
-    removed_step: int | None = None
-    kept: str | None = None  # a bridge kept it (leased)
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "name": Path(self.path).name,
-            "step": self.step,
-            "saved_ts": self.saved_ts,
-            "trigger": _scalar(self.trigger),
-            "on_disk": self.removed is None,
-            "removed": self.removed,
-            "removed_step": self.removed_step,
-            "kept": self.kept,
-            "reports": self.reports,
-            "jobs": list(self.jobs.values()),
-        }
-
-
 class RunFold:
     """Everything the page shows about one journal, folded incrementally (thread-safe)."""
 
     def __init__(self, journal: Path) -> None:
         self.journal = journal
-        self.run = RunTruth(journal.parent)  # the one fold: status, checkpoints, best
+        # the one fold: status, every checkpoint with its fate, the best (never folded here)
+        self.run = RunTruth(journal.parent)
         self.series: dict[str, Series] = {}
         self.markers: list[dict[str, Any]] = []
-        self.checkpoints: dict[str, Checkpoint] = {}
-        self.lease_names: dict[str, str] = {}  # checkpoint path -> its name in leases/
         self.ck_changed_at = 0  # the record count when the checkpoints or the best last changed
         self.count = 0  # records folded
         self.invalid = 0
@@ -225,7 +196,7 @@ class RunFold:
         event = rec.get("event")
         if event in _PLAIN:
             return
-        if event in BEST_EVENTS:  # the checkpoints table (or which is the best) may change
+        if event in CheckpointLedger.EVENTS:  # the table (or which is the best) may change
             self.ck_changed_at = self.count
         if event in ("step_end", "log", "evaluate"):
             self._curves(rec, event)
@@ -296,13 +267,13 @@ class RunFold:
         data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
         assert isinstance(data, dict)
         step = rec.get("step") if isinstance(rec.get("step"), int) else None
-        detail = {str(k): _scalar(v) for k, v in data.items()}
+        detail = {str(k): scalar(v) for k, v in data.items()}
         detail = {k: v for k, v in detail.items() if v is not None}
         if kind == "attempt":
             detail = {
                 "attempt": rec.get("attempt"),
-                "run_id": _scalar(rec.get("run_id")),
-                "resumed_from": _scalar(data.get("resumed_from")),
+                "run_id": scalar(rec.get("run_id")),
+                "resumed_from": scalar(data.get("resumed_from")),
                 "total_steps": data.get("total_steps"),
             }
         self.markers.append(
@@ -317,46 +288,20 @@ class RunFold:
                 "detail": detail,
             }
         )
-        self._checkpoint(kind, step, rec, data)
+        if kind == "report":
+            self._reported(data)
 
-    def _checkpoint(self, kind: str, step: int | None, rec: dict[str, Any], data: dict) -> None:
-        path = data.get("checkpoint_path")
-        if not isinstance(path, str):
+    def _reported(self, data: dict[str, Any]) -> None:
+        """A report's metrics as points of its checkpoint's step (the table is the fold's)."""
+        metrics = data.get("metrics")
+        ckpt_step = _number(data.get("step"))
+        if ckpt_step is None or not isinstance(metrics, dict):
             return
-        self.ck_changed_at = self.count
-        row = self.checkpoints.get(path)
-        if kind == "save":
-            row = self.checkpoints[path] = Checkpoint(
-                path, step, rec.get("ts"), data.get("trigger")
-            )
+        if not isinstance(data.get("checkpoint_path"), str):  # about no checkpoint: no point
             return
-        if row is None:
-            ckpt_step = data.get("step") if isinstance(data.get("step"), int) else step
-            row = self.checkpoints[path] = Checkpoint(path, ckpt_step)
-        if kind == "removed":
-            row.removed, row.removed_step = str(_scalar(data.get("reason")) or "removed"), step
-        elif kind == "kept":
-            row.kept = str(_scalar(data.get("reason")) or "kept")
-        elif kind == "report":
-            metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
-            assert isinstance(metrics, dict)
-            row.reports.append(
-                {
-                    "metrics": {str(k): _scalar(v) for k, v in metrics.items()},
-                    "source": _scalar(data.get("source")),
-                    "at_step": step,
-                }
-            )
-            ckpt_step = _number(data.get("step"))
-            for name, value in metrics.items():
-                if ckpt_step is not None and (v := _number(value)) is not None:
-                    self._point(f"{REPORTED}{name}", ckpt_step, v, by_report=True)
-        elif kind == "job":
-            job_id = str(_scalar(data.get("job_id")))
-            row.jobs[job_id] = {
-                k: _scalar(data.get(k))
-                for k in ("job_id", "scheduler", "state", "node", "exit_code", "hook")
-            }
+        for name, value in metrics.items():
+            if (v := _number(value)) is not None:
+                self._point(f"{REPORTED}{name}", ckpt_step, v, by_report=True)
 
 
 class _OneCurve(RunFold):

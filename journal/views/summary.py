@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -77,7 +76,7 @@ class RunSummary:
 
 def _pid_gone(hostname: str | None, pid: int | None) -> bool:
     """True only when we can tell for sure: same host and no such process."""
-    if not hostname or not pid or pid < 0 or hostname != socket.gethostname():
+    if not hostname or not pid or pid < 0 or hostname != os.uname().nodename:
         return False
     try:
         os.kill(pid, 0)

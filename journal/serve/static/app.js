@@ -250,11 +250,12 @@ async function runPage(main, key) {
   };
   view.setCheckpoints = (rows) => {
     view.checkpoints = rows;
-    view.ckMap = new Map(rows.map((r) => [r.path,
-      r.best ? "best" : !r.on_disk ? "removed" : r.leases.length ? "leased" : "kept"]));
+    // by name: a record may spell a checkpoint's path another way (relative, ./, a slash)
+    view.ckMap = new Map(rows.map((r) => [r.name, r.best ? "best"
+      : r.state === "removed" || r.state === "missing" ? "removed" : r.state === "leased" ? "leased" : "kept"]));
   };
   view.setCheckpoints(snap.checkpoints);
-  view.ckState = (m) => view.ckMap.get((m.detail || {}).checkpoint_path) || "kept";
+  view.ckState = (m) => view.ckMap.get(baseName((m.detail || {}).checkpoint_path)) || "kept";
   view.onZoom = (u) => {
     if (view.syncing) return;
     const { min, max } = u.scales.x;
@@ -423,6 +424,22 @@ function renderFacts(facts, s) {
   facts.dataset.step = String(s.step);
 }
 
+// The last part of a path as the page names a checkpoint ("runs/b/checkpoints/step-30/").
+function baseName(path) {
+  return typeof path === "string" ? path.replace(/\/+$/, "").split("/").pop() : "";
+}
+
+// A checkpoint's fate in words: on disk (kept, leased), or how it went.
+function ckFate(r) {
+  if (r.state === "removed") {
+    const x = r.removed;
+    return "removed at step " + fmt(x.step) + ": " + fmt(x.reason)
+      + (x.by ? " (by " + x.by + (x.after_end ? ", after the end)" : ")") : x.after_end ? " (after the end)" : "");
+  }
+  if (r.state === "missing") return "no: gone without a removal record";
+  return (r.state === "leased" ? "yes (leased)" : "yes") + (r.kept ? " (kept: " + r.kept + ")" : "");
+}
+
 function renderCheckpoints(table, rows) {
   const head = el("tr", {}, ...["step", "checkpoint", "on disk", "leases", "reports", "jobs", "best"]
     .map((h) => el("th", {}, h)));
@@ -431,11 +448,10 @@ function renderCheckpoints(table, rows) {
   const shown = rows.filter((r, i) => r.best || i >= rows.length - TABLE_ROWS);
   table.dataset.more = String(rows.length - shown.length);
   table.replaceChildren(head, ...shown.map((r) => el("tr", { "data-step": r.step,
-    "data-on-disk": r.on_disk, "data-best": r.best, className: "ckpt" },
+    "data-on-disk": r.on_disk, "data-state": r.state, "data-best": r.best, className: "ckpt" },
     el("td", { className: "num" }, fmt(r.step)),
     el("td", {}, r.name),
-    el("td", {}, r.on_disk ? (r.kept ? "yes (kept: " + r.kept + ")" : "yes")
-      : "removed at step " + fmt(r.removed_step) + ": " + r.removed),
+    el("td", {}, ckFate(r)),
     el("td", {}, r.leases.map((l) => l.holder + " (" + duration(l.expires - now) + " left)").join("; ")),
     el("td", {}, r.reports.map((p) => Object.entries(p.metrics).map(([k, v]) => k + "=" + fmt(v)).join(" ")
       + " from " + fmt(p.source)).join("; ")),
