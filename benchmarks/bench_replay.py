@@ -12,6 +12,8 @@ run, side by side:
   file, so the ``seen@end`` column tells whether ``on_train_end`` came after every
   ``on_log`` (it should be N; issue 35 saw 1 of 2,000). ``late`` counts ``on_log`` calls
   that arrived after ``on_train_end``; ``peak`` is the watcher process's peak RSS then.
+- ``in-process``: the same replay in this process (``Watcher(..., follow=False)`` with a
+  state dir, the counting object's ``on_log(event, **payload)``): no interpreter start.
 - ``tensorboard``: ``ilab-watch DIR --tensorboard LOGDIR --replay`` (skipped, with the reason,
   without the tensorboard package); then, untimed, TensorBoard's reader checks that every
   ``train/loss`` point is there once (``seen@end`` shows the points found; a miss fails it).
@@ -22,7 +24,9 @@ How to read it. ``wall s`` is the whole subprocess (interpreter start and import
 which dominates the smallest sizes); ``deliv/s`` is N / wall (the ``log`` deliveries; for a
 timed-out case, the K delivered / its wall); ``delivered`` counts the ``log`` deliveries
 recorded ok (the watcher's results file; the plain loop's own count); ``x plain`` is wall /
-the ``plain-json`` wall of the same size (issue 35's goal: the callable at most 3x the plain
+the ``plain-json`` wall of the same size and round; ``% orjson`` is the speed as a
+fraction of the ``plain-orjson`` loop's (``plain-orjson`` wall / wall; the goal of "One
+truth of a run", point 10: the callable's replay at least 50 %; issue 35's goal: the callable at most 3x the plain
 loop on 1M records, i.e. >= 100k deliveries/s on 2 cores). The second table is the
 linearity measure: each case's wall at its largest completed size over its wall at the
 smallest (issue 35: 1M/10k <= 120, the size ratio being 100). A case that runs past
@@ -30,7 +34,11 @@ smallest (issue 35: 1M/10k <= 120, the size ratio being 100). A case that runs p
 T s (K of N delivered)", K counted from the ``log`` lines of the results file in its state
 dir; nothing is extrapolated, and the case is not run at larger sizes.
 
-Usage: python benchmarks/bench_replay.py [--quick] [--sizes N ...] [--case-timeout S] [--payload small]
+``--rounds R`` runs every case R times per size, the order flipped each round (this
+machine is shared: ratios are taken within a round), and prints the median and range of
+the ``% orjson`` of ``callable`` and ``in-process``.
+
+Usage: python benchmarks/bench_replay.py [--quick] [--sizes N ...] [--case-timeout S] [--payload small] [--rounds R]
 (default sizes 10k, 100k, 1M; --quick: 2k and 10k). JSON: benchmarks/results/bench_replay.json.
 """
 
@@ -40,6 +48,7 @@ import importlib.util
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +67,7 @@ from tests.helpers import COUNT_CALLBACK, write_log_journal
 WATCH = Path(sys.executable).parent / "ilab-watch"
 PLAIN = ("plain-json", "plain-orjson")
 WATCHED = ("callable", "tensorboard", "mlflow")
+IN_PROCESS = "in-process"  # the callable's replay without the interpreter's start
 
 
 def small_payload(step: int, loss: float = 1.0) -> dict[str, Any]:
@@ -99,6 +109,35 @@ def plain_loop(path: Path, loads: Callable[[bytes], Any]) -> dict[str, Any]:
                 method(rec)
     wall = time.perf_counter() - t0
     return {"status": "ok", "wall_s": wall, "delivered": obj.n, "seen_at_end": obj.seen_at_end}
+
+
+def in_process(ckpt: Path, work: Path) -> dict[str, Any]:
+    """``Watcher(journal, hooks of a counting object, follow=False)`` in this process, with
+    a state dir (cursor and results files, as ``ilab-watch --replay``): the replay minus
+    the interpreter's start and imports, with this process's GC thresholds (``ilab-watch``
+    raises them; an embedding program may not), so it can be the slower one."""
+    from watcher.engine.engine import Watcher
+    from watcher.hooks.hook import HookOptions, hooks_for_object
+
+    work.mkdir(parents=True)
+    obj = PlainCount()
+    on_log, on_end = obj.on_log, obj.on_train_end
+
+    class Count:  # the watcher's callable shape: (event, **payload)
+        def on_log(self, event: Any, **data: Any) -> None:
+            on_log(data)
+
+        def on_train_end(self, event: Any, **data: Any) -> None:
+            on_end(data)
+
+    hooks = hooks_for_object(Count(), lambda ev: HookOptions(queue="all"))
+    t0 = time.perf_counter()
+    watcher = Watcher(ckpt / "journal.jsonl", hooks, follow=False, state_dir=work / "state")
+    rc = watcher.run()
+    wall = time.perf_counter() - t0
+    status = "ok" if rc == 0 else "failed"
+    row = {"status": status, "wall_s": wall, "delivered": obj.n, "seen_at_end": obj.seen_at_end}
+    return row if rc == 0 else {**row, "note": f"run() returned {rc}"}
 
 
 def delivered_logs(state_dir: Path) -> int:
@@ -201,24 +240,70 @@ def fmt_row(r: dict[str, Any]) -> str:
         return f"{r['case']:<13} {r['n']:>9,}  skipped: {r['note']}"
     rate = r["n"] / r["wall_s"] if r["status"] == "ok" else r["delivered"] / r["wall_s"]
     ratio = r.get("x_plain")
+    speed = r.get("orjson_speed")
     seen = r.get("seen_at_end", r.get("points"))
     seen_s = "-" if seen is None else f"{seen:,}/{r['n']:,}"
     if r.get("late"):
         seen_s += f" ({r['late']:,} late)"
     line = (
         f"{r['case']:<13} {r['n']:>9,} {r['wall_s']:>9.2f} {rate:>12,.0f} "
-        f"{'-' if ratio is None else f'{ratio:,.1f}':>9} {r['delivered']:>10,} {seen_s:>20}"
+        f"{'-' if ratio is None else f'{ratio:,.1f}':>9} "
+        f"{'-' if speed is None else f'{speed:.0%}':>9} {r['delivered']:>10,} {seen_s:>20}"
     )
     if r.get("max_rss_mb"):
         line += f"  peak {r['max_rss_mb']:,.0f} MB"
     return line + ("" if r["status"] == "ok" else f"  {r['note']}")
 
 
+def run_case(
+    case: str,
+    n: int,
+    ckpt: Path,
+    work: Path,
+    mb: float,
+    gave_up: dict[str, str],
+    args: Any,
+) -> dict[str, Any]:
+    """One case on the journal of size ``n``: its row (skipped, with why, when it cannot
+    run here or timed out at a smaller size)."""
+    why = gave_up.get(case) or missing(case)
+    if why:
+        return {"case": case, "n": n, "status": "skipped", "note": why}
+    if case in PLAIN:
+        loads = json.loads if case == "plain-json" else orjson.loads
+        row = plain_loop(ckpt / "journal.jsonl", loads)
+    elif case == IN_PROCESS:
+        row = in_process(ckpt, work)
+    else:
+        row = watch_case(case, ckpt, work, n, args.case_timeout)
+    row = {"case": case, "n": n, "journal_mb": mb, **row}
+    if row["status"] == "ok":
+        row["deliveries_per_s"] = n / row["wall_s"]
+    elif row["status"] == "timeout":
+        gave_up[case] = f"timed out at N={n:,}"
+    return row
+
+
+def replay_speeds(rows: list[dict[str, Any]], case: str) -> dict[int, list[float]]:
+    """Per size, ``case``'s speed as a fraction of the plain ``orjson.loads`` loop's, one
+    per round (the goal: the callable's at least 50 %)."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if r["case"] == case and "orjson_speed" in r:
+            out.setdefault(r["n"], []).append(r["orjson_speed"])
+    return out
+
+
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="log records per journal")
     ap.add_argument("--case-timeout", type=float, default=300.0, help="seconds per watcher run")
-    ap.add_argument("--cases", nargs="+", default=list(PLAIN + WATCHED), help="cases to run")
+    ap.add_argument(
+        "--cases", nargs="+", default=[*PLAIN, IN_PROCESS, *WATCHED], help="cases to run"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="runs of every case per size, the order flipped"
+    )
     ap.add_argument(
         "--payload",
         choices=["realistic", "small"],
@@ -237,31 +322,29 @@ def main() -> None:
             journal_path = ckpt / "journal.jsonl"
             mb = journal_path.stat().st_size / 1e6
             print(f"-- N={n:,}: journal {mb:.1f} MB written in {write_s:.1f} s", flush=True)
-            plain_wall: float | None = None
-            for case in args.cases:
-                why = gave_up.get(case) or missing(case)
-                if why:
-                    rows.append({"case": case, "n": n, "status": "skipped", "note": why})
-                    continue
-                if case in PLAIN:
-                    loads = json.loads if case == "plain-json" else orjson.loads
-                    row = plain_loop(journal_path, loads)
-                else:
-                    row = watch_case(case, ckpt, tmp / case, n, args.case_timeout)
-                row = {"case": case, "n": n, "journal_mb": mb, **row}
-                if case == "plain-json":
-                    plain_wall = row["wall_s"]
-                if plain_wall and row["status"] == "ok":
-                    row["x_plain"] = row["wall_s"] / plain_wall
-                if row["status"] == "ok":
-                    row["deliveries_per_s"] = n / row["wall_s"]
-                elif row["status"] == "timeout":
-                    gave_up[case] = f"timed out at N={n:,}"
-                print("   " + fmt_row(row), flush=True)
-                rows.append(row)
+            for rnd in range(args.rounds):
+                # this machine is shared: the ratios are taken within a round, whose order
+                # flips (the plain loops first, then last)
+                order = args.cases if rnd % 2 == 0 else list(reversed(args.cases))
+                this_round: dict[str, dict[str, Any]] = {}
+                for case in order:
+                    row = run_case(case, n, ckpt, tmp / f"{case}-{rnd}", mb, gave_up, args)
+                    row["round"] = rnd
+                    this_round[case] = row
+                    rows.append(row)
+                for case in args.cases:  # the ratios once the round's plain loops are done
+                    row = this_round[case]
+                    for plain, key, ratio in (
+                        ("plain-json", "x_plain", lambda r, p: r / p),
+                        ("plain-orjson", "orjson_speed", lambda r, p: p / r),
+                    ):
+                        base = this_round.get(plain)
+                        if row["status"] == "ok" and base and base["status"] == "ok":
+                            row[key] = ratio(row["wall_s"], base["wall_s"])
+                    print("   " + fmt_row(row), flush=True)
     linearity: dict[str, dict[str, Any]] = {}
     for case in args.cases:
-        done = [r for r in rows if r["case"] == case and r["status"] == "ok"]
+        done = [r for r in rows if r["case"] == case and r["status"] == "ok" and r["round"] == 0]
         if len(done) >= 2:
             lo, hi = done[0], done[-1]
             linearity[case] = {
@@ -272,7 +355,7 @@ def main() -> None:
             }
     if not args.json:
         print(f"== bench_replay (case timeout {args.case_timeout:g} s)")
-        head = f"{'case':<13} {'N':>9} {'wall s':>9} {'deliv/s':>12} {'x plain':>9}"
+        head = f"{'case':<13} {'N':>9} {'wall s':>9} {'deliv/s':>12} {'x plain':>9} {'% orjson':>9}"
         print(head + f" {'delivered':>10} {'seen@end/N':>20}")
         for r in rows:
             print(fmt_row(r))
@@ -282,6 +365,13 @@ def main() -> None:
                 f"  {case:<13} {lin['largest']:>9,} / {lin['smallest']:<9,} "
                 f"size x{lin['size_ratio']:,.0f}  time x{lin['time_ratio']:,.1f}"
             )
+        for case in ("callable", IN_PROCESS):
+            for n, speeds in replay_speeds(rows, case).items():
+                print(
+                    f"{case} replay, N={n:,}: {statistics.median(speeds):.0%} of a plain "
+                    f"orjson.loads loop's speed (median of {len(speeds)}, range "
+                    f"{min(speeds):.0%}-{max(speeds):.0%}; goal >= 50 %)"
+                )
         sys.stdout.flush()
     result = {
         "payload": args.payload,

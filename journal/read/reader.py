@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from journal.read.checks import records_ok
 from journal.read.lines import (
     MAX_LINE_BYTES,
     SNIPPET,
@@ -31,11 +32,16 @@ from journal.read.lines import (
     too_long_reason,
 )
 from journal.record.events import SCHEMA_VERSION
-from journal.record.fields import all_records, record_problem
+from journal.record.fields import record_problem
 
 __all__ = ["LongLine", "lines_backwards", "record_problem"]  # re-exported: used from here
 
 CHUNK_SIZE = 4 * 1024 * 1024
+#: Bytes of lines parsed and checked together (:func:`parse_lines`).
+SLICE_BYTES = 256 * 1024
+#: A full scan's batch (:func:`iter_batches`): about 5,000 records in memory at a time
+#: (4 MiB batches scanned 4 % slower: the records are cold by the time the caller uses them).
+BATCH_BYTES = 1 << 20
 _SNIPPET = SNIPPET
 
 
@@ -80,18 +86,38 @@ def parse_lines(
     """Parse the complete lines of ``buf`` (which must end with ``\\n``) into ``batch``."""
     lines = buf.split(b"\n")
     lines.pop()  # the empty piece after the final newline
-    # Fast path: parse every line in C; fall back to line-by-line only for a chunk that has
-    # a bad line, so clean journals pay no per-line Python overhead for error handling.
+    if not lines:
+        return
+    # Parsed and checked a slice at a time: the records just built are still in the CPU's
+    # cache when they are checked (a whole 4 MiB chunk at once ran 15-25 % slower).
+    step = max(1, SLICE_BYTES * len(lines) // len(buf))
+    for i in range(0, len(lines), step):
+        part = lines[i : i + step] if step < len(lines) else lines
+        size = sum(map(len, part)) + len(part)  # its bytes, newlines included
+        _parse_part(part, size, offset, line_no, batch, newer_version)
+        offset, line_no = offset + size, line_no + len(part)
+
+
+def _parse_part(
+    lines: list[bytes],
+    size: int,
+    offset: int,
+    line_no: int,
+    batch: ReadBatch,
+    newer_version: list[int],
+) -> None:
+    """Parse ``lines`` (``size`` bytes from ``offset``) into ``batch``: all in C, checked at
+    once (journal/read/checks.py); line by line only for a slice that has a bad line, so clean
+    journals pay no per-line Python overhead for error handling."""
     objs = None
-    if len(buf) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
+    if size <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
         with contextlib.suppress(orjson.JSONDecodeError):  # a bad line: the slow path
             objs = list(map(orjson.loads, lines))
-    if objs is not None and all_records(objs):
-        if objs:
-            _note_version(objs[0], newer_version)
-            _note_version(objs[-1], newer_version)
-        batch.records.extend(objs)
-        batch.offset = offset + len(buf)
+    if objs is not None and records_ok(objs):
+        _note_version(objs[0], newer_version)
+        _note_version(objs[-1], newer_version)
+        batch.records += objs
+        batch.offset = offset + size
         batch.line_no = line_no + len(lines)
         return
     _parse_slow(lines, offset, line_no, batch, newer_version)
@@ -331,7 +357,7 @@ def iter_batches(
     final: bool = True,
     start: int = 0,
     end: int | None = None,
-    max_bytes: int = CHUNK_SIZE,
+    max_bytes: int = BATCH_BYTES,
 ) -> Iterator[ReadBatch]:
     """Read a whole journal, or the lines in ``[start, end)`` (both line starts), batch by
     batch in bounded memory. Line numbers count from ``start``. With ``final=False`` a file

@@ -1,0 +1,92 @@
+"""The record check of a full scan: :func:`records_ok`, the rules of
+journal/record/fields.py compiled into one function.
+
+Every line a reader parses is checked against the envelope and payload types
+(:func:`~journal.record.fields.record_problem`). A scan checks tens of thousands of records
+per batch, and the table-driven check (a loop over the rules, a ``dict.get`` per field)
+cost as much as parsing them. Here the same tables are turned, once at import, into
+straight-line code: the envelope fetched with one ``itemgetter`` call, each type tested
+inline, the payload rules of each event spelled out. It gives the same verdict as
+``record_problem(o) is None`` for every record (tests/test_record_checks.py holds the two
+together), so a rule added to the tables is checked here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any
+
+from journal.record.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, payload_problem, record_problem
+
+#: Events whose payload is left to :func:`payload_problem` (a value check, not only types).
+_BY_VALUE = frozenset({"train_end"})
+
+
+def _is(var: str, types: tuple[type, ...], *, none_ok: bool) -> str:
+    """Source of the test that ``var`` has one of ``types`` (exactly: a bool is no int)."""
+    tests = [f"type({var}) is {t.__name__}" for t in types]
+    if none_ok:
+        tests.insert(0, f"{var} is None")
+    return "(" + " or ".join(tests) + ")"
+
+
+def _source() -> tuple[str, tuple[str, ...]]:
+    """The source of ``records_ok`` and the envelope fields its ``itemgetter`` fetches."""
+    env = tuple(ENVELOPE_TYPES)
+    names = ("seq", "event", "data", *env)
+    out = [
+        "def records_ok(objs):",
+        "    for o in objs:",
+        "        try:",
+        f"            {', '.join('_' + n for n in names)} = _envelope(o)",
+        "        except Exception:  # not a dict, or a field absent: the general check",
+        "            if _record_problem(o) is not None:",
+        "                return False",
+        "            continue",
+        "        if not (",
+        "            type(_seq) is int and _seq >= 0 and type(_event) is str and type(_data) is dict",
+    ]
+    out += [f"            and {_is('_' + n, ENVELOPE_TYPES[n], none_ok=False)}" for n in env]
+    out += [
+        "        ):",
+        "            return False",
+        "        if _event not in _RULED:",
+        "            continue",
+    ]
+    # the most common event first: the ``==`` tests are walked in order
+    for ev in sorted(PAYLOAD_TYPES, key=lambda e: e != "log"):
+        rules = PAYLOAD_TYPES[ev]
+        out.append(f"        if _event == {ev!r}:")
+        if ev in _BY_VALUE:
+            out += [
+                "            if _payload_problem(_event, _data) is not None:",
+                "                return False",
+            ]
+        else:
+            out.append("            get = _data.get")
+            tests = []
+            for i, (field, types) in enumerate(rules.items()):
+                out.append(f"            p{i} = get({field!r})")
+                tests.append(_is(f"p{i}", types, none_ok=True))
+            out += [f"            if not ({' and '.join(tests)}):", "                return False"]
+        out.append("            continue")
+    out.append("    return True")
+    return "\n".join(out) + "\n", names
+
+
+def _compile() -> Callable[[list[Any]], bool]:
+    source, names = _source()
+    namespace: dict[str, Any] = {
+        "_envelope": itemgetter(*names),
+        "_record_problem": record_problem,
+        "_payload_problem": payload_problem,
+        "_RULED": frozenset(PAYLOAD_TYPES),
+    }
+    exec(compile(source, f"<{__name__}.records_ok>", "exec"), namespace)
+    fn: Callable[[list[Any]], bool] = namespace["records_ok"]
+    fn.__doc__ = "Whether ``record_problem`` finds nothing in any of ``objs`` (module doc)."
+    return fn
+
+
+records_ok = _compile()
