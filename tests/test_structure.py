@@ -60,8 +60,9 @@ LAYERS: dict[str, set[str]] = {
 #: journal's layers, the same way; each row is what the room imports today (the fewest
 #: edges that hold), within the order: record (events, schema, fields, text: the base)
 #: <- rundir (a run dir's paths, files, lock, inbox) <- read <- views (index, query,
-#: summary, validate) and write (the writer keeps the views' index) <- channels (control,
-#: reports, jobs) and checkpoints (leases, rotation) <- remote (a run in object storage)
+#: summary, validate) and write (the writer keeps the views' index) <- store (the one way
+#: into and out of a run dir's journal) <- channels (control, reports, jobs) and
+#: checkpoints (leases, rotation) <- remote (a run in object storage)
 #: <- cli (``ilab-journal``); ``__init__`` (the public names) on top.
 JOURNAL_LAYERS: dict[str, set[str]] = {
     "record": set(),
@@ -69,20 +70,23 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "read": {"record"},
     "views": {"record", "rundir", "read"},
     "write": {"record", "rundir", "read", "views"},
-    "channels": {"record", "rundir", "read", "write"},
-    "checkpoints": {"rundir", "read", "views", "write"},
+    # store: the one way into and out of a run dir's journal (journal/store.py)
+    "store": {"record", "rundir", "read", "views", "write"},
+    "channels": {"record", "rundir", "read", "write", "store"},
+    "checkpoints": {"rundir", "read", "views", "write", "store"},
     "remote": {"rundir", "read", "checkpoints"},
     # serve: the web page (ilab-journal serve) over the readers, views, leases and commands;
     # record: which numbers the trainer itself logs (always a curve)
-    "serve": {"record", "rundir", "read", "views", "channels", "checkpoints"},
+    "serve": {"record", "rundir", "read", "views", "store", "channels", "checkpoints"},
     # ask: check's expressions over a summary (views), waiting on leases (checkpoints) and
     # on jobs not yet in a final state (channels); its number literals judged by record's
-    "ask": {"record", "rundir", "read", "views", "channels", "checkpoints"},
+    "ask": {"record", "rundir", "read", "views", "store", "channels", "checkpoints"},
     "cli": {
         "record",
         "rundir",
         "read",
         "views",
+        "store",
         "channels",
         "checkpoints",
         "remote",
@@ -530,11 +534,11 @@ def test_one_envelope(tmp_path: Path) -> None:
 
 
 def test_only_the_store_builds_a_journal_writer() -> None:
-    """One way into a run dir's journal (journal/write/store.py): the attempt's writer and
+    """One way into a run dir's journal (journal/store.py): the attempt's writer and
     every guest (reports, rotation, the watcher's hand-back, the launcher) go through it, so
     the lock and the position a late record gets are decided in one place."""
     root = Path(__file__).resolve().parents[1]
-    allowed = {"journal/write/writer.py", "journal/write/store.py"}
+    allowed = {"journal/write/writer.py", "journal/store.py"}
     builders = []
     for package in ("journal", "watcher", "trainer"):
         for path in _modules(root, package).values():
@@ -549,4 +553,4 @@ def test_only_the_store_builds_a_journal_writer() -> None:
                     and rel not in allowed
                 ):
                     builders.append(f"{rel}:{node.lineno}")
-    assert not builders, f"JournalWriter built outside journal/write/store.py: {builders}"
+    assert not builders, f"JournalWriter built outside journal/store.py: {builders}"

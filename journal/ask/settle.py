@@ -18,6 +18,7 @@ from journal.checkpoints.leases import expiries
 from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
 from journal.rundir.lock import run_holder
+from journal.store import follow
 from journal.views.index import Folded, fold, load
 
 #: How often --wait reads what the journal gained (a few bytes: it goes on from its offset).
@@ -36,7 +37,7 @@ class RunReading:
     checkpoints: set[str] = field(default_factory=set)  # names of the saved checkpoints
 
     def __post_init__(self) -> None:
-        self.reader = RotatingReader(self.path)
+        self.reader = follow(self.path)
 
     def read(self, *, final: bool) -> int:
         """Fold everything the journal gained; returns the records read."""
@@ -57,10 +58,10 @@ class RunReading:
         search (:func:`iter_events`) up to where the summary got, not every record parsed."""
         folded = fold(self.path, index, final=final)
         self.folder.fold, self.invalid = folded.fold, folded.invalid
-        self.reader.seek(folded.offset, folded.line_no)
+        self.reader.seek(folded.cursor)
         metrics = tuple(sorted(self.folder.metrics))
         events = {"job", "save", "train_begin"}
-        for rec in iter_events(self.path, events, holding=metrics, end=folded.offset):
+        for rec in iter_events(self.path, events, holding=metrics, end=folded.cursor.offset):
             self._note(rec)
             if metrics:
                 self.folder.add_values(rec)

@@ -59,7 +59,7 @@ from journal.rundir.paths import (
     checkpoints_dir,
     reports_dir,
 )
-from journal.write.store import guest
+from journal.store import guest
 
 log = logging.getLogger(__name__)
 

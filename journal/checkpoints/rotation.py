@@ -250,9 +250,9 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     """Rotate the run of the last ``train_begin`` when no trainer is writing, by its policy
     (``keep_last_n``, ``keep_best``) and among its own checkpoints, journaling each deletion. Does nothing while a trainer
     holds the journal: it rotates at its next save."""
+    from journal.store import guest, run_dir
     from journal.views.best import MetricGoal
     from journal.views.query import find_best, find_last
-    from journal.write.store import guest, run_dir
 
     ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
     begin = find_last(journal_path(ckpt_dir), "train_begin")

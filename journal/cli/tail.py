@@ -12,6 +12,7 @@ import orjson
 from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
 from journal.record.text import printable
+from journal.store import follow as follow_store
 from journal.views import index
 from journal.views.fold import RunFold
 from journal.views.query import last_records
@@ -56,10 +57,10 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
-    reader = RotatingReader(path, folded.offset, folded.line_no)  # mv, copytruncate
+    reader = follow_store(path, folded.cursor)  # across mv and copytruncate
     summ = folded.fold.summarizer
     if first_n > 0:
-        for rec in last_records(path, first_n, end=folded.offset)[0]:
+        for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
     if as_json or not sys.stdout.isatty():

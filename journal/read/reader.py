@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from journal.read.checks import records_ok
+from journal.read.cursor import Cursor
 from journal.read.lines import (
     MAX_LINE_BYTES,
     SNIPPET,
@@ -65,6 +66,11 @@ class ReadBatch:
     line_no: int = 0  # lines consumed so far (complete lines up to ``offset``)
     torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
     tail_bytes: int = 0  # how many, when ``torn_tail``
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where the next read starts: just past this batch's last complete line."""
+        return Cursor(self.offset, self.line_no)
 
 
 @contextlib.contextmanager
@@ -244,7 +250,7 @@ def end_of_complete_lines(path: str | os.PathLike[str]) -> int:
 class JournalReader:
     """Incremental reader: call :meth:`read` repeatedly to follow a growing journal.
 
-    The state to persist for resuming is ``(offset, line_no)``.
+    The state to persist for resuming is its :attr:`cursor`.
     """
 
     def __init__(
@@ -264,6 +270,11 @@ class JournalReader:
         # A torn tail over the limit, as (its offset, bytes measured, first bytes): the next
         # read goes on measuring from there instead of reading it all again.
         self._long_tail: tuple[int, int, bytes] | None = None
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where the next :meth:`read` starts."""
+        return Cursor(self.offset, self.line_no)
 
     def read(self, *, final: bool = False, max_bytes: int | None = None) -> ReadBatch:
         """Read complete records from the current offset and advance past them.

@@ -21,6 +21,7 @@ import os
 import stat
 from pathlib import Path
 
+from journal.read.cursor import START, Cursor
 from journal.read.lines import open_for_reading
 from journal.read.reader import JournalReader, ReadBatch
 
@@ -55,7 +56,8 @@ class _HeldReader(JournalReader):
 class RotatingReader:
     """Reads complete records from a journal as it grows, across rotation (module doc)."""
 
-    def __init__(self, path: str | os.PathLike[str], offset: int = 0, line_no: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike[str], cursor: Cursor = START) -> None:
+        offset, line_no = cursor.offset, cursor.line_no
         self.path = Path(path)
         self.reader: JournalReader = JournalReader(self.path, offset, line_no)
         self._held: int | None = None  # the descriptor of the file being read
@@ -73,8 +75,14 @@ class RotatingReader:
     def line_no(self) -> int:
         return self.reader.line_no
 
-    def seek(self, offset: int, line_no: int) -> None:
-        """Go on from ``offset`` (a line start) of the file at the path."""
+    @property
+    def cursor(self) -> Cursor:
+        """Where the next read starts (of the file being read)."""
+        return Cursor(self.reader.offset, self.reader.line_no)
+
+    def seek(self, cursor: Cursor) -> None:
+        """Go on from ``cursor`` (its offset a line start) of the file at the path."""
+        offset, line_no = cursor.offset, cursor.line_no
         self.close()
         self.reader = JournalReader(self.path, offset, line_no)
         self._hold_path(offset, line_no)

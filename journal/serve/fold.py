@@ -28,6 +28,7 @@ import orjson
 from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
 from journal.record.fields import PAYLOAD_TYPES
+from journal.store import follow
 from journal.views.fold import RunFold as RunTruth
 from journal.views.ledger import CheckpointLedger
 
@@ -173,7 +174,7 @@ class RunFold:
         if self._reader is None:
             if not self.journal.exists():
                 return
-            self._reader = RotatingReader(self.journal)
+            self._reader = follow(self.journal)
         while True:
             self._reader.check()
             offset = self._reader.offset

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from journal.read.cursor import START, Cursor
 from journal.read.lines import first_line_fingerprint, open_for_reading
 from journal.read.reader import CHUNK_SIZE, JournalReader
 from journal.rundir.files import atomic_write
@@ -39,8 +40,7 @@ class Folded:
     """A run's fold and how far it has read."""
 
     fold: RunFold
-    offset: int = 0
-    line_no: int = 0
+    cursor: Cursor = START  # where the fold got to (a line start)
     invalid: int = 0
 
 
@@ -65,8 +65,7 @@ def load(journal: Path) -> Folded | None:
             os.close(fd)
         return Folded(
             RunFold.from_state(raw["state"], journal.parent),
-            offset,
-            int(raw["line_no"]),
+            Cursor(offset, int(raw["line_no"])),
             int(raw["invalid"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
@@ -86,8 +85,8 @@ def _read_small(path: Path) -> bytes:
 
 
 def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
-    """Read on from ``folded.offset`` to the end (in bounded chunks)."""
-    reader = JournalReader(journal, folded.offset, folded.line_no)
+    """Read on from ``folded.cursor`` to the end (in bounded chunks)."""
+    reader = JournalReader(journal, folded.cursor.offset, folded.cursor.line_no)
     while True:
         before = reader.offset
         batch = reader.read(final=final, max_bytes=CHUNK_SIZE)
@@ -96,7 +95,7 @@ def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
         folded.invalid += len(batch.invalid)
         if reader.offset == before:
             break
-    folded.offset, folded.line_no = reader.offset, reader.line_no
+    folded.cursor = reader.cursor
     return folded
 
 
@@ -111,8 +110,8 @@ def refresh(journal: Path) -> None:
     body = {
         "version": VERSION,
         "fingerprint": fp,
-        "offset": folded.offset,
-        "line_no": folded.line_no,
+        "offset": folded.cursor.offset,
+        "line_no": folded.cursor.line_no,
         "invalid": folded.invalid,
         "state": folded.fold.to_state(),
     }

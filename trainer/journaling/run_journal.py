@@ -40,7 +40,7 @@ from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
-from journal.write.store import attempt_writer
+from journal.store import attempt_writer
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.journaling.inbox import SteeringInbox
 from trainer.steering.policy import Capabilities

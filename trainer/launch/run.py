@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from journal import store
 from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
-from journal.read.reader import JournalReader
+from journal.read.cursor import Cursor
 from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
 from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir
+from journal.store import guest
 from journal.views.query import find_last
-from journal.write.store import guest
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch.cluster_env import torchrun_command, torchrun_env
 from trainer.launch.console import ConsoleFilter
@@ -310,9 +311,7 @@ def _launch(
         if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino) or now.st_size < start_offset:
             start_offset = 0  # deleted and recreated during the run (journal_gap): read it all
     records = (
-        JournalReader(journal, offset=start_offset).read(final=True).records
-        if journal.exists()
-        else []
+        store.read(journal, Cursor(start_offset), final=True).records if journal.exists() else []
     )
     end = next((r for r in reversed(records) if r.get("event") == "train_end"), None)
     if end is None and train_args.journal_detail != "off":

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from journal import store
+from journal.read.cursor import Cursor
 from journal.read.lines import first_line_fingerprint
-from journal.read.reader import JournalReader, ReadBatch, end_of_complete_lines
-from journal.read.tailing import RotatingReader
+from journal.read.reader import ReadBatch, end_of_complete_lines
 from watcher.engine.cursor import CursorState
 from watcher.engine.wake import Waker
 
@@ -34,7 +35,7 @@ class JournalFollower:
     def __init__(self, journal: Path, *, poll: float | None) -> None:
         self.journal = journal
         self.waker = Waker(journal, poll=poll)
-        self.reader = RotatingReader(journal)
+        self.reader = store.follow(journal)
 
     def start_state(self, start: StartAt, saved: CursorState | None, notice: Any) -> CursorState:
         """The cursor state to begin from (and position the reader there)."""
@@ -52,7 +53,7 @@ class JournalFollower:
             state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
         else:
             state = CursorState(fingerprint=fp)
-        self.reader.seek(state.offset, state.line_no)
+        self.reader.seek(Cursor(state.offset, state.line_no))
         log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
         return state
 
@@ -60,7 +61,7 @@ class JournalFollower:
         """Every record before the start position (for callbacks that rebuild state)."""
         if not self.reader.offset:
             return []
-        return JournalReader(self.journal).read(max_bytes=self.reader.offset).records
+        return store.read(self.journal, max_bytes=self.reader.offset).records
 
     def read(self, *, final: bool, max_bytes: int | None = None) -> ReadBatch:
         """New complete records (``final``: the writer is gone, a torn tail is consumed),

@@ -19,7 +19,7 @@ from journal.channels.control import Control, new_command_id, send_command
 from journal.channels.reports import InvalidReport, Report, refused_report, submit_report
 from journal.rundir.inbox import MAX_NAME_CHARS, clip
 from journal.rundir.lock import JournalLocked
-from journal.write.store import guest
+from journal.store import guest
 from watcher.hooks.callbacks import BadReturn, returned_actions
 from watcher.hooks.delivery import Delivery, DeliveryResult
 

@@ -1,6 +1,13 @@
-"""The one way to write into a run dir's journal.
+"""The run-directory store: the one way into and out of a run dir's journal.
 
-Two kinds of writers append to a run's journal, and both go through here:
+**Reading.** Every reader that goes on from where it was (``tail -f``, ``serve``, ``check
+--wait``, the watcher, the launcher) asks the store with a typed
+:class:`~journal.read.cursor.Cursor`: :func:`read` once from a cursor, or :func:`follow`
+from a cursor across rotation (``mv``, logrotate's ``copytruncate``) and recreation (a
+journal deleted under its writer). The index behind ``status`` and the scans sit below the
+store (the writer keeps the index) and use the same readers (journal/read/).
+
+**Writing.** Two kinds of writers append to a run's journal, and both go through here:
 
 - the **attempt's writer**: rank 0 of a training attempt (or a bridge's trainer) holds the
   journal lock for the whole attempt and appends every lifecycle record
@@ -26,7 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from journal.read.cursor import START, Cursor
+from journal.read.reader import JournalReader, ReadBatch
+from journal.read.tailing import RotatingReader
 from journal.rundir.lock import JournalLock
+from journal.rundir.paths import resolve_journal
 from journal.write.writer import JournalWriter
 
 
@@ -99,3 +110,35 @@ def attempt_writer(
     return JournalWriter(
         run_dir(ckpt_dir), resume=resume, run_id=run_id, reserve_bytes=reserve_bytes
     )
+
+
+def read(
+    journal: str | os.PathLike[str],
+    cursor: Cursor = START,
+    *,
+    final: bool = False,
+    max_bytes: int | None = None,
+) -> ReadBatch:
+    """The complete records of ``journal`` (a run dir or its journal file) from ``cursor``
+    on (at most ``max_bytes`` of them); the batch's ``cursor`` is where the next read
+    starts. ``final``: no writer any more, so a torn last line is an invalid one."""
+    reader = JournalReader(_journal_file(journal), *_ints(cursor))
+    return reader.read(final=final, max_bytes=max_bytes)
+
+
+def _ints(cursor: Cursor) -> tuple[int, int]:
+    return cursor.offset, cursor.line_no
+
+
+def _journal_file(path: str | os.PathLike[str]) -> Path:
+    """A journal file named as such (``*.jsonl``) is read as it is, whatever is there (a
+    directory in its place is the reader's error to report); otherwise a run dir's."""
+    p = Path(path)
+    return p if p.suffix == ".jsonl" else resolve_journal(p, must_exist=False)
+
+
+def follow(journal: str | os.PathLike[str], cursor: Cursor = START) -> RotatingReader:
+    """A reader that goes on from ``cursor`` as ``journal`` grows, across rotation and
+    recreation (journal/read/tailing.py): call its ``check()`` then ``read()`` in a loop;
+    its ``cursor`` is what to keep."""
+    return RotatingReader(_journal_file(journal), cursor)
