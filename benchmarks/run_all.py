@@ -14,6 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = [
     "bench_journal",
+    "bench_startup",  # issue 52: ilab-journal status beside import click, orjson
     "bench_overhead",
     "bench_latency",
     "bench_control",

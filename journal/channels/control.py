@@ -14,20 +14,21 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from journal.read.cursor import Cursor
 from journal.read.reader import end_of_complete_lines, lines_backwards
-from journal.read.tailing import RotatingReader
 from journal.record.events import CONTROL_COMMANDS
 from journal.record.text import printable
 from journal.rundir.files import atomic_write
 from journal.rundir.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.rundir.lock import lock_holder, run_holder
 from journal.rundir.paths import control_dir, journal_path
-from journal.store import follow
+
+if TYPE_CHECKING:
+    from journal.read.tailing import RotatingReader
 
 COMMAND_FILE_SUFFIX = ".json"
 #: What a command id may hold: it names a file in ``control/`` and is printed in one line
@@ -196,6 +197,8 @@ def wait_for_verdict(
     no journal) and nobody holds the run dir (no journal writer, no launcher). A crashed attempt (no ``train_end``) or a lock
     this host cannot see (some network file systems) is waited on: ``timeout`` then."""
     path = Path(journal_path(ckpt_dir))
+    from journal.store import follow  # only a waiting sender follows the journal
+
     reader = follow(path, Cursor(since))  # mv and copytruncate lose no record
     last = last_trainer_record(path)
     seen = _Seen(command_id, ended=last is None or last.get("event") == "train_end")

@@ -22,7 +22,6 @@ import hashlib
 import logging
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -163,7 +162,7 @@ def acquire(
     lease = Lease(
         id=uuid.uuid4().hex[:16],
         checkpoint=name,
-        holder=holder or f"{socket.gethostname()}:{os.getpid()}",
+        holder=holder or f"{os.uname().nodename}:{os.getpid()}",
         expires=time.time() + ttl,
         ttl=ttl,
     )

@@ -14,12 +14,12 @@ import orjson
 
 from journal.cli.common import UserError, require_journal, scan
 from journal.cli.format import print_records_table
-from journal.read.reader import InvalidLine
 from journal.record.events import EVENTS
 from journal.record.text import printable
 from journal.rundir.paths import resolve_journal
 
 if TYPE_CHECKING:
+    from journal.read.reader import InvalidLine
     from journal.views.summary import RunSummary
 
 

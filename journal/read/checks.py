@@ -89,4 +89,14 @@ def _compile() -> Callable[[list[Any]], bool]:
     return fn
 
 
-records_ok = _compile()
+_compiled: Callable[[list[Any]], bool] | None = None
+
+
+def records_ok(objs: list[Any]) -> bool:
+    """Whether ``record_problem`` finds nothing in any of ``objs`` (module doc). The check
+    is compiled at its first use, not at import: ``status`` reads a few records and need
+    not pay for it."""
+    global _compiled
+    if _compiled is None:
+        _compiled = _compile()
+    return _compiled(objs)
