@@ -333,3 +333,27 @@ def test_a_long_journal_is_backtested_in_memory_that_does_not_grow_with_it(
     long = _peak_rss_mb(*argv, str(tmp_path / "long"))
     size = (tmp_path / "long" / "journal.jsonl").stat().st_size / 1e6
     assert long - short < size, f"{long:.0f} MB for {size:.0f} MB of journal, {short:.0f} MB short"
+
+
+def test_retention_with_the_runs_own_settings_is_what_the_run_kept(tmp_path: Path) -> None:
+    """Issue 52's run (keep_last_n=2, keep_best=acc:max; the evals behind the saves): the
+    trainer removes 10 and 20 at its saves (step 30 kept as the best known then, 40 held
+    by a lease at step 60), the watcher removes 30 and 40 after the end, when the late
+    reports make 60 the best. The backtest said "keeps step-000030, step-000050,
+    step-000060"; the run kept 50 and 60. Its status, stop source and best are the fold's."""
+    from tests.test_run_fold import _late_eval_run
+
+    run = tmp_path / "runs" / "b"
+    run.mkdir(parents=True)
+    _late_eval_run(run, tmp_path)
+    code, out = backtest(str(run), "--json")
+    assert code == 0, out
+    got = json.loads(out)
+    kept = got["retention"][0]
+    assert kept["kept"] == sorted(os.listdir(run / "checkpoints")) == ["step-000050", "step-000060"]
+    assert sorted(kept["removed"]) == [f"step-0000{s}0" for s in (1, 2, 3, 4)]
+    assert (kept["best"], kept["held"]) == ("step-000060", [])
+    assert (got["status"], got["stop_source"]) == ("completed", None)
+    assert Path(got["best_checkpoint"]["checkpoint_path"]).name == "step-000060"
+    code, out = backtest(str(run))
+    assert "keep_last_n=2 keep_best=acc:max: keeps step-000050, step-000060; removes 4" in out

@@ -12,7 +12,8 @@ import pytest
 from journal import Control, JournalWriter
 from tests.helpers import cli
 from watcher.builtin.steering import DivergenceDetector, EarlyStopping, parse_builtin
-from watcher.hooks.callbacks import CallbackSpecError, Event, hooked_methods
+from watcher.hooks.callbacks import CallbackSpecError, Event
+from watcher.hooks.contract import read_callback
 
 
 def ev(name: str, step: int, run_id: str = "r1", **data: Any) -> Event:
@@ -266,9 +267,10 @@ def test_a_watcher_started_after_train_begin_warns_from_history(
 
 
 def test_metrics_from_log_or_report_records_do_not_look_at_the_config() -> None:
-    assert set(hooked_methods(EarlyStopping(metric="val_loss"))) == {"train_begin", "evaluate"}
-    assert set(hooked_methods(EarlyStopping(metric="accuracy", mode="max"))) == {"report"}
-    assert set(hooked_methods(DivergenceDetector())) == {"log"}
+    hooked = read_callback(EarlyStopping(metric="val_loss")).methods
+    assert set(hooked) == {"train_begin", "evaluate"}
+    assert set(read_callback(EarlyStopping(metric="accuracy", mode="max")).methods) == {"report"}
+    assert set(read_callback(DivergenceDetector()).methods) == {"log"}
 
 
 def test_ilab_watch_early_stopping_warns_once_at_start_for_a_run_without_evaluation(

@@ -16,6 +16,7 @@ from journal.rundir.paths import journal_path
 from tests.helpers import COUNT_CALLBACK, cli, wait_for, write_log_journal
 from watcher.engine.engine import Watcher
 from watcher.engine.queues import HookQueue
+from watcher.hooks.contract import CallbackShape
 from watcher.hooks.delivery import Batch, Delivery, DeliveryResult
 from watcher.hooks.hook import Hook, HookOptions, hooks_for_object
 
@@ -143,14 +144,14 @@ def test_coalesced_on_log_never_reaches_across_train_end(tmp_path: Path) -> None
     assert statuses["coalesced"] > 0
 
 
-def _hook(event: str, policy: str, owner: object) -> Hook:
+def _hook(event: str, policy: str, owner: CallbackShape) -> Hook:
     return Hook(event, lambda e, **kw: None, HookOptions(queue=policy), owner=owner)  # type: ignore[arg-type]
 
 
 def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
     """A pending ``latest`` delivery is replaced by a newer one of its hook, across other
     ``latest`` ones, never across a pending ``all`` one."""
-    owner = object()
+    owner = CallbackShape(object())  # one object's hooks: one ordered queue
     log_h, step_h, save_h = (
         _hook("log", "latest", owner),
         _hook("step_end", "latest", owner),

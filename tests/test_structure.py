@@ -445,9 +445,9 @@ PLANTS: dict[tuple[str, str], tuple[str, str, str]] = {
         "['journal.record.events', 'journal.record.schema']",
     ),
     ("watcher", "cycle"): (
-        "watcher/hooks/callbacks.py",  # hook imports callbacks: a cycle inside hooks/
+        "watcher/hooks/callbacks.py",  # hook imports callbacks (and contract, which does too)
         "def _planted() -> None:\n    from watcher.hooks import hook\n",
-        "['watcher.hooks.callbacks', 'watcher.hooks.hook']",
+        "['watcher.hooks.callbacks', 'watcher.hooks.contract', 'watcher.hooks.hook']",
     ),
     ("journal", "upward"): (
         "journal/record/events.py",  # the base room names the CLI's types

@@ -56,6 +56,8 @@ class RetentionOutcome:
     removed: list[str] = field(default_factory=list)
     best: str | None = None  # the best by every value the run got, reports after the end too
     best_deleted: bool = False  # the run's best was deleted before its value came
+    #: kept only because the run held them (a lease: its own policy let them go, it kept them)
+    held: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +69,8 @@ class RunBacktest:
     status: str
     last_step: int
     stop_source: str | None  # who really stopped it (status's stop_source)
+    #: the run's best by its keep_best, as status says it (the run's fold), or None
+    best_checkpoint: dict[str, Any] | None = None
     stops: list[StopOutcome] = field(default_factory=list)
     retention: list[RetentionOutcome] = field(default_factory=list)
 
@@ -149,8 +153,9 @@ def table(runs: list[RunBacktest]) -> str:
                 lines.append(f"    failed: {f}")
         for kept in run.retention:
             gone = " - deletes the run's best first" if kept.best_deleted else ""
+            held = f" (held by the run: {', '.join(kept.held)})" if kept.held else ""
             lines.append(
-                f"  {kept.policy}: keeps {', '.join(kept.kept) or 'nothing'}; "
+                f"  {kept.policy}: keeps {', '.join(kept.kept) or 'nothing'}{held}; "
                 f"removes {len(kept.removed)}{gone}"
             )
     rows = sweep_rows(runs)

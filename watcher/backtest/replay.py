@@ -1,11 +1,12 @@
 """One journal replayed through every policy of a backtest, read once.
 
 Callbacks run as ``ilab-watch`` runs them: hooks made by :func:`assemble_hooks`, each
-record delivered in journal order through the watcher's :class:`Executor` (the same
-:class:`Event`, keyword arguments, timeouts and retries, and the same judgement of what a
-callback returns), with ``restore_state([])`` first as for a watcher that starts at the
-journal's beginning. Only what comes back differs: :class:`WouldHaveHandBack` records each
-Control and Report as "would have", and writes nothing into ``control/`` or ``reports/``.
+record routed by the watcher's :class:`Dispatcher` and delivered in journal order by the
+runners of its :class:`Executor` (the same :class:`Event`, keyword arguments, timeouts and
+retries, and the same judgement of what a callback returns), with ``restore_state([])``
+first as for a watcher that starts at the journal's beginning. Only what comes back
+differs: the executor is made with a :class:`WouldHaveHandBack`, which records each Control
+and Report as "would have", and writes nothing into ``control/`` or ``reports/``.
 Every record is delivered (a watcher that keeps up; one that lags may coalesce high-rate
 events such as ``log``).
 
@@ -22,18 +23,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from journal.channels.control import Control
 from journal.views.best import MetricGoal
-from watcher.backtest.judge import judge_retention, judge_stop, policy_goal
+from watcher.backtest.judge import judge_retention, judge_stop, policy_goal, retention_story
 from watcher.backtest.outcome import RunBacktest, WouldHave
 from watcher.backtest.policies import StopPolicy
 from watcher.backtest.timeline import read_run
+from watcher.engine.dispatch import Dispatcher
 from watcher.engine.execute import Executor
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import BadReturn, returned_actions
-from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, undeliverable
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult
 from watcher.hooks.hook import Hook, HookOptions, HookSet, assemble_hooks
 
 
@@ -95,14 +97,16 @@ def replay(
         tl = read_run(journal, metrics, on_record=deliver)
     answers, failures = deliver.hand.answers, deliver.failures
     run_goal = MetricGoal.parse(tl.keep_best) if tl.keep_best else None
-    out = RunBacktest(str(journal), tl.run_id, tl.status, tl.last_step, tl.stop_source)
+    best = tl.fold.summary().best_checkpoint  # the run as it happened: status's answer
+    out = RunBacktest(str(journal), tl.run_id, tl.status, tl.last_step, tl.stop_source, best)
     for i, (p, _) in enumerate(made):
         stop = judge_stop(tl, p, answers.get(i, []), goal or run_goal or policy_goal(p))
         stop.failures = failures.get(i, [])
         out.stops.append(stop)
+    story = retention_story(tl) if retention else []  # the run's rotations, read once
     for keep_last_n, keep_best in retention:
         n = keep_last_n if keep_last_n is not None else tl.keep_last_n
-        out.retention.append(judge_retention(tl, n, keep_best or tl.keep_best))
+        out.retention.append(judge_retention(tl, n, keep_best or tl.keep_best, story))
     return out
 
 
@@ -113,8 +117,9 @@ def _builtin_hooks(p: StopPolicy) -> HookSet:
 
 class Replayer:
     """Each record to the hooks of its event, in journal order, through the watcher's
-    executor (call it with each record; close it after the last); keeps each policy's
-    answers (``hand.answers``) and its failed deliveries (``failures``: one line each)."""
+    dispatch and executor (call it with each record; close it after the last); keeps each
+    policy's answers (``hand.answers``) and its failed deliveries (``failures``: one line
+    each)."""
 
     def __init__(self, journal: Path, sets: list[HookSet | None]) -> None:
         self.hand = WouldHaveHandBack(str(journal.parent))
@@ -123,33 +128,38 @@ class Replayer:
             files=None,
             control_source="backtest",
             stop=threading.Event(),
-            checkpoints=cast(Any, _NoRemovals()),
+            checkpoints=_NoRemovals(),
+            handback=self.hand,
         )
-        self.ex.handback = self.hand
-        self.routes: dict[str, list[Hook]] = {}
+        hooks: list[Hook] = []
         for i, hs in enumerate(sets):
             if hs is None:
                 continue
-            for obj in hs.stateful:  # a watcher that starts at the beginning: no history
-                obj.restore_state([])
-            for hook in hs.hooks:
-                self.routes.setdefault(hook.event, []).append(hook)
-                self.hand.owner[id(hook)] = i
+            for shape in hs.stateful:  # a watcher that starts at the beginning: no history
+                if shape.restore_state is not None:
+                    shape.restore_state([])
+            hooks += hs.hooks
+            self.hand.owner.update((id(hook), i) for hook in hs.hooks)
+        # every record, none leased or completed before; a malformed one goes to no hook
+        # without a word (the watcher says it)
+        self.dispatch = Dispatcher(hooks, notice=lambda line: None)
+        self._events = self.dispatch.events
+        self._runs = [self.ex.lane_runner(lane).deliver for lane in self.dispatch.lanes]
         self.failures: dict[int, list[str]] = {}
         self._batch = Batch(0, 0, 0, 0)
 
     def __call__(self, rec: dict[str, Any]) -> None:
         ev = rec.get("event")
-        hooks = self.routes.get(ev) if type(ev) is str else None
-        if not hooks or undeliverable(rec):
-            return
-        prefix = f"{rec.get('run_id', '')}-{rec['seq']}-"
-        for hook in hooks:
-            res = self.ex.deliver(Delivery(hook, rec, self._batch, prefix + hook.short_id))
-            if res is not None and res.status not in ("ok", "skipped"):
-                self.failures.setdefault(self.hand.owner[id(hook)], []).append(
-                    f"{hook.label} on seq {rec['seq']}: {res.error}"
-                )
+        if type(ev) is not str or ev not in self._events:
+            return  # most records: no policy hooks their event
+        for lane, todo in self.dispatch.route([rec], self._batch)[0].items():
+            run = self._runs[lane]
+            for d in todo:
+                res = run(d)
+                if res is not None and res.status not in ("ok", "skipped"):
+                    self.failures.setdefault(self.hand.owner[id(d.hook)], []).append(
+                        f"{d.hook.label} on seq {rec['seq']}: {res.error}"
+                    )
 
     def __enter__(self) -> Replayer:
         return self

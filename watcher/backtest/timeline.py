@@ -1,16 +1,18 @@
 """One pass over a journal: the step boundaries of its current run a stop can fall on, the
 values of the metrics the policies judge by and when each was known, the records that
-decide the best checkpoint; each record of the run handed to the replay as it is read.
+decide the best checkpoint and retention; the run's one fold (:class:`RunFold`: its status,
+who stopped it, its checkpoints' fates); each record of the run handed to the replay as it
+is read.
 
 Memory is bounded by what the policies need, not by the journal: a step boundary is four
 numbers in arrays, a ``log`` record is kept only as the values of the metrics asked for;
-only ``evaluate``, ``report`` and ``save`` records (one per eval or save) are kept whole.
+only ``evaluate``, ``report``, ``save``, ``checkpoint_removed``, ``train_begin`` and
+``train_end`` records (one per eval, save, removal or attempt) are kept whole.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,12 +23,13 @@ import orjson
 
 from journal.read.lines import LongLine, lines_backwards
 from journal.read.reader import iter_batches, record_problem
-from journal.views.best import MetricGoal
-from journal.views.stops import ending
+from journal.views.fold import RunFold
 
-_ENDS = ("stop", "abort")
-#: Records kept whole: what the best checkpoint and reported metrics are folded from.
-_KEPT = frozenset({"evaluate", "report", "save"})
+#: Records kept whole: what the best checkpoint, reported metrics and retention come from.
+_KEPT = frozenset({"evaluate", "report", "save", "checkpoint_removed"})
+#: Records the run's fold is fed besides those (not the per-step ones: they are the most,
+#: and status, the stop's source and the checkpoints do not need them).
+_FOLDED = _KEPT | {"train_begin", "train_end", "control", "job", "checkpoint_kept"}
 _NO_RUN = object()  # the run id of an empty journal
 
 
@@ -75,12 +78,15 @@ class Timeline:
     end_ts: float | None = None
     end_samples: int = 0
     last_step: int = 0
-    status: str = "running"
-    stop_source: str | None = None
+    status: str = "running"  # the fold's state of the run (status's)
+    stop_source: str | None = None  # the fold's: who stopped it
     keep_best: str | None = None
     keep_last_n: int | None = None
-    #: the records kept whole, in journal order (evaluate, report, save)
+    #: the records kept whole, in journal order (evaluate, report, save, checkpoint_removed,
+    #: train_begin, train_end)
     metric_records: list[dict[str, Any]] = field(default_factory=list)
+    #: the run as it happened, folded as every view folds it (status, checkpoints, best)
+    fold: RunFold = field(default_factory=RunFold)
     #: the metrics gathered from ``log`` records (see :func:`read_run`)
     log_metrics: set[str] = field(default_factory=set)
     _logged: dict[str, Boundaries] = field(default_factory=dict)  # (ts, seq, step, value)
@@ -125,13 +131,13 @@ def read_run(
     ``evaluate``/``report``/``save`` records. ``on_record`` gets each record of the run in
     journal order as it is read (the replay's deliveries): none is kept for later."""
     run_id = current_run_id(journal)
-    tl = Timeline(run_id=None if run_id is _NO_RUN else run_id)
+    tl = Timeline(run_id=None if run_id is _NO_RUN else run_id, fold=RunFold(journal.parent))
+    fold = tl.fold
     wanted = tl.log_metrics
     wanted.update(metrics)
     logged = tl._logged
     logs = Boundaries()  # a bridge's journal without step_end: its log records
     tokens, n_logged = 0, 0
-    enders: dict[str, str | None] = {}
     kept, ends = tl.metric_records, tl.boundaries
     last = 0
     started = False
@@ -159,31 +165,26 @@ def read_run(
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
                         col = logged.get(name) or logged.setdefault(name, Boundaries("d"))
                         col.add(ts, seq, int(step or 0), float(v))
-            elif ev in _KEPT:
-                kept.append(rec)
-                if ev != "report" and rec.get("step", 0) > last:
-                    last = rec.get("step", 0)
-            elif ev == "train_begin":
-                config = (rec.get("data") or {}).get("config") or {}
-                kb = config.get("keep_best")
-                tl.keep_best = kb if isinstance(kb, str) else None
-                if tl.keep_best:  # the run's own goal: its log values from here on too
-                    with contextlib.suppress(ValueError):  # judged as the replay judges it
-                        wanted.add(MetricGoal.parse(tl.keep_best).metric)
-                n = config.get("keep_last_n")
-                tl.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
-            elif ev == "control":
-                data = rec.get("data") or {}
-                if data.get("accepted") and data.get("command") in _ENDS:
-                    enders[str(data.get("id"))] = data.get("source")
-            elif ev == "train_end":
-                data = rec.get("data") or {}
-                tl.status = str(data.get("status"))
-                tl.stop_source = ending(data, enders)[0]
-                tl.end_ts = rec.get("ts")
-                last = max(last, rec.get("step", 0))
+            elif ev in _FOLDED:
+                fold.add(rec)
+                if ev in _KEPT:
+                    kept.append(rec)
+                    if ev not in ("report", "checkpoint_removed") and rec.get("step", 0) > last:
+                        last = rec.get("step", 0)
+                elif ev == "train_begin":
+                    kept.append(rec)
+                    goal = fold.keep_best()
+                    if goal is not None:  # the run's own goal: its log values from here on
+                        wanted.add(goal.metric)
+                elif ev == "train_end":
+                    kept.append(rec)
+                    tl.end_ts = rec.get("ts")
+                    last = max(last, rec.get("step", 0))
             if on_record is not None:
                 on_record(rec)
+    s = fold.summary()  # status's answer: the state, who stopped it, the run's retention
+    tl.status, tl.stop_source = s.state, s.stop_source
+    tl.keep_best, tl.keep_last_n = s.keep_best, s.keep_last_n
     if not tl.boundaries:
         tl.boundaries = logs
     tl.boundaries.sort()

@@ -17,7 +17,7 @@ step): our :class:`journal.Control` returned by a hook, and a hub callback's
 as their trainers ignore them, except ``Control.stop`` without its ``()``, which fails the
 delivery saying so; an ``async def`` hook is run to its end, as instructlab-training awaits
 it. A command asked for at ``on_train_end`` cannot be applied: it is journaled as rejected
-(watcher.engine.execute), not left in ``control/``.
+(watcher.engine.handback), not left in ``control/``.
 
 Neither package is imported here until an object of theirs is given (its module is then
 loaded already): the watcher does not depend on them.
@@ -299,7 +299,8 @@ class ForeignCallback:
             self.state.fold(Event.from_record(rec, "", ""))
 
     def __getattr__(self, name: str) -> Any:
-        # on_<event> for every event: hooked_methods reads only subscribed_events
+        # on_<event> for every subscribed event: the watcher reads the callback contract
+        # once (watcher.hooks.contract.read_callback), asking only for subscribed_events
         if name.startswith("on_") and name[3:] in self.__dict__.get("subscribed_events", ()):
             return self.handle
         raise AttributeError(name)

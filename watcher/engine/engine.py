@@ -7,11 +7,13 @@ per other hook. Delivery is at-least-once per (event, hook): the cursor only mov
 record once every delivery of it has completed (or was coalesced away by a ``latest``
 queue), and completed deliveries are remembered so a restart does not repeat them.
 
-The parts, in the order a record meets them: :mod:`watcher.engine.follow` (start position, reading,
-replaced journals), dispatch (here), :mod:`watcher.engine.queues` (per-object and per-hook queues),
-:mod:`watcher.engine.execute` (running commands and callables), :mod:`watcher.engine.completion` (results
-and the cursor). :mod:`watcher.engine.leasing` keeps the checkpoints of save deliveries from
-dispatch to completion. Each part is handed the parts after it, never a way back.
+The parts, in the order a record meets them: :mod:`watcher.engine.follow` (start position,
+reading, replaced journals), :mod:`watcher.engine.dispatch` (records to deliveries per lane,
+shared with the backtest), :mod:`watcher.engine.queues` (a queue per lane: per object and per
+hook), :mod:`watcher.engine.execute` (a runner per kind: commands, callables, scheduler jobs),
+:mod:`watcher.engine.completion` (results and the cursor). :mod:`watcher.engine.leasing` keeps
+the checkpoints of save deliveries from dispatch to completion. Each part is handed the parts
+after it, never a way back.
 """
 
 from __future__ import annotations
@@ -27,23 +29,18 @@ from journal.rundir.safety import UnsafeRunDir
 from journal.views.query import ended_before
 from watcher.engine.completion import Completions, Reporter
 from watcher.engine.cursor import Cursor, CursorLock, CursorState
+from watcher.engine.dispatch import Dispatcher
 from watcher.engine.execute import Executor
 from watcher.engine.follow import JournalFollower, RunProgress, StartAt
 from watcher.engine.jobs import JobRunners
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.notices import Notices
-from watcher.engine.queues import HookQueue, lanes
+from watcher.engine.queues import HookQueue
 from watcher.engine.statedir import StateFiles
 from watcher.hooks.callbacks import CommandTarget, callable_name
 from watcher.hooks.command import end_leftovers
-from watcher.hooks.delivery import (
-    ENVELOPE,
-    Batch,
-    Delivery,
-    DeliveryResult,
-    state_write_failed,
-    undeliverable,
-)
+from watcher.hooks.contract import CallbackShape
+from watcher.hooks.delivery import Batch, DeliveryResult, state_write_failed
 from watcher.hooks.hook import Hook
 
 log = logging.getLogger("watcher")
@@ -74,8 +71,9 @@ class Watcher:
         poll: poll every ``poll`` seconds instead of using filesystem events.
         persist_cursor: save the cursor in ``state_dir`` (the embedded watcher does not).
         reporter: called with each finished delivery's result (not for coalesced ones).
-        stateful_callbacks: objects whose ``restore_state(records)`` is called once with the
-            records before the start position, so they rebuild counters and best values.
+        stateful_callbacks: callback objects (as read: ``HookSet.stateful``) whose
+            ``restore_state(records)`` is called once with the records before the start
+            position, so they rebuild counters and best values.
         control_source: the ``source`` of control commands that callables return.
         lease_ttl: seconds a save delivery's checkpoint lease lives without renewal (it is
             renewed while the delivery is queued or running, and released after it).
@@ -95,7 +93,7 @@ class Watcher:
         poll: float | None = None,
         persist_cursor: bool = True,
         reporter: Reporter | None = None,
-        stateful_callbacks: list[Any] | None = None,
+        stateful_callbacks: list[CallbackShape] | None = None,
         control_source: str | None = None,
         lease_ttl: float = DEFAULT_TTL_S,
         jobs: JobRunners | None = None,
@@ -143,20 +141,21 @@ class Watcher:
             waker=self._follower.waker,
             notice=self._notices,
         )
-        # one queue per callback object (its methods in journal order) or per lone hook
-        self._queues: dict[int, HookQueue] = {}
-        for lane in lanes(hooks):
-            queue = HookQueue(
-                lane, self._executor.deliver, self.completions.complete_many, notice=self._notices
+        # records -> deliveries per lane, a save's checkpoint leased per delivery
+        self._dispatcher = Dispatcher(
+            hooks, lease_for=self._checkpoints.lease_for, notice=self._notices
+        )
+        # one queue per lane (a callback object, its methods in journal order, or a lone
+        # hook), handed the runner of its hooks' kind once
+        self._queues = [
+            HookQueue(
+                lane,
+                self._executor.lane_runner(lane).deliver,
+                self.completions.complete_many,
+                notice=self._notices,
             )
-            self._queues.update((id(h), queue) for h in lane)
-        # event -> its hooks, each with the key of its queue (the dispatch loop's table)
-        self._routes: dict[str, list[tuple[Hook, int]]] = {}
-        for hook in hooks:
-            self._routes.setdefault(hook.event, []).append((hook, id(self._queues[id(hook)])))
-        # what a saved cursor says completed (per hook id), up to which seq
-        self._done_before: dict[str, set[int]] = {}
-        self._done_max = -1
+            for lane in self._dispatcher.lanes
+        ]
 
     def count(self, status: str) -> int:
         """Finished deliveries with ``status`` (ok, failed, skipped, coalesced, ...)."""
@@ -265,10 +264,7 @@ class Watcher:
         return (self._run.ended or final) and self._idle()
 
     def _idle(self) -> bool:
-        return all(q.idle() for q in self._distinct_queues())
-
-    def _distinct_queues(self) -> list[HookQueue]:
-        return list({id(q): q for q in self._queues.values()}.values())
+        return all(q.idle() for q in self._queues)
 
     def _begin(self) -> None:
         files = self._executor.files
@@ -288,16 +284,17 @@ class Watcher:
         self._run.ended = ended_before(self.journal, self._follower.position[0])
         if self.stateful_callbacks:
             history = self._follower.history()
-            for obj in self.stateful_callbacks:
+            for shape in self.stateful_callbacks:
+                if shape.restore_state is None:
+                    continue
                 try:
-                    obj.restore_state(history)
+                    shape.restore_state(history)
                 except Exception:
-                    log.exception("restore_state() of %s failed", callable_name(obj))
+                    log.exception("restore_state() of %s failed", callable_name(shape.obj))
 
     def _remember_done(self, state: CursorState) -> None:
         """The deliveries a saved cursor says completed: not made again."""
-        self._done_before = {k: set(v) for k, v in state.done.items()}
-        self._done_max = max((max(v) for v in state.done.values() if v), default=-1)
+        self._dispatcher.remember_done(state.done)
 
     def _check_identity(self) -> None:
         what = self._follower.check_identity()
@@ -314,46 +311,22 @@ class Watcher:
     def _dispatch(
         self, records: list[dict[str, Any]], start: tuple[int, int], end: tuple[int, int]
     ) -> None:
-        """Turn the records read together into deliveries, handed to each queue at once.
-        Per record only dict lookups: this loop runs for every record of a replay."""
+        """Turn the records read together into deliveries, handed to each queue at once."""
         self._checkpoints.note_removals(records)
         self._executor.note_records(records)  # a report of a hook refused: said
-        routes = self._routes
-        done_before, done_max = self._done_before, self._done_max
         batch = Batch(*start, records[0]["seq"], 0)  # its deliveries are counted below
-        per_queue: dict[int, list[Delivery]] = {}
-        for rec in records:
-            ev = rec.get("event")
-            if ev == "train_end":
-                self._run.ended = True
-            elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
-                self._run.ended = False
-            hooks = routes.get(ev) if type(ev) is str else None
-            if not hooks:
-                continue
-            if (ev == "save" or not rec.keys() >= ENVELOPE) and (why := undeliverable(rec)):
-                self._notices(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
-                continue  # e.g. a save appended by hand
-            seq = rec["seq"]
-            prefix = f"{rec.get('run_id', '')}-{seq}-"
-            for hook, queue_key in hooks:
-                if seq <= done_max and seq in done_before.get(hook.id, ()):
-                    continue  # completed before a restart
-                # a save's checkpoint is leased per delivery, released as each completes
-                lease = self._checkpoints.lease_for(rec) if ev == "save" else None
-                todo = per_queue.get(queue_key)
-                if todo is None:
-                    todo = per_queue[queue_key] = []
-                todo.append(Delivery(hook, rec, batch, prefix + hook.short_id, lease))
-        batch.pending = sum(map(len, per_queue.values()))
+        per_lane, ended = self._dispatcher.route(records, batch)
+        if ended is not None:
+            self._run.ended = ended
+        batch.pending = sum(map(len, per_lane.values()))
         self.completions.open_batch(batch, end)
-        for queue in self._distinct_queues():
-            if todo := per_queue.get(id(queue)):
+        for lane, queue in enumerate(self._queues):
+            if todo := per_lane.get(lane):
                 queue.submit_many(todo)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()
-        for queue in self._distinct_queues():
+        for queue in self._queues:
             for d in queue.close():
                 self.completions.complete(
                     d, DeliveryResult.of(d, "abandoned", error="watcher stopped")

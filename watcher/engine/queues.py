@@ -8,13 +8,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from watcher.hooks.callbacks import CommandTarget
 from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
 from watcher.hooks.hook import Hook
 
-#: Runs one delivery: its result, or None for a callable's plain success (watcher.engine.execute).
+#: Runs one delivery (a runner's ``deliver``, watcher.engine.attempts.Runner): its result,
+#: or None for a callable's plain success.
 Deliver = Callable[[Delivery], DeliveryResult | None]
 #: A delivery a worker ran, with its result (None: a callable's plain success).
 Finished = tuple[Delivery, DeliveryResult | None]
@@ -32,7 +32,7 @@ log = logging.getLogger("watcher")
 class HookQueue:
     """Pending deliveries of one lane and the threads that run them.
 
-    A lane is every hook of one callback object (``Hook.owner``), or one lone hook. The
+    A lane is every hook of one callback object (``Hook.owner``, its shape), or one lone hook. The
     methods of one object share one queue and one worker thread, so they are called one at
     a time in journal order: ``on_train_end`` comes after every earlier record the object
     subscribes to, and a slow method delays only that object's later calls. A lone hook has
@@ -72,8 +72,7 @@ class HookQueue:
         workers = 1 if first.owner is not None else max(1, first.options.concurrency)
         commands = any(isinstance(h.target, CommandTarget) for h in hooks)
         self._take = 1 if commands or workers > 1 else TAKE_MAX
-        after = getattr(first.owner, "after_deliveries", None) if first.owner is not None else None
-        self._after: Callable[[], Any] | None = after if callable(after) else None
+        self._after = first.owner.after_deliveries if first.owner is not None else None
         self._threads = [
             threading.Thread(target=self._work, name=f"hook-{first.short_id}-{i}", daemon=True)
             for i in range(workers)

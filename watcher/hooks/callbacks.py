@@ -20,7 +20,7 @@ from typing import Any
 
 from journal.channels.control import Control
 from journal.channels.reports import Report
-from journal.record.events import ENVELOPE_FIELDS, EVENTS
+from journal.record.events import ENVELOPE_FIELDS
 from journal.record.schema import PAYLOAD_MODELS
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -225,22 +225,6 @@ def returned_actions(returned: Any) -> list[Control | Report]:
             "list of them"
         )
     return items
-
-
-def hooked_methods(obj: Any) -> dict[str, Any]:
-    """``{event: bound method}`` for the ``on_<event>`` methods an object really implements
-    (limited to ``obj.subscribed_events`` when it has that attribute)."""
-    out = {}
-    only = getattr(obj, "subscribed_events", None)
-    for event in EVENTS if only is None else [e for e in EVENTS if e in only]:
-        meth = getattr(obj, f"on_{event}", None)
-        if meth is None or not callable(meth):
-            continue
-        base = getattr(TrainerCallback, f"on_{event}", None)
-        if base is not None and getattr(meth, "__func__", None) is base:
-            continue  # the inherited no-op
-        out[event] = meth
-    return out
 
 
 def callable_name(fn: Any) -> str:

@@ -17,8 +17,8 @@ from watcher.hooks.callbacks import (
     CommandTarget,
     callable_name,
     check_callable,
-    hooked_methods,
 )
+from watcher.hooks.contract import CallbackShape, read_callback
 
 QueuePolicy = Literal["all", "latest"]
 #: Events that can fire many times a second: by default only the newest pending one runs.
@@ -54,9 +54,9 @@ class Hook:
     #: Reads records for context only (a built-in checking train_begin's configuration):
     #: left out of ilab-watch's default cursor name, which so stays what it was without it.
     context: bool = False
-    #: The callback object whose method this is (None for a command or a lone callable):
-    #: the hooks of one object share one ordered queue (watcher.engine.queues).
-    owner: Any = field(default=None, repr=False, compare=False)
+    #: The callback object whose method this is, as read once (None for a command or a
+    #: lone callable): the hooks of one object share one ordered queue (watcher.engine.queues).
+    owner: CallbackShape | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -99,36 +99,45 @@ def hook_for(event: str, spec: Any, options: HookOptions, *, shell: bool = False
 def hooks_for_object(
     obj: Any, options_for: Callable[[str], HookOptions], *, every_record: bool = False
 ) -> list[Hook]:
-    """One hook per ``on_<event>`` method the object implements (class-based callbacks);
-    events in its ``context_events`` make context hooks. The hooks name the object as their
-    ``owner``: the watcher calls its methods one at a time, in journal order. An object
-    with ``deliver_every_record`` true (or given ``every_record``: an exporter) gets every
-    record (no coalescing); one with a ``callback_label`` is named by it (an adapter, by
-    the object it runs)."""
-    methods = hooked_methods(obj)
-    if not methods:
-        raise CallbackSpecError(f"{callable_name(obj)} implements no on_<event> method")
-    name = getattr(obj, "callback_label", None) or callable_name(type(obj))
-    context = set(getattr(obj, "context_events", ()))
-    every = every_record or bool(getattr(obj, "deliver_every_record", False))
+    """One hook per ``on_<event>`` method the object implements (class-based callbacks),
+    read once against the callback contract (:func:`~watcher.hooks.contract.read_callback`):
+    events in its ``context_events`` make context hooks, ``deliver_every_record`` (or
+    ``every_record``: an exporter) gets every record (no coalescing), a ``callback_label``
+    names the hooks (an adapter, by the object it runs). The hooks name the object's shape
+    as their ``owner``: the watcher calls its methods one at a time, in journal order."""
+    return hooks_for_shape(read_callback(obj, every_record=every_record), options_for)
+
+
+def hooks_for_shape(shape: CallbackShape, options_for: Callable[[str], HookOptions]) -> list[Hook]:
+    """The hooks of a callback object already read (see :func:`hooks_for_object`)."""
+    if not shape.methods:
+        raise CallbackSpecError(f"{callable_name(shape.obj)} implements no on_<event> method")
 
     def options(ev: str) -> HookOptions:
         opts = options_for(ev)
-        return dataclasses.replace(opts, queue="all") if every else opts
+        return dataclasses.replace(opts, queue="all") if shape.every_record else opts
 
     return [
-        Hook(ev, meth, options(ev), label=f"{name}.on_{ev}", context=ev in context, owner=obj)
-        for ev, meth in methods.items()
+        Hook(
+            ev,
+            meth,
+            options(ev),
+            label=f"{shape.label}.on_{ev}",
+            context=ev in shape.context_events,
+            owner=shape,
+        )
+        for ev, meth in shape.methods.items()
     ]
 
 
 @dataclass(frozen=True)
 class HookSet:
     """A watcher's hooks (:func:`assemble_hooks`), with the callback objects whose
-    ``restore_state(records)`` it calls before delivering and the exporters it closes."""
+    ``restore_state(records)`` it calls before delivering (each one's shape, whose
+    ``restore_state`` is set) and the exporters it closes."""
 
     hooks: list[Hook]
-    stateful: list[Any]
+    stateful: list[CallbackShape]
     exporters: list[Any]
 
 
@@ -153,9 +162,10 @@ def assemble_hooks(
     made = list(objects)
     stateful = []
     for obj in made:
-        hooks.extend(hooks_for_object(obj, options_for))
-        if callable(getattr(obj, "restore_state", None)):
-            stateful.append(obj)
+        shape = read_callback(obj)
+        hooks.extend(hooks_for_shape(shape, options_for))
+        if shape.restore_state is not None:
+            stateful.append(shape)
     trackers = list(exporters)
     for exporter in trackers:
         hooks.extend(hooks_for_object(exporter, options_for, every_record=True))
