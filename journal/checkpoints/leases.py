@@ -24,7 +24,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,11 +209,7 @@ def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: fl
     ttl = check_ttl(ttl)
     now = time.time()
     out = []
-    for path in _files(ckpt_dir):
-        try:
-            expires, obj = _lease(path)
-        except (FileNotFoundError, RejectedFile):
-            continue
+    for path, expires, obj in _leases(ckpt_dir):
         if obj.get("holder") != holder:
             continue
         lease_id, checkpoint = obj.get("id"), obj.get("checkpoint")
@@ -232,6 +228,17 @@ def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: fl
 
 def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return json_files(leases_dir(ckpt_dir))
+
+
+def _leases(ckpt_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, float, dict[str, Any]]]:
+    """Each lease file with when it ends and what it holds; files that are not leases (and
+    ones released meanwhile) are skipped, left where they are."""
+    for path in _files(ckpt_dir):
+        try:
+            expires, obj = _lease(path)
+        except (FileNotFoundError, RejectedFile):
+            continue
+        yield path, expires, obj
 
 
 def _lease(path: Path) -> tuple[float, dict[str, Any]]:
@@ -322,11 +329,7 @@ def active(ckpt_dir: str | os.PathLike[str], now: float | None = None) -> list[L
     skipped (and left alone: rotation moves them aside)."""
     now = time.time() if now is None else now
     out = []
-    for path in _files(ckpt_dir):
-        try:
-            expires, obj = _lease(path)
-        except (FileNotFoundError, RejectedFile):
-            continue
+    for _, expires, obj in _leases(ckpt_dir):
         if expires > now:
             ttl = obj.get("ttl")
             out.append(
