@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
-from journal.read.lines import MAX_LINE_BYTES, LongLine, lines_backwards
-from journal.read.reader import end_of_complete_lines, iter_events, last_record
+from journal.read.lines import MAX_LINE_BYTES, LongLine, last_record, lines_backwards
+from journal.read.reader import end_of_complete_lines, iter_events
 from tests.helpers import cli, write_run
 
 MB = 1 << 20

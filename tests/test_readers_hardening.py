@@ -164,6 +164,28 @@ def test_the_type_rules_reject_only_what_the_schema_rejects() -> None:
             assert not schema_accepts(bad), name
 
 
+def test_the_envelope_is_named_alike_everywhere_and_what_hooks_need_is_required() -> None:
+    """fields.py (the readers' rules), record.py (the typed record and its defaults),
+    events.py and schema.py (validate's) name the same envelope; a field a reader fills with
+    a value that means nothing (None) and a payload field a record cannot be acted on
+    without are ones the schema requires."""
+    from journal.record.events import ENVELOPE_FIELDS
+    from journal.record.fields import ENVELOPE_TYPES, NEEDED, UNDEFAULTED
+    from journal.record.record import ENVELOPE_DEFAULTS
+    from journal.record.record import Record as Typed
+    from journal.record.schema import PAYLOAD_MODELS, Record
+
+    envelope = {"seq", "event", "data", *ENVELOPE_TYPES}
+    assert envelope == set(ENVELOPE_FIELDS) == set(Record.model_fields)
+    assert envelope == set(Typed.__annotations__)
+    assert set(ENVELOPE_DEFAULTS) == set(ENVELOPE_TYPES)
+    required = {n for n, info in Record.model_fields.items() if info.is_required()}
+    assert set(UNDEFAULTED) <= required
+    for event, names in NEEDED.items():
+        fields = PAYLOAD_MODELS[event].model_fields
+        assert all(fields[n].is_required() for n in names), event
+
+
 def test_text_from_records_is_shown_never_interpreted(ckpt: Path) -> None:
     """Markup-like text and terminal escapes in a record are printed as text: show does not
     fail on '[/wiki/run]', '[bold]' is not eaten, ESC never reaches the terminal."""

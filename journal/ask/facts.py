@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.read.reader import iter_events
+from journal.record.record import Record
 from journal.views.fold import RunFold
 from journal.views.summary import RunSummary
 
@@ -41,25 +42,25 @@ class FactFolder:
         self.values: dict[str, MetricValues] = {m: MetricValues() for m in metrics}
         self._run: str | None = None
 
-    def add_batch(self, records: list[dict[str, Any]]) -> None:
+    def add_batch(self, records: list[Record]) -> None:
         add, metrics = self.fold.add, self.metrics
         for rec in records:
             add(rec)
             if metrics:
                 self.add_values(rec)
 
-    def add_values(self, rec: dict[str, Any]) -> None:
+    def add_values(self, rec: Record) -> None:
         """Fold one record's values of the named metrics (the summary is not touched)."""
-        event = rec.get("event")
-        if event == "train_begin" and rec.get("run_id") != self._run:
-            self._run = rec.get("run_id")  # a new run: its metrics only (a resume keeps them)
+        event = rec["event"]
+        if event == "train_begin" and rec["run_id"] != self._run:
+            self._run = rec["run_id"]  # a new run: its metrics only (a resume keeps them)
             self.values = {m: MetricValues() for m in self.metrics}
         if event == "report":
-            got = (rec.get("data") or {}).get("metrics")
+            got = rec["data"].get("metrics")
             if isinstance(got, dict):
                 self._take(got, report=True)
         elif event in _RECORD_METRICS:
-            self._take(rec.get("data") or {}, report=False)
+            self._take(rec["data"], report=False)
 
     def _take(self, data: dict[str, Any], *, report: bool) -> None:
         for m in self.metrics:
@@ -108,11 +109,11 @@ def known_metrics(path: Path, keep_best: str | None = None) -> set[str]:
     names: set[str] = set()
     run: str | None = None
     for rec in iter_events(path, {"train_begin", "report", *_RECORD_METRICS}):
-        event = rec.get("event")
-        data = rec.get("data") or {}
+        event = rec["event"]
+        data: Any = rec["data"]
         if event == "train_begin":
-            if rec.get("run_id") != run:  # a new run: its metrics only, as FactFolder
-                run, names = rec.get("run_id"), set()
+            if rec["run_id"] != run:  # a new run: its metrics only, as FactFolder
+                run, names = rec["run_id"], set()
             continue
         if event == "report":
             data = data.get("metrics") if isinstance(data, dict) else None

@@ -17,6 +17,7 @@ from journal.channels.jobs import FINAL_JOB_STATES
 from journal.checkpoints.leases import expiries
 from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
+from journal.record.record import Record
 from journal.rundir.lock import run_holder
 from journal.store import follow
 from journal.views.index import Folded, fold, load
@@ -66,12 +67,12 @@ class RunReading:
             if metrics:
                 self.folder.add_values(rec)
 
-    def _note(self, rec: dict[str, Any]) -> None:
-        event = rec.get("event")
+    def _note(self, rec: Record) -> None:
+        event = rec["event"]
         if event == "job":
-            self._job(rec.get("data") or {})
+            self._job(rec["data"])
         elif event == "save":
-            path = (rec.get("data") or {}).get("checkpoint_path")
+            path = rec["data"].get("checkpoint_path")
             if isinstance(path, str):
                 self.checkpoints.add(Path(path).name)
 

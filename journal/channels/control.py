@@ -233,15 +233,15 @@ class _Seen:
     def read(self, reader: RotatingReader) -> Verdict | None:
         """The verdict among the records the journal gained, if there."""
         for rec in reader.read().records:
-            event = rec.get("event")
+            event = rec["event"]
             if event not in AFTER_END_EVENTS:
                 self.ended = event == "train_end"
-            data = rec.get("data") or {}
+            data = rec["data"]
             if event == "control" and data.get("id") == self.command_id:
                 outcome: Literal["applied", "rejected"] = (
                     "applied" if data.get("accepted") is True else "rejected"
                 )
-                return Verdict(outcome, data, rec.get("step"))
+                return Verdict(outcome, data, rec["step"])
         return None
 
 

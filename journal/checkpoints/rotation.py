@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.checkpoints import leases
-from journal.read.reader import last_record
+from journal.read.lines import last_record
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
     DCP_METADATA_NAME,
@@ -256,9 +256,9 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
 
     ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
     begin = find_last(journal_path(ckpt_dir), "train_begin")
-    config = ((begin or {}).get("data") or {}).get("config") or {}
+    config = (begin["data"].get("config") if begin else None) or {}
     keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
-    run_id = (begin or {}).get("run_id")
+    run_id = begin["run_id"] if begin else None
     if not isinstance(run_id, str) or not isinstance(keep_last_n, int):
         return []
     if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:

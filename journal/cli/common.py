@@ -11,6 +11,7 @@ import click
 import orjson
 
 from journal.record.numbers import parse_number, shown_value
+from journal.record.record import Record
 from journal.rundir.paths import JournalNotFound
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def dumps(obj: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
-def scan(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[InvalidLine]]]:
+def scan(path: Path) -> Iterator[tuple[list[Record], list[InvalidLine]]]:
     from journal.read.reader import iter_batches  # the reader only for the commands that scan
 
     for batch in iter_batches(path, final=True):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journal.record.events import EVENTS
+from journal.record.record import Record
 from journal.record.text import printable
 from journal.rundir.lock import describe
 
@@ -88,7 +89,7 @@ def _report_digest(data: dict[str, Any], width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_records_table(records: Iterable[dict[str, Any]]) -> None:
+def print_records_table(records: Iterable[Record]) -> None:
     """``ilab-journal show``: one row per record (rich; failed train_end in red)."""
     from rich.console import Console
     from rich.table import Table
@@ -106,16 +107,16 @@ def print_records_table(records: Iterable[dict[str, Any]]) -> None:
     ):
         table.add_column(col, justify="right" if just == "right" else "left", no_wrap=col != "data")
     for rec in records:
-        event = str(rec.get("event"))
-        failed = event == "train_end" and (rec.get("data") or {}).get("status") == "failed"
+        event, data = rec["event"], rec["data"]
+        failed = event == "train_end" and data.get("status") == "failed"
         cells = (
-            str(rec.get("seq")),
-            fmt_ts(rec.get("ts")),
-            str(rec.get("attempt", "")),
-            str(rec.get("step", "")),
-            str(rec.get("epoch", "")),
+            str(rec["seq"]),
+            fmt_ts(rec["ts"]),
+            str(rec["attempt"]),
+            str(rec["step"]),
+            str(rec["epoch"]),
             event,
-            summarize_data(event, rec.get("data") or {}),
+            summarize_data(event, data),
         )
         table.add_row(*(Text(printable(c)) for c in cells), style="red" if failed else None)
     console = Console()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -15,6 +15,7 @@ import orjson
 from journal.cli.common import UserError, require_journal, scan
 from journal.cli.format import print_records_table
 from journal.record.events import EVENTS
+from journal.record.record import Record
 from journal.record.text import printable
 from journal.rundir.paths import resolve_journal
 
@@ -26,13 +27,13 @@ if TYPE_CHECKING:
 def show_all(path: Path, wanted: set[str], as_json: bool) -> None:
     """``show`` without --last/--since-step: every record (of ``wanted`` events, if any),
     each skipped line named on stderr."""
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     valid = 0
     skipped: list[InvalidLine] = []
     for records, bad in scan(path):
         valid += len(records)
         skipped.extend(bad)
-        out.extend(r for r in records if not wanted or r.get("event") in wanted)
+        out.extend(r for r in records if not wanted or r["event"] in wanted)
     require_journal(path, valid, len(skipped))
     for line in skipped:
         click.echo(f"warning: {path}:{line.line_no}: skipped: {line.reason}", err=True)
@@ -40,10 +41,10 @@ def show_all(path: Path, wanted: set[str], as_json: bool) -> None:
     print_records(out, as_json)
 
 
-def check_events(wanted: set[str] | tuple[str, ...], found: list[dict[str, Any]]) -> None:
+def check_events(wanted: set[str] | tuple[str, ...], found: list[Record]) -> None:
     """An event name that is not one of ours and matched no record is a typo: exit 2. (A
     name we do not know that the journal holds is a newer writer's event: shown.)"""
-    seen = {r.get("event") for r in found}
+    seen = {r["event"] for r in found}
     unknown = sorted(e for e in wanted if e not in EVENTS and e not in seen)
     if unknown:
         raise UserError(unknown_event(unknown[0]))
@@ -58,8 +59,9 @@ def unknown_event(name: str) -> str:
     return printable(f"unknown event {name!r}: {hint}events are {', '.join(EVENTS)}")
 
 
-def print_records(records: list[dict[str, Any]], as_json: bool) -> None:
-    """Records as JSONL (exactly as recorded) or as a table for people."""
+def print_records(records: list[Record], as_json: bool) -> None:
+    """Records as JSONL (as recorded, with the defaults of any envelope field a writer left
+    out: docs/journal-format.md, "Envelope") or as a table for people."""
     if as_json:
         w = sys.stdout.buffer
         for rec in records:

@@ -11,6 +11,7 @@ import orjson
 
 from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
+from journal.record.record import Record
 from journal.record.text import printable
 from journal.store import follow as follow_store
 from journal.views import index
@@ -19,12 +20,11 @@ from journal.views.query import last_records
 from journal.views.summary import STATE_EXIT_CODES, Summarizer
 
 
-def _line(rec: dict[str, Any]) -> str:
+def _line(rec: Record) -> str:
     """One record as one line of plain text (control characters shown, not obeyed)."""
-    ev = str(rec.get("event"))
+    ev = rec["event"]
     return printable(
-        f"{fmt_ts(rec.get('ts'))} step {rec.get('step', 0):>6} {ev:<22} "
-        f"{summarize_data(ev, rec.get('data') or {})}"
+        f"{fmt_ts(rec['ts'])} step {rec['step']:>6} {ev:<22} {summarize_data(ev, rec['data'])}"
     )
 
 
@@ -120,9 +120,9 @@ def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> i
             batch = reader.read()
             for rec in batch.records:
                 summ.add(rec)
-                ev = rec.get("event")
+                ev = rec["event"]
                 if ev == "log":
-                    tput["tokens_per_s"] = (rec.get("data") or {}).get("tokens_per_s")
+                    tput["tokens_per_s"] = rec["data"].get("tokens_per_s")
                 if ev in _SHOWN:
                     console.print(Text(_line(rec)))  # Text: never read as markup
             progress.update(

@@ -164,7 +164,8 @@ def report(
     if step is None:
         step = _default_step(checkpoint)
     begin = find_last(path, "train_begin")
-    keep_best = ((begin or {}).get("data") or {}).get("config", {}).get("keep_best")
+    config = (begin["data"].get("config") if begin else None) or {}
+    keep_best = config.get("keep_best")
     if keep_best:
         goal = MetricGoal.parse(keep_best)
         value = values.get(goal.metric)

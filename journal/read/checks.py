@@ -8,7 +8,9 @@ cost as much as parsing them. Here the same tables are turned, once at import, i
 straight-line code: the envelope fetched with one ``itemgetter`` call, each type tested
 inline, the payload rules of each event spelled out. It gives the same verdict as
 ``record_problem(o) is None`` for every record (tests/test_record_checks.py holds the two
-together), so a rule added to the tables is checked here too.
+together), so a rule added to the tables is checked here too. It changes no record: one
+that lacks an envelope field (a writer other than ours) and is valid all the same is put in
+``incomplete``, for the reader to complete (:func:`journal.record.record.complete`).
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ def _source() -> tuple[str, tuple[str, ...]]:
     env = tuple(ENVELOPE_TYPES)
     names = ("seq", "event", "data", *env)
     out = [
-        "def records_ok(objs):",
+        "def records_ok(objs, incomplete):",
         "    for o in objs:",
         "        try:",
         f"            {', '.join('_' + n for n in names)} = _envelope(o)",
         "        except Exception:  # not a dict, or a field absent: the general check",
         "            if _record_problem(o) is not None:",
         "                return False",
+        "            incomplete.append(o)  # valid, a field left out: the reader completes it",
         "            continue",
         "        if not (",
         "            type(_seq) is int and _seq >= 0 and type(_event) is str and type(_data) is dict",
@@ -75,7 +78,7 @@ def _source() -> tuple[str, tuple[str, ...]]:
     return "\n".join(out) + "\n", names
 
 
-def _compile() -> Callable[[list[Any]], bool]:
+def _compile() -> Callable[[list[Any], list[Any]], bool]:
     source, names = _source()
     namespace: dict[str, Any] = {
         "_envelope": itemgetter(*names),
@@ -84,19 +87,20 @@ def _compile() -> Callable[[list[Any]], bool]:
         "_RULED": frozenset(PAYLOAD_TYPES),
     }
     exec(compile(source, f"<{__name__}.records_ok>", "exec"), namespace)
-    fn: Callable[[list[Any]], bool] = namespace["records_ok"]
+    fn: Callable[[list[Any], list[Any]], bool] = namespace["records_ok"]
     fn.__doc__ = "Whether ``record_problem`` finds nothing in any of ``objs`` (module doc)."
     return fn
 
 
-_compiled: Callable[[list[Any]], bool] | None = None
+_compiled: Callable[[list[Any], list[Any]], bool] | None = None
 
 
-def records_ok(objs: list[Any]) -> bool:
-    """Whether ``record_problem`` finds nothing in any of ``objs`` (module doc). The check
+def records_ok(objs: list[Any], incomplete: list[Any] | None = None) -> bool:
+    """Whether ``record_problem`` finds nothing in any of ``objs`` (module doc); the valid
+    ones that lack an envelope field are appended to ``incomplete`` (when given). The check
     is compiled at its first use, not at import: ``status`` reads a few records and need
     not pay for it."""
     global _compiled
     if _compiled is None:
         _compiled = _compile()
-    return _compiled(objs)
+    return _compiled(objs, [] if incomplete is None else incomplete)

@@ -13,6 +13,9 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
+from typing import Any
+
+import orjson
 
 #: A line longer than this is invalid and is not loaded (records are a few KB at most).
 MAX_LINE_BYTES = 16 << 20
@@ -213,3 +216,22 @@ def next_line_start(fd: int, pos: int, size: int, block: int = 1 << 20) -> int:
             return pos + nl + 1
         pos += len(buf)
     return size
+
+
+def last_record(
+    path: str | os.PathLike[str], *, include_tail: bool = False
+) -> dict[str, Any] | None:
+    """The last parseable record, read backwards (O(1) in the file's size), as written: a
+    line that parses as an object with an integer seq (unchecked, not completed: the writer's
+    next seq, rotation's run). With ``include_tail`` a torn final fragment counts if it
+    parses (the writer terminates it and must not repeat its seq)."""
+    for _, line in lines_backwards(path, block=64 * 1024, include_tail=include_tail):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
+            return obj
+    return None

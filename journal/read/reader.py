@@ -5,7 +5,8 @@ being written: the reader stops before it and reports the offset to resume from,
 caller says the file is finished (then the fragment is reported as an invalid line). Invalid
 lines (not JSON, not a record, fields of the wrong type: journal/record/fields.py, longer than
 :data:`~journal.read.lines.MAX_LINE_BYTES`) are reported with their line number and skipped;
-reading never stops on them, and costs time linear in the bytes read.
+reading never stops on them, and costs time linear in the bytes read. Records come out complete
+(journal/record/record.py: an envelope field left out has its default), unless ``as_written``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from journal.read.lines import (
 )
 from journal.record.events import SCHEMA_VERSION
 from journal.record.fields import record_problem
+from journal.record.record import Record, complete
 
 __all__ = ["LongLine", "lines_backwards", "record_problem"]  # re-exported: used from here
 
@@ -60,12 +62,13 @@ class InvalidLine:
 class ReadBatch:
     """What one :meth:`JournalReader.read` call found."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)  # checked; complete unless as_written
     invalid: list[InvalidLine] = field(default_factory=list)
     offset: int = 0  # resume here next time (just past the last complete line)
     line_no: int = 0  # lines consumed so far (complete lines up to ``offset``)
     torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
     tail_bytes: int = 0  # how many, when ``torn_tail``
+    as_written: bool = False  # the records as the writer wrote them (JournalReader's doc)
 
     @property
     def cursor(self) -> Cursor:
@@ -119,7 +122,10 @@ def _parse_part(
     if size <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
         with contextlib.suppress(orjson.JSONDecodeError):  # a bad line: the slow path
             objs = list(map(orjson.loads, lines))
-    if objs is not None and records_ok(objs):
+    incomplete: list[dict[str, Any]] = []
+    if objs is not None and records_ok(objs, incomplete):
+        for obj in () if batch.as_written else incomplete:  # rare: envelope fields left out
+            complete(obj)
         _note_version(objs[0], newer_version)
         _note_version(objs[-1], newer_version)
         batch.records += objs
@@ -160,29 +166,11 @@ def _parse_slow(
         reason = record_problem(obj)
         if reason is None:
             _note_version(obj, newer_version)
-            batch.records.append(obj)
+            batch.records.append(obj if batch.as_written else complete(obj))
         else:
             batch.invalid.append(InvalidLine(line_no, start, reason, line[:_SNIPPET]))
     batch.offset = pos
     batch.line_no = line_no
-
-
-def last_record(
-    path: str | os.PathLike[str], *, include_tail: bool = False
-) -> dict[str, Any] | None:
-    """The last parseable record, read backwards (O(1) in the file's size). With
-    ``include_tail`` a torn final fragment counts if it parses (the writer terminates it and
-    must not repeat its seq)."""
-    for _, line in lines_backwards(path, block=64 * 1024, include_tail=include_tail):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
-            return obj
-    return None
 
 
 def iter_events(
@@ -191,7 +179,7 @@ def iter_events(
     *,
     holding: tuple[str, ...] = (),
     end: int | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Record]:
     """Complete records of ``events``, in file order, in bounded memory: a line is parsed
     only when it contains one of the event names (a byte test), so scanning a journal for
     its rare records costs little more than reading it. Lines over the limit are skipped
@@ -221,7 +209,7 @@ def iter_events(
                     and (holding or obj.get("event") in events)
                     and record_problem(obj) is None
                 ):
-                    yield obj
+                    yield complete(obj)
     finally:
         os.close(fd)
 
@@ -250,7 +238,8 @@ def end_of_complete_lines(path: str | os.PathLike[str]) -> int:
 class JournalReader:
     """Incremental reader: call :meth:`read` repeatedly to follow a growing journal.
 
-    The state to persist for resuming is its :attr:`cursor`.
+    The state to persist for resuming is its :attr:`cursor`. ``as_written``: the records
+    without the envelope defaults filled in (``validate`` reports what a writer left out).
     """
 
     def __init__(
@@ -260,8 +249,10 @@ class JournalReader:
         line_no: int = 0,
         *,
         chunk_size: int = CHUNK_SIZE,
+        as_written: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.as_written = as_written
         self.offset = offset
         self.line_no = line_no
         self.chunk_size = chunk_size
@@ -283,7 +274,7 @@ class JournalReader:
         invalid line and consumed instead of waited for. A line over the limit is reported
         as an invalid line without being loaded.
         """
-        batch = ReadBatch(offset=self.offset, line_no=self.line_no)
+        batch = ReadBatch(offset=self.offset, line_no=self.line_no, as_written=self.as_written)
         try:
             fd = self._open()
         except FileNotFoundError:
@@ -369,11 +360,13 @@ def iter_batches(
     start: int = 0,
     end: int | None = None,
     max_bytes: int = BATCH_BYTES,
+    as_written: bool = False,
 ) -> Iterator[ReadBatch]:
     """Read a whole journal, or the lines in ``[start, end)`` (both line starts), batch by
     batch in bounded memory. Line numbers count from ``start``. With ``final=False`` a file
-    that ends in a fragment gives a last batch with only ``torn_tail`` set."""
-    reader = JournalReader(path, offset=start)
+    that ends in a fragment gives a last batch with only ``torn_tail`` set (``as_written``:
+    :class:`JournalReader`'s)."""
+    reader = JournalReader(path, offset=start, as_written=as_written)
     while end is None or reader.offset < end:
         before = reader.offset
         room = max_bytes if end is None else min(max_bytes, end - before)
@@ -390,7 +383,7 @@ def read_all(path: str | os.PathLike[str], *, final: bool = True) -> ReadBatch:
     return JournalReader(path).read(final=final)
 
 
-def iter_records(path: str | os.PathLike[str], *, final: bool = True) -> Iterator[dict[str, Any]]:
+def iter_records(path: str | os.PathLike[str], *, final: bool = True) -> Iterator[Record]:
     """Yield every valid record of a journal, in file order."""
     for batch in iter_batches(path, final=final):
         yield from batch.records

@@ -4,16 +4,20 @@ A line whose fields have the wrong JSON type (``"ts": "yesterday"``, ``"step": {
 report's ``"metrics": "x"``, a train_begin's ``"config": "str"``) is not a record: readers
 skip it and count it as an invalid line, so it can neither crash a reader nor turn
 ``status`` into "failed". Only types are checked, only of fields that are present (and, in
-payloads, not null): absent fields stay tolerated. Every rule here is one the schema
-(journal/record/schema.py) has too, so a record these checks skip is never a valid one (a test
-holds the two together).
+payloads, not null): absent fields stay tolerated, and a reader hands the record out
+complete (journal/record/record.py: an envelope field left out gets its default). Every rule
+here is one the schema (journal/record/schema.py) has too, so a record these checks skip is
+never a valid one (tests/test_readers_hardening.py holds the two together). What a record
+needs besides to be acted on (a hook, a lease) is :func:`missing_fields`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from journal.record.events import END_STATUSES
+from journal.record.record import ENVELOPE_DEFAULTS
 
 _INT: tuple[type, ...] = (int,)  # checked with type(), so True/False are not ints
 _NUM: tuple[type, ...] = (int, float)
@@ -113,6 +117,27 @@ def payload_problem(event: str, data: dict[str, Any]) -> str | None:
     if event == "train_end" and "status" in data and data["status"] not in END_STATUSES:
         return f"'data.status' {data['status']!r} is not one of {', '.join(END_STATUSES)}"
     return None
+
+
+#: Envelope fields no default stands in for: a completed record has None there when its
+#: writer left them out (which run? when?).
+UNDEFAULTED: tuple[str, ...] = tuple(n for n, v in ENVELOPE_DEFAULTS.items() if v is None)
+
+#: Per event, the payload fields nothing can act on its record without (a save's hooks
+#: evaluate its checkpoint, the watcher leases it). The schema requires them too.
+NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
+
+
+def missing_fields(rec: Mapping[str, Any]) -> list[str]:
+    """What a record (valid, completed or not) lacks to be acted on: the :data:`UNDEFAULTED`
+    envelope fields absent or None, then ``data.<field>`` for each :data:`NEEDED` one of its
+    event absent or null (``["run_id", "data.checkpoint_path"]``); ``[]``: nothing."""
+    missing = [name for name in UNDEFAULTED if rec.get(name) is None]
+    needed = NEEDED.get(rec.get("event"))  # type: ignore[arg-type]
+    if needed:
+        data = rec.get("data") or _EMPTY
+        missing += [f"data.{name}" for name in needed if data.get(name) is None]
+    return missing
 
 
 def all_records(objs: list[Any]) -> bool:

@@ -8,6 +8,7 @@ older readers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -217,7 +218,7 @@ class ParsedRecord(BaseModel):
     payload: _Open
 
 
-def parse_record(obj: dict[str, Any]) -> ParsedRecord:
+def parse_record(obj: Mapping[str, Any]) -> ParsedRecord:
     """Validate a raw record dict; raises ``pydantic.ValidationError`` on a bad record."""
     record = Record.model_validate(obj)
     model = PAYLOAD_MODELS.get(record.event, Payload)

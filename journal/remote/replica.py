@@ -24,6 +24,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -179,7 +180,7 @@ class Replica:
             data["hf_path"] = _moved_inside(data["hf_path"], rec["data"]["checkpoint_path"], local)
         return orjson.dumps({**rec, "data": data}) + b"\n"
 
-    def _local(self, rec: dict[str, Any]) -> Path | None:
+    def _local(self, rec: Mapping[str, Any]) -> Path | None:
         """Where a save's or a removal's checkpoint is kept in the replica."""
         path = (rec.get("data") or {}).get("checkpoint_path")
         if not isinstance(path, str):
@@ -187,7 +188,7 @@ class Replica:
         name = Path(path).name
         return checkpoint_root(self.dir, name) / name
 
-    def _note_removal(self, rec: dict[str, Any]) -> None:
+    def _note_removal(self, rec: Mapping[str, Any]) -> None:
         event = rec.get("event")
         if event in ("save", "checkpoint_removed") and (local := self._local(rec)) is not None:
             if event == "checkpoint_removed":

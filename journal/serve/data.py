@@ -67,12 +67,14 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
     now = time.time() if now is None else now
     s = fold.run.summary(stale_after=stale_after, now=now)
-    log = (fold.last_log or {}).get("data") or {}
-    eta = None
     prev, last = fold.prev_log, fold.last_log
+    log = last["data"] if last is not None else {}
+    eta = None
+    # (a log record's ts is None when its writer left it out: no rate from it)
     if s.state == "running" and prev and last and s.total_steps:
-        steps = (last.get("step") or 0) - (prev.get("step") or 0)
-        secs = (last.get("ts") or 0) - (prev.get("ts") or 0)
+        steps = last["step"] - prev["step"]
+        t1, t0 = last["ts"], prev["ts"]
+        secs = t1 - t0 if t1 is not None and t0 is not None else 0.0
         if steps > 0 and secs > 0:
             eta = (s.total_steps - s.last_step) * secs / steps
     return {

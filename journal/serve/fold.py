@@ -28,6 +28,7 @@ import orjson
 from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
 from journal.record.fields import PAYLOAD_TYPES
+from journal.record.record import Record
 from journal.store import follow
 from journal.views.fold import RunFold as RunTruth
 from journal.views.ledger import CheckpointLedger
@@ -151,8 +152,8 @@ class RunFold:
         self.names_changed_at = 0  # the record count when ``listed`` last changed
         self._capped = {False: 0, True: 0}  # curves kept beyond PRIORITY, by by_report
         self.unreadable: str | None = None  # why the journal cannot be read now: one line
-        self.last_log: dict[str, Any] | None = None
-        self.prev_log: dict[str, Any] | None = None
+        self.last_log: Record | None = None
+        self.prev_log: Record | None = None
         self._reader: RotatingReader | None = None
         self.lock = threading.RLock()  # held by the api while it reads the fold
 
@@ -191,17 +192,17 @@ class RunFold:
 
     # -- folding one record -----------------------------------------------------------------
 
-    def _add(self, rec: dict[str, Any]) -> None:
+    def _add(self, rec: Record) -> None:
         self.count += 1
         self.run.add(rec)
-        event = rec.get("event")
+        event = rec["event"]
         if event in _PLAIN:
             return
         if event in CheckpointLedger.EVENTS:  # the table (or which is the best) may change
             self.ck_changed_at = self.count
         if event in ("step_end", "log", "evaluate"):
             self._curves(rec, event)
-        kind = MARKER_KINDS.get(event)  # type: ignore[arg-type]
+        kind = MARKER_KINDS.get(event)
         if kind is not None:
             self._marker(rec, kind)
 
@@ -239,11 +240,8 @@ class RunFold:
                 return
         series.add(step, value, self.count)
 
-    def _curves(self, rec: dict[str, Any], event: str) -> None:
-        step = _number(rec.get("step"))
-        data = rec.get("data")
-        if step is None or not isinstance(data, dict):
-            return
+    def _curves(self, rec: Record, event: str) -> None:
+        step, data = rec["step"], rec["data"]
         if event == "step_end":
             if (loss := _number(data.get("loss"))) is not None:
                 self._point("loss", step, loss)
@@ -264,16 +262,14 @@ class RunFold:
                     continue
             curve.add(step, float(value), count)
 
-    def _marker(self, rec: dict[str, Any], kind: str) -> None:
-        data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-        assert isinstance(data, dict)
-        step = rec.get("step") if isinstance(rec.get("step"), int) else None
+    def _marker(self, rec: Record, kind: str) -> None:
+        data, step = rec["data"], rec["step"]
         detail = {str(k): scalar(v) for k, v in data.items()}
         detail = {k: v for k, v in detail.items() if v is not None}
         if kind == "attempt":
             detail = {
-                "attempt": rec.get("attempt"),
-                "run_id": scalar(rec.get("run_id")),
+                "attempt": rec["attempt"],
+                "run_id": scalar(rec["run_id"]),
                 "resumed_from": scalar(data.get("resumed_from")),
                 "total_steps": data.get("total_steps"),
             }
@@ -281,11 +277,11 @@ class RunFold:
             {
                 "i": len(self.markers),
                 "kind": kind,
-                "event": rec.get("event"),
-                "seq": rec.get("seq"),
+                "event": rec["event"],
+                "seq": rec["seq"],
                 "step": step,
-                "ts": rec.get("ts"),
-                "attempt": rec.get("attempt"),
+                "ts": rec["ts"],
+                "attempt": rec["attempt"],
                 "detail": detail,
             }
         )

@@ -116,7 +116,8 @@ class RunSet:
         else:
             truth = summarize(run.journal).fold
         s = truth.summary(stale_after=None, now=now, run_dir=run.dir)
-        log = (find_last(run.journal, "log") or {}).get("data") or {}
+        last_log = find_last(run.journal, "log")
+        log = last_log["data"] if last_log is not None else {}
         per_step = log.get("elapsed_time")
         eta = None
         if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from journal.record.record import Record
 from journal.rundir.paths import checkpoint_key
 from journal.views.best import BestCheckpoint, MetricGoal, on_disk
 from journal.views.ledger import (
@@ -150,15 +151,14 @@ class RunFold:
 
     # -- folding ----------------------------------------------------------------------------
 
-    def add(self, rec: Mapping[str, Any]) -> None:
+    def add(self, rec: Record) -> None:
         """Fold one record (any event), in journal order."""
-        self.summarizer.add(rec)  # type: ignore[arg-type]
-        event = rec.get("event")
+        self.summarizer.add(rec)
+        event = rec["event"]
         if event in CheckpointLedger.EVENTS:
             self.ledger.add(rec)
         elif event in self._OWN:
-            data = rec.get("data")
-            data = data if isinstance(data, Mapping) else {}
+            data = rec["data"]
             if event == "control":
                 self._control(rec, data)
             elif event == "train_begin":
@@ -169,27 +169,27 @@ class RunFold:
                     self.attempts[-1].status = str_or_none(data.get("status")) or "failed"
                     self.attempts[-1].reason = str_or_none(data.get("reason"))
 
-    def add_batch(self, records: list[dict[str, Any]]) -> None:
+    def add_batch(self, records: list[Record]) -> None:
         for rec in records:
             self.add(rec)
 
-    def _begin(self, rec: Mapping[str, Any], data: Mapping[str, Any]) -> None:
-        run_id = str_or_none(rec.get("run_id"))
+    def _begin(self, rec: Record, data: Mapping[str, Any]) -> None:
+        run_id = rec["run_id"]
         if run_id != self.ledger.run_id or not self.attempts:
             self.ledger.new_run(run_id)
             self.commands, self.command_count, self.attempts = [], 0, []
         self.ledger.ended = False
         self.attempts.append(
             Attempt(
-                int_or_none(rec.get("attempt")),
+                rec["attempt"],
                 run_id,
-                int_or_none(rec.get("step")) or 0,
-                finite_number(rec.get("ts")),
+                rec["step"],
+                finite_number(rec["ts"]),
                 str_or_none(data.get("resumed_from")),
             )
         )
 
-    def _control(self, rec: Mapping[str, Any], data: Mapping[str, Any]) -> None:
+    def _control(self, rec: Record, data: Mapping[str, Any]) -> None:
         command = data.get("command")
         if not isinstance(command, str):  # a refused inbox file: the summarizer counts it
             return
@@ -203,8 +203,8 @@ class RunFold:
                 str_or_none(data.get("source")),
                 str_or_none(data.get("reason")),
                 str_or_none(data.get("error")),
-                int_or_none(rec.get("step")),
-                finite_number(rec.get("ts")),
+                rec["step"],
+                finite_number(rec["ts"]),
             )
         )
         if len(self.commands) > MAX_COMMANDS:

@@ -109,7 +109,10 @@ class CheckpointLedger:
         self._pending_eval: dict[int, dict[str, float]] = {}  # step -> its validation
 
     def add(self, rec: Mapping[str, Any]) -> None:
-        """Fold one record (any event; only :attr:`EVENTS` matter)."""
+        """Fold one record (any event; only :attr:`EVENTS` matter). Not only a reader's
+        :class:`~journal.record.record.Record`: the trainer folds what it emits as it
+        emits it (``{"event", "data", "step"}``, trainer/journaling/run_journal.py), and the
+        backtest what it simulates, so the envelope is read here as it may be (absent)."""
         event = rec.get("event")
         if event not in self.EVENTS:
             return

@@ -14,6 +14,7 @@ import orjson
 
 from journal.read.lines import LongLine, too_long_reason
 from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
+from journal.record.record import Record, complete
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
 
@@ -21,7 +22,7 @@ _BLOCK = 1 << 20
 _MISSING = object()
 
 
-def _match(line: bytes, needle: bytes, event: str) -> dict[str, Any] | None:
+def _match(line: bytes, needle: bytes, event: str) -> Record | None:
     if needle not in line:
         return None
     try:
@@ -29,11 +30,11 @@ def _match(line: bytes, needle: bytes, event: str) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     if type(obj) is dict and obj.get("event") == event and record_problem(obj) is None:
-        return obj
+        return complete(obj)
     return None
 
 
-def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
+def find_last(path: str | os.PathLike[str], event: str) -> Record | None:
     """The newest complete record of ``event``, or None."""
     needle = f'"{event}"'.encode()
     for _, line in lines_backwards(path, block=_BLOCK):
@@ -43,9 +44,7 @@ def find_last(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None
     return None
 
 
-def _record_or_note(
-    line: bytes, offset: int, invalid: list[tuple[int, str]]
-) -> dict[str, Any] | None:
+def _record_or_note(line: bytes, offset: int, invalid: list[tuple[int, str]]) -> Record | None:
     """The record on a line, or None after noting why it is not one in ``invalid``."""
     if isinstance(line, LongLine):
         invalid.append((offset, too_long_reason(line.length)))
@@ -59,7 +58,7 @@ def _record_or_note(
     if problem is not None:
         invalid.append((offset, problem))
         return None
-    return obj  # record_problem checked it is a dict
+    return complete(obj)  # record_problem checked it is a dict
 
 
 def last_records(
@@ -68,13 +67,13 @@ def last_records(
     events: set[str] | None = None,
     *,
     end: int | None = None,
-) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+) -> tuple[list[Record], list[tuple[int, str]]]:
     """The newest ``n`` complete records (of ``events``, if given), oldest first, read
     backwards (from byte ``end``, if given): the cost follows ``n``, not the file. Also the
     invalid lines met on the way,
     as (byte offset, reason); a torn final fragment is not one (it may still be written)."""
     needles = [f'"{e}"'.encode() for e in events] if events else []
-    found: list[dict[str, Any]] = []
+    found: list[Record] = []
     invalid: list[tuple[int, str]] = []
     for offset, line in lines_backwards(path, block=_BLOCK, end=end):
         if isinstance(line, LongLine):  # unread, so it may be of any event: report it
@@ -83,7 +82,7 @@ def last_records(
         if not line.strip() or (needles and not any(x in line for x in needles)):
             continue
         obj = _record_or_note(line, offset, invalid)
-        if obj is None or (events and obj.get("event") not in events):
+        if obj is None or (events and obj["event"] not in events):
             continue
         found.append(obj)
         if len(found) >= n:
@@ -94,7 +93,7 @@ def last_records(
 
 def records_since_step(
     path: str | os.PathLike[str], since: int, events: set[str] | None = None
-) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+) -> tuple[list[Record], list[tuple[int, str]]]:
     """Every complete record at or after step ``since`` (of ``events``, if given), oldest
     first, as a forward scan finds them, read backwards: the cost follows what lies after
     step ``since``, not the file. Steps never decrease within an attempt, but a resumed
@@ -102,7 +101,7 @@ def records_since_step(
     past ``since`` too: where an attempt falls below ``since``, a byte search finds its
     ``train_begin`` and the scan goes on with the attempt before. Also returns the invalid
     lines met, as (byte offset, reason)."""
-    found: list[dict[str, Any]] = []
+    found: list[Record] = []
     invalid: list[tuple[int, str]] = []
     end: int | None = None
     while True:
@@ -113,10 +112,10 @@ def records_since_step(
             obj = _record_or_note(line, offset, invalid)
             if obj is None:
                 continue
-            if obj.get("step", 0) >= since:
-                if not events or obj.get("event") in events:
+            if obj["step"] >= since:
+                if not events or obj["event"] in events:
                     found.append(obj)
-            elif obj.get("event") != "train_begin":  # the rest of this attempt is older
+            elif obj["event"] != "train_begin":  # the rest of this attempt is older
                 if _is_first_attempt(path, obj):
                     break  # nothing before it: no search through the file
                 jump = _line_start_before(path, b'"event":"train_begin"', offset)
@@ -129,7 +128,7 @@ def records_since_step(
     return found, invalid
 
 
-def _is_first_attempt(path: str | os.PathLike[str], rec: dict[str, Any]) -> bool:
+def _is_first_attempt(path: str | os.PathLike[str], rec: Record) -> bool:
     """Whether ``rec`` belongs to the attempt the file starts with (its first line is of
     the same run and attempt): then no earlier attempt exists."""
     with open(path, "rb") as f:
@@ -138,11 +137,10 @@ def _is_first_attempt(path: str | os.PathLike[str], rec: dict[str, Any]) -> bool
         head = orjson.loads(first)
     except orjson.JSONDecodeError:
         return False
-    return (
-        type(head) is dict
-        and head.get("run_id") == rec.get("run_id")
-        and head.get("attempt") == rec.get("attempt")
-    )
+    if record_problem(head) is not None:
+        return False
+    head_rec = complete(head)
+    return head_rec["run_id"] == rec["run_id"] and head_rec["attempt"] == rec["attempt"]
 
 
 def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
@@ -193,14 +191,14 @@ def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
     return False
 
 
-def find_first(path: str | os.PathLike[str], event: str) -> dict[str, Any] | None:
+def find_first(path: str | os.PathLike[str], event: str) -> Record | None:
     """The oldest complete record of ``event``, or None."""
     reader = JournalReader(path)
     while True:
         before = reader.offset
         batch = reader.read(max_bytes=_BLOCK * 4)
         for rec in batch.records:
-            if rec.get("event") == event:
+            if rec["event"] == event:
                 return rec
         if reader.offset == before:
             return None
@@ -214,12 +212,12 @@ def find_best(
     dir)."""
     ledger = CheckpointLedger(Path(path).parent)
     for rec in iter_events(path, set(CheckpointLedger.EVENTS)):  # parses only those lines
-        if run_id is None or rec.get("run_id") == run_id:
+        if run_id is None or rec["run_id"] == run_id:
             ledger.add(rec)
     return ledger.best(goal, Path(path).parent)
 
 
-def get_field(record: dict[str, Any], dotted: str) -> Any:
+def get_field(record: Record, dotted: str) -> Any:
     """``data.checkpoint_path`` -> record["data"]["checkpoint_path"]; a path whose first
     name is not an envelope field is looked up in ``data`` (``metrics.accuracy``). Returns
     the ``_MISSING`` sentinel if absent."""

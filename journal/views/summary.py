@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import os
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.read.reader import iter_batches
+from journal.record.record import Record
 from journal.rundir.inbox import refused_file
 from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.stops import ending
@@ -103,21 +105,22 @@ class Summarizer:
         #: applied stop/abort commands' id -> source, for a train_end without command_source
         self._enders: dict[str, str | None] = {}
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: Record) -> None:
         s = self.summary
         s.records += 1
-        event = rec.get("event")
-        data = rec.get("data") or {}
-        s.last_ts = rec.get("ts", s.last_ts)
-        step = rec.get("step")
-        if isinstance(step, int) and step >= s.last_step:
+        event = rec["event"]
+        data = rec["data"]
+        if rec["ts"] is not None:
+            s.last_ts = rec["ts"]
+        step = rec["step"]
+        if step >= s.last_step:
             s.last_step = step
-        s.epoch = rec.get("epoch", s.epoch)
-        s.samples_seen = rec.get("samples_seen", s.samples_seen)
-        if event == "train_begin" and rec.get("run_id") != s.run_id:
+        s.epoch = rec["epoch"]
+        s.samples_seen = rec["samples_seen"]
+        if event == "train_begin" and rec["run_id"] != s.run_id:
             s.last_checkpoint = None  # a new run: the run before's checkpoints are not its own
         if event == "train_begin" or s.run_id is None:
-            s.run_id, s.attempt = rec.get("run_id"), rec.get("attempt")
+            s.run_id, s.attempt = rec["run_id"], rec["attempt"]
         if event == "train_begin":
             config = data.get("config") or {}
             keep_best = config.get("keep_best")
@@ -128,9 +131,9 @@ class Summarizer:
             s.state, s.reason, s.error = "running", None, None
             s.stop_source = s.stopped_by = None
             s.total_steps = data.get("total_steps", s.total_steps)
-            s.started_ts = rec.get("ts")
+            s.started_ts = rec["ts"]
             s.hostname, s.pid = data.get("hostname"), data.get("pid")
-            s.last_step = rec.get("step", 0)
+            s.last_step = step
         elif event == "log":
             s.last_loss = data.get("loss", s.last_loss)
             s.last_lr = data.get("lr", s.last_lr)
@@ -233,6 +236,7 @@ class PhaseStats:
 
 
 _PHASE_EVENTS = frozenset({"log", "evaluate", "save"})
+_EVENT = operator.itemgetter("event")
 
 
 @dataclass
@@ -249,27 +253,27 @@ class JournalStats:
     first_ts: float | None = None
     last_ts: float | None = None
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: Record) -> None:
         self.add_batch([rec])
 
-    def add_batch(self, records: list[dict[str, Any]]) -> None:
+    def add_batch(self, records: list[Record]) -> None:
         """Add records in file order. Counting runs in C; Python touches only the first and
         last timestamps and the log/evaluate/save records (about 1 in 5)."""
-        events = [r.get("event", "?") for r in records]
+        events = list(map(_EVENT, records))
         self.counts.update(events)
         for r in records:
-            ts = r.get("ts")
-            if isinstance(ts, (int, float)):
+            ts = r["ts"]
+            if ts is not None:
                 self.first_ts = ts if self.first_ts is None else self.first_ts
                 break
         for r in reversed(records):
-            ts = r.get("ts")
-            if isinstance(ts, (int, float)):
+            ts = r["ts"]
+            if ts is not None:
                 self.last_ts = ts
                 break
         for r, ev in zip(records, events, strict=True):
             if ev in _PHASE_EVENTS:
-                self._add_phase(ev, r.get("data") or {})
+                self._add_phase(ev, r["data"])
 
     def merge(self, later: JournalStats) -> None:
         """Fold in the stats of records that come after these in the file."""

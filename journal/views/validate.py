@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ class BatchValidator:
         tagged = core_schema.tagged_union_schema(by_event, discriminator="event")
         self._validator = SchemaValidator(core_schema.list_schema(tagged))
 
-    def problems(self, records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    def problems(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str]]:
         """(record, first problem) for each record that breaks the schema, in input order."""
         from pydantic import ValidationError
 
@@ -106,7 +107,7 @@ class BatchValidator:
 
 
 def _check_seqs(
-    records: list[dict[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     prev_seq: int | None,
     problems: _Kept,
     gaps: list[tuple[int, int]],
@@ -184,7 +185,11 @@ def _scan(path: Path, start: int, end: int | None) -> _Part:
     schema = _schema()
     part = _Part()
     with no_cyclic_gc():
-        for batch in iter_batches(path, final=False, start=start, end=end, max_bytes=SCAN_BYTES):
+        # as written: a field a writer left out is a problem here, not a default to fill in
+        batches = iter_batches(
+            path, final=False, start=start, end=end, max_bytes=SCAN_BYTES, as_written=True
+        )
+        for batch in batches:
             part.torn_tail, part.tail_bytes = batch.torn_tail, batch.tail_bytes
             part.lines = batch.line_no
             for line in batch.invalid:
@@ -200,7 +205,7 @@ def _scan(path: Path, start: int, end: int | None) -> _Part:
     return part
 
 
-def _gap_ranges(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+def _gap_ranges(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     """The seq ranges that ``journal_gap`` records say were lost (rare: looked for in C)."""
     if "journal_gap" not in map(operator.itemgetter("event"), records):
         return []

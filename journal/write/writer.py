@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 
-from journal.read.reader import last_record
+from journal.read.lines import last_record
 from journal.record.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.rundir.paths import RESERVE_NAME, resolve_journal
 from journal.rundir.safety import check_run_dir, make_dir, open_no_follow

@@ -38,9 +38,9 @@ from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_
 from journal.read.reader import iter_events
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
+from journal.store import attempt_writer
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
-from journal.store import attempt_writer
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.journaling.inbox import SteeringInbox
 from trainer.steering.policy import Capabilities
@@ -176,7 +176,7 @@ class RunJournal:
             if rec["event"] == "control":
                 if isinstance(rec["data"].get("id"), str):
                     seen.add(rec["data"]["id"])
-            elif self.ledger is not None and writer and rec.get("run_id") == writer.run_id:
+            elif self.ledger is not None and writer and rec["run_id"] == writer.run_id:
                 self.ledger.add(rec)
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
         self._run_id = writer.run_id if writer is not None else fallback

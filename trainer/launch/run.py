@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -235,7 +235,7 @@ def _refuse_another_runs_checkpoints(ckpt_dir: Path) -> None:
 def _busy_message(ckpt_dir: Path) -> str:
     info = run_holder(ckpt_dir) or {}
     begin = find_last(journal_path(ckpt_dir), "train_begin")
-    if begin and begin.get("run_id"):
+    if begin and begin["run_id"]:
         info = {**info, "run_id": begin["run_id"]}
     return f"{ckpt_dir} is in use by {describe(info)}"
 
@@ -313,26 +313,27 @@ def _launch(
     records = (
         store.read(journal, Cursor(start_offset), final=True).records if journal.exists() else []
     )
-    end = next((r for r in reversed(records) if r.get("event") == "train_end"), None)
+    end: Mapping[str, Any] | None = next(
+        (r for r in reversed(records) if r["event"] == "train_end"), None
+    )
     if end is None and train_args.journal_detail != "off":
         # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
         # writer; now that they have exited, record the ending so watchers and status see it.
         end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now)
-        records.append(end)
     callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
-    data = (end or {}).get("data") or {}
-    last_log = next((r for r in reversed(records) if r.get("event") == "log"), None)
-    last_save = next((r for r in reversed(records) if r.get("event") == "save"), None)
+    data = end["data"] if end is not None else {}
+    last_log = next((r for r in reversed(records) if r["event"] == "log"), None)
+    last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
     result = TrainingResult(
         status=data.get("status", "completed" if rc == 0 else "failed"),
         reason=data.get("reason"),
         final_checkpoint=data.get("final_checkpoint"),
-        last_metrics=(last_log or {}).get("data") or {},
-        last_checkpoint=((last_save or {}).get("data") or {}).get("checkpoint_path"),
+        last_metrics=last_log["data"] if last_log is not None else {},
+        last_checkpoint=last_save["data"].get("checkpoint_path") if last_save else None,
         journal_path=journal,
         log_path=log_path,
         returncode=rc,
-        run_id=(end or {}).get("run_id"),
+        run_id=(end or {}).get("run_id"),  # a fallback end that could not be written: none
         attempt=(end or {}).get("attempt"),
         callbacks=callbacks,
         trackers=trackers.outcomes(callbacks) if trackers else {},
@@ -348,9 +349,10 @@ def _launch(
 
 def _write_fallback_end(
     ckpt_dir: Path, rc: int, log_path: Path, *, interrupted: bool = False
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """Close the workers' attempt with a ``train_end`` (they exited without one) and return
-    the record as written (``interrupted``: Ctrl-C twice ended them)."""
+    the record as read back (``interrupted``: Ctrl-C twice ended them), or, when it could not
+    be written, its event, seq and payload (no envelope)."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
     signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
     status = "interrupted" if interrupted or signalled else "failed"

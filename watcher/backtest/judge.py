@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from journal.checkpoints.rotation import surplus
+from journal.record.record import Record
 from journal.rundir.paths import checkpoint_key
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
@@ -107,7 +108,7 @@ class Rotation:
 
 #: An item of the run's retention story: a record (a save, report or evaluate to fold; a
 #: removal the run journaled) or a rotation.
-Item = dict[str, Any] | Rotation
+Item = Record | Rotation
 
 
 def retention_story(tl: Timeline) -> list[Item]:
@@ -117,10 +118,10 @@ def retention_story(tl: Timeline) -> list[Item]:
     it, at the first removal (the trainer journals the reports that came before it
     rotates); removals elsewhere are a guest's rotation, with what was known then."""
     items: list[Item] = []
-    after_save: list[dict[str, Any]] | None = None  # the reports after a save, held back
+    after_save: list[Record] | None = None  # the reports after a save, held back
     window: Rotation | None = None  # the rotation whose removals are being read
     for rec in tl.metric_records:
-        ev = rec.get("event")
+        ev = rec["event"]
         if ev == "report" and after_save is not None:
             after_save.append(rec)
             continue
@@ -147,8 +148,8 @@ def retention_story(tl: Timeline) -> list[Item]:
     return items
 
 
-def _name(rec: dict[str, Any]) -> str | None:
-    path = (rec.get("data") or {}).get("checkpoint_path")
+def _name(rec: Record) -> str | None:
+    path = rec["data"].get("checkpoint_path")
     return checkpoint_key(path) if isinstance(path, str) and path else None
 
 
@@ -218,17 +219,17 @@ def _simulate(
                 now.add(_removal(gone))
             continue
         name = _name(item)
-        if item.get("event") == "checkpoint_removed":  # the run's: the policy's are its own
+        if item["event"] == "checkpoint_removed":  # the run's: the policy's are its own
             run_disk.discard(name or "")
             continue
         now.add(item)
         ever.add(item)
         if name is None:
             continue
-        if item.get("event") == "save":
+        if item["event"] == "save":
             run_disk.add(name)
             removed.pop(name, None)  # a fresh checkpoint of that name
-            step = int(item.get("step") or 0)
+            step = item["step"]
             alive.pop(name, None)
             if alive and step < alive[next(reversed(alive))]:  # a resume went back: re-sort
                 alive = dict(sorted({**alive, name: step}.items(), key=lambda e: e[1]))

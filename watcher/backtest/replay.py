@@ -23,9 +23,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from journal.channels.control import Control
+from journal.record.record import Record
 from journal.views.best import MetricGoal
 from watcher.backtest.judge import judge_retention, judge_stop, policy_goal, retention_story
 from watcher.backtest.outcome import RunBacktest, WouldHave
@@ -56,13 +57,13 @@ class WouldHaveHandBack(HandBack):
             return
         rec = d.record
         for item in items:
-            late = rec.get("event") == "train_end" and isinstance(item, Control)
+            late = rec["event"] == "train_end" and isinstance(item, Control)
             self.answers.setdefault(self.owner[id(d.hook)], []).append(
                 WouldHave(
                     seq=rec["seq"],
-                    event=str(rec.get("event")),
-                    step=rec.get("step", 0),
-                    ts=rec.get("ts", 0.0),
+                    event=rec["event"],
+                    step=rec["step"],
+                    ts=0.0 if rec["ts"] is None else rec["ts"],  # read_run's records: complete
                     what=item.command if isinstance(item, Control) else "report",
                     reason=item.reason if isinstance(item, Control) else None,
                     rejected="the run had ended" if late else None,
@@ -148,11 +149,13 @@ class Replayer:
         self.failures: dict[int, list[str]] = {}
         self._batch = Batch(0, 0, 0, 0)
 
-    def __call__(self, rec: dict[str, Any]) -> None:
-        ev = rec.get("event")
-        if type(ev) is not str or ev not in self._events:
+    def __call__(self, rec: Record) -> None:
+        if rec["event"] not in self._events:
             return  # most records: no policy hooks their event
-        for lane, todo in self.dispatch.route([rec], self._batch)[0].items():
+        # (the dispatcher's records are typed as plain dicts still: watcher/engine/)
+        for lane, todo in self.dispatch.route([cast("dict[str, Any]", rec)], self._batch)[
+            0
+        ].items():
             run = self._runs[lane]
             for d in todo:
                 res = run(d)

@@ -23,6 +23,7 @@ import orjson
 
 from journal.read.lines import LongLine, lines_backwards
 from journal.read.reader import iter_batches, record_problem
+from journal.record.record import Record
 from journal.views.fold import RunFold
 
 #: Records kept whole: what the best checkpoint, reported metrics and retention come from.
@@ -84,7 +85,7 @@ class Timeline:
     keep_last_n: int | None = None
     #: the records kept whole, in journal order (evaluate, report, save, checkpoint_removed,
     #: train_begin, train_end)
-    metric_records: list[dict[str, Any]] = field(default_factory=list)
+    metric_records: list[Record] = field(default_factory=list)
     #: the run as it happened, folded as every view folds it (status, checkpoints, best)
     fold: RunFold = field(default_factory=RunFold)
     #: the metrics gathered from ``log`` records (see :func:`read_run`)
@@ -123,7 +124,7 @@ def current_run_id(journal: Path) -> Any:
 def read_run(
     journal: Path,
     metrics: Iterable[str] = (),
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[Record], None] | None = None,
 ) -> Timeline:
     """The journal read once, its current run (from the first record of the last
     ``run_id``, all its attempts) folded: step boundaries, the end, the run's retention,
@@ -144,19 +145,17 @@ def read_run(
     for batch in iter_batches(journal, final=True):
         for rec in batch.records:  # once per record: one dict lookup for most of them
             if not started:
-                if rec.get("run_id") != run_id:
+                if rec["run_id"] != run_id:
                     continue
                 started = True
-            ev = rec.get("event")
+            ev = rec["event"]
             if ev == "step_end":
-                ends.add(
-                    rec.get("ts", 0.0), rec["seq"], rec.get("step", 0), rec.get("samples_seen", 0)
-                )
+                ends.add(_ts(rec), rec["seq"], rec["step"], rec["samples_seen"])
             elif ev == "log":
-                step, ts, seq = rec.get("step", 0), rec.get("ts", 0.0), rec["seq"]
-                logs.add(ts, seq, step, rec.get("samples_seen", 0))
+                step, ts, seq = rec["step"], _ts(rec), rec["seq"]
+                logs.add(ts, seq, step, rec["samples_seen"])
                 last = max(last, step)
-                data = rec.get("data") or {}
+                data = rec["data"]
                 bm = data.get("batch_metrics") or {}
                 if isinstance(bm.get("total_length"), int):
                     tokens, n_logged = tokens + bm["total_length"], n_logged + 1
@@ -164,13 +163,13 @@ def read_run(
                     v = data.get(name)
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
                         col = logged.get(name) or logged.setdefault(name, Boundaries("d"))
-                        col.add(ts, seq, int(step or 0), float(v))
+                        col.add(ts, seq, step, float(v))
             elif ev in _FOLDED:
                 fold.add(rec)
                 if ev in _KEPT:
                     kept.append(rec)
-                    if ev not in ("report", "checkpoint_removed") and rec.get("step", 0) > last:
-                        last = rec.get("step", 0)
+                    if ev not in ("report", "checkpoint_removed") and rec["step"] > last:
+                        last = rec["step"]
                 elif ev == "train_begin":
                     kept.append(rec)
                     goal = fold.keep_best()
@@ -178,8 +177,8 @@ def read_run(
                         wanted.add(goal.metric)
                 elif ev == "train_end":
                     kept.append(rec)
-                    tl.end_ts = rec.get("ts")
-                    last = max(last, rec.get("step", 0))
+                    tl.end_ts = rec["ts"]
+                    last = max(last, rec["step"])
             if on_record is not None:
                 on_record(rec)
     s = fold.summary()  # status's answer: the state, who stopped it, the run's retention
@@ -195,6 +194,13 @@ def read_run(
     return tl
 
 
+def _ts(rec: Record) -> float:
+    """A record's time as a number: a record that says none (a writer left ``ts`` out)
+    counts as at 0, before every other."""
+    ts = rec["ts"]
+    return 0.0 if ts is None else float(ts)
+
+
 def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, int, int]]:
     """``(step, value, ts, seq, after)`` of a metric in journal order, made once per
     metric: reports by their checkpoint's step, evaluate and log fields by their record's
@@ -206,8 +212,8 @@ def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, in
         return tl._series[metric]
     out: list[tuple[int, float, float, int, int]] = []
     for rec in tl.metric_records:
-        ev, data = rec.get("event"), rec.get("data") or {}
-        at = rec.get("step", 0)
+        ev, data = rec["event"], rec["data"]
+        at = rec["step"]
         if ev == "report":
             v = (data.get("metrics") or {}).get(metric)
             step = data.get("step") if isinstance(data.get("step"), int) else at
@@ -217,7 +223,7 @@ def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, in
         else:
             continue
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out.append((int(step or 0), float(v), float(rec.get("ts", 0.0)), rec["seq"], after))
+            out.append((int(step or 0), float(v), _ts(rec), rec["seq"], after))
     logged = tl._logged.get(metric)
     if logged:  # merged into journal order by seq
         out += zip(logged.step, logged.samples, logged.ts, logged.seq, logged.step, strict=True)

@@ -20,6 +20,7 @@ from journal import store
 from journal.read.cursor import Cursor
 from journal.read.lines import first_line_fingerprint
 from journal.read.reader import ReadBatch, end_of_complete_lines
+from journal.record.record import Record
 from watcher.engine.cursor import CursorState
 from watcher.engine.wake import Waker
 
@@ -57,7 +58,7 @@ class JournalFollower:
         log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
         return state
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[Record]:
         """Every record before the start position (for callbacks that rebuild state)."""
         if not self.reader.offset:
             return []

@@ -21,6 +21,7 @@ from contextlib import closing
 from typing import Any, cast
 
 from journal.read.reader import iter_events
+from journal.record.record import Record, complete
 from journal.rundir.paths import resolve_journal
 from journal.views.fold import CheckpointLedger, RunFold
 from watcher.hooks.callbacks import Event, TrainerCallback, callable_name
@@ -167,7 +168,9 @@ class RunFolds:
             fold = self._folds[key] = RunFold(key)
             last = self._last_seq[key] = self._seed(fold, key, event.seq)
         if event.seq > last and event.name in self.EVENTS:
-            fold.add(event.record)
+            # a reader's record (complete), or one a caller built (a test, a bridge): the
+            # fold reads a complete one (a copy: the event's record is not changed)
+            fold.add(complete(dict(event.record)))
             self._last_seq[key] = event.seq
         return fold
 
@@ -179,9 +182,7 @@ class RunFolds:
             return last  # delivered from the journal's start: nothing before it
         journal = resolve_journal(ckpt_dir, must_exist=False)
         try:
-            records = cast(
-                "Generator[dict[str, Any], None, None]", iter_events(journal, set(cls.EVENTS))
-            )
+            records = cast("Generator[Record, None, None]", iter_events(journal, set(cls.EVENTS)))
             with closing(records):  # its file closed at the break, not when collected
                 for rec in records:
                     if rec["seq"] >= before:
