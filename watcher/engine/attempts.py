@@ -37,6 +37,17 @@ class Runner(Protocol):
         ...
 
 
+#: A delivery a runner ran, with its result (None: a callable's plain success).
+Finished = tuple[Delivery, DeliveryResult | None]
+
+
+class Lane(Protocol):
+    """What a runner running a lane's deliveries in a row asks of it (watcher.engine.queues)."""
+
+    #: the watcher stops: deliveries not started yet are abandoned
+    closed: bool
+
+
 class Checkpoints(Protocol):
     """What the attempts ask of the checkpoints (watcher.engine.leasing.CheckpointGuard)."""
 

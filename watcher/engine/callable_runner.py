@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from watcher.engine.attempts import TAIL_BYTES, Attempt, Retries
+from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Lane, Retries
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import Event
 from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
@@ -56,14 +56,60 @@ class CallableRunner:
         if not hook.inline:
             return self.retries.run(d, self._attempt)
         t0 = time.perf_counter()
-        event = Event.from_record(d.record, self.ckpt_dir, d.delivery_id)
+        rec = d.record
+        data = rec.get("data") or {}
+        event = Event.of(rec, self.ckpt_dir, data, d)
         try:
-            returned = hook.target(event, **_keywords(event.data))  # type: ignore[operator]
+            returned = hook.target(event, **_keywords(data))  # type: ignore[operator]
         except BaseException as exc:  # a callback's SystemExit too: the hook fails, not us
             return self._retry_after(d, Attempt(None, exc, t0))
         if returned is None:
             return None
         return self._retry_after(d, Attempt(returned, None, t0))
+
+    def deliver_many(self, taken: list[Delivery], lane: Lane) -> list[Finished]:
+        """:meth:`deliver` for each of ``taken`` in order, as one loop (a replay's worker
+        runs thousands in a row); what is left once ``lane.closed`` is abandoned. Each
+        delivery's result, None for a plain success (as :meth:`deliver`)."""
+        finished: list[Finished] = []
+        add = finished.append
+        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of, time.perf_counter
+        plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
+        hook: Any = None
+        inline = False
+        for d in taken:
+            if lane.closed:  # the watcher stops: what was not started is abandoned
+                add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
+                continue
+            if d.hook is not hook:
+                hook = d.hook
+                inline, target = hook.inline, hook.target
+            if not inline:
+                add((d, self._deliver_safely(d)))
+                continue
+            t0 = perf_counter()
+            rec = d.record
+            data = rec.get("data") or {}
+            kwargs = data if plain(data) else _keywords(data)
+            try:
+                returned = target(event_of(rec, ckpt_dir, data, d), **kwargs)
+            except BaseException as exc:  # a callback's SystemExit too: the hook fails, not us
+                add((d, self._judged(d, Attempt(None, exc, t0))))
+                continue
+            add((d, None if returned is None else self._judged(d, Attempt(returned, None, t0))))
+        return finished
+
+    def _deliver_safely(self, d: Delivery) -> DeliveryResult | None:
+        try:
+            return self.deliver(d)
+        except Exception as exc:
+            return DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
+
+    def _judged(self, d: Delivery, first: Attempt) -> DeliveryResult:
+        try:
+            return self._retry_after(d, first)
+        except Exception as exc:
+            return DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
 
     def _retry_after(self, d: Delivery, first: Attempt) -> DeliveryResult:
         """The attempts of ``d`` whose first one was made inline: judged, then retried."""
@@ -79,8 +125,10 @@ class CallableRunner:
     def _attempt(self, d: Delivery, out: DeliveryResult, n: int) -> None:
         """One call, on a thread we stop waiting for after the hook's timeout (if any)."""
         fn: Callable[..., Any] = d.hook.target  # type: ignore[assignment]
-        event = Event.from_record(d.record, self.ckpt_dir, d.delivery_id)
-        kwargs = _keywords(event.data)
+        rec = d.record
+        data = rec.get("data") or {}
+        event = Event.of(rec, self.ckpt_dir, data, d)
+        kwargs = _keywords(data)
         result: list[Any] = []
         error: list[BaseException] = []
 
@@ -137,16 +185,27 @@ class CallableRunner:
         return said < TRACEBACKS_SAID
 
 
-#: Payload key sets seen, and whether all of them are identifiers (a few per journal).
-_IDENTIFIER_KEYS: dict[tuple[str, ...], bool] = {}
+#: Payload keys seen that are identifiers: a payload of only these is passed as it is (one
+#: C call per delivery).
+_PLAIN_KEYS: set[str] = set()
+#: Payload key sets seen with a key that is not (a bridge may log ``train/loss``).
+_MIXED_KEYS: set[tuple[str, ...]] = set()
+#: Past this many keys in either, it starts over (a journal whose records each have their own).
+_KEYS_KEPT = 1024
 
 
 def _keywords(data: dict[str, Any]) -> dict[str, Any]:
     """The payload fields that can be keyword arguments (a bridge may log ``train/loss``)."""
+    if _PLAIN_KEYS.issuperset(data):
+        return data
     keys = tuple(data)
-    plain = _IDENTIFIER_KEYS.get(keys)
-    if plain is None:
-        plain = _IDENTIFIER_KEYS[keys] = all(k.isidentifier() for k in keys)
-        if len(_IDENTIFIER_KEYS) > 1024:  # a journal whose every record has its own keys
-            _IDENTIFIER_KEYS.clear()
-    return data if plain else {k: v for k, v in data.items() if k.isidentifier()}
+    if keys not in _MIXED_KEYS:
+        if all(k.isidentifier() for k in keys):
+            if len(_PLAIN_KEYS) > _KEYS_KEPT:
+                _PLAIN_KEYS.clear()
+            _PLAIN_KEYS.update(keys)
+            return data
+        if len(_MIXED_KEYS) > _KEYS_KEPT:
+            _MIXED_KEYS.clear()
+        _MIXED_KEYS.add(keys)
+    return {k: v for k, v in data.items() if k.isidentifier()}

@@ -184,7 +184,6 @@ class Completions:
                     seqs = done.setdefault(hook.id, set())
                     mine = plain.setdefault(id(hook), [])
                 d.batch.pending -= 1
-                self._pending -= 1
                 seqs.add(d.record["seq"])
                 if out is None:
                     mine.append(d)
@@ -192,6 +191,7 @@ class Completions:
                     outs.append(out)
                 if d.lease is not None:
                     leased.append(d)
+            self._pending -= len(finished)
             ended = time.time()
             outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
             hidden: set[int] = set()  # failures the console does not show one by one

@@ -10,9 +10,10 @@ them in place.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from operator import methodcaller
 from typing import Any
 
-from watcher.hooks.delivery import ENVELOPE, Batch, Delivery, undeliverable
+from watcher.hooks.delivery import Batch, Delivery, undeliverable
 from watcher.hooks.hook import Hook
 
 #: Leases a save record's checkpoint for one delivery: the lease's name, or None.
@@ -63,38 +64,73 @@ class Dispatcher:
         self._done = {k: set(v) for k, v in done.items()}
         self._done_max = max((max(v) for v in self._done.values() if v), default=-1)
 
-    def route(self, records: list[dict[str, Any]], batch: Batch) -> Routed:
+    def route(
+        self,
+        records: list[dict[str, Any]],
+        batch: Batch,
+        events: list[Any] | None = None,
+        kinds: set[str] | None = None,
+    ) -> Routed:
         """The deliveries of ``records`` (read together, in journal order), made in
-        ``batch``. Per record only dict lookups: this loop runs for every record of a
-        replay."""
-        routes, lease_for = self._routes, self._lease_for
+        ``batch``; ``events``: their ``event`` fields, and ``kinds`` the set of them (see
+        :func:`events_of`), when the caller has them. Per record only dict lookups: this
+        loop runs for every record of a replay."""
+        if events is None:
+            events, kinds = events_of(records)
+        lease_for = self._lease_for
         done, done_max = self._done, self._done_max
-        per_lane: dict[int, list[Delivery]] = {}
-        ended: bool | None = None
-        for rec in records:
-            ev = rec.get("event")
-            if ev == "train_end":
-                ended = True
-            elif ev == "train_begin":  # a resumed attempt: its predecessor's end is not ours
-                ended = False
-            hooks = routes.get(ev) if type(ev) is str else None
+        made: list[list[Delivery]] = [[] for _ in self.lanes]
+        # event -> (hook, its lane's list.append) for this call: one call per delivery
+        routes = {
+            ev: [(hook, made[lane].append) for hook, lane in hooks]
+            for ev, hooks in self._routes.items()
+        }
+        for rec, ev in zip(records, events, strict=True):
+            hooks = routes.get(ev)
             if not hooks:
                 continue
-            if (ev == "save" or not rec.keys() >= ENVELOPE) and (why := undeliverable(rec)):
+            # the readers complete every record: what no default stands in for (a run id, a
+            # time) and a save's checkpoint are what a record may still lack
+            check = ev == "save" or rec["run_id"] is None or rec["ts"] is None
+            if check and (why := undeliverable(rec)):
                 self._notice(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
                 continue  # e.g. a save appended by hand
             seq = rec["seq"]
-            prefix = f"{rec.get('run_id', '')}-{seq}-"
-            for hook, lane in hooks:
+            for hook, add in hooks:
                 if seq <= done_max and seq in done.get(hook.id, ()):
                     continue  # completed before a restart
-                # a save's checkpoint is leased per delivery, released as each completes
+                # a save's checkpoint is leased per delivery, released as each completes;
+                # the delivery id is made when asked (a plain success never asks)
                 lease = lease_for(rec) if ev == "save" and lease_for is not None else None
-                todo = per_lane.get(lane)
-                if todo is None:
-                    todo = per_lane[lane] = []
-                todo.append(Delivery(hook, rec, batch, prefix + hook.short_id, lease))
-        return per_lane, ended
+                add(Delivery(hook, rec, batch, None, lease))
+        per_lane = {lane: todo for lane, todo in enumerate(made) if todo}
+        return per_lane, _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
+
+
+def events_of(records: list[dict[str, Any]]) -> tuple[list[Any], set[str] | None]:
+    """The ``event`` of each record (None where it is not a string), and the set of them
+    (None: not made), in C: the engine and :meth:`Dispatcher.route` ask these of every
+    record of a batch, and most batches hold a few kinds of records."""
+    events = list(map(_event_of, records))
+    try:
+        return events, set(events)
+    except TypeError:  # an unhashable event (a record of no event, then): set aside
+        return [ev if type(ev) is str else None for ev in events], None
+
+
+def _ended(events: list[Any]) -> bool | None:
+    """The run's end as ``events`` say (:data:`Routed`): the last ``train_end`` or
+    ``train_begin`` (a resumed attempt: its predecessor's end is not ours) decides."""
+    for ev in reversed(events):
+        if ev == "train_end":
+            return True
+        if ev == "train_begin":
+            return False
+    return None
+
+
+_event_of = methodcaller("get", "event")
+_ENDS = frozenset({"train_end", "train_begin"})
 
 
 def lanes(hooks: list[Hook]) -> list[list[Hook]]:

@@ -9,6 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from watcher.engine.attempts import Finished, Lane
 from watcher.hooks.callbacks import CommandTarget
 from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
 from watcher.hooks.hook import Hook
@@ -16,8 +17,9 @@ from watcher.hooks.hook import Hook
 #: Runs one delivery (a runner's ``deliver``, watcher.engine.attempts.Runner): its result,
 #: or None for a callable's plain success.
 Deliver = Callable[[Delivery], DeliveryResult | None]
-#: A delivery a worker ran, with its result (None: a callable's plain success).
-Finished = tuple[Delivery, DeliveryResult | None]
+#: Runs deliveries in a row, abandoning the rest once the lane is closed (a callable
+#: runner's ``deliver_many``): each one's result, as ``Deliver``.
+DeliverMany = Callable[[list[Delivery], Lane], list[Finished]]
 Complete = Callable[[Sequence[Finished], float], None]
 
 #: The most deliveries a worker of a callable lane takes at once: it runs them in order and
@@ -60,18 +62,22 @@ class HookQueue:
         complete: Complete,
         *,
         notice: Callable[[str], None] = log.error,
+        deliver_many: DeliverMany | None = None,
     ) -> None:
         self.hooks = hooks
         self._deliver, self._complete_fn, self._notice = deliver, complete, notice
         self._queue: deque[Delivery] = deque()
         self._cond = threading.Condition()
         self._running = 0
-        self._closed = False
+        #: the watcher stops: what was not started is abandoned (read per delivery)
+        self.closed = False
         first = hooks[0]
         # an object's methods: one worker, so that its calls keep the journal's order
         workers = 1 if first.owner is not None else max(1, first.options.concurrency)
         commands = any(isinstance(h.target, CommandTarget) for h in hooks)
         self._take = 1 if commands or workers > 1 else TAKE_MAX
+        # what a worker takes at once runs in one loop of the runner's (a callable's)
+        self._many = deliver_many if self._take > 1 else None
         self._after = first.owner.after_deliveries if first.owner is not None else None
         self._threads = [
             threading.Thread(target=self._work, name=f"hook-{first.short_id}-{i}", daemon=True)
@@ -87,10 +93,13 @@ class HookQueue:
         """Queue ``deliveries`` (in journal order) with one hand-off to the workers."""
         dropped: list[Delivery] = []
         with self._cond:
-            for d in deliveries:
-                if d.hook.options.queue == "latest":
-                    dropped += self._coalesce(d.hook)
-                self._queue.append(d)
+            if not any(h.options.queue == "latest" for h in self.hooks):
+                self._queue.extend(deliveries)  # nothing to coalesce: in C
+            else:
+                for d in deliveries:
+                    if d.hook.options.queue == "latest":
+                        dropped += self._coalesce(d.hook)
+                    self._queue.append(d)
             self._cond.notify(len(self._threads))
         if dropped:
             coalesced = [(old, DeliveryResult.of(old, "coalesced")) for old in dropped]
@@ -115,7 +124,7 @@ class HookQueue:
     def close(self) -> list[Delivery]:
         """Stop taking work; return the deliveries that never started."""
         with self._cond:
-            self._closed = True
+            self.closed = True
             left, self._queue = list(self._queue), deque()
             self._cond.notify_all()
         return left
@@ -123,30 +132,40 @@ class HookQueue:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self.closed:
                     self._cond.wait()
-                if self._closed:
+                if self.closed:
                     return
-                taken = [self._queue.popleft() for _ in range(min(self._take, len(self._queue)))]
+                if len(self._queue) <= self._take:
+                    taken = list(self._queue)
+                    self._queue.clear()
+                else:
+                    taken = [self._queue.popleft() for _ in range(self._take)]
                 self._running += len(taken)
-            finished: list[Finished] = []
             started = time.time()
-            deliver, add = self._deliver, finished.append
             try:
-                for d in taken:
-                    if self._closed:  # the watcher stops: what was not started is abandoned
-                        add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
-                        continue
-                    try:
-                        add((d, deliver(d)))
-                    except Exception as exc:
-                        add((d, DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")))
-                if self._after is not None and not self._closed:
+                many = self._many
+                finished = many(taken, self) if many is not None else self._run(taken)
+                if self._after is not None and not self.closed:
                     finished = self._after_deliveries(finished)
                 self._complete(finished, started)
             finally:
                 with self._cond:  # idle only once the completion (and cursor) is recorded
                     self._running -= len(taken)
+
+    def _run(self, taken: list[Delivery]) -> list[Finished]:
+        """Each of ``taken`` in order, one at a time through ``deliver``."""
+        finished: list[Finished] = []
+        deliver, add = self._deliver, finished.append
+        for d in taken:
+            if self.closed:  # the watcher stops: what was not started is abandoned
+                add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
+                continue
+            try:
+                add((d, deliver(d)))
+            except Exception as exc:
+                add((d, DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")))
+        return finished
 
     def _after_deliveries(self, finished: list[Finished]) -> list[Finished]:
         """The object's ``after_deliveries()``: an exporter writes what it buffered. If that
@@ -180,12 +199,3 @@ class HookQueue:
                 f"{d.hook.label}: recording the {d.hook.event} deliveries from seq "
                 f"{d.record['seq']} failed ({type(exc).__name__}: {exc}); the hook goes on"
             )
-
-
-def lanes(hooks: list[Hook]) -> list[list[Hook]]:
-    """The hooks grouped into lanes: those of one object together (by identity), each other
-    hook alone, in the order first seen."""
-    by_key: dict[int, list[Hook]] = {}
-    for h in hooks:
-        by_key.setdefault(id(h.owner) if h.owner is not None else id(h), []).append(h)
-    return list(by_key.values())

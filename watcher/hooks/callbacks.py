@@ -32,6 +32,15 @@ class CallbackSpecError(ValueError):
     """A hook specification is unusable (reported as a usage error before tailing starts)."""
 
 
+#: Where an event made by :meth:`Event.of` reads each field of its record, on first use:
+#: the key and its default (``...``: none, the key is always there).
+_FROM_RECORD: dict[str, tuple[str, Any]] = dict(
+    name=("event", ...), seq=("seq", ...), step=("step", 0), epoch=("epoch", 0),
+    samples_seen=("samples_seen", 0), run_id=("run_id", ""), attempt=("attempt", 1),
+    ts=("ts", 0.0), data=("data", None),
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Event:
     """What a Python callback receives as its first argument.
@@ -59,24 +68,45 @@ class Event:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any], ckpt_dir: str, delivery_id: str) -> Event:
-        # Once per delivery, so filled without the frozen __init__'s per-field
-        # object.__setattr__ (3x slower); what callbacks get is as frozen as ever.
-        event = object.__new__(cls)
-        event.__dict__.update(
-            name=rec["event"],
-            seq=rec["seq"],
-            step=rec.get("step", 0),
-            epoch=rec.get("epoch", 0),
-            samples_seen=rec.get("samples_seen", 0),
-            run_id=rec.get("run_id", ""),
-            attempt=rec.get("attempt", 1),
-            ts=rec.get("ts", 0.0),
-            data=rec.get("data") or {},
-            ckpt_dir=ckpt_dir,
-            delivery_id=delivery_id,
-            record=rec,
-        )
+        """The event of record ``rec`` for the delivery ``delivery_id`` (as :meth:`of`)."""
+        event = cls.of(rec, ckpt_dir, rec.get("data") or {}, None)
+        event.__dict__["delivery_id"] = delivery_id
+        del event.__dict__["_delivery"]
         return event
+
+    @classmethod
+    def of(cls, rec: dict[str, Any], ckpt_dir: str, data: dict[str, Any], delivery: Any) -> Event:
+        """The event the watcher hands a callable (once per delivery: a replay makes
+        millions): it holds the record and reads the other fields from it on first use
+        (:meth:`__getattr__`), ``delivery_id`` from ``delivery`` (anything with that
+        attribute) too. Not through the frozen ``__init__`` (3x slower); what callbacks
+        get is as frozen, with the same fields, as ever."""
+        event = object.__new__(cls)
+        d = event.__dict__
+        d["record"] = rec
+        d["ckpt_dir"] = ckpt_dir
+        d["data"] = data
+        d["_delivery"] = delivery
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a field not read yet (Event.of): read, then kept.
+        d = self.__dict__
+        rec = d.get("record")
+        if rec is not None:
+            if (where := _FROM_RECORD.get(name)) is not None:
+                key, default = where
+                value = rec[key] if default is ... else rec.get(key, default)
+                value = d[name] = {} if name == "data" and not value else value
+                return value
+            if name == "delivery_id" and "_delivery" in d:
+                value = d[name] = d["_delivery"].delivery_id
+                return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Every field read (a copy or a pickle is a whole event)."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 class TrainerCallback:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal.record.schema import Record
+from journal.record.fields import missing_fields
 from watcher.hooks.callbacks import CommandTarget
 from watcher.hooks.hook import Hook
 
@@ -23,13 +24,35 @@ class Batch:
     pending: int
 
 
-@dataclass(slots=True)
 class Delivery:
-    hook: Hook
-    record: dict[str, Any]
-    batch: Batch
-    delivery_id: str  # stable across restarts: run id, seq and hook
-    lease: str | None = None  # the checkpoint lease held while a save is queued or running
+    """One record to one hook. Its ``delivery_id`` (stable across restarts: run id, seq
+    and hook) is made on first use: a callable's plain success never asks for it."""
+
+    __slots__ = ("_id", "batch", "hook", "lease", "record")
+
+    def __init__(
+        self,
+        hook: Hook,
+        record: dict[str, Any],
+        batch: Batch,
+        delivery_id: str | None = None,
+        lease: str | None = None,  # the checkpoint lease held while a save is queued or running
+    ) -> None:
+        self.hook = hook
+        self.record = record
+        self.batch = batch
+        self.lease = lease
+        self._id = delivery_id
+
+    def __repr__(self) -> str:
+        return f"Delivery({self.delivery_id!r}, {self.hook.label!r}, lease={self.lease!r})"
+
+    @property
+    def delivery_id(self) -> str:
+        did = self._id
+        if did is None:
+            did = self._id = delivery_id_for(self.record, self.hook.short_id)
+        return did
 
     @property
     def file_stem(self) -> str:
@@ -40,6 +63,12 @@ class Delivery:
         if safe == did and len(did) <= 100:
             return did
         return f"{safe[:60]}-{hashlib.sha1(did.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+def delivery_id_for(rec: dict[str, Any], short_id: str) -> str:
+    """A delivery's id, stable across restarts: the record's run id and seq, and its hook's
+    ``short_id`` (watcher.hooks.hook.Hook)."""
+    return f"{rec.get('run_id', '')}-{rec['seq']}-{short_id}"
 
 
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
@@ -117,23 +146,13 @@ class DeliveryResult:
         return self.status in ("failed", "timeout", "abandoned")
 
 
-#: Payload fields a delivery of an event cannot do without (the envelope's are the
-#: schema's): the checkpoint a save hook evaluates and the watcher leases.
-_NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
-_ENVELOPE = tuple(name for name, info in Record.model_fields.items() if info.is_required())
-#: The envelope fields every deliverable record has (``rec.keys() >= ENVELOPE``).
-ENVELOPE = frozenset(_ENVELOPE)
-
-
-def undeliverable(rec: dict[str, Any]) -> str | None:
+def undeliverable(rec: Mapping[str, Any]) -> str | None:
     """Why a record goes to no hook (``missing run_id, data.checkpoint_path``), or None.
 
-    Readers tolerate absent fields; a hook would get a record that ``ilab-journal
-    validate`` reports, with no run or checkpoint to act on (one appended by hand)."""
-    needed = _NEEDED.get(rec.get("event"))  # type: ignore[arg-type]
-    if needed is None and rec.keys() >= ENVELOPE:  # the common case, checked in C
-        return None
-    missing = [name for name in _ENVELOPE if name not in rec]
-    data = rec.get("data") or {}
-    missing += [f"data.{f}" for f in needed or () if data.get(f) is None]
+    The readers complete a record a writer left envelope fields out of (their defaults,
+    journal/record/record.py); what no default stands in for, and what a hook of its event
+    needs, is journal/record/fields.py's :func:`missing_fields`: without it a hook would get
+    a record that ``ilab-journal validate`` reports, with no run or checkpoint to act on
+    (one appended by hand)."""
+    missing = missing_fields(rec)
     return f"missing {', '.join(missing)}" if missing else None
