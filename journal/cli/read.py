@@ -154,10 +154,10 @@ def add_retention(s: RunSummary, ckpt_dir: Path) -> None:
     -9``) never releases; said by ``status``, removed by ``prune``. A running trainer
     rotates them at its next save. Cost: the run's checkpoint and lease dirs, not the
     journal."""
-    from journal.checkpoints.rotation import prunable
-
     if s.state in ("running", "starting", "empty") or not s.keep_last_n:
         return
+    from journal.checkpoints.rotation import prunable  # only for a run that rotates
+
     best = (s.best_checkpoint or {}).get("checkpoint_path")
     keep = {Path(best).name} if isinstance(best, str) else set()
     paths, s.expired_leases = prunable(ckpt_dir, s.keep_last_n, keep=keep, run_id=s.run_id)

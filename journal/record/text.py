@@ -10,8 +10,6 @@ an escape instead: ``\\x1b`` for C0/C1 controls and DEL, ``\\u202e`` for the inv
 
 from __future__ import annotations
 
-import logging
-
 #: C0 and C1 control characters and DEL: terminal escapes (ESC, CSI), bells, carriage
 #: returns that overwrite a line, NUL bytes.
 _C0_C1 = (*range(0x20), 0x7F, *range(0x80, 0xA0))
@@ -32,11 +30,3 @@ def printable(text: str, *, newlines: bool = False) -> str:
     escapes (``\\x1b``, ``\\u202e``), not obeyed. ``newlines=True`` keeps newlines and
     tabs, for a caller that prints a block of lines on purpose."""
     return text.translate(_MULTI_LINE if newlines else _ONE_LINE)
-
-
-class PrintableFormatter(logging.Formatter):
-    """A log formatter whose lines carry no control characters (messages quote paths,
-    reasons and metric names from records; a traceback keeps its lines)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return printable(super().format(record), newlines=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import re
 import stat
@@ -22,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-log = logging.getLogger(__name__)
 
 #: The largest file an inbox reader reads: a command, a report (its metrics included) or a
 #: lease is far smaller; a bigger one is refused without being read.
@@ -119,7 +116,11 @@ def move_aside(path: Path) -> Path | None:
     except FileNotFoundError:
         return None  # another reader moved it first
     except OSError as exc:
-        log.warning("cannot move %s to %s: %s", path, dest, exc.strerror or exc)
+        import logging  # only on this rare path: readers such as status never pay for it
+
+        logging.getLogger(__name__).warning(
+            "cannot move %s to %s: %s", path, dest, exc.strerror or exc
+        )
         return None
     return dest / path.name
 

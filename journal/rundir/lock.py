@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import stat
 import threading
@@ -32,8 +31,6 @@ import orjson
 
 from journal.rundir.paths import lock_path, run_lock_path
 from journal.rundir.safety import make_dir, open_no_follow
-
-log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0  # a heartbeat older than this is a dead holder's

@@ -12,11 +12,11 @@ from typing import Any
 
 import click
 
-from journal.record.text import PrintableFormatter
 from journal.rundir.paths import resolve_journal, watch_dir
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, not_a_directory
 from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
 from watcher.cli.options import parse_queue, watch_options
+from watcher.engine.console import PrintableFormatter
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling

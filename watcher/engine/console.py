@@ -8,6 +8,7 @@ terminal escapes never reach the terminal.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 
@@ -97,3 +98,12 @@ class ConsoleReporter:
             for line in lines:
                 self.console.print(line)
         sys.stderr.flush()
+
+
+class PrintableFormatter(logging.Formatter):
+    """A log formatter whose lines carry no control characters (messages quote paths,
+    reasons and metric names from records; a traceback keeps its lines): the watcher's
+    log lines through the one :func:`~journal.record.text.printable`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), newlines=True)
