@@ -64,3 +64,24 @@ def test_an_interrupt_ends_the_wait(tmp_path: Path) -> None:
     pacer = CallbackPacer(progress.path, first_step=1, limit_s=60, interrupted=lambda: True)
     pacer.wait(5)
     assert pacer.on
+
+
+def test_callbacks_already_caught_up_make_the_step_read_control_at_once(tmp_path: Path) -> None:
+    """Callbacks that kept up (no wait) may have just written a command: the step's poll
+    reads control/ now instead of waiting for its directory watcher to notice (it could
+    notice a step later, and the stop would apply one step late); a step with no new
+    progress does not force a read."""
+    from trainer.steering.dir_watch import DirWatch
+
+    control = tmp_path / "control"
+    control.mkdir()
+    watch = DirWatch(control)
+    progress = Progress(tmp_path / "p")
+    a = Owner()
+    progress.register(a)
+    pacer = CallbackPacer(progress.path, first_step=1, limit_s=60, control=watch)
+    progress.done(a, 3)  # handled up to step 3, a command written before that counted
+    watch.changed = False
+    assert pacer.wait(4) == 0.0 and watch.changed
+    watch.changed = False
+    assert pacer.wait(4) == 0.0 and not watch.changed  # nothing new since: no forced read

@@ -65,6 +65,7 @@ class CallbackPacer:
         self.path, self.first_step, self.limit_s = path, first_step, limit_s
         self.control, self.interrupted = control, interrupted
         self.on = True
+        self._seen = -1  # the progress read at the last wait
 
     @classmethod
     def for_run(
@@ -89,6 +90,12 @@ class CallbackPacer:
             return 0.0
         done = read_progress(self.path)
         if done is None or done >= step - 1:
+            # caught up already: what they returned meanwhile is in control/ by now (a
+            # callback's command is written before its step counts as handled), so this
+            # step's poll reads the directory rather than wait for its watcher to notice
+            if done is not None and done > self._seen and self.control is not None:
+                self.control.changed = True
+            self._seen = done if done is not None else self._seen
             return 0.0
         t0 = time.monotonic()
         deadline = t0 + self.limit_s
@@ -111,4 +118,5 @@ class CallbackPacer:
                 break
         if self.control is not None:
             self.control.changed = True  # a command they wrote is read by this step's poll
+        self._seen = done if done is not None else self._seen
         return time.monotonic() - t0
