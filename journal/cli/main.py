@@ -306,7 +306,7 @@ JOBS_OPTION = click.option(
 @user_errors
 def stats(dir: str, as_json: bool, jobs: int | None) -> None:
     """Counts per event, time per phase (step, evaluate, save) and throughput."""
-    from journal.views.summary import journal_stats
+    from journal.views.stats import journal_stats
 
     path = resolve_journal(dir)
     st, invalid = journal_stats(path, jobs)
