@@ -10,14 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from journal.ask.facts import FactFolder
 from journal.channels.jobs import FINAL_JOB_STATES
 from journal.checkpoints.leases import expiries
 from journal.read.reader import iter_events
 from journal.read.tailing import RotatingReader
-from journal.record.record import Record
 from journal.rundir.lock import run_holder
 from journal.store import follow
 from journal.views.index import Folded, fold, load
@@ -34,8 +32,6 @@ class RunReading:
     folder: FactFolder
     reader: RotatingReader = field(init=False)
     invalid: int = 0
-    jobs: dict[str, str] = field(default_factory=dict)  # job -> its latest state
-    checkpoints: set[str] = field(default_factory=set)  # names of the saved checkpoints
 
     def __post_init__(self) -> None:
         self.reader = follow(self.path)
@@ -50,50 +46,38 @@ class RunReading:
             n += len(batch.records)
             self.invalid += len(batch.invalid)
             self.folder.add_batch(batch.records)
-            for rec in batch.records:
-                self._note(rec)
 
     def from_index(self, index: Folded, *, final: bool) -> None:
-        """Start where ``status`` does: the journal ``index`` plus what came after it; the
-        ``job`` and ``save`` records and those holding a named metric found by a byte
-        search (:func:`iter_events`) up to where the summary got, not every record parsed."""
+        """Start where ``status`` does: the journal ``index`` (the run's fold, its jobs and
+        checkpoints included) plus what came after it; the records holding a named metric
+        found by a byte search (:func:`iter_events`) up to where the index got, not every
+        record parsed."""
         folded = fold(self.path, index, final=final)
         self.folder.fold, self.invalid = folded.fold, folded.invalid
         self.reader.seek(folded.cursor)
         metrics = tuple(sorted(self.folder.metrics))
-        events = {"job", "save", "train_begin"}
-        for rec in iter_events(self.path, events, holding=metrics, end=folded.cursor.offset):
-            self._note(rec)
-            if metrics:
+        if metrics:  # train_begin: a new run's metrics start afresh (FactFolder.add_values)
+            found = iter_events(
+                self.path, {"train_begin"}, holding=metrics, end=folded.cursor.offset
+            )
+            for rec in found:
                 self.folder.add_values(rec)
-
-    def _note(self, rec: Record) -> None:
-        event = rec["event"]
-        if event == "job":
-            self._job(rec["data"])
-        elif event == "save":
-            path = rec["data"].get("checkpoint_path")
-            if isinstance(path, str):
-                self.checkpoints.add(Path(path).name)
-
-    def _job(self, data: dict[str, Any]) -> None:
-        key = f"{data.get('scheduler')}:{data.get('job_id')}"
-        self.jobs[key] = str(data.get("state"))
 
     def pending(self, quiet: float, now: float) -> list[str]:
         """What the run is still waiting for, each in a few words (empty: settled)."""
         out = []
-        flying = [k for k, state in self.jobs.items() if state not in FINAL_JOB_STATES]
+        run = self.folder.fold
+        flying = [k for k, state in run.jobs.items() if state not in FINAL_JOB_STATES]
         if flying:
             out.append(f"{len(flying)} scheduler job(s) in flight ({', '.join(flying[:3])})")
         held = [
             name
-            for name, ends in expiries(self.path.parent, self.checkpoints).items()
+            for name, ends in expiries(self.path.parent, {f.name for f in run.fates}).items()
             if any(end > now for end in ends)
         ]
         if held:
             out.append(f"checkpoint(s) leased by a consumer still at work ({', '.join(held[:3])})")
-        last = self.folder.fold.summarizer.summary.last_ts or 0.0  # any record: reports too
+        last = run.summarizer.summary.last_ts or 0.0  # any record: reports too
         if now - last < quiet:
             out.append(f"a record {now - last:.1f}s ago (quiet period {quiet:g}s)")
         return out

@@ -31,7 +31,7 @@ from journal.record.fields import PAYLOAD_TYPES
 from journal.record.record import Record
 from journal.store import follow
 from journal.views.fold import RunFold as RunTruth
-from journal.views.ledger import CheckpointLedger
+from journal.views.ledger import CheckpointLedger, finite_number
 
 #: Events drawn as markers on the step axis, and the marker kind each is shown as.
 MARKER_KINDS: dict[str, str] = {
@@ -79,12 +79,6 @@ PRIORITY = frozenset(
 )
 #: Names listed beyond the curves (a curve read on demand); later ones are not kept.
 MAX_LISTED = 10_000
-
-
-def _number(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
 
 
 def scalar(v: Any) -> Any:
@@ -243,7 +237,7 @@ class RunFold:
     def _curves(self, rec: Record, event: str) -> None:
         step, data = rec["step"], rec["data"]
         if event == "step_end":
-            if (loss := _number(data.get("loss"))) is not None:
+            if (loss := finite_number(data.get("loss"))) is not None:
                 self._point("loss", step, loss)
             return
         if event == "log":
@@ -291,13 +285,13 @@ class RunFold:
     def _reported(self, data: dict[str, Any]) -> None:
         """A report's metrics as points of its checkpoint's step (the table is the fold's)."""
         metrics = data.get("metrics")
-        ckpt_step = _number(data.get("step"))
+        ckpt_step = finite_number(data.get("step"))
         if ckpt_step is None or not isinstance(metrics, dict):
             return
         if not isinstance(data.get("checkpoint_path"), str):  # about no checkpoint: no point
             return
         for name, value in metrics.items():
-            if (v := _number(value)) is not None:
+            if (v := finite_number(value)) is not None:
                 self._point(f"{REPORTED}{name}", ckpt_step, v, by_report=True)
 
 

@@ -140,6 +140,9 @@ class RunFold:
         self.commands: list[CommandSeen] = []
         self.command_count = 0
         self.attempts: list[Attempt] = []
+        #: every scheduler job of the run, ``scheduler:job_id`` -> its latest state (one
+        #: with no checkpoint too: the ledger keeps a checkpoint's own)
+        self.jobs: dict[str, str] = {}
 
     @property
     def run_id(self) -> str | None:
@@ -157,6 +160,9 @@ class RunFold:
         event = rec["event"]
         if event in CheckpointLedger.EVENTS:
             self.ledger.add(rec)
+            if event == "job":
+                data = rec["data"]
+                self.jobs[f"{data.get('scheduler')}:{data.get('job_id')}"] = str(data.get("state"))
         elif event in self._OWN:
             data = rec["data"]
             if event == "control":
@@ -178,6 +184,7 @@ class RunFold:
         if run_id != self.ledger.run_id or not self.attempts:
             self.ledger.new_run(run_id)
             self.commands, self.command_count, self.attempts = [], 0, []
+            self.jobs = {}
         self.ledger.ended = False
         self.attempts.append(
             Attempt(
@@ -279,6 +286,7 @@ class RunFold:
             "commands": [asdict(c) for c in self.commands],
             "command_count": self.command_count,
             "attempts": [asdict(a) for a in self.attempts],
+            "jobs": self.jobs,
         }
 
     @classmethod
@@ -292,4 +300,5 @@ class RunFold:
         fold.commands = [CommandSeen(**c) for c in state["commands"]]
         fold.command_count = int(state["command_count"])
         fold.attempts = [Attempt(**a) for a in state["attempts"]]
+        fold.jobs = {str(k): str(v) for k, v in state["jobs"].items()}
         return fold
