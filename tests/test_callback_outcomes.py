@@ -76,6 +76,17 @@ def test_a_return_value_that_is_not_a_control_or_report_fails_its_delivery(
     assert [r for r in read_all(ckpt / "journal.jsonl").records if r["event"] == "control"] == []
 
 
+def _refused_callback(ckpt: Path, mod: Path) -> str:
+    """``ilab-watch --callback MOD:Judge`` refused before anything ran: exit 2, no
+    traceback, no state dir; its one error line."""
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert not (ckpt / "watch").exists()  # nothing ran
+    return error
+
+
 def test_a_callback_class_whose_constructor_raises_is_one_usage_line(
     ckpt: Path, tmp_path: Path
 ) -> None:
@@ -95,15 +106,11 @@ def test_a_callback_class_whose_constructor_raises_is_one_usage_line(
             """
         )
     )
-    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    error = _refused_callback(ckpt, mod)
     assert (
         error
         == f"Error: {mod}:Judge: needs_gpu.Judge() raised RuntimeError: no GPU here\\x0asecond line"
     )
-    assert not (ckpt / "watch").exists()  # nothing ran
 
 
 @pytest.mark.parametrize(
@@ -139,12 +146,8 @@ def test_a_callback_constructor_that_exits_is_one_usage_line(
             """
         )
     )
-    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    error = _refused_callback(ckpt, mod)
     assert error == f"Error: {mod}:Judge: {said}"
-    assert not (ckpt / "watch").exists()  # nothing ran
 
 
 def test_a_callback_module_that_exits_on_import_is_one_usage_line(
@@ -154,12 +157,8 @@ def test_a_callback_module_that_exits_on_import_is_one_usage_line(
     write_run(ckpt, steps=4, save_every=2)
     mod = tmp_path / "quits.py"
     mod.write_text("import sys\n\nsys.exit(0)\n")
-    proc = cli("ilab-watch", str(ckpt), "--replay", "--callback", f"{mod}:Judge")
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    error = _refused_callback(ckpt, mod)
     assert error == f"Error: '{mod}:Judge': cannot import {mod}: SystemExit: 0"
-    assert not (ckpt / "watch").exists()
 
 
 def test_a_callback_failing_on_every_record_prints_and_records_a_bounded_amount(
