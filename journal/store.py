@@ -122,12 +122,8 @@ def read(
     """The complete records of ``journal`` (a run dir or its journal file) from ``cursor``
     on (at most ``max_bytes`` of them); the batch's ``cursor`` is where the next read
     starts. ``final``: no writer any more, so a torn last line is an invalid one."""
-    reader = JournalReader(_journal_file(journal), *_ints(cursor))
+    reader = JournalReader(_journal_file(journal), cursor.offset, cursor.line_no)
     return reader.read(final=final, max_bytes=max_bytes)
-
-
-def _ints(cursor: Cursor) -> tuple[int, int]:
-    return cursor.offset, cursor.line_no
 
 
 def _journal_file(path: str | os.PathLike[str]) -> Path:
