@@ -103,6 +103,28 @@ def test_the_evals_own_target_stops_when_its_result_is_known(tmp_path: Path) -> 
     assert (code, stop["trigger_step"], stop["stop_step"], stop["kind"]) == (0, 30, 31, "eval")
 
 
+def test_a_target_known_before_the_end_but_journaled_after_it_stops_where_the_run_did(
+    tmp_path: Path,
+) -> None:
+    """The eval sends its stop, then its report; the trainer reads the stop at its last
+    step boundary and ends before the report lands, which the watcher journals after
+    ``train_end`` (the demo's race, seen in CI): the policy stops where the run did."""
+    t = time.time() - 100.0
+    path = str(tmp_path / "checkpoints" / "step-000010")
+    with JournalWriter(tmp_path) as w:
+        w.append("train_begin", BEGIN, ts=t)
+        for step in range(1, 13):
+            w.append("step_end", {"loss": 1.0}, step=step, samples_seen=8 * step, ts=t + step)
+            if step == 10:
+                w.append("save", {"checkpoint_path": path, "kind": ["full_state"], "duration": 1.0}, step=10, ts=t + 10)  # fmt: skip
+        w.append("control", {"command": "stop", "id": "c", "source": "eval", "accepted": True}, step=12, ts=t + 11.9)  # fmt: skip
+        w.append("train_end", {"status": "stopped", "reason": "stop command"}, step=12, ts=t + 12.5)
+        w.append("report", _report(path, 10, 0.9, t + 12.2), step=12, ts=t + 14)
+    code, out = backtest(str(tmp_path), "--target", "accuracy>=0.8", "--json")
+    stop = json.loads(out)["stops"][0]
+    assert (code, stop["trigger_step"], stop["stop_step"], stop["steps_saved"]) == (0, 10, 12, 0)
+
+
 def test_retention_that_deletes_the_later_best(tmp_path: Path) -> None:
     build(tmp_path, late_best=True)
     code, out = backtest(str(tmp_path), "--keep-last-n", "[1,8]", "--json")

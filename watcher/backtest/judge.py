@@ -64,6 +64,10 @@ def judge_stop(
     if trig is not None:
         t, after, out.trigger_seq, out.trigger_step, out.reason = trig
         at = tl.applied(t, after)
+        if at is None and tl.end_ts is not None and t <= tl.end_ts:
+            # known before the run ended, but after its last step boundary: the run ended
+            # before a step could read it, so it stops where the run did
+            at = (tl.last_step, tl.end_samples, tl.end_ts)
         if at is not None:  # at the run's own last step: it stops where the run did
             out.stop_step = at[0]
             out.steps_saved = tl.last_step - at[0]

@@ -25,6 +25,7 @@ from journal.read.lines import LongLine, lines_backwards
 from journal.read.reader import iter_batches, record_problem
 from journal.record.record import Record
 from journal.views.fold import RunFold
+from journal.views.ledger import finite_number
 
 #: Records kept whole: what the best checkpoint, reported metrics and retention come from.
 _KEPT = frozenset({"evaluate", "report", "save", "checkpoint_removed"})
@@ -214,16 +215,22 @@ def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, in
     for rec in tl.metric_records:
         ev, data = rec["event"], rec["data"]
         at = rec["step"]
+        ts = _ts(rec)
         if ev == "report":
             v = (data.get("metrics") or {}).get(metric)
             step = data.get("step") if isinstance(data.get("step"), int) else at
             after = at - 1
+            # the value was known when the report was written, which may be before the
+            # trainer journaled it (or after its end, by the watcher that drained it)
+            sent = finite_number(data.get("reported_at"))
+            if sent is not None and sent < ts:
+                ts = sent
         elif ev == "evaluate":
             v, step, after = data.get(metric), at, at
         else:
             continue
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out.append((int(step or 0), float(v), _ts(rec), rec["seq"], after))
+            out.append((int(step or 0), float(v), ts, rec["seq"], after))
     logged = tl._logged.get(metric)
     if logged:  # merged into journal order by seq
         out += zip(logged.step, logged.samples, logged.ts, logged.seq, logged.step, strict=True)
