@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from journal import read_all
+from journal.read.cursor import START
 from journal.rundir.paths import journal_path
 from tests.helpers import COUNT_CALLBACK, cli, wait_for, write_log_journal
 from watcher.engine.engine import Watcher
@@ -171,7 +172,7 @@ def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
         done.update((d.delivery_id, out.status if out else "ok") for d, out in finished)
 
     q = HookQueue([log_h, step_h, save_h], deliver, complete)
-    batch = Batch(0, 0, 0, 99)
+    batch = Batch(START, 0, 99)
 
     def submit(hook: Hook, name: str) -> None:
         q.submit(Delivery(hook, {"seq": len(done) + len(ran)}, batch, name))
@@ -208,7 +209,7 @@ def test_a_lone_hook_keeps_its_policy(policy: str) -> None:
         return DeliveryResult.of(d, "ok")
 
     q = HookQueue([hook], deliver, lambda finished, started: None)
-    batch = Batch(0, 0, 0, 9)
+    batch = Batch(START, 0, 9)
     q.submit(Delivery(hook, {"seq": 1}, batch, "a"))
     assert started.wait(30)
     for i, name in enumerate("bcd", start=2):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from journal.channels.control import Control
+from journal.read.cursor import START
 from journal.record.record import Record
 from journal.views.best import MetricGoal
 from watcher.backtest.judge import judge_retention, judge_stop, policy_goal, retention_story
@@ -147,7 +148,7 @@ class Replayer:
         self._events = self.dispatch.events
         self._runs = [self.ex.lane_runner(lane).deliver for lane in self.dispatch.lanes]
         self.failures: dict[int, list[str]] = {}
-        self._batch = Batch(0, 0, 0, 0)
+        self._batch = Batch(START, 0, 0)
 
     def __call__(self, rec: Record) -> None:
         if rec["event"] not in self._events:

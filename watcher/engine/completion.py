@@ -25,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from watcher.engine.cursor import Cursor, CursorState
+from journal.read.cursor import START, Cursor
+from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.wake import Waker
 from watcher.hooks.delivery import (
@@ -103,7 +104,7 @@ class Completions:
 
     def __init__(
         self,
-        cursor: Cursor,
+        cursor: CursorFile,
         *,
         results_path: Path | None,
         reporter: Reporter | None,
@@ -117,7 +118,7 @@ class Completions:
         self.checkpoints = checkpoints
         self.waker = waker
         self._notice = notice
-        self._read_end = (0, 0)  # (offset, line_no) just past what the engine has read
+        self._read_end = START  # just past what the engine has read
         self.state = CursorState()
         #: finished deliveries by (hook label, event, status)
         self.tally: Counter[tuple[str, str, str]] = Counter()
@@ -138,15 +139,15 @@ class Completions:
             self._batches.clear()  # (deliveries in flight still count in _pending)
             self._floor = None
             self.state = state
-            self._read_end = (state.offset, state.line_no)
+            self._read_end = state.at
 
     @property
     def pending(self) -> int:
         """Deliveries made and not completed yet."""
         return self._pending
 
-    def open_batch(self, batch: Batch, end: tuple[int, int]) -> None:
-        """Records read from ``batch``'s start to ``end`` (offset, line_no), from which
+    def open_batch(self, batch: Batch, end: Cursor) -> None:
+        """Records read from ``batch``'s start to ``end``, from which
         ``batch.pending`` deliveries were made (none of them handed to a queue yet)."""
         with self._lock:
             self._batches.append(batch)
@@ -155,7 +156,7 @@ class Completions:
         if not batch.pending:
             self.advance()
 
-    def read_to(self, end: tuple[int, int]) -> None:
+    def read_to(self, end: Cursor) -> None:
         """Read up to ``end`` with no record to deliver (only invalid lines, or nothing)."""
         with self._lock:
             self._read_end = end
@@ -296,21 +297,21 @@ class Completions:
     def advance(self, *, durable: bool | None = None) -> None:
         """Move the durable cursor past every leading batch whose deliveries are all done,
         and save it (with the seqs completed in batches still open; ``durable``: see
-        :meth:`Cursor.save`)."""
+        `CursorFile.save`)."""
         with self._save_lock:  # saves in the order their states were taken
             with self._lock:
                 while self._batches and self._batches[0].pending <= 0:
                     self._batches.popleft()
                 if self._batches:
                     head = self._batches[0]
-                    self.state.offset, self.state.line_no = head.offset, head.line_no
+                    self.state.at = head.start
                     if head.min_seq != self._floor:  # only when the head moved: linear in all
                         self._floor = floor = head.min_seq
                         self.state.done = {
                             k: {s for s in v if s >= floor} for k, v in self.state.done.items()
                         }
                 else:
-                    self.state.offset, self.state.line_no = self._read_end
+                    self.state.at = self._read_end
                     self.state.done = {}
                     self._floor = None
                 if self.cursor.path is None:

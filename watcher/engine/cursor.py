@@ -19,20 +19,24 @@ from typing import Any
 
 import orjson
 
+from journal.read.cursor import START, Cursor
 from journal.rundir.files import atomic_write
 from journal.rundir.lock import HEARTBEAT_S, FileLock, Locked, describe, holder
 from watcher.engine.statedir import StateFiles
 
 log = logging.getLogger("watcher")
 
-#: Seconds between fsynced cursor saves (each save is atomic, see Cursor.save).
+#: Seconds between fsynced cursor saves (each save is atomic, see CursorFile.save).
 DURABLE_EVERY_S = 1.0
 
 
 @dataclass
 class CursorState:
-    offset: int = 0
-    line_no: int = 0
+    """A watcher's saved progress: ``at``, where every delivery before it is done (a line
+    start); the journal's first-line ``fingerprint`` (a replaced journal starts over); the
+    seqs done per hook past ``at`` (made again only if not done)."""
+
+    at: Cursor = START
     fingerprint: str | None = None
     done: dict[str, set[int]] = field(default_factory=dict)
 
@@ -40,8 +44,8 @@ class CursorState:
         return orjson.dumps(
             {
                 "version": 1,
-                "offset": self.offset,
-                "line_no": self.line_no,
+                "offset": self.at.offset,
+                "line_no": self.at.line_no,
                 "fingerprint": self.fingerprint,
                 "done": {k: sorted(v) for k, v in self.done.items() if v},
             },
@@ -49,7 +53,7 @@ class CursorState:
         )
 
 
-class Cursor:
+class CursorFile:
     """Load/save a :class:`CursorState`; ``path=None`` keeps it in memory only."""
 
     def __init__(self, path: Path | None) -> None:
@@ -65,8 +69,7 @@ class Cursor:
         try:
             raw: Any = orjson.loads(self.path.read_bytes())
             return CursorState(
-                offset=int(raw["offset"]),
-                line_no=int(raw.get("line_no", 0)),
+                at=Cursor(int(raw["offset"]), int(raw.get("line_no", 0))),
                 fingerprint=raw.get("fingerprint"),
                 done={k: set(map(int, v)) for k, v in (raw.get("done") or {}).items()},
             )

@@ -25,12 +25,13 @@ from typing import Any, cast
 
 from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
+from journal.read.cursor import Cursor
 from journal.record.record import Record
 from journal.rundir.safety import UnsafeRunDir
 from journal.views.query import ended_before
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
-from watcher.engine.cursor import Cursor, CursorLock, CursorState
+from watcher.engine.cursor import CursorFile, CursorLock, CursorState
 from watcher.engine.dispatch import Dispatcher, events_of
 from watcher.engine.execute import Executor
 from watcher.engine.follow import JournalFollower, RunProgress, StartAt
@@ -136,7 +137,7 @@ class Watcher:
         )
         # one process per cursor: its results, logs and running markers are shared too
         self._lock = CursorLock(files, journal=str(journal)) if files is not None else None
-        self.cursor = Cursor(files.cursor if files is not None and persist_cursor else None)
+        self.cursor = CursorFile(files.cursor if files is not None and persist_cursor else None)
         self.results_path = files.results if files is not None else None
         self.completions = Completions(
             self.cursor,
@@ -241,12 +242,12 @@ class Watcher:
                     self.completions.read_to(follower.position)
                 if self._finished(final, progressed=follower.position != before):
                     break
-                if follower.position[0] - before[0] >= READ_BYTES // 2:
+                if follower.position.offset - before.offset >= READ_BYTES // 2:
                     continue  # a full chunk: more is there to read at once
-                if waiting_at != follower.position[0] and self._idle():
+                if waiting_at != follower.position.offset and self._idle():
                     # Said once per position, only with nothing in flight: a watcher that
                     # says this is following, not about to finish.
-                    waiting_at = follower.position[0]
+                    waiting_at = follower.position.offset
                     log.debug("idle at byte %d; waiting for more records", waiting_at)
                 self._checkpoints.caught_up()  # a dead predecessor's leases: only those needed
                 follower.waker.wait(SAFETY_POLL_S)
@@ -283,13 +284,13 @@ class Watcher:
         saved = self.cursor.load()
         if self.cursor.warning:
             self._notices(self.cursor.warning)
-        if saved is not None and saved.offset and not isinstance(self._start, int):
-            log.info("resuming cursor %s at byte %d", self.cursor.path, saved.offset)
+        if saved is not None and saved.at.offset and not isinstance(self._start, int):
+            log.info("resuming cursor %s at byte %d", self.cursor.path, saved.at.offset)
         state = self._follower.start_state(self._start, saved, self._notices)
         self._remember_done(state)
         self.completions.reset(state)
         # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
-        self._run.ended = ended_before(self.journal, self._follower.position[0])
+        self._run.ended = ended_before(self.journal, self._follower.position.offset)
         if self.stateful_callbacks:
             history = cast("list[dict[str, Any]]", self._follower.history())
             for shape in self.stateful_callbacks:
@@ -316,7 +317,7 @@ class Watcher:
         self.completions.reset(state)
         self._run.ended = False
 
-    def _dispatch(self, read: list[Record], start: tuple[int, int], end: tuple[int, int]) -> None:
+    def _dispatch(self, read: list[Record], start: Cursor, end: Cursor) -> None:
         """Turn the records read together into deliveries, handed to each queue at once."""
         records = cast("list[dict[str, Any]]", read)  # deliveries hold plain dicts still
         events, kinds = events_of(records)  # one pass in C, for the checks and the routing
@@ -324,7 +325,7 @@ class Watcher:
         gone = kinds is None or not kinds.isdisjoint(_CHECKPOINT_EVENTS)
         self._checkpoints.note_removals(records if gone else [])
         self._executor.note_records(records)  # a report of a hook refused: said
-        batch = Batch(*start, records[0]["seq"], 0)  # its deliveries are counted below
+        batch = Batch(start, records[0]["seq"], 0)  # its deliveries are counted below
         per_lane, ended = self._dispatcher.route(records, batch, events, kinds)
         if ended is not None:
             self._run.ended = ended

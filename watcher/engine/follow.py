@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ class JournalFollower:
         """The cursor state to begin from (and position the reader there)."""
         fp = self.fingerprint()
         if isinstance(start, int):
-            state = CursorState(offset=start, fingerprint=fp)
+            state = CursorState(at=Cursor(start), fingerprint=fp)
         elif saved is not None:
             if saved.fingerprint and fp and saved.fingerprint != fp:
                 notice(f"{self.journal} was replaced since the cursor was saved; starting over")
@@ -51,11 +51,11 @@ class JournalFollower:
                 state = saved
                 state.fingerprint = saved.fingerprint or fp
         elif start == "now":
-            state = CursorState(offset=end_of_complete_lines(self.journal), fingerprint=fp)
+            state = CursorState(at=Cursor(end_of_complete_lines(self.journal)), fingerprint=fp)
         else:
             state = CursorState(fingerprint=fp)
-        self.reader.seek(Cursor(state.offset, state.line_no))
-        log.info("positioned at byte %d (line %d) of %s", state.offset, state.line_no, self.journal)
+        self.reader.seek(state.at)
+        log.info("positioned at byte %d (line %d) of %s", *astuple(state.at), self.journal)
         return state
 
     def history(self) -> list[Record]:
@@ -70,9 +70,9 @@ class JournalFollower:
         return self.reader.read(final=final, max_bytes=max_bytes)
 
     @property
-    def position(self) -> tuple[int, int]:
-        """(byte offset, line number) just past what has been read."""
-        return self.reader.offset, self.reader.line_no
+    def position(self) -> Cursor:
+        """Just past what has been read."""
+        return self.reader.cursor
 
     def fingerprint(self) -> str | None:
         """A hash of the first line: tells a replaced journal from a grown one (the index's

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from journal.read.cursor import Cursor
 from journal.record.fields import missing_fields
 from watcher.hooks.callbacks import CommandTarget
 from watcher.hooks.hook import Hook
@@ -18,8 +19,7 @@ from watcher.hooks.hook import Hook
 class Batch:
     """Records read together: the cursor may move past them once ``pending`` reaches 0."""
 
-    offset: int  # where the batch starts (re-read from here after a restart)
-    line_no: int
+    start: Cursor  # where the batch starts (re-read from here after a restart)
     min_seq: int
     pending: int
 
