@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -488,6 +489,26 @@ def test_a_restart_after_the_run_ended_exits_instead_of_waiting(
     second = watch(*args, env={"RECORD_TO": str(out)}, timeout=30)
     assert second.returncode == 0, second.stderr
     assert len(calls(out)) == 2  # nothing delivered twice
+
+
+def test_a_hook_new_to_a_named_cursor_is_told_where_it_starts(
+    ckpt: Path, recorder: tuple[Path, Path]
+) -> None:
+    """``--name`` is the cursor: a hook added under it gets only what comes after the
+    cursor (a new TensorBoard LOGDIR under an old name would get 0 points), said once."""
+    script, out = recorder
+    write_run(ckpt, steps=4, save_every=2)
+    watch(str(ckpt), "--on-save", str(script), "--name", "shared", env={"RECORD_TO": str(out)})
+    at_end = script.with_name("at_end.py")
+    shutil.copy(script, at_end)
+    args = (str(ckpt), "--on-save", str(script), "--on", "train_end", str(at_end))
+    again = watch(*args, "--name", "shared", env={"RECORD_TO": str(out)})
+    assert again.returncode == 0, again.stderr
+    said = [x for x in again.stderr.splitlines() if "was saved without" in x]
+    assert len(said) == 1 and "at_end.py" in said[0] and "--replay" in said[0], again.stderr
+    assert len(calls(out)) == 2  # as said: train_end lay behind the cursor
+    third = watch(*args, "--name", "shared", env={"RECORD_TO": str(out)})
+    assert "was saved without" not in third.stderr  # the cursor now knows both hooks
 
 
 def test_a_command_given_by_path_runs_that_path_not_its_symlink_target(tmp_path: Path) -> None:

@@ -34,10 +34,12 @@ DURABLE_EVERY_S = 1.0
 class CursorState:
     """A watcher's saved progress: ``at``, where every delivery before it is done (a line
     start); the journal's first-line ``fingerprint`` (a replaced journal starts over); the
-    seqs done per hook past ``at`` (made again only if not done)."""
+    seqs done per hook past ``at`` (made again only if not done); the labels of the
+    ``hooks`` that saved it (a hook new to a named cursor is said: it starts at ``at``)."""
 
     at: Cursor = START
     fingerprint: str | None = None
+    hooks: tuple[str, ...] | None = None
     done: dict[str, set[int]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -48,6 +50,7 @@ class CursorState:
                 "line_no": self.at.line_no,
                 "fingerprint": self.fingerprint,
                 "done": {k: sorted(v) for k, v in self.done.items() if v},
+                "hooks": None if self.hooks is None else sorted(self.hooks),
             },
             option=orjson.OPT_INDENT_2,
         )
@@ -72,6 +75,7 @@ class CursorFile:
                 at=Cursor(int(raw["offset"]), int(raw.get("line_no", 0))),
                 fingerprint=raw.get("fingerprint"),
                 done={k: set(map(int, v)) for k, v in (raw.get("done") or {}).items()},
+                hooks=None if raw.get("hooks") is None else tuple(map(str, raw["hooks"])),
             )
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             self.warning = f"cursor {self.path} is unreadable ({exc}); replaying from the start"

@@ -287,6 +287,7 @@ class Watcher:
         if saved is not None and saved.at.offset and not isinstance(self._start, int):
             log.info("resuming cursor %s at byte %d", self.cursor.path, saved.at.offset)
         state = self._follower.start_state(self._start, saved, self._notices)
+        self._say_new_hooks(state)
         self._remember_done(state)
         self.completions.reset(state)
         # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
@@ -301,6 +302,22 @@ class Watcher:
                 except Exception:
                     log.exception("restore_state() of %s failed", callable_name(shape.obj))
 
+    def _say_new_hooks(self, state: CursorState) -> None:
+        """A hook the saved cursor did not deliver to starts where the cursor is, not at the
+        journal's start: said, with the two ways to give it everything (its default cursor
+        name is made from the hooks, so only a ``--name`` shared by other hooks gets here)."""
+        labels = tuple(sorted({h.label for h in self.hooks}))
+        new = [] if state.hooks is None else sorted(set(labels) - set(state.hooks))
+        if new and state.at.offset:
+            self._notices(
+                f"cursor {self.name!r} was saved without {', '.join(new)}: "
+                f"it gets the records from line {state.at.line_no + 1} on; "
+                "--replay delivers the journal from its start, or give it its own --name"
+            )
+        if state.hooks != labels:
+            state.hooks = labels
+            self.cursor.save(state)  # said once: the cursor knows them from now on
+
     def _remember_done(self, state: CursorState) -> None:
         """The deliveries a saved cursor says completed: not made again."""
         self._dispatcher.remember_done(state.done)
@@ -313,6 +330,7 @@ class Watcher:
             return
         self._notices(f"{self.journal} was {what}; reading it again from the start")
         state = CursorState(fingerprint=self._follower.fingerprint())
+        state.hooks = tuple(sorted({h.label for h in self.hooks}))
         self._remember_done(state)
         self.completions.reset(state)
         self._run.ended = False
