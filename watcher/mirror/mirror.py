@@ -25,14 +25,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from journal import store as journal_store
 from journal.channels.reports import InvalidReport, Report, submit_report
 from journal.checkpoints.leases import DEFAULT_TTL_S
 from journal.checkpoints.rotation import prune_finished_run
+from journal.read.cursor import START
 from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
 from journal.rundir.paths import checkpoint_root, journal_path
@@ -42,10 +44,7 @@ from watcher.mirror.inbound import bring_in
 from watcher.mirror.outage import Backoff, Outage
 from watcher.mirror.segments import (
     JournalMismatch,
-    complete_end,
     is_replaced,
-    read_range,
-    records_in,
     upload_segment,
     uploaded_end,
 )
@@ -69,7 +68,7 @@ class _Job:
     kind: str  # "upload" or "remove"
     name: str  # checkpoints/step-000010
     local: Path
-    record: dict[str, Any]
+    record: Mapping[str, Any]
     lease: str | None = None
     not_before: float = 0.0
 
@@ -111,7 +110,8 @@ class Mirror:
         self._stop = threading.Event()
         self._outage = Outage()
         self._threads: list[threading.Thread] = []
-        self._parsed = 0  # journal bytes read for records
+        self._read_at = START  # where the next read of the local journal starts
+        self._parsed = 0  # journal bytes read for records (the complete lines before it)
         self._sent = 0  # journal bytes in the store, once the prefix is found to be ours
         self._claimed = threading.Event()  # no checkpoint is touched before
         self._deferred: list[_Job] = []  # removals a remote lease holds back
@@ -194,16 +194,19 @@ class Mirror:
         backoff = Backoff()
         while not self._stop.is_set():
             idle = self._jobs.unfinished_tasks == 0 and not self._deferred  # before the end
-            end = complete_end(self.journal, self._parsed)
+            # the records by the store's rules (invalid lines skipped, said by the readers),
+            # the bytes uploaded as they are (upload_segment)
+            read = journal_store.read(self.journal, self._read_at)
+            end = read.offset
             fresh = end > self._parsed  # its records may have queued work: not done yet
             if fresh:
-                for rec in records_in(read_range(self.journal, self._parsed, end)):
+                for rec in read.records:
                     ev = rec.get("event")
                     ended = (ended or ev == "train_end") and ev != "train_begin"
                     if ev in ("save", "train_end"):
                         urgent_to = end
                     self._note(rec)
-                self._parsed = end
+                self._parsed, self._read_at = end, read.cursor
             now = time.monotonic()
             if backoff.ready(now):
                 ok = True
@@ -256,7 +259,7 @@ class Mirror:
     def _bring_in(self) -> None:
         bring_in(self.store, self.ckpt_dir)
 
-    def _note(self, rec: dict[str, Any]) -> None:
+    def _note(self, rec: Mapping[str, Any]) -> None:
         """Queue the work a record asks for: a save's upload (leased now), a removal."""
         ev = rec.get("event")
         path = (rec.get("data") or {}).get("checkpoint_path")

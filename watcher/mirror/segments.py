@@ -1,13 +1,11 @@
-"""The local journal as segments: what has been uploaded (from the store's listing), the
-complete lines beyond it, and the records in them."""
+"""The local journal as segments: what has been uploaded (from the store's listing) and
+the byte ranges beyond it, uploaded as they are (the records in them are read through
+journal/store.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from journal.remote.layout import JOURNAL_PREFIX, MAX_SEGMENT_BYTES, segment_key, segments
 from journal.remote.store import Store
@@ -50,38 +48,6 @@ def read_range(path: Path, start: int, end: int) -> bytes:
             return f.read(max(0, end - start))
     except FileNotFoundError:
         return b""
-
-
-def complete_end(path: Path, start: int) -> int:
-    """The end of the last complete line at or after ``start`` (``start`` if none)."""
-    size = _size(path)
-    if size <= start:
-        return start
-    with open(path, "rb") as f:
-        pos = size
-        while pos > start:
-            step = min(1 << 16, pos - start)
-            f.seek(pos - step)
-            chunk = f.read(step)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                return pos - step + i + 1
-            pos -= step
-    return start
-
-
-def records_in(data: bytes) -> list[dict[str, Any]]:
-    """The records of complete lines (lines that are not JSON objects are left out: the
-    mirror copies them as they are, and readers say so)."""
-    out = []
-    for line in data.splitlines():
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def upload_segment(store: Store, journal: Path, start: int, end: int) -> int:
