@@ -207,13 +207,15 @@ def watch_case(case: str, ckpt: Path, work: Path, n: int, timeout_s: float) -> d
 
 def tensorboard_points(logdir: Path, n: int) -> dict[str, Any]:
     """Whether every ``train/loss`` point is in the event files once: steps 1..n (read
-    back with TensorBoard's own reader, after the timed replay)."""
+    back with TensorBoard's own reader, after the timed replay, from the run's own
+    subdirectory of LOGDIR: ``<rundir>-<runid>``)."""
     from tensorboard.backend.event_processing.event_accumulator import (
         SCALARS,
         EventAccumulator,
     )
 
-    acc = EventAccumulator(str(logdir), size_guidance={SCALARS: 0})
+    (run_dir,) = {p.parent for p in logdir.rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})
     acc.Reload()
     steps = [e.step for e in acc.Scalars("train/loss")]
     once = sorted(steps) == list(range(1, n + 1))

@@ -1,36 +1,31 @@
 """``ilab-journal``: read and steer a training run from its journal, for people and scripts.
 
-Heavy imports (pydantic, rich, matplotlib) happen inside the commands that need them, so
-script-facing commands such as ``query`` start fast.
+This module holds the group and ``status``, the command scripts and cron call most (its
+start is measured: benchmarks/bench_startup.py). Every other command lives in the module of
+its kind and is imported when named (:class:`~journal.cli.plugins.PluginGroup`): reading
+(journal/cli/read.py: show, tail, query), whole-journal scans (journal/cli/scan.py: stats,
+validate, schema, plot), writing (journal/cli/write.py), check, serve and export. Heavy
+imports (pydantic, rich, matplotlib) happen inside the commands that need them.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
-import orjson
 
-from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
-from journal.cli.format import holder_text, stats_text, status_text
+from journal.cli.common import Seconds, dumps, require_journal, user_errors
+from journal.cli.format import holder_text, status_text
 from journal.cli.plugins import PluginGroup
-from journal.cli.read import (
-    ManyEventsCommand,
-    add_retention,
-    check_events,
-    echo_value,
-    journal_to_follow,
-    print_records,
-    show_all,
-    unknown_event,
-)
-from journal.record.events import EVENTS
-from journal.record.text import printable
 from journal.remote.readers import RUN_DIR_OR_URI
+from journal.rundir.files import json_files
 from journal.rundir.lock import run_holder
-from journal.rundir.paths import resolve_journal
+from journal.rundir.paths import control_dir, resolve_journal
+
+if TYPE_CHECKING:
+    from journal.views.summary import RunSummary
 
 
 @click.group(
@@ -40,10 +35,17 @@ from journal.rundir.paths import resolve_journal
         "control": "journal.cli.write:control",
         "export": "journal.cli.export:export",
         "lease": "journal.cli.write:lease",
+        "plot": "journal.cli.scan:plot",
         "prune": "journal.cli.write:prune",
+        "query": "journal.cli.read:query",
         "release": "journal.cli.write:release",
         "report": "journal.cli.write:report",
+        "schema": "journal.cli.scan:schema",
         "serve": "journal.cli.serve:serve",
+        "show": "journal.cli.read:show",
+        "stats": "journal.cli.scan:stats",
+        "tail": "journal.cli.read:tail",
+        "validate": "journal.cli.scan:validate",
     },
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
@@ -90,7 +92,6 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
                       process is gone on this host, and no train_end)
       7 empty        (journal exists but holds no record yet)
     """
-    from journal.channels.control import unapplied_commands
     from journal.views.index import summarize
     from journal.views.summary import STATE_EXIT_CODES, RunSummary
 
@@ -106,7 +107,7 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
         s = run.summary(stale_after=stale_after)
         s.invalid_lines = invalid
         s.holder = run_holder(path.parent)
-        s.unapplied_commands = len(unapplied_commands(path.parent)[1])
+        s.unapplied_commands = unapplied_count(path.parent)
         add_retention(s, path.parent)
     if s.state == "empty" and s.holder:
         s.state, s.reason = "starting", f"held by {holder_text(s.holder)}"
@@ -117,279 +118,34 @@ def status(dir: str, as_json: bool, stale_after: float, full: bool) -> None:
     sys.exit(STATE_EXIT_CODES.get(s.state, 1))
 
 
-# -- show -----------------------------------------------------------------------------------
-
-
-@main.command(cls=ManyEventsCommand)
-@click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option(
-    "--event",
-    "-e",
-    "events",
-    multiple=True,
-    metavar="EVENT ...",
-    help="Only these events: -e save report (or -e save -e report).",
-)
-@click.option(
-    "--since-step",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Only records at or after this step.",
-)
-@click.option(
-    "--last",
-    "last_n",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Only the last N matching records.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSONL (one record per line).")
-@user_errors
-def show(
-    dir: str, events: tuple[str, ...], since_step: int | None, last_n: int | None, as_json: bool
-) -> None:
-    """Print journal records as a table (or JSONL with --json)."""
-
-    path = resolve_journal(dir)
-    wanted = set(events)
-    if since_step is None and last_n is None:
-        show_all(path, wanted, as_json)
-        return
-    # Read backwards from the end: the cost follows what is printed, not the file.
-    if since_step is not None:
-        from journal.views.query import records_since_step
-
-        newest, bad_lines = records_since_step(path, since_step, wanted or None)
-        newest = newest[-last_n:] if last_n is not None else newest
-    else:
-        from journal.views.query import last_records
-
-        newest, bad_lines = last_records(path, last_n or 1, wanted or None)
-        if not wanted:  # read to the start without one valid record: not a journal
-            require_journal(path, len(newest), len(bad_lines))
-    for offset, reason in bad_lines:
-        click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
-    check_events(wanted, newest)
-    print_records(newest, as_json)
-
-
-# -- tail -----------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option("-f", "--follow", is_flag=True, help="Keep following until train_end.")
-@click.option(
-    "-n",
-    "--lines",
-    "n",
-    type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
-    help="Records to show first.",
-)
-@click.option(
-    "--interval",
-    type=Seconds(low_open=True),
-    default=0.25,
-    show_default=True,
-    help="Seconds between checks while following.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSONL instead of a live view.")
-@user_errors
-def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None:
-    """Show the newest records; with -f, a live view until the run ends.
-
-    The live view shows a progress bar (step / planned steps), loss, lr, throughput and the
-    last checkpoint, and ends after train_end. Interrupt with Ctrl-C at any time. A rotated
-    journal (mv, copytruncate) is followed without losing or repeating a record.
-    """
-    from journal.cli.tail import follow_journal
-
-    path = journal_to_follow(dir) if follow else resolve_journal(dir)
+def unapplied_count(run_dir: Path) -> int:
+    """How many commands arrived after the run ended. Most runs have no command file left
+    in ``control/``: then the control channel's module is not imported (2 ms of
+    ``status``'s start)."""
     try:
-        code = follow_journal(path, follow=follow, first_n=n, interval=interval, as_json=as_json)
-    except KeyboardInterrupt:
-        code = 130
-    sys.exit(code)
+        if not json_files(control_dir(run_dir)):
+            return 0
+    except OSError:  # unreadable: as the channel reads it, nothing there
+        return 0
+    from journal.channels.control import unapplied_commands
+
+    return len(unapplied_commands(run_dir)[1])
 
 
-# -- query ----------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option("--event", "-e", default=None, help="Event name, e.g. save.")
-@click.option(
-    "--best",
-    "best",
-    default=None,
-    metavar="METRIC:max|min",
-    help="Instead of an event: the path of the best surviving checkpoint of the journal's "
-    "current run by a reported (or evaluate) metric, e.g. accuracy:max.",
-)
-@click.option(
-    "--last", "which", flag_value="last", default=True, help="The newest match (default)."
-)
-@click.option("--first", "which", flag_value="first", help="The oldest match.")
-@click.option(
-    "--field",
-    "field_name",
-    default=None,
-    help="Dotted path to print, e.g. checkpoint_path or metrics.accuracy (looked up in the "
-    "envelope, then in data). Default: the whole record as JSON.",
-)
-@user_errors
-def query(
-    dir: str, event: str | None, best: str | None, which: str, field_name: str | None
-) -> None:
-    """Print one value for scripts; exit 1 when there is no match.
-
-    \b
-    Examples: the newest checkpoint path; the best one by reported accuracy
-      ilab-journal query runs/x --event save --field checkpoint_path
-      ilab-journal query runs/x --best accuracy:max
-    """
-    from journal.checkpoints.rotation import journal_run
-    from journal.views.query import find_best, find_first, find_last, get_field, is_missing
-
-    if (event is None) == (best is None):
-        raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
-    path = resolve_journal(dir)
-    if best is not None:
-        from journal.views.best import MetricGoal
-
-        try:
-            goal = MetricGoal.parse(best)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        top = find_best(path, goal, run_id=journal_run(path))  # the journal's run only
-        if top is None:
-            click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)
-            sys.exit(1)
-        picked = top.to_dict().get(field_name or "checkpoint_path")
-        if picked is None:
-            click.echo(f"the best checkpoint has no field {field_name!r}", err=True)
-            sys.exit(1)
-        echo_value(picked if isinstance(picked, str) else dumps(picked))
+def add_retention(s: RunSummary, ckpt_dir: Path) -> None:
+    """An ended run's checkpoints beyond keep_last_n that nothing holds any more: the
+    trainer rotates no more, and a lease holder that died (a watcher killed with ``kill
+    -9``) never releases; said by ``status``, removed by ``prune``. A running trainer
+    rotates them at its next save. Cost: the run's checkpoint and lease dirs, not the
+    journal."""
+    if s.state in ("running", "starting", "empty") or not s.keep_last_n:
         return
-    assert event is not None
-    rec = find_last(path, event) if which == "last" else find_first(path, event)
-    if rec is None:
-        if event not in EVENTS:
-            raise UserError(unknown_event(event))
-        click.echo(f"no {event!r} record in {path}", err=True)
-        sys.exit(1)
-    value: Any = rec if field_name is None else get_field(rec, field_name)
-    if is_missing(value):
-        click.echo(f"{event!r} record seq {rec['seq']} has no field {field_name!r}", err=True)
-        sys.exit(1)
-    echo_value(value if isinstance(value, str) else dumps(value))
+    from journal.checkpoints.rotation import prunable  # only for a run that rotates
 
-
-# -- stats ----------------------------------------------------------------------------------
-
-
-JOBS_OPTION = click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Processes that scan parts of a large journal at once "
-    "[default: one per core, at most 4, one per 16 MB].",
-)
-
-
-@main.command()
-@click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@JOBS_OPTION
-@user_errors
-def stats(dir: str, as_json: bool, jobs: int | None) -> None:
-    """Counts per event, time per phase (step, evaluate, save) and throughput."""
-    from journal.views.stats import journal_stats
-
-    path = resolve_journal(dir)
-    st, invalid = journal_stats(path, jobs)
-    require_journal(path, sum(st.counts.values()), invalid)
-    d = st.to_dict()
-    d["invalid_lines"] = invalid
-    if as_json:
-        click.echo(dumps(d))
-        return
-    click.echo(stats_text(d))
-
-
-# -- validate -------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("dir", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
-@JOBS_OPTION
-@user_errors
-def validate(dir: str, as_json: bool, jobs: int | None) -> None:
-    """Check every record against the schema, seq order and line integrity.
-
-    Exit 0 when the journal is sound, 1 when anything is corrupt (invalid lines, schema
-    violations, seq not strictly increasing, unexplained seq gaps), 2 on usage errors.
-    A torn final line (a writer may still be appending) is a warning only.
-    """
-    from journal.views.validate import validate_journal
-
-    path = resolve_journal(dir)
-    report = validate_journal(path, jobs=jobs)
-    require_journal(path, report.records, report.invalid_lines)
-    problems, count, valid = report.problems, report.problem_count, report.records
-    ok = report.ok
-    if as_json:
-        out = {"ok": ok, "records": valid, "problems": problems, "problem_count": count}
-        click.echo(dumps({**out, "warnings": report.warnings}))
-    else:
-        for w in report.warnings:
-            click.echo(f"warning: {printable(w)}", err=True)
-        for p in problems[:50]:
-            click.echo(f"error: {printable(p)}")
-        if count > 50:
-            click.echo(f"... and {count - 50} more")
-        click.echo(f"{path}: {valid} records, {count} problems: {'OK' if ok else 'CORRUPT'}")
-    sys.exit(0 if ok else 1)
-
-
-# -- schema ---------------------------------------------------------------------------------
-
-
-@main.command()
-def schema() -> None:
-    """Print the JSON Schema (draft 2020-12) of one journal record."""
-    from journal.record.schema import json_schema
-
-    click.echo(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode())
-
-
-# -- plot -----------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("dir", type=click.Path())
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="PNG path (default: <ckpt_dir>/journal.png).",
-)
-@user_errors
-def plot(dir: str, output: str | None) -> None:
-    """Plot loss, val_loss and learning rate per step to a PNG (needs the 'plot' extra)."""
-    from journal.cli.plot import MissingPlotExtra, NothingToPlot, plot_journal
-
-    path = resolve_journal(dir)
-    out = Path(output) if output else path.parent / "journal.png"
-    try:
-        plot_journal(path, out)
-    except (MissingPlotExtra, NothingToPlot) as exc:
-        raise UserError(str(exc)) from None
-    click.echo(str(out))
+    best = (s.best_checkpoint or {}).get("checkpoint_path")
+    keep = {Path(best).name} if isinstance(best, str) else set()
+    paths, s.expired_leases = prunable(ckpt_dir, s.keep_last_n, keep=keep, run_id=s.run_id)
+    s.prunable_checkpoints = [str(p) for p in paths]
 
 
 if __name__ == "__main__":

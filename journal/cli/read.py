@@ -1,27 +1,27 @@
-"""What ``ilab-journal``'s reading commands (status, show, tail, query) share beyond
-journal/cli/common.py: printing records, event names given by the user (``-e`` taking
-several), the journal that ``tail -f`` waits for, values printed for scripts, and what
-``status`` says of checkpoints left beyond retention."""
+"""``ilab-journal``'s reading commands: ``show``, ``tail`` and ``query`` (imported when
+named: journal/cli/main.py), and what they share beyond journal/cli/common.py: printing
+records, event names given by the user (``-e`` taking several), the journal that ``tail
+-f`` waits for, and values printed for scripts."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
-from journal.cli.common import UserError, require_journal, scan
+from journal.cli.common import Seconds, UserError, dumps, require_journal, scan, user_errors
 from journal.cli.format import print_records_table
 from journal.record.events import EVENTS
 from journal.record.record import Record
 from journal.record.text import printable
+from journal.remote.readers import RUN_DIR_OR_URI
 from journal.rundir.paths import resolve_journal
 
 if TYPE_CHECKING:
     from journal.read.reader import InvalidLine
-    from journal.views.summary import RunSummary
 
 
 def show_all(path: Path, wanted: set[str], as_json: bool) -> None:
@@ -148,17 +148,171 @@ def spread_values(args: list[str], greedy: tuple[str, ...], takes_value: set[str
     return out
 
 
-def add_retention(s: RunSummary, ckpt_dir: Path) -> None:
-    """An ended run's checkpoints beyond keep_last_n that nothing holds any more: the
-    trainer rotates no more, and a lease holder that died (a watcher killed with ``kill
-    -9``) never releases; said by ``status``, removed by ``prune``. A running trainer
-    rotates them at its next save. Cost: the run's checkpoint and lease dirs, not the
-    journal."""
-    if s.state in ("running", "starting", "empty") or not s.keep_last_n:
-        return
-    from journal.checkpoints.rotation import prunable  # only for a run that rotates
+# -- show -----------------------------------------------------------------------------------
 
-    best = (s.best_checkpoint or {}).get("checkpoint_path")
-    keep = {Path(best).name} if isinstance(best, str) else set()
-    paths, s.expired_leases = prunable(ckpt_dir, s.keep_last_n, keep=keep, run_id=s.run_id)
-    s.prunable_checkpoints = [str(p) for p in paths]
+
+@click.command(cls=ManyEventsCommand)
+@click.argument("dir", type=RUN_DIR_OR_URI)
+@click.option(
+    "--event",
+    "-e",
+    "events",
+    multiple=True,
+    metavar="EVENT ...",
+    help="Only these events: -e save report (or -e save -e report).",
+)
+@click.option(
+    "--since-step",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only records at or after this step.",
+)
+@click.option(
+    "--last",
+    "last_n",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only the last N matching records.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSONL (one record per line).")
+@user_errors
+def show(
+    dir: str, events: tuple[str, ...], since_step: int | None, last_n: int | None, as_json: bool
+) -> None:
+    """Print journal records as a table (or JSONL with --json)."""
+
+    path = resolve_journal(dir)
+    wanted = set(events)
+    if since_step is None and last_n is None:
+        show_all(path, wanted, as_json)
+        return
+    # Read backwards from the end: the cost follows what is printed, not the file.
+    if since_step is not None:
+        from journal.views.query import records_since_step
+
+        newest, bad_lines = records_since_step(path, since_step, wanted or None)
+        newest = newest[-last_n:] if last_n is not None else newest
+    else:
+        from journal.views.query import last_records
+
+        newest, bad_lines = last_records(path, last_n or 1, wanted or None)
+        if not wanted:  # read to the start without one valid record: not a journal
+            require_journal(path, len(newest), len(bad_lines))
+    for offset, reason in bad_lines:
+        click.echo(f"warning: {path}: byte {offset}: skipped: {reason}", err=True)
+    check_events(wanted, newest)
+    print_records(newest, as_json)
+
+
+# -- tail -----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("dir", type=RUN_DIR_OR_URI)
+@click.option("-f", "--follow", is_flag=True, help="Keep following until train_end.")
+@click.option(
+    "-n",
+    "--lines",
+    "n",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Records to show first.",
+)
+@click.option(
+    "--interval",
+    type=Seconds(low_open=True),
+    default=0.25,
+    show_default=True,
+    help="Seconds between checks while following.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSONL instead of a live view.")
+@user_errors
+def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None:
+    """Show the newest records; with -f, a live view until the run ends.
+
+    The live view shows a progress bar (step / planned steps), loss, lr, throughput and the
+    last checkpoint, and ends after train_end. Interrupt with Ctrl-C at any time. A rotated
+    journal (mv, copytruncate) is followed without losing or repeating a record.
+    """
+    from journal.cli.tail import follow_journal
+
+    path = journal_to_follow(dir) if follow else resolve_journal(dir)
+    try:
+        code = follow_journal(path, follow=follow, first_n=n, interval=interval, as_json=as_json)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+# -- query ----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("dir", type=RUN_DIR_OR_URI)
+@click.option("--event", "-e", default=None, help="Event name, e.g. save.")
+@click.option(
+    "--best",
+    "best",
+    default=None,
+    metavar="METRIC:max|min",
+    help="Instead of an event: the path of the best surviving checkpoint of the journal's "
+    "current run by a reported (or evaluate) metric, e.g. accuracy:max.",
+)
+@click.option(
+    "--last", "which", flag_value="last", default=True, help="The newest match (default)."
+)
+@click.option("--first", "which", flag_value="first", help="The oldest match.")
+@click.option(
+    "--field",
+    "field_name",
+    default=None,
+    help="Dotted path to print, e.g. checkpoint_path or metrics.accuracy (looked up in the "
+    "envelope, then in data). Default: the whole record as JSON.",
+)
+@user_errors
+def query(
+    dir: str, event: str | None, best: str | None, which: str, field_name: str | None
+) -> None:
+    """Print one value for scripts; exit 1 when there is no match.
+
+    \b
+    Examples: the newest checkpoint path; the best one by reported accuracy
+      ilab-journal query runs/x --event save --field checkpoint_path
+      ilab-journal query runs/x --best accuracy:max
+    """
+    from journal.checkpoints.rotation import journal_run
+    from journal.views.query import find_best, find_first, find_last, get_field, is_missing
+
+    if (event is None) == (best is None):
+        raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
+    path = resolve_journal(dir)
+    if best is not None:
+        from journal.views.best import MetricGoal
+
+        try:
+            goal = MetricGoal.parse(best)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        top = find_best(path, goal, run_id=journal_run(path))  # the journal's run only
+        if top is None:
+            click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)
+            sys.exit(1)
+        picked = top.to_dict().get(field_name or "checkpoint_path")
+        if picked is None:
+            click.echo(f"the best checkpoint has no field {field_name!r}", err=True)
+            sys.exit(1)
+        echo_value(picked if isinstance(picked, str) else dumps(picked))
+        return
+    assert event is not None
+    rec = find_last(path, event) if which == "last" else find_first(path, event)
+    if rec is None:
+        if event not in EVENTS:
+            raise UserError(unknown_event(event))
+        click.echo(f"no {event!r} record in {path}", err=True)
+        sys.exit(1)
+    value: Any = rec if field_name is None else get_field(rec, field_name)
+    if is_missing(value):
+        click.echo(f"{event!r} record seq {rec['seq']} has no field {field_name!r}", err=True)
+        sys.exit(1)
+    echo_value(value if isinstance(value, str) else dumps(value))

@@ -4,37 +4,54 @@ journal/record/fields.py compiled into one function.
 Every line a reader parses is checked against the envelope and payload types
 (:func:`~journal.record.fields.record_problem`). A scan checks tens of thousands of records
 per batch, and the table-driven check (a loop over the rules, a ``dict.get`` per field)
-cost as much as parsing them. Here the same tables are turned, once at import, into
-straight-line code: the envelope fetched with one ``itemgetter`` call, each type tested
-inline, the payload rules of each event spelled out. It gives the same verdict as
-``record_problem(o) is None`` for every record (tests/test_record_checks.py holds the two
-together), so a rule added to the tables is checked here too. It changes no record: one
-that lacks an envelope field (a writer other than ours) and is valid all the same is put in
-``incomplete``, for the reader to complete (:func:`journal.record.record.complete`).
+cost as much as parsing them. Here the same tables are turned, once, into straight-line
+code: the envelope fetched with one ``itemgetter`` call, each type tested inline (``type(x)
+is T`` for one type; one lookup in a frozenset of the types allowed for several, or for a
+payload field that may be null), the payload rules of each event spelled out. It gives the
+same verdict as ``record_problem(o) is None`` for every record (tests/test_record_checks.py
+holds the two together), so a rule added to the tables is checked here too. It changes no
+record: one that lacks an envelope field (a writer other than ours) and is valid all the
+same is put in ``incomplete``, for the reader to complete
+(:func:`journal.record.record.complete`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from journal.record.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, payload_problem, record_problem
 
 #: Events whose payload is left to :func:`payload_problem` (a value check, not only types).
 _BY_VALUE = frozenset({"train_end"})
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def _is(var: str, types: tuple[type, ...], *, none_ok: bool) -> str:
-    """Source of the test that ``var`` has one of ``types`` (exactly: a bool is no int)."""
-    tests = [f"type({var}) is {t.__name__}" for t in types]
-    if none_ok:
-        tests.insert(0, f"{var} is None")
-    return "(" + " or ".join(tests) + ")"
+    Check = Callable[[list[Any], list[Any]], bool]
 
 
-def _source() -> tuple[str, tuple[str, ...]]:
-    """The source of ``records_ok`` and the envelope fields its ``itemgetter`` fetches."""
+class _Types:
+    """The type tests of the generated source, and the type sets they name."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, frozenset[type]] = {}
+
+    def test(self, var: str, types: tuple[type, ...], *, none_ok: bool) -> str:
+        """Source of the test that ``var`` has one of ``types`` exactly (a bool is no
+        int), or is None when ``none_ok``."""
+        if len(types) == 1 and not none_ok:
+            return f"type({var}) is {types[0].__name__}"
+        allowed = frozenset([*types, type(None)] if none_ok else types)
+        name = "_" + "_".join(sorted(t.__name__ for t in allowed))
+        self.sets[name] = allowed
+        return f"type({var}) in {name}"
+
+
+def _source() -> tuple[str, tuple[str, ...], dict[str, frozenset[type]]]:
+    """The source of ``records_ok``, the envelope fields its ``itemgetter`` fetches, and the
+    type sets its tests name."""
+    types = _Types()
     env = tuple(ENVELOPE_TYPES)
     names = ("seq", "event", "data", *env)
     out = [
@@ -50,7 +67,7 @@ def _source() -> tuple[str, tuple[str, ...]]:
         "        if not (",
         "            type(_seq) is int and _seq >= 0 and type(_event) is str and type(_data) is dict",
     ]
-    out += [f"            and {_is('_' + n, ENVELOPE_TYPES[n], none_ok=False)}" for n in env]
+    out += [f"            and {types.test('_' + n, ENVELOPE_TYPES[n], none_ok=False)}" for n in env]
     out += [
         "        ):",
         "            return False",
@@ -59,7 +76,6 @@ def _source() -> tuple[str, tuple[str, ...]]:
     ]
     # the most common event first: the ``==`` tests are walked in order
     for ev in sorted(PAYLOAD_TYPES, key=lambda e: e != "log"):
-        rules = PAYLOAD_TYPES[ev]
         out.append(f"        if _event == {ev!r}:")
         if ev in _BY_VALUE:
             out += [
@@ -67,32 +83,32 @@ def _source() -> tuple[str, tuple[str, ...]]:
                 "                return False",
             ]
         else:
-            out.append("            get = _data.get")
-            tests = []
-            for i, (field, types) in enumerate(rules.items()):
-                out.append(f"            p{i} = get({field!r})")
-                tests.append(_is(f"p{i}", types, none_ok=True))
-            out += [f"            if not ({' and '.join(tests)}):", "                return False"]
+            out += ["            get = _data.get", "            if not ("]
+            for i, (field, allowed) in enumerate(PAYLOAD_TYPES[ev].items()):
+                test = types.test(f"get({field!r})", allowed, none_ok=True)
+                out.append(f"                {'and ' if i else ''}{test}")
+            out += ["            ):", "                return False"]
         out.append("            continue")
     out.append("    return True")
-    return "\n".join(out) + "\n", names
+    return "\n".join(out) + "\n", names, types.sets
 
 
-def _compile() -> Callable[[list[Any], list[Any]], bool]:
-    source, names = _source()
+def _compile() -> Check:
+    source, names, sets = _source()
     namespace: dict[str, Any] = {
         "_envelope": itemgetter(*names),
         "_record_problem": record_problem,
         "_payload_problem": payload_problem,
         "_RULED": frozenset(PAYLOAD_TYPES),
+        **sets,
     }
     exec(compile(source, f"<{__name__}.records_ok>", "exec"), namespace)
-    fn: Callable[[list[Any], list[Any]], bool] = namespace["records_ok"]
+    fn: Check = namespace["records_ok"]
     fn.__doc__ = "Whether ``record_problem`` finds nothing in any of ``objs`` (module doc)."
     return fn
 
 
-_compiled: Callable[[list[Any], list[Any]], bool] | None = None
+_compiled: Check | None = None
 
 
 def records_ok(objs: list[Any], incomplete: list[Any] | None = None) -> bool:

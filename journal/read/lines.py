@@ -9,13 +9,17 @@ bytes) is never held in memory, only measured; readers report it as invalid.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
+
+try:  # CPython's own SHA-1, the same digest: hashlib loads OpenSSL (2-3 ms of `status`)
+    from _sha1 import sha1
+except ImportError:  # an interpreter built without it
+    from hashlib import sha1
 
 #: A line longer than this is invalid and is not loaded (records are a few KB at most).
 MAX_LINE_BYTES = 16 << 20
@@ -51,7 +55,7 @@ def first_line_fingerprint(path: str | os.PathLike[str]) -> str | None:
     finally:
         os.close(fd)
     nl = first.find(b"\n")
-    return hashlib.sha1(first[: nl + 1]).hexdigest()[:16] if nl >= 0 else None
+    return sha1(first[: nl + 1]).hexdigest()[:16] if nl >= 0 else None
 
 
 def too_long_reason(length: int) -> str:
@@ -122,6 +126,24 @@ class Carry:
                 buf = self.take(chunk[:cut])
         self.add(chunk[cut:])
         return long, buf
+
+    def split(self, chunk: bytes) -> tuple[LongLine | None, list[bytes]]:
+        """:meth:`feed`, with the complete lines handed out as a list (without their
+        newlines): one ``bytes.split`` of the chunk, which is never copied whole (a reader
+        that parses every line needs them apart anyway)."""
+        lines = chunk.split(b"\n")
+        rest = lines.pop()  # after the last newline: the start of a line to come
+        long = None
+        if lines and self.size:
+            first = lines[0]
+            if self.size + len(first) > self.limit:
+                long = LongLine(self.size + len(first), (self.head + first[:SNIPPET])[:SNIPPET])
+                self.reset()
+                del lines[0]
+            else:
+                lines[0] = self.take(first)
+        self.add(rest)
+        return long, lines
 
     def take(self, rest: bytes = b"") -> bytes:
         """The line so far followed by ``rest``, and start a new one (not for a line that

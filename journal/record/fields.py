@@ -140,36 +140,6 @@ def missing_fields(rec: Mapping[str, Any]) -> list[str]:
     return missing
 
 
-def all_records(objs: list[Any]) -> bool:
-    """Whether :func:`record_problem` finds nothing in any of ``objs``: the same rules,
-    inlined for the envelope because this runs for every record of every scan."""
-    rules = PAYLOAD_TYPES
-    for o in objs:
-        if type(o) is not dict:
-            return False
-        get = o.get
-        seq = get("seq")
-        event = get("event")
-        data = get("data", _EMPTY)
-        if not (
-            type(seq) is int
-            and seq >= 0
-            and type(event) is str
-            and type(data) is dict
-            and type(get("ts", 0.0)) in _NUM
-            and type(get("step", 0)) is int
-            and type(get("epoch", 0)) is int
-            and type(get("samples_seen", 0)) is int
-            and type(get("attempt", 1)) is int
-            and type(get("run_id", "")) is str
-            and type(get("v", 1)) is int
-        ):
-            return False
-        if event in rules and payload_problem(event, data) is not None:
-            return False
-    return True
-
-
 def _json_type(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
     if value is None:

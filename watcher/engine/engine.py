@@ -18,6 +18,7 @@ after it, never a way back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -56,7 +57,11 @@ READ_BYTES = 1 << 20
 #: however long the journal is (a replay keeps several read chunks in flight). Counted in
 #: deliveries, not batches: live, a slow eval leaves many small batches open, and the
 #: watcher must go on reading (and leasing) the saves that arrive meanwhile.
-MAX_PENDING = 65_536
+#: 4,096: a replay's reads stay a few chunks ahead of its deliveries, whose records are
+#: still in the CPU's caches when delivered (65,536 made a 1M-record replay into a callable
+#: 23 % slower, benchmarks/bench_replay.py), and a live watcher behind a slow hook still reads
+#: on for thousands of records.
+MAX_PENDING = 4_096
 #: The records :meth:`CheckpointGuard.note_removals` looks at.
 _CHECKPOINT_EVENTS = frozenset({"save", "checkpoint_removed"})
 
@@ -308,15 +313,17 @@ class Watcher:
         name is made from the hooks, so only a ``--name`` shared by other hooks gets here)."""
         labels = tuple(sorted({h.label for h in self.hooks}))
         new = [] if state.hooks is None else sorted(set(labels) - set(state.hooks))
+        state.hooks = labels
         if new and state.at.offset:
             self._notices(
                 f"cursor {self.name!r} was saved without {', '.join(new)}: "
                 f"it gets the records from line {state.at.line_no + 1} on; "
                 "--replay delivers the journal from its start, or give it its own --name"
             )
-        if state.hooks != labels:
-            state.hooks = labels
-            self.cursor.save(state)  # said once: the cursor knows them from now on
+            # said once: the cursor knows them from now on (a cursor that cannot be saved
+            # is said by the first delivery's save, as always)
+            with contextlib.suppress(OSError):
+                self.cursor.save(state)
 
     def _remember_done(self, state: CursorState) -> None:
         """The deliveries a saved cursor says completed: not made again."""
