@@ -10,6 +10,7 @@ tests/slurm_cluster.py does Slurm's); where it still cannot start, :func:`launch
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import time
@@ -198,6 +199,37 @@ def story_journal(
         )
         w.close()
     return w
+
+
+def curve_journal(ckpt: Path, *, steps: int, end: bool = True) -> None:
+    """A run whose numbers move as a real run's do: the loss falling from 6 with some
+    noise, lr warming up then decaying on a cosine from 1e-3 (down to about 1e-4, where
+    a 3-digit readout must not say 0), grad_norm and throughput varying; an evaluation and
+    a save every ``steps // 10`` steps."""
+    every = max(1, steps // 10)
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", begin_payload(steps))
+        for s in range(1, steps + 1):
+            warm = min(1.0, s / (steps * 0.05))
+            lr = 1e-4 + 0.9e-3 * warm * 0.5 * (1 + math.cos(math.pi * s / steps))
+            loss = 0.5 + 5.5 * math.exp(-s / (steps / 8)) + 0.05 * math.sin(s * 1.7)
+            data = {**log_payload(s, loss), "lr": lr, "grad_norm": 1 + 0.5 * math.sin(s / 9)}
+            data["tokens_per_s"] = 4000.0 + 300 * math.sin(s / 40)
+            w.append("log", data, step=s)
+            if s % every == 0:
+                w.append("evaluate", {"val_loss": loss * 1.1, "duration": 0.1}, step=s)
+                (ckpt / f"checkpoints/step-{s:06d}").mkdir(parents=True)
+                path = str(ckpt / f"checkpoints/step-{s:06d}")
+                w.append("save", {"checkpoint_path": path, "kind": ["full_state"]}, step=s)
+        if end:
+            w.append("train_end", {"status": "completed", "reason": None}, step=steps)
+
+
+def page_width(page: Any) -> int:
+    """How wide the page lays out (wider than the window: it scrolls sideways)."""
+    return int(
+        page.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)")
+    )
 
 
 def wait_until(pred: Any, timeout: float, what: str) -> Any:

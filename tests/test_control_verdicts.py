@@ -151,14 +151,30 @@ def test_wait_times_out_with_its_own_code(ckpt: Path) -> None:
 
 
 def test_wait_with_no_trainer_running_says_so_at_once(ckpt: Path) -> None:
-    w = JournalWriter(ckpt)
-    w.append("train_begin", {"config": {}, "world_size": 2, "total_steps": 100})
-    w.append("train_end", {"status": "completed", "reason": None, "final_checkpoint": None})
-    w.close()
+    # a run dir with no attempt yet: the command waits there, and --wait says so at once
     proc = cli("ilab-journal", "control", "stop", str(ckpt), "--wait", timeout=30)
     assert proc.returncode == 124, proc.stderr
     assert "no training attempt is running" in proc.stdout
     assert len(proc.stdout.splitlines()) == 1
+
+
+def test_a_command_to_an_ended_run_is_refused(ckpt: Path) -> None:
+    """A run that has ended (and nobody holds) reads no more commands: refused in one line,
+    exit 1, no file left for ``status`` to count (it printed an id and exited 0)."""
+    w = JournalWriter(ckpt)
+    w.append("train_begin", {"config": {}, "world_size": 2, "total_steps": 100})
+    w.append("train_end", {"status": "completed", "reason": None, "final_checkpoint": None})
+    w.close()
+    for wait in ((), ("--wait",)):
+        proc = cli("ilab-journal", "control", "stop", str(ckpt), *wait, timeout=30)
+        assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert "the run has ended (completed at step 0)" in proc.stderr
+    assert not (ckpt / "control").exists()
+    assert (
+        json.loads(cli("ilab-journal", "status", str(ckpt), "--json").stdout)["unapplied_commands"]
+        == 0
+    )
 
 
 def test_an_id_already_used_is_refused(ckpt: Path) -> None:

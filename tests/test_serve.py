@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from array import array
 from pathlib import Path
@@ -325,10 +326,12 @@ def test_hostile_journal_is_text_in_the_api_and_the_page_holds_no_record(tmp_pat
 
 
 def test_serve_cli_usage_errors(tmp_path: Path) -> None:
-    r = cli("ilab-journal", "serve", str(tmp_path / "nowhere"), "--port", "0")
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no such" in r.stderr
-    r = cli("ilab-journal", "serve", str(tmp_path), "--port", "0")
-    assert r.returncode == 2 and "no run" in r.stderr and "Traceback" not in r.stderr
+    # a dir with no run yet is waited for (tests/test_serve_page.py); a port taken is not
+    with serve(str(tmp_path / "nowhere")) as s:
+        port = urllib.parse.urlparse(s.url).port
+        r = cli("ilab-journal", "serve", str(tmp_path), "--port", str(port))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
     # without the extra: one line naming it
     code = (
         "import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None; "
@@ -390,7 +393,8 @@ def test_page_in_a_browser_shows_the_story_live_and_runs_no_script(
         assert "command: stop" in tip and f"source: eval.py {HOSTILE_SCRIPT}{HOSTILE_IMG}" in tip
         page.goto(s.url + "compare?run=hostile&run=live")  # both runs' curves overlaid
         page.wait_for_selector("body[data-painted='1']")
-        assert page.locator(".chart[data-curves='hostile,live']").count() >= 3
+        assert page.locator(".chart[data-curves='hostile,live']").count() == 2  # loss, val_loss
+        assert page.locator("#constant button[data-name='lr']").count() == 1  # one value: a line
         assert page.evaluate("window.__pwned") is None and dialogs == []
         page.goto(s.url + "run/live")
         page.wait_for_selector("body[data-painted='1']")
@@ -497,3 +501,78 @@ def test_one_loopback_check_for_the_address_and_the_host_header(
     shown = f"[{host}]" if ":" in host else host
     got = client(tmp_path).get("/api/config", headers={"host": f"{shown}:8420"})
     assert (got.status_code == 403) is not loopback  # a loopback server: that Host refused
+
+
+def test_updates_send_the_table_again_when_a_lease_comes_or_goes(tmp_path: Path) -> None:
+    """A lease taken, released or expired writes no record: the page's table went stale
+    ("58s left" 22 s after the lease was gone). Each update now says the leases held (a
+    signature): the table comes again when they differ from the page's; and the summary
+    says when the run has ended (its controls turn off)."""
+    from journal.checkpoints.leases import release
+
+    run = tmp_path / "run"
+    w = story_journal(run, end=False, steps=40)
+    c = client(run)
+    snap = c.get("/api/runs/run").json()
+    n = ",".join(str(x["n"]) for x in snap["series"])
+
+    def update(leases: str) -> Any:
+        q = f"since={snap['count']}&n={n}&m={len(snap['markers'])}&leases={leases}"
+        return c.get(f"/api/runs/run/updates?{q}").json()
+
+    quiet = update(snap["leases"])
+    assert quiet["checkpoints"] is None and quiet["leases"] == snap["leases"]
+    assert quiet["summary"]["ended"] is False
+    lease = acquire(run, run / "checkpoints/step-000040", holder="eval-job-7", ttl=300)
+    taken = update(snap["leases"])
+    rows = {r["step"]: r for r in taken["checkpoints"]}
+    assert rows[40]["state"] == "leased" and rows[40]["leases"][0]["holder"] == "eval-job-7"
+    assert taken["leases"] != snap["leases"] and update(taken["leases"])["checkpoints"] is None
+    release(run, lease.id)
+    gone = update(taken["leases"])
+    assert gone["leases"] == snap["leases"]
+    assert {r["step"]: r for r in gone["checkpoints"]}[40]["leases"] == []
+    w.append("train_end", {"status": "stopped", "reason": "enough"}, step=40)
+    w.close()
+    assert update(gone["leases"])["summary"]["ended"] is True
+
+
+def test_docs_list_every_marker_in_the_colours_the_page_draws() -> None:
+    """docs/serve.md's marker table names each kind and save fate with the colour the
+    page draws it in (journal/serve/marks.py, served to the page by /api/config)."""
+    from journal.serve.marks import MARKER_KINDS, MARKER_STYLE, ROWS, SAVE_FATES
+
+    doc = (ROOT / "docs/serve.md").read_text()
+    table = [ln.strip() for ln in doc.splitlines() if ln.strip().startswith("| ") and "#" in ln]
+    drawn = [s for kind, s in MARKER_STYLE.items() if kind != "save"]  # a save: by its fate
+    for style in [*drawn, *SAVE_FATES.values()]:
+        row = next((r for r in table if r.startswith(f"| {style.label} |")), None)
+        assert row is not None, style.label
+        assert f"{style.name} (`{style.color}`)" in row and f"| {style.row} |" in row, row
+        assert ("| yes |" in row) is style.line, row
+    assert set(MARKER_KINDS.values()) == set(MARKER_STYLE)
+    assert {s.row for s in [*MARKER_STYLE.values(), *SAVE_FATES.values()]} <= set(ROWS)
+    config = client(ROOT).get("/api/config").json()
+    assert config["marks"]["kinds"]["report"]["color"] == MARKER_STYLE["report"].color
+
+
+def test_an_alert_is_a_marker_at_the_step_it_is_about(tmp_path: Path) -> None:
+    """An ``alert`` record (docs/alerts.md) is drawn in its own top row at the step the
+    alert is about, which a hung trainer journals later, with its evidence paths."""
+    from journal.store import guest
+
+    run = tmp_path / "run"
+    story_journal(run)
+    evidence = ["alerts/a1/rank0.py-spy.txt", "alerts/a1/rank1.py-spy.txt"]
+    with guest(run, role="watcher") as w:
+        w.append("alert", {"id": "a1", "kind": "hang", "step": 40, "message": "no step for 21s",
+                           "evidence": evidence, "missing": [], "targets": []})  # fmt: skip
+    c = client(run)
+    (alert,) = [
+        m for m in c.get("/api/runs/run?width=100").json()["markers"] if m["kind"] == "alert"
+    ]
+    assert alert["step"] == 40 and alert["detail"]["kind"] == "hang"
+    assert alert["detail"]["evidence"] == ", ".join(evidence)
+    marks = c.get("/api/config").json()["marks"]
+    assert marks["rows"][0] == "alerts" and marks["kinds"]["alert"]["row"] == "alerts"
+    assert marks["kinds"]["alert"]["z"] > max(f["z"] for f in marks["fates"].values())

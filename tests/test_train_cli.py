@@ -171,7 +171,7 @@ def test_settings_that_do_less_than_they_say_warn_at_start(tmp_path: Path) -> No
     [line] = start_warnings(args, DataSummary(6000, chat=False))
     assert line == (
         "--max-steps 200 is more than 1 epoch(s) of 93 steps (6000 samples / batch size 64): "
-        "training ends at step 93 (raise --num-epochs to train longer)"
+        "training ends at step 93 (--num-epochs 3 trains all 200 steps)"
     )
     data = tmp_path / "d.jsonl"
     data.write_text('{"input_ids": [1, 2]}\n')

@@ -18,16 +18,13 @@ DEFAULT_PORT = 8420
 
 def _sources(given: tuple[str, ...]) -> list[tuple[str, Path, bool]]:
     """Each SOURCE as (as given, local dir, remote); a store URI becomes its kept-in-step
-    copy. A path with no run in it is a usage error."""
+    copy. A path that does not exist yet is kept: its run is waited for."""
     out = []
     for text in given or (".",):
         if is_uri(text):
             out.append((text, Path(RUN_DIR_OR_URI.convert(text, None, None)), True))
             continue
-        path = Path(text)
-        if not path.exists():
-            raise UserError(f"{text}: no such file or directory")
-        out.append((text, path, False))
+        out.append((text, Path(text), False))
     return out
 
 
@@ -71,7 +68,9 @@ def serve(
       RUN_DIR      a run's checkpoint dir (or its journal.jsonl)
       PARENT_DIR   a dir of run dirs: the runs list, newest first (new runs appear)
       URI          a mirrored run (s3://bucket/prefix), read from the store
-    Read-only unless --allow-control. Needs the 'serve' extra.
+    A dir with no run yet (or not there yet) is waited for, as tail -f does: its run
+    appears on the page when it starts. Read-only unless --allow-control. Needs the
+    'serve' extra.
     """
     try:
         import uvicorn
@@ -82,8 +81,6 @@ def serve(
         raise UserError("serve needs its extra: pip install 'ilab-journal[serve]'") from None
     runs = RunSet(_sources(sources), stale_after=stale_after)
     found = runs.refresh()
-    if not found:
-        raise UserError(f"no run (no journal.jsonl) in {', '.join(sources or ('.',))}")
     named = {p.parent if p.is_file() else p for _, p, _ in runs.sources}
     for run in found:
         if run.remote or run.dir in named:
@@ -94,7 +91,9 @@ def serve(
     try:
         sock = socket.create_server((host, port), family=_family(host))
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror} (try --port 0)") from None
+        # (socket.create_server adds "(while attempting to bind on address ...)": said already)
+        why = (exc.strerror or str(exc)).split(" (while attempting")[0]
+        raise UserError(f"cannot listen on {host}:{port}: {why} (try --port 0)") from None
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
@@ -105,6 +104,12 @@ def serve(
     mode = "control allowed with the token in this address" if token else "read-only"
     click.echo(f"serving {len(found)} run(s) at {url}  ({mode}; Ctrl-C stops)")
     sys.stdout.flush()
+    if not found:  # as tail -f and ilab-watch: a run not started yet is waited for
+        click.echo(
+            f"waiting for a run in {', '.join(sources or ('.',))} (no journal.jsonl yet): "
+            "the page lists it when it starts",
+            err=True,
+        )
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
 

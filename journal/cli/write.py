@@ -14,6 +14,7 @@ import click
 from journal.checkpoints.leases import MAX_TTL_S
 from journal.cli.common import Seconds, UserError, user_errors
 from journal.record.events import CONTROL_COMMANDS
+from journal.record.text import printable
 from journal.rundir.paths import JOURNAL_NAME, checkpoint_step, ckpt_dir_of, resolve_journal
 
 # -- control --------------------------------------------------------------------------------
@@ -86,6 +87,7 @@ def control(
     p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
+    _refuse_ended(p, dir)
     if command_id is not None:
         _refuse_used_id(p, command_id)
     since = journal_end(p)
@@ -105,6 +107,31 @@ def control(
     verdict = wait_for_verdict(p, cid, timeout=wait, since=since)
     click.echo(verdict.line(cid, command, waited=wait, run_dir=p))
     raise SystemExit(verdict.exit_code)
+
+
+class _Refused(UserError):
+    """A command refused for what the run is (not a usage mistake): one line, exit 1."""
+
+    exit_code = 1
+
+
+def _refuse_ended(run_dir: Path, given: str) -> None:
+    """A run whose last attempt has ended (``train_end``, late reports aside) and that
+    nobody holds (no trainer, no launcher about to resume it) reads no more commands: a
+    file left in ``control/`` would never be applied and ``status`` would count it."""
+    from journal.channels.control import run_end
+    from journal.rundir.lock import lock_holder, run_holder
+
+    end = run_end(run_dir / JOURNAL_NAME)
+    if end is None or lock_holder(run_dir) is not None or run_holder(run_dir) is not None:
+        return
+    status = end["data"].get("status") if isinstance(end.get("data"), dict) else None
+    raise _Refused(
+        printable(
+            f"{given}: the run has ended ({status or 'ended'} at step {end.get('step')}): "
+            "no trainer reads commands, nothing sent"
+        )
+    )
 
 
 def _refuse_used_id(run_dir: Path, command_id: str) -> None:

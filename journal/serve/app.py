@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 
 from journal.channels.control import InvalidCommand, run_end, send_command
 from journal.serve import data
+from journal.serve.marks import style_table
 from journal.serve.runs import RunSet
 
 STATIC = Path(__file__).parent / "static"
@@ -108,7 +109,9 @@ def build_app(cfg: ServeConfig) -> Starlette:
         return FileResponse(STATIC / "index.html", headers=_HEADERS)
 
     def api_config(request: Request) -> Response:
-        return _json({"control": cfg.allow_control, "commands": list(WEB_COMMANDS)})
+        return _json(
+            {"control": cfg.allow_control, "commands": list(WEB_COMMANDS), "marks": style_table()}
+        )
 
     def api_runs(request: Request) -> Response:
         return _json({"runs": runs.rows()})
@@ -147,6 +150,7 @@ def build_app(cfg: ServeConfig) -> Starlette:
             markers=_int(request, "m", 0),
             width=_width(request),
             stale_after=runs.stale_after,
+            leases=request.query_params.get("leases"),
         )
         return _json(body)
 

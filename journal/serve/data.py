@@ -9,13 +9,15 @@ update, and the names listed beyond the curves."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from array import array
 from typing import Any
 
 import numpy as np
+import orjson
 
-from journal.checkpoints.leases import active
+from journal.checkpoints.leases import Lease, active
 from journal.serve.fold import RunFold, Series, scalar
 from journal.views.summary import STATE_EXIT_CODES
 
@@ -96,19 +98,34 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
         "last_ts": s.last_ts,
         "age_s": None if s.last_ts is None else max(0.0, now - s.last_ts),
         "stale": s.state == "stale",
+        # the run's last attempt has journaled its end: a command would never be applied
+        "ended": fold.run.ended,
         "records": fold.count,
         "invalid_lines": fold.invalid,
         "error": s.error,
     }
 
 
-def checkpoints(fold: RunFold) -> list[dict[str, Any]]:
+def leases_held(fold: RunFold) -> tuple[list[Lease], str]:
+    """The leases held on the run's checkpoints now, and their signature: what the page
+    holds is stale when it differs (a lease released or expired, taken or renewed changes
+    no record, only ``leases/``)."""
+    run_dir = fold.run.run_dir
+    held = active(run_dir) if run_dir is not None else []
+    sig = hashlib.blake2s(
+        orjson.dumps([[x.id, x.checkpoint, x.expires] for x in held]), digest_size=8
+    ).hexdigest()
+    return held, sig
+
+
+def checkpoints(fold: RunFold, held: list[Lease] | None = None) -> list[dict[str, Any]]:
     """The checkpoints table: the run's one fold (:meth:`journal.views.fold.RunFold.checkpoints`)
     with what the disk says now: every checkpoint once, whatever spelling journaled it, its
     state (on_disk, leased, removed, missing), the removal (when, why, by whom), the
-    leases held now, reports, jobs and which is the best. Strings clipped for the page."""
-    run_dir = fold.run.run_dir
-    held = active(run_dir) if run_dir is not None else []
+    leases held now (``held``: read now when not given), reports, jobs and which is the
+    best. Strings clipped for the page."""
+    if held is None:
+        held = leases_held(fold)[0]
     return [_clipped(view.to_dict()) for view in fold.run.checkpoints(leases=held)]
 
 
@@ -133,6 +150,7 @@ def _series_out(series: Series, lo: float | None, hi: float | None, width: int) 
 
 def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]:
     """The first paint: every curve downsampled to ``width`` buckets, every marker."""
+    held, sig = leases_held(fold)
     with fold.lock:
         summ = summary(fold, stale_after=stale_after)
         return {
@@ -140,7 +158,8 @@ def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]
             "count": fold.count,
             "series": [_series_out(s, None, None, width) for s in fold.series.values()],
             "markers": fold.markers,
-            "checkpoints": checkpoints(fold),
+            "checkpoints": checkpoints(fold, held),
+            "leases": sig,
             "listed": list(fold.listed),
             "listed_all": fold.listed_all,
         }
@@ -160,14 +179,24 @@ def series_range(
 
 
 def updates(
-    fold: RunFold, *, since: int, lengths: list[int], markers: int, width: int, stale_after: float
+    fold: RunFold,
+    *,
+    since: int,
+    lengths: list[int],
+    markers: int,
+    width: int,
+    stale_after: float,
+    leases: str | None = None,
 ) -> dict[str, Any]:
     """What changed after the page's ``since`` records: per curve (in the snapshot's order,
     ``lengths`` the points the page has) the new points, or the whole curve again,
     downsampled (``reset``), when it changed other than by appending or when the new points
     are more than ``2 * width`` (a page far behind, ``since=0``); at most
     :data:`MAX_MARKERS` new markers; the summary, the table and the listed names when
-    they changed."""
+    they changed. The table is sent again too when the leases held now differ from those
+    the page was sent (``leases``: their signature, as the last answer gave it; None:
+    not compared)."""
+    held, sig = leases_held(fold)
     with fold.lock:
         summ = summary(fold, stale_after=stale_after)
         out_series = []
@@ -190,7 +219,12 @@ def updates(
             "count": fold.count,
             "series": out_series,
             "markers": fold.markers[markers : markers + MAX_MARKERS],
-            "checkpoints": checkpoints(fold) if fold.ck_changed_at > since else None,
+            "checkpoints": (
+                checkpoints(fold, held)
+                if fold.ck_changed_at > since or leases not in (None, sig)
+                else None
+            ),
+            "leases": sig,
             "listed": list(fold.listed) if fold.names_changed_at > since else None,
             "listed_all": fold.listed_all,
         }

@@ -29,23 +29,11 @@ from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
 from journal.record.fields import PAYLOAD_TYPES
 from journal.record.record import Record
+from journal.serve.marks import MARKER_KINDS
 from journal.store import follow
 from journal.views.fold import RunFold as RunTruth
 from journal.views.ledger import CheckpointLedger, finite_number
 
-#: Events drawn as markers on the step axis, and the marker kind each is shown as.
-MARKER_KINDS: dict[str, str] = {
-    "train_begin": "attempt",
-    "save": "save",
-    "checkpoint_removed": "removed",
-    "checkpoint_kept": "kept",
-    "evaluate": "evaluate",
-    "report": "report",
-    "control": "control",
-    "job": "job",
-    "journal_gap": "gap",
-    "train_end": "end",
-}
 #: Numbers in a ``log`` / ``evaluate`` record's data that are not curves.
 _NOT_CURVES = frozenset({"samples_seen", "loss_finite", "duration", "val_num_tokens"})
 #: Events that are neither a curve nor a marker: folded into the summary only.
@@ -91,6 +79,8 @@ def scalar(v: Any) -> Any:
         return v if math.isfinite(v) else str(v)
     if isinstance(v, dict):  # a report's metrics: one level, as "name=value" text
         return scalar(", ".join(f"{k}={x}" for k, x in v.items()))
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):  # an alert's evidence
+        return scalar(", ".join(v)) if v else None
     return None
 
 
@@ -260,6 +250,8 @@ class RunFold:
         data, step = rec["data"], rec["step"]
         detail = {str(k): scalar(v) for k, v in data.items()}
         detail = {k: v for k, v in detail.items() if v is not None}
+        if kind == "alert" and isinstance(data.get("step"), int):
+            step = data["step"]  # the step it is about (a hung trainer journals it later)
         if kind == "attempt":
             detail = {
                 "attempt": rec["attempt"],

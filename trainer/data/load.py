@@ -113,15 +113,24 @@ def _tokenized(
     return out, {**stats.__dict__, "tokenized": str(out), "cache_hit": hit}
 
 
+def epochs_for(max_steps: int, steps_per_epoch: int) -> int:
+    """The epochs it takes to train ``max_steps`` steps of ``steps_per_epoch`` each."""
+    return -(-max_steps // max(1, steps_per_epoch))
+
+
 def total_steps(args: TrainingArgs, steps_per_epoch: int, rank: int) -> int:
+    """The run's last step: ``max_steps``, or the end of ``num_epochs`` epochs when that
+    comes first (said, with the epochs ``max_steps`` takes)."""
     epoch_steps = steps_per_epoch * args.num_epochs
     if args.max_steps and args.max_steps > epoch_steps and rank == 0:
         log.warning(
             "max_steps %d is more than %d epoch(s) of %d steps: training ends at step %d "
-            "(raise num_epochs to train longer)",
+            "(--num-epochs %d trains all %d steps)",
             args.max_steps,
             args.num_epochs,
             steps_per_epoch,
             epoch_steps,
+            epochs_for(args.max_steps, steps_per_epoch),
+            args.max_steps,
         )
     return min(args.max_steps, epoch_steps) if args.max_steps else epoch_steps

@@ -159,6 +159,7 @@ def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
             f"--max-steps {args.max_steps} is more than {args.num_epochs} epoch(s) of "
             f"{most}{steps_per_epoch} steps ({train_rows} samples / batch size "
             f"{args.effective_batch_size}): training ends at step {most}{epoch_steps} "
-            "(raise --num-epochs to train longer)"
+            f"(--num-epochs {-(-args.max_steps // steps_per_epoch)} trains all "
+            f"{args.max_steps} steps)"
         )
     return out

@@ -1,0 +1,315 @@
+"""The page of ``ilab-journal serve`` in a real browser (chromium via Playwright, see
+tests/browser.py), as a person uses it: a drag zooms every chart and fetches that range at
+full resolution; the log and smoothing controls change what is drawn; numbers read in
+3 significant digits and ticks never repeat; in compare one run keeps one colour on every
+chart; the legend shows every marker drawn in its colour, the best on top; no page is wider
+than a 420 px window; a run started after the page opened appears, and a released lease
+and an ended run's controls change in an open page. Every wait polls with a deadline."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed")
+
+from journal.checkpoints.leases import acquire, release
+from journal.write.writer import JournalWriter
+from tests.browser import curve_journal, page_width, serve, story_journal, wait_until
+from tests.helpers import begin_payload, log_payload
+
+
+def _open(browser: Any, url: str, width: int = 1400) -> Any:
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.errors = errors
+    page.goto(url)
+    page.wait_for_selector("body[data-painted='1']")
+    return page
+
+
+def _charts(page: Any) -> dict[str, dict[str, str]]:
+    """Each chart's attributes (what it draws), by its first metric, in page order."""
+    return page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll('.chart')].map(
+            (c) => [c.dataset.metric, {...c.dataset}]))"""
+    )
+
+
+def _drag(page: Any, selector: str, start: float, end: float) -> None:
+    """A person's drag across a chart, from ``start`` to ``end`` of its width."""
+    box = page.locator(selector).bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * start, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * end, y, steps=6)
+    page.mouse.up()
+
+
+def test_a_drag_zooms_every_chart_and_fetches_that_range_at_full_resolution(
+    tmp_path: Path, browser: Any
+) -> None:
+    """The zoom asked for `series?lo=0&hi=<last>` (the range widened to every marker):
+    now it asks for the dragged range, every chart shows it, the loss at full resolution,
+    and a double click shows the whole run again."""
+    curve_journal(tmp_path / "long", steps=5000)  # more than 2 x 1000 points: downsampled
+    with serve(str(tmp_path / "long")) as s:
+        page = _open(browser, s.url + "run/long")
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if "/series?" in r.url else None)
+        whole = _charts(page)
+        assert int(whole["lr"]["points"]) <= 2000
+        _drag(page, ".chart-box.first .u-over", 0.40, 0.45)
+        page.wait_for_selector("#charts[data-fetched]")
+        lo, hi = map(float, page.get_attribute("#charts", "data-fetched").split(","))
+        assert 1800 < lo < hi < 2500 and hi - lo < 400, (lo, hi)
+        queries = [parse_qs(urlparse(u).query) for u in asked]
+        assert {q["name"][0] for q in queries} >= {"loss", "val_loss", "lr", "grad_norm"}
+        for q in queries:  # each curve asked for the dragged range, nothing wider
+            assert (float(q["lo"][0]), float(q["hi"][0])) == (lo, hi), q
+        shown = _charts(page)
+        for name, chart in shown.items():
+            assert (float(chart["xmin"]), float(chart["xmax"])) == (lo, hi), name
+        # full resolution: one point per step in the range (val_loss has none there)
+        steps_in = math.floor(hi) - math.ceil(lo) + 1
+        assert int(shown["lr"]["points"]) == steps_in
+        page.dblclick(".chart-box.first .u-over")
+        wait_until(lambda: float(_charts(page)["lr"]["xmax"]) == 5000.0, 5, "the whole run again")
+        assert page.get_attribute("#charts", "data-zoom") == ""
+        assert page.errors == []
+        page.close()
+
+
+def test_log_axis_and_smoothing_change_what_is_drawn_and_numbers_read_3_digits(
+    tmp_path: Path, browser: Any
+) -> None:
+    """The loss's log axis and the smoothing slider redraw the curves (a raw curve kept
+    faint behind the smoothed one); the lr readout says 3 significant digits where it said
+    `0.001` for 5.8e-4, and no chart's ticks read the same twice (`0.002, 0.002, 0.001`)."""
+    curve_journal(tmp_path / "run", steps=400)
+    with serve(str(tmp_path / "run")) as s:
+        page = _open(browser, s.url + "run/run")
+        loss = ".chart[data-curves='loss,val_loss']"
+
+        def pixels() -> str:
+            return str(page.eval_on_selector(loss + " canvas", "c => c.toDataURL()"))
+
+        before, ticks = pixels(), page.get_attribute(loss, "data-yticks")
+        assert page.get_attribute(loss, "data-scale") == "linear"
+        page.check(".chart-box.first input.log")
+        page.wait_for_selector(loss + "[data-scale='log']")
+        log_ticks = page.get_attribute(loss, "data-yticks") or ""
+        assert log_ticks != ticks and "1" in log_ticks.split("|"), log_ticks
+        assert pixels() != before
+        page.uncheck(".chart-box.first input.log")
+        page.wait_for_selector(loss + "[data-scale='linear']")
+        plain = pixels()
+        page.eval_on_selector(
+            "#smoothing", "s => { s.value = '0.9'; s.dispatchEvent(new Event('input')); }"
+        )
+        page.wait_for_selector(loss + "[data-smoothing='0.9']")
+        legend = page.locator(loss + " .u-legend .u-series th").all_text_contents()
+        assert [t.strip() for t in legend[1:]] == ["loss raw", "loss", "val_loss raw", "val_loss"]
+        assert pixels() != plain
+        # the readout at step 300: lr is about 1.9e-4 there, read in 3 significant digits
+        lr = ".chart[data-curves='lr']"
+        box = page.locator(lr + " .u-over").bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + box["height"] / 2)
+        readout = page.locator(lr + " .u-legend .u-series").nth(2).locator(".u-value")
+        text = wait_until(lambda: readout.text_content() not in ("", "–"), 5, "a readout")
+        value = float(readout.text_content() or "nan")
+        assert text and 1e-4 < value < 4e-4 and len(readout.text_content() or "") <= 7
+        for name, chart in _charts(page).items():
+            for axis in ("xticks", "yticks"):
+                labels = [t for t in chart[axis].split("|") if t]
+                assert len(labels) == len(set(labels)), (name, axis, labels)
+                assert all(len(t.replace("-", "").replace(".", "")) <= 7 for t in labels), labels
+        assert page.errors == []
+        page.close()
+
+
+def test_compare_keeps_one_colour_per_run_on_every_chart(tmp_path: Path, browser: Any) -> None:
+    """Three runs, one without the reported accuracy: each run is drawn in one colour on
+    every chart, its uPlot legend and the runs table (red was one run on loss and another
+    on report:accuracy); the header says each run's state, steps and best; markers turn
+    off per run."""
+    story_journal(tmp_path / "a", steps=60)
+    curve_journal(tmp_path / "b", steps=80)  # no report: accuracy only in a and c
+    story_journal(tmp_path / "c", steps=40, end=False).close()
+    with serve(str(tmp_path)) as s:
+        page = _open(browser, s.url + "compare?run=a&run=b&run=c")
+        rows = page.locator("#compare-runs tr.run")
+        colour = {
+            rows.nth(i).get_attribute("data-key"): rows.nth(i).get_attribute("data-color")
+            for i in range(rows.count())
+        }
+        assert len(colour) == 3 and len(set(colour.values())) == 3
+        text = page.text_content("#compare-runs") or ""
+        assert "stopped" in text and "60 / 60" in text and "accuracy 0.6 @ 60" in text
+        charts = _charts(page)
+        assert charts["report:accuracy"]["curves"] == "a,c"
+        assert charts["loss"]["curves"] == charts["lr"]["curves"] == "a,b,c"
+        order = list(charts)
+        assert order[:3] == ["loss", "val_loss", "report:accuracy"], order
+        for chart in charts.values():
+            drawn = dict(kv.split("=") for kv in chart["colors"].split(","))
+            assert drawn == {k: colour[k] for k in drawn}, chart
+        # uPlot's own legend, drawn from the series' strokes
+        for i in range(page.locator(".chart").count()):
+            chart = page.locator(".chart").nth(i)
+            for row in chart.locator(".u-legend .u-series").all()[1:]:
+                key = (row.locator(".u-label").text_content() or "").strip()
+                border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderColor")
+                assert border == _rgb(colour[key]), (key, border)
+        assert page.locator("#strips .strip").count() == 3
+        page.uncheck("#compare-runs input.markers[data-run='b']")
+        wait_until(lambda: page.locator("#strips .strip").count() == 2, 5, "b's markers off")
+        assert page.errors == []
+        page.close()
+
+
+def _rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def test_the_legend_shows_every_marker_drawn_in_its_colour_the_best_on_top(
+    tmp_path: Path, browser: Any
+) -> None:
+    """Five removals at the best's step hid its mark; `kept` had the leased colour and the
+    legend lacked `best` and `leased`. Now: one row per kind of thing, marks at one step
+    grouped (the best on top), and every mark's colour is its legend entry's."""
+    run = tmp_path / "run"
+    w = story_journal(run, steps=60, end=False)
+    for s in range(1, 6):  # five removals at step 60, where the best is saved
+        w.append(
+            "checkpoint_removed",
+            {"checkpoint_path": str(run / f"checkpoints/old-{s}"), "reason": "rotation"},
+            step=60,
+        )
+    w.append("checkpoint_kept", {"checkpoint_path": str(run / "checkpoints/step-000040"),
+                                 "reason": "leased"}, step=60)  # fmt: skip
+    w.close()
+    acquire(run, run / "checkpoints/step-000040", holder="eval-1", ttl=300)
+    with serve(str(run)) as s:
+        page = _open(browser, s.url + "run/run")
+        best = page.locator("#strip .marker.ck-best")
+        assert best.get_attribute("data-step") == "60"
+        assert best.evaluate("b => document.elementFromPoint(b.getBoundingClientRect().x + 5,"
+                             " b.getBoundingClientRect().y + 5) === b")  # fmt: skip
+        # the five removals and the kept one at step 60: one mark in their row, saying so
+        removals = page.locator("#strip .marker[data-step='60'][data-kind='kept']")
+        assert removals.count() == 1 and removals.get_attribute("data-n") == "6"
+        assert page.locator("#strip .marker.kind-removed[data-step='60']").count() == 0
+        looks = page.evaluate(
+            """() => [...document.querySelectorAll('#strip .marker')].map(
+                (m) => [m.dataset.look, getComputedStyle(m).backgroundColor])"""
+        )
+        legend = page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll('#legend .legend-item')]
+                .map((i) => [i.dataset.look, getComputedStyle(i.querySelector('.swatch'))
+                .backgroundColor]))"""
+        )
+        assert {look for look, _ in looks} == set(legend), (looks, legend)
+        for look, background in looks:
+            assert legend[look] == background, look
+        assert {"fate:best", "fate:leased", "fate:removed", "kind:kept", "kind:removed"} <= set(
+            legend
+        )
+        assert len(set(legend.values())) == len(legend)  # no two entries share a colour
+        # the story says the five removals at step 60 in one line
+        assert page.locator("#story tr[data-kind='removed'][data-n='5']").count() == 1
+        assert page.errors == []
+        page.close()
+
+
+def test_no_page_is_wider_than_a_420_px_window(tmp_path: Path, browser: Any) -> None:
+    """The run page was 751 to 1218 px wide at 420, the runs list 673 to 747: tables now
+    scroll in their box, the charts fit, the header spans the window and a checkpoint's
+    name is never broken (`step-` / `000040`)."""
+    story_journal(tmp_path / "hostile-and-long-named-run", hostile=True)
+    curve_journal(tmp_path / "b", steps=300)
+    with serve(str(tmp_path), "--allow-control") as s:
+        for url in (
+            "",
+            "run/hostile-and-long-named-run",
+            "run/b",
+            "compare?run=hostile-and-long-named-run&run=b",
+        ):
+            page = _open(browser, s.url + url, width=420)
+            if url.startswith("run/"):
+                page.wait_for_selector("body[data-tables='1']")
+            assert page_width(page) <= 420, (url, page_width(page))
+            assert page.evaluate("document.querySelector('header').offsetWidth") == 420
+            names = page.locator("#checkpoints td.name")
+            for i in range(names.count()):  # one line each
+                lines = names.nth(i).evaluate(
+                    "n => { const r = document.createRange(); r.selectNodeContents(n);"
+                    " return r.getClientRects().length; }"
+                )
+                assert lines == 1, names.nth(i).text_content()
+            assert page.errors == [], url
+            page.close()
+
+
+def test_a_run_started_after_the_page_opened_appears_without_a_reload(
+    tmp_path: Path, browser: Any
+) -> None:
+    """`serve DIR` on a dir with no run yet waits for one, as tail -f does (it failed with
+    "no run"); the open runs list shows the run when it starts, then a second one."""
+    runs = tmp_path / "runs"  # not there yet
+    with serve(str(runs)) as s:
+        assert "waiting for a run" in (s.proc.stderr.readline() if s.proc.stderr else "")
+        page = _open(browser, s.url, width=1000)
+        assert page.locator("tr.run").count() == 0 and page.is_visible("#no-runs")
+        for n, name in enumerate(("first", "second"), start=1):
+            with JournalWriter(runs / name) as w:
+                w.append("train_begin", begin_payload(10))
+                w.append("log", log_payload(1), step=1)
+            wait_until(lambda n=n: page.locator("tr.run").count() == n, 10, f"{name} listed")
+        page.click("tr.run[data-key='second'] a")
+        page.wait_for_selector("body[data-painted='1']")
+        assert page.text_content("#step") == "1"
+        page.close()
+
+
+def test_an_open_page_stays_true_leases_go_and_an_ended_run_takes_no_command(
+    tmp_path: Path, browser: Any
+) -> None:
+    """A lease released while the page is open is gone from it within 2 s (it still said
+    "58s left" 22 s later); once the run has ended the buttons turn off and say why (they
+    stayed on, saying "applied at the next step")."""
+    run = tmp_path / "run"
+    w = story_journal(run, steps=40, end=False)
+    lease = acquire(run, run / "checkpoints/step-000040", holder="eval-job-7", ttl=300)
+    with serve(str(run), "--allow-control") as s:
+        page = _open(browser, f"{s.url}run/run?token={s.token}")
+        page.wait_for_selector("body[data-tables='1']")
+        row = "tr.ckpt[data-step='40']"
+        assert "eval-job-7" in (page.text_content(row + " td.leases") or "")
+        assert page.get_attribute(row, "data-state") == "leased"
+        assert page.is_enabled("#control-stop")
+        release(run, lease.id)
+        t = time.monotonic()
+        wait_until(
+            lambda: "eval-job-7" not in (page.text_content(row + " td.leases") or ""),
+            2,
+            "the released lease gone from the page",
+        )
+        assert time.monotonic() - t < 2
+        wait_until(lambda: page.get_attribute(row, "data-state") == "on_disk", 2, "on disk")
+        assert page.locator("#strip .marker.ck-leased").count() == 0
+        w.append("train_end", {"status": "stopped", "reason": "enough"}, step=40)
+        w.close()
+        wait_until(lambda: not page.is_enabled("#control-stop"), 5, "the buttons off")
+        assert not page.is_enabled("#control-save") and not page.is_enabled("#control-evaluate")
+        said = page.text_content("#control-said") or ""
+        assert "the run has ended (stopped at step 40)" in said, said
+        assert page.errors == []
+        page.close()
