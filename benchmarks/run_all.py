@@ -32,6 +32,7 @@ BENCHES = [
     "bench_callback_pacing",  # issue 36; skipped without instructlab-training
     "bench_backtest",  # issue 46: backtest sweeps beside a json.loads pass, check --wait
     "bench_serve",  # issue 45: ilab-journal serve in chromium; one line, skipped without it
+    "bench_guard",  # issue 53: a STOPped rank to alert, abort and resumed step; false alarms
     "bench_gpu",  # one line and skipped without a CUDA GPU
 ]
 

@@ -211,7 +211,8 @@ def test_stop_kinds(source: str | None, kind: str) -> None:
 def test_control_in_a_hook_says_so(tmp_path: Path) -> None:
     """``ilab-journal control stop`` run by a watcher's command hook on a save: its source
     names the hook, so the stop counts as an eval's."""
-    build_run(tmp_path, [0.5], stop_source=None, ts=OLD)
+    with JournalWriter(tmp_path) as w:  # a running run (an ended one takes no command)
+        w.append("train_begin", BEGIN)
     env = {"ILAB_EVENT": "save", "ILAB_DELIVERY_ID": "run-40-abc"}
     got = CliRunner().invoke(main, ["control", "stop", str(tmp_path), "--id", "x1"], env=env)
     assert got.exit_code == 0, got.output

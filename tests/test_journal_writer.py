@@ -77,6 +77,27 @@ SAMPLE_PAYLOADS = {
         "delivery_id": "r-40-abc",
         "reported_at": 1795316640.5,
     },
+    "alert": {
+        "id": "19a-ef",
+        "kind": "failed",
+        "step": 40,
+        "attempt": 1,
+        "message": "train_end failed: RuntimeError: boom",
+        "evidence": [],
+        "missing": [],
+        "condition": None,
+        "targets": ["json://127.0.0.1:8080"],
+        "run": "/ck",
+        "host": "n1",
+        "source": "ilab-watch",
+        "raised_at": 1795316640.5,
+    },
+    "alert_told": {
+        "id": "19a-ef",
+        "told": ["json://127.0.0.1:8080"],
+        "failed": [],
+        "told_at": 1795316641.5,
+    },
 }
 
 

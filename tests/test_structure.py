@@ -109,10 +109,14 @@ WATCHER_LAYERS: dict[str, set[str]] = {
     "builtin": {"hooks"},
     "mirror": {"engine"},
     "lmeval": set(),  # --lm-eval: a command hook's command line and the job it runs
-    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror", "lmeval"},
+    # alerts: the journal's alert rules are a callback object (hooks) reading the built-in
+    # DivergenceDetector (builtin); hangs, deaths and their evidence need neither
+    "alerts": {"hooks", "builtin"},
+    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror", "lmeval", "alerts"},
     "embedded": {"hooks", "engine", "exporters"},
-    # backtest: past journals through the watcher's executor (engine), callbacks and built-ins
-    "backtest": {"hooks", "engine", "builtin"},
+    # backtest: past journals through the watcher's executor (engine), callbacks and built-ins;
+    # --hang-after through the live guard's own rule (alerts)
+    "backtest": {"hooks", "engine", "builtin", "alerts"},
     "__init__": {"hooks", "engine", "builtin"},
 }
 

@@ -88,6 +88,7 @@ class FactFolder:
             "stop_reason": s.reason,
             "run_id": s.run_id,
             "attempt": s.attempt,
+            "alerts": s.alerts,
         }
         for name in names:
             fn, _, rest = name.partition("(")

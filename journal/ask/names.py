@@ -27,6 +27,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "stop_reason": ("str", "train_end's reason"),
     "run_id": ("str", "the run's id"),
     "attempt": ("num", "the attempt (1 + resumes)"),
+    "alerts": ("num", "alerts a watcher raised for the run (docs/alerts.md)"),
 }
 #: The words a string fact can be: any other is a typo, and ``status != completd`` would
 #: always hold, so it is refused like a misspelt fact.

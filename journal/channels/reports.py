@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from journal.channels.alerts import INBOX_KINDS, InvalidAlert, check_alert
 from journal.channels.jobs import JOB_KIND, InvalidJob, check_job
 from journal.record.numbers import parse_number, shown_value
 from journal.rundir.files import atomic_write, json_files
@@ -333,20 +334,23 @@ def ingest(
         try:
             obj = read_json_object(path)
             source = obj.get("source")
-            is_job = (
-                obj.get("kind") == JOB_KIND
-            )  # a scheduler job's state (journal/channels/jobs.py)
-            payload = check_job(obj) if is_job else check_payload(ckpt_dir, obj)
+            kind = obj.get("kind")
+            if kind == JOB_KIND:  # a scheduler job's state (journal/channels/jobs.py)
+                event, payload = "job", check_job(obj)
+            elif isinstance(kind, str) and kind in INBOX_KINDS:  # journal/channels/alerts.py
+                event, payload = check_alert(obj)
+            else:
+                event, payload = "report", check_payload(ckpt_dir, obj)
         except FileNotFoundError:
             continue  # taken by another holder of the lock meanwhile
-        except (RejectedFile, InvalidReport, InvalidJob) as exc:
+        except (RejectedFile, InvalidReport, InvalidJob, InvalidAlert) as exc:
             log.warning("refusing report file %s: %s", path, exc)
             moved = move_aside(path)
             if moved is None:
                 handled.add(path.name)
             append("control", refusal(path, str(exc), moved, source))
             continue
-        append("job" if is_job else "report", payload)
+        append(event, payload)
         done += 1
         try:
             processed.mkdir(mode=0o750, exist_ok=True)

@@ -83,7 +83,7 @@ def check(
     Facts: status, steps, max_steps, epoch, samples, records, invalid_lines,
       reports, refused_reports, unapplied_commands, stop_source (eval,
       early_stopping, divergence, callback, hook, web, operator, trainer,
-      signal; none), stopped_by, stop_reason, run_id, attempt.
+      signal, hang; none), stopped_by, stop_reason, run_id, attempt, alerts.
     Of a metric M: best(M) (or best(M:max)), last(M), first(M), min(M), max(M),
       reports(M), count(M). Compare with == != < <= > >= and in (a, b);
       combine with and, or, not, (...). A bare word is a string only on the

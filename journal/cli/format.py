@@ -57,6 +57,10 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
         keys = ("world_size", "device_type", "total_steps", "resumed_from")
     elif event == "control":  # the verdict before the (long) source: a refusal must show
         keys = ("command", "id", "accepted", "applied_at_step", "reason", "source")
+    elif event == "alert":  # what went wrong before its (long) id (docs/alerts.md)
+        keys = ("kind", "step", "attempt", "message", "evidence", "id")
+    elif event == "alert_told":
+        keys = ("id", "told", "failed")
     else:
         keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
     parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
@@ -169,6 +173,8 @@ def status_text(s: RunSummary, path: Path) -> str:
             *_best_and_report_rows(s),
             ("last record", fmt_ts(s.last_ts) + ago),
         ]
+    if s.alerts and s.last_alert:  # what went wrong, said by a watcher (docs/alerts.md)
+        rows.append(("alerts", _alert_row(s.alerts, s.last_alert, path)))
     if s.unapplied_commands:  # sent too late: the run had ended (journal.channels.control)
         n = s.unapplied_commands
         rows.append(("control", f"{n} control command(s) arrived after the run ended: not applied"))
@@ -202,6 +208,26 @@ def _error_row(error: str, path: Path) -> str:
     if line == error:
         return line
     return f"{line}  (whole text: ilab-journal show {path} -e train_end --json)"
+
+
+def _alert_row(count: int, a: dict[str, Any], path: Path) -> str:
+    """``2, latest: failed at step 5 (12:01:03): <what was seen>; told json://host:80``."""
+    step = f" at step {a['step']}" if a.get("step") is not None else ""
+    text = f"{count}, latest: {a.get('kind')}{step} ({fmt_ts(a.get('ts'))}): "
+    text += error_line(str(a.get("message") or ""), 120)
+    if a.get("evidence"):
+        text += f"; evidence: {path.parent / 'alerts' / str(a.get('id'))}"
+    targets, told = a.get("targets") or [], a.get("told")
+    if told:
+        text += f"; told {', '.join(told)}"
+    failed = [str(f.get("target")) for f in a.get("failed") or []]
+    if failed:
+        text += f"; not told {', '.join(failed)}"
+    if targets and told is None:
+        text += f"; telling {', '.join(targets)}"
+    if count > 1:
+        text += f"  (all: ilab-journal show {path.parent} -e alert)"
+    return text
 
 
 def holder_text(info: dict[str, Any]) -> str:

@@ -32,13 +32,24 @@ RESULT_EVENTS: tuple[str, ...] = ("control", "report", "checkpoint_removed")
 #: Events a callback can hook, as ``on_<event>`` (TrainingArgs fields, TrainerCallback
 #: methods, ``ilab-watch --on-<event>``).
 CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, *RESULT_EVENTS)
+#: What a watcher's alerts journal (journal/channels/alerts.py): ``alert``, a run went wrong
+#: (hang, died, failed, diverged, stopped, a ``--notify-when`` condition; completed when
+#: asked), and ``alert_told``, which ``--notify`` targets were told of it and which not.
+ALERT_EVENTS: tuple[str, ...] = ("alert", "alert_told")
 #: Every event name a writer of this version produces (``checkpoint_kept``: a bridge kept a
 #: checkpoint its trainer's rotation asked to delete, because it is leased; ``job``: a
 #: scheduler job that ran a watcher delivery changed state, see journal/channels/jobs.py).
-EVENTS: tuple[str, ...] = (*CALLBACK_EVENTS, "journal_gap", "checkpoint_kept", "job")
-#: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job).
+EVENTS: tuple[str, ...] = (
+    *CALLBACK_EVENTS,
+    "journal_gap",
+    "checkpoint_kept",
+    "job",
+    *ALERT_EVENTS,
+)
+#: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job, page
+#: someone).
 DURABLE_EVENTS: frozenset[str] = frozenset(
-    {"save", "train_end", "journal_gap", "job", *RESULT_EVENTS}
+    {"save", "train_end", "journal_gap", "job", *RESULT_EVENTS, *ALERT_EVENTS}
 )
 #: Final states of a run, as written in ``train_end.data.status``.
 END_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "interrupted")

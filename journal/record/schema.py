@@ -159,6 +159,44 @@ class JobData(_Open):
     reported_at: float
 
 
+class AlertData(_Open):
+    """A run went wrong (or a ``--notify-when`` condition held): journaled once, at once,
+    whether or not its targets answer; what became of telling them is ``alert_told``."""
+
+    id: str = Field(description="unique per alert; its evidence lies in alerts/<id>/")
+    kind: Literal["hang", "died", "failed", "diverged", "stopped", "completed", "condition"]
+    step: int | None = Field(description="the step the alert is about (null: unknown)")
+    attempt: int | None = Field(None, description="the attempt it is about")
+    message: str = Field(description="what was seen, one line")
+    evidence: list[str] = Field(
+        default_factory=list, description="evidence files, relative to the run dir"
+    )
+    missing: list[str] = Field(
+        default_factory=list, description="one line per piece of evidence not captured"
+    )
+    condition: str | None = Field(None, description="kind condition: the --notify-when text")
+    targets: list[str] = Field(
+        default_factory=list,
+        description="the --notify targets being told, by scheme and host only (no secrets)",
+    )
+    run: str | None = Field(None, description="the run as the watcher names it (dir or URI)")
+    host: str | None = Field(None, description="the host of the watcher that raised it")
+    source: str | None = Field(None, description="who raised it, e.g. ilab-watch")
+    raised_at: float = Field(description="Unix time it was raised")
+
+
+class AlertToldData(_Open):
+    """What became of telling an alert's targets (after every target was told, or given up)."""
+
+    id: str = Field(description="the alert's id")
+    told: list[str] = Field(description="targets that took it")
+    failed: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="targets never told: {target, tries, error} (error without secrets)",
+    )
+    told_at: float = Field(description="Unix time the outcome was known")
+
+
 class CheckpointRemovedData(_Open):
     checkpoint_path: str
     reason: str = Field(description="why, e.g. 'rotation: keep_last_n=3'")
@@ -193,6 +231,8 @@ PAYLOAD_MODELS: dict[str, type[_Open]] = {
     "journal_gap": JournalGapData,
     "checkpoint_kept": CheckpointKeptData,
     "job": JobData,
+    "alert": AlertData,
+    "alert_told": AlertToldData,
 }
 
 

@@ -15,7 +15,9 @@ What it holds, for the journal's current run (its last ``run_id``) and every att
   ``train_end`` too) and the scheduler jobs that evaluated it;
 - the best checkpoint by any metric, taken from the reports and validations of the
   checkpoints that are still there, never from a snapshot some record carries;
-- the control commands with their verdicts and senders, and the attempts.
+- the control commands with their verdicts and senders, and the attempts;
+- the alerts a watcher raised (``alert`` records, joined by id with their ``alert_told``:
+  which ``--notify`` targets were told), of every attempt of the run.
 
 What the disk says at the moment of asking (a checkpoint deleted by hand, the leases held)
 is added by :meth:`RunFold.checkpoints` and :meth:`RunFold.best`, given the run dir.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from journal.record.record import Record
@@ -47,8 +49,9 @@ from journal.views.ledger import (
 from journal.views.summary import RunSummary, Summarizer
 
 #: How many commands the fold keeps (a flood of refused commands must not grow a reader
-#: without bound); the count of all of them is kept.
+#: without bound); the count of all of them is kept. The same for alerts.
 MAX_COMMANDS = 1000
+MAX_ALERTS = 1000
 
 
 @dataclass
@@ -64,6 +67,29 @@ class CommandSeen:
     error: str | None
     step: int | None  # the step of the record that journaled the verdict
     ts: float | None
+
+
+@dataclass
+class AlertSeen:
+    """An ``alert`` record, with what its ``alert_told`` said once it came: ``told``, the
+    targets that took it; ``failed``, those given up (``{target, tries, error}``);
+    ``targets``, every target it was sent to (None in ``told``: no outcome journaled yet)."""
+
+    id: str
+    kind: str
+    step: int | None
+    attempt: int | None
+    message: str
+    evidence: list[str]
+    missing: list[str]
+    condition: str | None
+    targets: list[str]
+    ts: float | None
+    told: list[str] | None = None
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -131,7 +157,7 @@ class RunFold:
     says (None: the paths as journaled, normalized; nothing looked up on disk)."""
 
     #: Events beyond the ledger's that this fold looks at (the rest go to the summarizer).
-    _OWN = frozenset({"train_begin", "train_end", "control"})
+    _OWN = frozenset({"train_begin", "train_end", "control", "alert", "alert_told"})
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None) -> None:
         self.run_dir = os.path.abspath(run_dir) if run_dir is not None else None
@@ -143,6 +169,9 @@ class RunFold:
         #: every scheduler job of the run, ``scheduler:job_id`` -> its latest state (one
         #: with no checkpoint too: the ledger keeps a checkpoint's own)
         self.jobs: dict[str, str] = {}
+        #: the run's alerts, oldest first (the newest MAX_ALERTS), and how many in all
+        self.alerts: list[AlertSeen] = []
+        self.alert_count = 0
 
     @property
     def run_id(self) -> str | None:
@@ -167,6 +196,10 @@ class RunFold:
             data = rec["data"]
             if event == "control":
                 self._control(rec, data)
+            elif event == "alert":
+                self._alert(rec, data)
+            elif event == "alert_told":
+                self._told(data)
             elif event == "train_begin":
                 self._begin(rec, data)
             else:  # train_end
@@ -185,6 +218,7 @@ class RunFold:
             self.ledger.new_run(run_id)
             self.commands, self.command_count, self.attempts = [], 0, []
             self.jobs = {}
+            self.alerts, self.alert_count = [], 0
         self.ledger.ended = False
         self.attempts.append(
             Attempt(
@@ -216,6 +250,37 @@ class RunFold:
         )
         if len(self.commands) > MAX_COMMANDS:
             del self.commands[0]
+
+    def _alert(self, rec: Record, data: Mapping[str, Any]) -> None:
+        aid = data.get("id")
+        if not isinstance(aid, str) or any(a.id == aid for a in self.alerts[-8:]):
+            return  # a file journaled twice (a crash before it was archived): one alert
+        self.alert_count += 1
+        self.alerts.append(
+            AlertSeen(
+                aid,
+                str_or_none(data.get("kind")) or "?",
+                int_or_none(data.get("step")),
+                int_or_none(data.get("attempt")),
+                str_or_none(data.get("message")) or "",
+                _texts(data.get("evidence")),
+                _texts(data.get("missing")),
+                str_or_none(data.get("condition")),
+                _texts(data.get("targets")),
+                finite_number(rec["ts"]),
+            )
+        )
+        if len(self.alerts) > MAX_ALERTS:
+            del self.alerts[0]
+
+    def _told(self, data: Mapping[str, Any]) -> None:
+        aid = data.get("id")
+        seen = next((a for a in reversed(self.alerts) if a.id == aid), None)
+        if seen is None:
+            return
+        seen.told = _texts(data.get("told"))
+        failed = data.get("failed")
+        seen.failed = [f for f in failed if isinstance(f, dict)] if isinstance(failed, list) else []
 
     # -- asking -----------------------------------------------------------------------------
 
@@ -276,7 +341,12 @@ class RunFold:
         s = self.summarizer.result(stale_after=stale_after, now=now)
         goal = self.keep_best()
         best = self.ledger.best(goal, run_dir) if goal else None
-        return replace(s, best_checkpoint=best.to_dict() if best else None)
+        return replace(
+            s,
+            best_checkpoint=best.to_dict() if best else None,
+            alerts=self.alert_count,
+            last_alert=self.alerts[-1].to_dict() if self.alerts else None,
+        )
 
     def to_state(self) -> dict[str, Any]:
         """Everything folded so far, as JSON types (the journal index stores it)."""
@@ -287,6 +357,8 @@ class RunFold:
             "command_count": self.command_count,
             "attempts": [asdict(a) for a in self.attempts],
             "jobs": self.jobs,
+            "alerts": [a.to_dict() for a in self.alerts],
+            "alert_count": self.alert_count,
         }
 
     @classmethod
@@ -301,4 +373,11 @@ class RunFold:
         fold.command_count = int(state["command_count"])
         fold.attempts = [Attempt(**a) for a in state["attempts"]]
         fold.jobs = {str(k): str(v) for k, v in state["jobs"].items()}
+        fold.alerts = [AlertSeen(**a) for a in state["alerts"]]
+        fold.alert_count = int(state["alert_count"])
         return fold
+
+
+def _texts(value: Any) -> list[str]:
+    """A list of strings from a record (anything else in it dropped: a reader never trips)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []

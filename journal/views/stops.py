@@ -29,6 +29,11 @@ sources each sender writes (docs/cli.md, "check"):
     ``stopped`` with no command: the trainer (or the bridged trainer) ended it itself.
 ``signal``
     ``interrupted``: a signal (Ctrl-C, SIGTERM from a scheduler).
+``hang``
+    the hang guard of a watcher or of ``run_training`` (``--on-hang abort``) ended an
+    attempt that made no progress: its ``train_end`` (``failed``, written by the launcher
+    or the watcher) says ``aborted_for: "hang"``, ``aborted_by`` who, and ``alert_id``
+    where the evidence is (docs/alerts.md).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ STOP_KINDS = (
     "operator",
     "trainer",
     "signal",
+    "hang",
 )
 #: A command hook's events whose stop is an eval's.
 _EVAL_EVENTS = frozenset({"save", "evaluate", "report"})
@@ -85,8 +91,11 @@ def ending(data: dict[str, Any], sources: dict[str, str | None]) -> tuple[str | 
     """``(stop_source, stopped_by)`` of a ``train_end`` payload: the kind and the source
     string of what ended the run (``sources``: applied stop/abort commands' id -> source,
     for journals whose ``train_end`` has no ``command_source``); ``(None, None)`` for a run
-    that completed or failed on its own."""
+    that completed or failed on its own. An attempt the hang guard aborted is ``hang``."""
     status = data.get("status")
+    if data.get("aborted_for") == "hang":
+        by = data.get("aborted_by")
+        return "hang", by if isinstance(by, str) else None
     if data.get("command") in ("stop", "abort"):
         by = data.get("command_source")
         if not isinstance(by, str):

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from journal.record.record import Record
-from journal.rundir.inbox import refused_file
 from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.stops import ending
 
@@ -66,6 +65,10 @@ class RunSummary:
     #: the ending command's source string (None: no command ended it)
     stop_source: str | None = None
     stopped_by: str | None = None
+    #: the run's alerts (``alert`` records, every attempt) and the newest one: id, kind,
+    #: step, message, evidence, told, ... (filled by the run's fold, journal/views/fold.py)
+    alerts: int = 0
+    last_alert: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +90,9 @@ def _pid_gone(hostname: str | None, pid: int | None) -> bool:
 #: Commands that end a run (their source says who stopped it).
 _ENDERS = frozenset({"stop", "abort"})
 #: RunSummary fields computed when a result is asked for, never folded.
-_DERIVED = frozenset({"best_checkpoint", "holder", "prunable_checkpoints", "expired_leases"})
+_DERIVED = frozenset(
+    {"best_checkpoint", "holder", "prunable_checkpoints", "expired_leases", "alerts", "last_alert"}
+)
 
 
 class Summarizer:
@@ -142,6 +147,8 @@ class Summarizer:
                 k: data.get(k) for k in ("checkpoint_path", "step", "metrics", "source")
             }
         elif event == "control" and data.get("command") is None:
+            from journal.rundir.inbox import refused_file  # rare: not at every start
+
             refused = refused_file(data)  # a report file refused: its metrics are lost
             if refused is not None and refused.inbox == REPORTS_DIR_NAME:
                 s.refused_reports += 1

@@ -9,70 +9,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from journal.record.events import CALLBACK_EVENTS
 from journal.remote.store import RESTORE_FROM_HELP
 from journal.views.best import MetricGoal
 from trainer.config.fields import (
+    HangAfter,
     Seed,
     Settings,
     TrackerSettings,
     data_file_problem,
     parse_profile_steps,
 )
+from trainer.config.model import ModelConfig
 
 CallbackSpec = Callable[..., Any] | str
 CallbackField = CallbackSpec | list[CallbackSpec] | None
-
-
-class ModelConfig(Settings):
-    """The built-in decoder-only transformer (byte-level vocabulary)."""
-
-    d_model: int = Field(128, ge=8, description="Built-in model width.")
-    n_layers: int = Field(4, ge=1, description="Built-in model depth.")
-    n_heads: int = Field(4, ge=1, description="Built-in model attention heads.")
-    d_ff: int | None = Field(None, ge=1, description="Built-in MLP width (default: 4 * d_model).")
-    max_seq_len: int = Field(
-        64, ge=4, description="Built-in model context in tokens (the training max_seq_len sets it)."
-    )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Built-in model dropout.")
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> ModelConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        return self
-
-
-class TorchrunArgs(Settings):
-    """How to launch the workers (maps onto torchrun's flags)."""
-
-    nproc_per_node: int = Field(1, ge=1, description="Worker processes on this node (one per GPU).")
-    nnodes: int = Field(1, ge=1, description="Number of nodes.")
-    node_rank: int = Field(0, ge=0, description="This node's rank.")
-    rdzv_id: str | None = Field(None, description="Rendezvous id (multi-node).")
-    rdzv_endpoint: str | None = Field(
-        None, description="host:port of the c10d rendezvous (multi-node)."
-    )
-    master_addr: str | None = Field(
-        None, description="Static rendezvous address (instead of --rdzv-endpoint)."
-    )
-    master_port: int | None = Field(None, ge=1, le=65535, description="Static rendezvous port.")
-
-    @model_validator(mode="after")
-    def _check(self) -> TorchrunArgs:
-        if self.node_rank >= self.nnodes:
-            raise ValueError(f"node_rank ({self.node_rank}) must be < nnodes ({self.nnodes})")
-        if self.rdzv_endpoint and self.master_addr:
-            raise ValueError("give either rdzv_endpoint or master_addr/master_port, not both")
-        if self.nnodes > 1 and not (self.rdzv_endpoint or self.master_addr):
-            raise ValueError("nnodes > 1 needs rdzv_endpoint (or master_addr and master_port)")
-        if self.master_addr and not self.master_port:
-            raise ValueError("master_addr needs master_port")
-        return self
 
 
 class TrainingArgs(Settings):
@@ -296,6 +249,43 @@ class TrainingArgs(Settings):
         description="Seconds a collective may wait, e.g. for rank 0's export at a save.",
     )
 
+    # -- hangs, deaths and restarts: the launcher's guard (docs/alerts.md) -------------------
+    hang_after: HangAfter = Field(
+        None,
+        description="Raise a hang alert (with every local rank's py-spy stack) after this "
+        "many seconds without step progress outside a declared phase (a lease wait, a save, "
+        "an eval, the first step); auto: 10x this attempt's longest step, at least 20s "
+        "(default: no hang detection).",
+    )
+    hang_action: Literal["report", "abort"] = Field(
+        "report",
+        description="What a hang does: report (the alert only) or abort (the alert, then "
+        "SIGTERM and SIGKILL of the attempt's ranks; journaled as a hang). Needs --hang-after.",
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Relaunch a failed or aborted attempt up to N times; each resumes from "
+        "the run's newest checkpoint.",
+    )
+    # SecretStr: a webhook's token never reaches the workers' config or train_begin's
+    notify: list[SecretStr] = Field(
+        default_factory=list,
+        description="Tell this apprise URL (slack://, mailto://, ntfy://, pagerduty://, "
+        "json://HOST:PORT/...) when the run goes wrong: a hang, a death, a failure, a "
+        "divergence, a stop (docs/alerts.md). Repeatable.",
+    )
+    notify_when: list[str] = Field(
+        default_factory=list,
+        description="Also alert, once per attempt, when this check expression holds, e.g. "
+        "'best(accuracy) >= 0.9' (ilab-journal check's grammar). Repeatable.",
+    )
+    notify_on: str | None = Field(
+        None,
+        description="The kinds that alert: a comma list of hang, died, failed, diverged, "
+        "stopped, completed, or all (default: all but completed).",
+    )
+
     # -- flat callback API (never sent to the workers) --------------------------------------
     callbacks: list[Any] = Field(default_factory=list, exclude=True)
     callback_grace_s: float = Field(
@@ -370,6 +360,8 @@ class TrainingArgs(Settings):
                 "lora_target_modules: lm_head cannot take an adapter here (the trainer fuses "
                 "it with the loss)"
             )
+        if self.hang_action == "abort" and self.hang_after is None:
+            raise ValueError("--on-hang abort needs --hang-after SECONDS|auto")
         if self.max_seq_len is not None and self.model_path is None:
             # the built-in model's context is its position table: they are one setting
             self.model = self.model.model_copy(update={"max_seq_len": self.max_seq_len})

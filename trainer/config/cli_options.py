@@ -35,6 +35,7 @@ class Override:
     flag: str | None = None
     type: click.ParamType | None = None
     metavar: str | None = None
+    multiple: bool = False  # given once per value (a value may hold commas)
 
 
 #: Field path -> what its option does differently: a shorter flag, or a stricter click type
@@ -49,6 +50,11 @@ OVERRIDES: dict[str, Override] = {
     "profile_steps": Override(metavar="A:B"),
     "export_every": Override(type=click.IntRange(min=1)),
     "pg_timeout_s": Override("--pg-timeout", click.FloatRange(min=0, min_open=True)),
+    "hang_after": Override(metavar="SECONDS|auto"),
+    "hang_action": Override("--on-hang"),  # as ilab-watch's (an on_<event> name is a hook's)
+    "notify": Override(type=click.STRING, metavar="URL", multiple=True),
+    "notify_when": Override(type=click.STRING, metavar="EXPR", multiple=True),
+    "notify_on": Override(metavar="KIND,..."),
 }
 
 #: Field paths no flag sets (a --config file or the Python API does), and why. Callback
@@ -66,6 +72,7 @@ SECTIONS: dict[str, str] = {
     "num_epochs": "Optimization",
     "log_every": "Logging and checkpoints",
     "mixed_precision": "Precision, scale and speed",
+    "hang_after": "Hangs, restarts and alerts",
     "torchrun": "Launch (torchrun)",
 }
 
@@ -189,6 +196,7 @@ def _option(path: str, info: FieldInfo, section: str | None) -> FieldOption:
         "default": default,
         "show_default": True,
         "metavar": over.metavar,
+        "multiple": over.multiple,
         "help": info.description,
         "section": section,
     }

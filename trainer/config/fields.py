@@ -13,6 +13,7 @@ are refused when the settings are made, in the launcher, as one line naming the 
 
 from __future__ import annotations
 
+import math
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -114,6 +115,28 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
     if first < 1 or last < first:
         raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
     return first, last
+
+
+def parse_hang_after(spec: str) -> str:
+    """``hang_after``: ``"auto"`` or a positive number of seconds, as given (normalized:
+    ``"auto"`` lower-case); ValueError naming the form otherwise. The guard's own parser,
+    ``watcher.alerts.hang.HangRule.parse``, reads the same form at launch."""
+    text = spec.strip()
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected SECONDS or auto, got {spec!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected a positive number of seconds or auto, got {spec!r}")
+    return text
+
+
+#: ``TrainingArgs.hang_after``: seconds or ``auto``, checked where the settings are made.
+HangAfter = Annotated[
+    str | None, AfterValidator(lambda v: parse_hang_after(v) if v is not None else None)
+]
 
 
 #: ``TrainingArgs.tracker_settings`` keys (the exporters' options, watcher/exporters/registry.py).

@@ -38,6 +38,7 @@ from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_
 from journal.read.reader import iter_events
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import journal_path
+from journal.rundir.phase import PhaseMarker
 from journal.store import attempt_writer
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
@@ -206,6 +207,19 @@ class RunJournal:
     def world(self) -> int:
         """The number of ranks (1 without a process group)."""
         return dist.get_world_size() if dist.is_initialized() else 1
+
+    def phases(self) -> PhaseMarker:
+        """The long phases that stop steps legitimately (lease and callback waits, saves,
+        evals), declared by the journal's writer for the hang detector
+        (journal/rundir/phase.py); on other ranks, and without a journal, nothing."""
+        writes = self.main and self.emitter.writer is not None
+        return PhaseMarker(self.dir if writes else None, run_id=self.run_id, attempt=self.attempt)
+
+    @property
+    def attempt(self) -> int | None:
+        """This attempt's number in its run (the main rank, once open; None elsewhere)."""
+        w = self.emitter.writer
+        return w.attempt if w is not None else None
 
     @property
     def run_id(self) -> str | None:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +36,15 @@ from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight
+from trainer.launch.recovery import (
+    abort_marker,
+    hang_end,
+    launch_with_restarts,
+    open_launch_alerts,
+    start_guard,
+)
 from trainer.launch.restore import check_restore_uri, restore_if_empty
+from trainer.launch.result import RunDirBusy, TrainingFailed, TrainingResult
 from watcher.builtin.foreign import Progress, adapt, foreign_base, microbatch_hooks, wants_pacing
 from watcher.hooks.callbacks import callable_name
 
@@ -72,35 +80,6 @@ def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
         raise ConfigError(
             f"cannot use {os.fspath(ckpt_dir)} as the checkpoint dir: {exc.strerror}{where}"
         ) from None
-
-
-class RunDirBusy(RuntimeError):
-    """Another launch is running in this checkpoint dir (``ilab-train`` exits 3)."""
-
-
-class TrainingFailed(RuntimeError):
-    """The run ended with status ``failed``; the message names the error and the log file."""
-
-    def __init__(self, message: str, result: TrainingResult) -> None:
-        super().__init__(message)
-        self.result = result
-
-
-@dataclass
-class TrainingResult:
-    status: str  # completed | stopped | failed | interrupted
-    reason: str | None
-    final_checkpoint: str | None
-    last_metrics: dict[str, Any]
-    last_checkpoint: str | None
-    journal_path: Path
-    log_path: Path
-    returncode: int
-    run_id: str | None = None
-    attempt: int | None = None
-    callbacks: list[dict[str, Any]] = field(default_factory=list)
-    #: report_to's trackers: "ok", or what failed and the ilab-watch line that replays it
-    trackers: dict[str, str] = field(default_factory=dict)
 
 
 def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerConfig:
@@ -174,6 +153,11 @@ def run_training(
     the checkpoint dir cannot be created where asked or could be steered by another user,
     or ``resume="never"`` finds another run's checkpoints there, and :class:`RunDirBusy` when another launch holds the checkpoint dir.
     Ctrl-C twice raises :class:`StoppedNow` (a KeyboardInterrupt) once the end is journaled.
+
+    With ``hang_after`` the launcher guards its workers (docs/alerts.md): a hang raises an
+    alert with their stacks and, with ``hang_action="abort"``, ends the attempt, journaled as a
+    hang. With ``max_restarts`` a failed or aborted attempt is launched again, resuming from
+    the run's newest checkpoint.
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
@@ -211,7 +195,8 @@ def run_training(
 
             converted = convert_gguf(Path(model_path), ckpt_dir / "model")
             train_args = train_args.model_copy(update={"model_path": converted})
-        return _launch(train_args, t, ckpt_dir, echo=echo, env=env)
+        launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env)
+        return launch_with_restarts(launch, train_args)
     finally:
         if run_lock is not None:
             run_lock.release()
@@ -248,6 +233,7 @@ def _launch(
     echo: bool,
     env: dict[str, str] | None,
 ) -> TrainingResult:
+    alerting = open_launch_alerts(train_args, ckpt_dir)  # a bad target: refused here
     logs = logs_dir(ckpt_dir)
     make_dir(logs)  # the workers read their config from here: nobody else writes it
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -269,7 +255,7 @@ def _launch(
 
         trackers = Trackers(ckpt_dir, list(train_args.report_to), train_args.tracker_settings)
         exporters = list(trackers.exporters.values())
-    if train_args.has_callbacks() or exporters:
+    if train_args.has_callbacks() or exporters or alerting is not None:
         from watcher.embedded import EmbeddedWatcher
         from watcher.engine.cursor import CursorBusy
 
@@ -278,7 +264,8 @@ def _launch(
                 watcher = EmbeddedWatcher(
                     ckpt_dir,
                     hooks=train_args.hooks(),
-                    callbacks=adapt(train_args.callbacks, progress),
+                    callbacks=adapt(train_args.callbacks, progress)
+                    + ([alerting.rules] if alerting is not None else []),
                     start_offset=start_offset,
                     exporters=exporters,
                     node_rank=t.node_rank,
@@ -291,20 +278,36 @@ def _launch(
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
     proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            torchrun_command(cfg_path, t),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=proc_env,
-            preexec_fn=die_with_parent,  # torchrun gets SIGTERM (and stops its workers) if we die
-        )
-        pump = threading.Thread(
-            target=_pump, args=(proc.stdout, log_file, sys.stdout if echo else None), daemon=True
-        )
-        pump.start()
-        rc, stopped_now = wait_for_torchrun(proc)
-        pump.join(timeout=10)
+    if train_args.backend != "gloo":  # NCCL keeps a flight recorder a hang alert can dump
+        from watcher.alerts.evidence import flight_recorder_env
+
+        proc_env.update(flight_recorder_env(ckpt_dir, proc_env))
+    # each node guards its ranks
+    guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink)
+    try:
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                torchrun_command(cfg_path, t),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=proc_env,
+                preexec_fn=die_with_parent,  # torchrun gets SIGTERM (and stops its workers) if we die
+            )
+            if guard is not None and guard.launcher_pids is not None:
+                guard.launcher_pids["torchrun agent"] = proc.pid  # in its view of processes
+            pump = threading.Thread(
+                target=_pump,
+                args=(proc.stdout, log_file, sys.stdout if echo else None),
+                daemon=True,
+            )
+            pump.start()
+            rc, stopped_now = wait_for_torchrun(proc)
+            pump.join(timeout=10)
+    finally:
+        if guard is not None:
+            guard.stop()  # an abort under way finishes first
+            if alerting is None:
+                guard.sink.close()
 
     if journal.exists() and before is not None:
         now = journal.stat()
@@ -319,8 +322,13 @@ def _launch(
     if end is None and train_args.journal_detail != "off":
         # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
         # writer; now that they have exited, record the ending so watchers and status see it.
-        end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now)
+        # A hang guard (ours or an ilab-watch's) that aborted them left a marker: a hang.
+        begin = next((r for r in reversed(records) if r["event"] == "train_begin"), None)
+        hang = abort_marker(ckpt_dir, begin)
+        end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now, hang=hang)
     callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
+    if alerting is not None:  # the rules saw train_end: what they raised is sent, or given up
+        alerting.close()
     data = end["data"] if end is not None else {}
     last_log = next((r for r in reversed(records) if r["event"] == "log"), None)
     last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
@@ -348,15 +356,21 @@ def _launch(
 
 
 def _write_fallback_end(
-    ckpt_dir: Path, rc: int, log_path: Path, *, interrupted: bool = False
+    ckpt_dir: Path,
+    rc: int,
+    log_path: Path,
+    *,
+    interrupted: bool = False,
+    hang: dict[str, Any] | None = None,
 ) -> Mapping[str, Any]:
     """Close the workers' attempt with a ``train_end`` (they exited without one) and return
-    the record as read back (``interrupted``: Ctrl-C twice ended them), or, when it could not
-    be written, its event, seq and payload (no envelope)."""
+    the record as read back (``interrupted``: Ctrl-C twice ended them; ``hang``: the hang
+    guard's abort marker, the attempt was aborted as hung), or, when it could not be
+    written, its event, seq and payload (no envelope)."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
     signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
     status = "interrupted" if interrupted or signalled else "failed"
-    payload = {
+    payload: dict[str, Any] = {
         "status": status,
         "reason": reason,
         "final_checkpoint": None,
@@ -365,6 +379,8 @@ def _write_fallback_end(
         "traceback": None,
         "written_by": "launcher",
     }
+    if hang is not None and not interrupted:  # the hang guard aborted them
+        payload = hang_end(hang, rc)
     seq = None
     try:
         with guest(ckpt_dir, role="launcher", timeout=10) as w:

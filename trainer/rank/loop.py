@@ -38,6 +38,7 @@ from trainer.data.plan import StepPlan
 from trainer.journaling.run_journal import RunJournal
 from trainer.model.device import check_fp32_master, compute_dtype
 from trainer.model.lora import export_kind
+from trainer.rank.evaluation import validation
 from trainer.rank.profiling import StepProfiler
 from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
@@ -78,6 +79,7 @@ class Trainer:
         self.write_consolidated = built.write_consolidated
         self.journal, self.inbox = journal, journal.inbox  # the inbox: commands and reports
         journal.follow(self.state)
+        self.phases = journal.phases()  # lease waits, saves, evals: no hang (docs/alerts.md)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_saved_step = self.state.step if self.state.step else -1
         self.step_time_s = 0.0
@@ -114,7 +116,8 @@ class Trainer:
         out = self._train()
         self.profiler.close()  # the run ended inside the profiled steps
         if self.saver is not None:
-            self._journal_save(self.saver.wait())
+            with self.phases("save"):
+                self._journal_save(self.saver.wait())
         out.final_checkpoint = self._final_path()
         return out
 
@@ -224,11 +227,14 @@ class Trainer:
     def _pace(self, plan: StepPlan) -> None:
         """Rank 0, before the all-reduce: callback_pacing, and lease_pacing at a save."""
         if self.callback_pacer is not None:
-            self.callback_pacer.wait(self.state.step)
+            pacer = self.callback_pacer
+            if pacer.wait(self.state.step, blocking=lambda: self.phases.set("callback_wait")):
+                self.phases.set(None)
         st, ends = self.state, self.state.step_in_epoch + 1 >= self.planner.steps_per_epoch
         n = plan.global_samples
         if self.pacer and save_scheduled(self.args, st.step, st.samples_seen + n, n, ends):
-            self.lease_wait_s = self.pacer.wait().waited_s  # (only rank 0 journals it)
+            with self.phases("lease_wait", self.pacer.limit_s):
+                self.lease_wait_s = self.pacer.wait().waited_s  # (only rank 0 journals it)
 
     def _all_reduce(
         self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
@@ -282,36 +288,25 @@ class Trainer:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self) -> None:
+        """The validation loss, journaled; a declared phase (no hang, however long)."""
         if self.val_planner is None:
             return
-        t0 = time.perf_counter()
-        self.model.eval()
-        plan = self.val_planner.plan_indices(list(range(len(self.val_planner.samples))))
-        acc = torch.zeros(2, device=self.device)
-        for mb in plan.micro_batches:
-            batch = self.val_planner.collate(mb, self.device)
-            acc[0] += self.model(**batch.model_kwargs()).float()
-            acc[1] += batch.loss_tokens
-        dist.all_reduce(acc)
-        self.model.train()
-        total, n = acc.tolist()
-        val_loss = total / n if n else None
-        self.journal.emit(
-            "evaluate",
-            {"val_loss": val_loss, "val_num_tokens": int(n), "duration": time.perf_counter() - t0},
-        )
+        with self.phases("eval"):
+            data = validation(self.model, self.val_planner, self.device)
+        self.journal.emit("evaluate", data)
         if self.rank == 0:
-            log.info(
-                "step %d val_loss %.4f",
-                self.state.step,
-                val_loss if val_loss is not None else float("nan"),
-            )
+            val = data["val_loss"]
+            log.info("step %d val_loss %.4f", self.state.step, float("nan") if val is None else val)
 
     def save(self, why: str, ending: EndReason | None = None) -> None:
         """Collective checkpoint; then rank 0 journals it and rotates older ones. With
-        ``async_save`` the write goes on in the background and is journaled when complete."""
+        ``async_save`` the write goes on in the background and is journaled when complete.
+        Its blocking part is a declared phase: no step progress meanwhile is no hang."""
+        with self.phases("save"):
+            self._save(why, ending)
+
+    def _save(self, why: str, ending: EndReason | None) -> None:
         t0 = time.perf_counter()
         self.state.run_id = self.journal.run_id or self.state.run_id
         export, skipped = export_decision(self.args, self.state.step, self.total_steps, why, ending)
@@ -392,7 +387,8 @@ class Trainer:
             log.info(
                 "saved %s (%s)%s", path, why, f"; export skipped: {skipped}" if skipped else ""
             )
-            self.journal.rotate(self.args.keep_last_n)  # keeps the best (reports counted first)
+            with self.phases("save"):  # removing old checkpoints is part of it
+                self.journal.rotate(self.args.keep_last_n)  # keeps the best (reports first)
 
     def _final_path(self) -> str | None:
         if self.last_saved_step != self.state.step:

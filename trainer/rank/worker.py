@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         progress = Path(cfg.callback_progress) if cfg.callback_progress else None
         trainer = Trainer(args, built, journal, progress)
         begin_step = built.state.step
-        journal.begin(_config(cfg), **_begin_fields(built))
+        ranks = _rank_processes(rank, local_rank, world)  # every rank takes part
+        journal.begin(_config(cfg), **_begin_fields(built), ranks=ranks)
         outcome: RunOutcome = trainer.run()
         end = {"status": outcome.status, "reason": outcome.reason}
         end["final_checkpoint"] = outcome.final_checkpoint
@@ -159,6 +161,19 @@ def _begin_fields(built: Built) -> dict[str, Any]:
         "train_samples": built.train_samples,
         **({"data": built.data_info} if built.data_info else {}),
     }
+
+
+def _rank_processes(rank: int, local_rank: int, world: int) -> list[dict[str, Any]]:
+    """Every rank's process (rank, local rank, host, pid), gathered once per attempt for
+    ``train_begin``: what the hang and death detectors look at, and what they dump
+    (docs/alerts.md). One collective at start; none per step."""
+    mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname()}
+    mine["pid"] = os.getpid()
+    if world == 1 or not dist.is_initialized():
+        return [mine]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return [g for g in gathered if isinstance(g, dict)]
 
 
 def _disk_full(exc: BaseException, ckpt_dir: Path) -> bool:

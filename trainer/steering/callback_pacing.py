@@ -83,9 +83,10 @@ class CallbackPacer:
         limit = min(LIMIT_S, args.pg_timeout_s * DEADLINE_FRACTION)
         return cls(path, start_step + 1, limit, control=poller.watch, interrupted=interrupted)
 
-    def wait(self, step: int) -> float:
+    def wait(self, step: int, blocking: Callable[[], None] | None = None) -> float:
         """Before the all-reduce of ``step``: wait until ``step - 1`` was handled. Returns
-        the seconds waited."""
+        the seconds waited; ``blocking`` is called once before a wait that blocks (the loop
+        declares the phase, so the hang detector does not count it)."""
         if not self.on or step - 1 < self.first_step:
             return 0.0
         done = read_progress(self.path)
@@ -97,6 +98,8 @@ class CallbackPacer:
                 self.control.changed = True
             self._seen = done if done is not None else self._seen
             return 0.0
+        if blocking is not None:
+            blocking()
         t0 = time.monotonic()
         deadline = t0 + self.limit_s
         while True:

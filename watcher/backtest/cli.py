@@ -6,6 +6,7 @@ the watcher, whose callbacks and built-ins a backtest runs."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -14,6 +15,9 @@ from journal.record.events import EVENTS
 from journal.remote.readers import RUN_DIR_OR_URI
 from journal.rundir.paths import resolve_journal
 from journal.views.best import MetricGoal
+from watcher.alerts.hang import HangRule, HangSpecError
+from watcher.backtest.hangs import backtest_hangs
+from watcher.backtest.hangs import table as hang_table
 from watcher.backtest.outcome import table
 from watcher.backtest.policies import keep_last_values, stop_policies
 from watcher.backtest.replay import replay
@@ -52,6 +56,20 @@ def user_callbacks(
 
     make()  # a callback that cannot be made: one line now, before any journal is read
     return make
+
+
+def _hangs(journals: list[Path], hang_after: str, as_json: bool) -> None:
+    """``--hang-after``: each journal's hang alarms (watcher/backtest/hangs.py)."""
+    try:
+        rule = HangRule.parse(hang_after)
+    except HangSpecError as exc:
+        raise UserError(str(exc)) from None
+    hangs = [backtest_hangs(path, rule) for path in journals]
+    if as_json:
+        for got in hangs:
+            click.echo(dumps(got.to_dict()))
+    else:
+        click.echo(hang_table(hangs))
 
 
 @click.command()
@@ -107,6 +125,13 @@ def user_callbacks(
     metavar="METRIC:max|min",
     help="What a stop's loss is judged by (default: the run's --keep-best, else the policy's).",
 )
+@click.option(
+    "--hang-after",
+    default=None,
+    metavar="SECONDS|auto",
+    help="List the hang alarms ilab-watch --hang-after (the same rule) would have raised "
+    "on these runs, and how many were false (not the end of an aborted or dead attempt).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per run (JSONL).")
 @user_errors
 def backtest(
@@ -124,6 +149,7 @@ def backtest(
     keep_last_n: str | None,
     keep_best: str | None,
     metric: str | None,
+    hang_after: str | None,
     as_json: bool,
 ) -> None:
     """Replay finished runs through stopping and retention policies; nothing is written.
@@ -132,7 +158,16 @@ def backtest(
     and wall time that saves, the metric by then against the run's final and best, and
     which checkpoints retention keeps (and whether it deletes the one later reported
     best). Several runs, or a swept option, add one row per policy over all runs.
+
+    With --hang-after alone, only the hang alarms: where the guard would have raised them.
     """
+    journals = [resolve_journal(run) for run in runs]
+    if hang_after is not None:
+        _hangs(journals, hang_after, as_json)
+        policies_given = (early_stopping, divergence, target, callbacks, on_pairs, on_evaluate)
+        hooks_given = (on_report, on_save, on_log, on_train_end, keep_last_n, keep_best, metric)
+        if not any(policies_given) and not any(hooks_given):
+            return
     pairs = list(on_pairs)
     for event, specs in zip(
         _ON, (on_evaluate, on_report, on_save, on_log, on_train_end), strict=True
@@ -147,7 +182,6 @@ def backtest(
     best = _goal(keep_best, "--keep-best")
     judged = _goal(metric, "--metric")
     goal = MetricGoal.parse(judged) if judged else None
-    journals = [resolve_journal(run) for run in runs]
     results = []
     for path in journals:
         got = replay(path, policies, user, [(n, best) for n in keeps], goal)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import logging
 import sys
 from functools import partial
@@ -14,6 +15,9 @@ import click
 
 from journal.rundir.paths import resolve_journal, watch_dir
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, not_a_directory
+from watcher.alerts.guard_options import check_on_hang, start_guard
+from watcher.alerts.hang import HangRule
+from watcher.alerts.options import open_alerts
 from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
 from watcher.cli.options import parse_queue, watch_options
 from watcher.engine.console import PrintableFormatter
@@ -238,6 +242,11 @@ def main(
     mirror_uri: str | None,
     linger: float,
     download_dir: Path | None,
+    notify: tuple[str, ...],
+    notify_when: tuple[str, ...],
+    notify_on: str | None,
+    hang_after: HangRule | None,
+    on_hang: str,
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -275,9 +284,25 @@ def main(
     options_for = hook_options(policies, timeout, retries, backoff, concurrency, via)
     pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
     pairs += lm_eval_pairs(lm_eval_tasks, lm_eval_args, lm_eval_limit, lm_eval_include)
+    # --hang-after: a guard beside the hooks, on this machine's live run (docs/alerts.md)
+    check_on_hang(hang_after, on_hang, remote=remote is not None, replay=replay)
+    # --notify: alerts journaled and sent (watcher/alerts); its rules are one more hook
+    label = str(dir) if remote is not None else str(Path(ckpt_dir).absolute())
+    alerting = open_alerts(
+        ckpt_dir,
+        label,
+        notify=notify,
+        notify_when=notify_when,
+        notify_on=notify_on,
+        divergence=divergence,
+        always=hang_after is not None,
+    )
     built = build_hooks(
         pairs,
-        callback_objects(callbacks, early_stopping, divergence),
+        itertools.chain(
+            callback_objects(callbacks, early_stopping, divergence),
+            [alerting.rules] if alerting is not None else [],
+        ),
         tracker_exporters(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb),
         options_for,
         shell=shell,
@@ -290,7 +315,7 @@ def main(
     if not built.hooks and mirror is None:
         raise click.UsageError(
             "nothing to run: give --on-save CMD, --on EVENT CMD, --lm-eval TASKS, --callback MODULE:OBJ, "
-            "--tensorboard LOGDIR, --mlflow, --wandb or --mirror URI"
+            "--tensorboard LOGDIR, --mlflow, --wandb, --mirror URI or --notify URL"
         )
     poll = _check_run_dir(journal, poll)
     if mirror is not None and not built.hooks:
@@ -308,7 +333,21 @@ def main(
         lease_ttl=lease_ttl,
         board=board,
     )
+    guard = None
+    if alerting is not None and remote is None and not replay:
+        guard = start_guard(
+            ckpt_dir,
+            alerting.sink,
+            hang=hang_after,
+            on_hang=on_hang,
+            kinds=alerting.rules.kinds,
+            on_died=watcher.request_stop,  # no train_end will come
+        )
     code, interrupted = _run(watcher, poll, quiet, mirror=mirror, remote=remote)
+    if guard is not None:
+        guard.stop()
+    if alerting is not None:  # what is still pending reaches its targets, or is given up
+        alerting.close()
     close_all(built.exporters)
     if board is not None:
         board.close()

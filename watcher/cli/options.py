@@ -12,6 +12,8 @@ import click
 from journal.checkpoints.leases import DEFAULT_TTL_S, MAX_TTL_S
 from journal.cli.common import Seconds
 from journal.record.events import EVENTS
+from watcher.alerts.guard_options import GUARD_OPTIONS
+from watcher.alerts.options import NOTIFY_OPTIONS
 from watcher.hooks.hook import QueuePolicy
 from watcher.lmeval.options import LM_EVAL_OPTIONS
 from watcher.mirror.remote import RunDirOrURI
@@ -214,6 +216,7 @@ _OPTIONS = [
 
 def watch_options(fn: Any) -> Any:
     """Every ``ilab-watch`` option (in ``--help`` order) on ``fn``."""
-    for option in reversed([*_OPTIONS, *LM_EVAL_OPTIONS, *SCHEDULER_OPTIONS]):
+    every = [*_OPTIONS, *LM_EVAL_OPTIONS, *SCHEDULER_OPTIONS, *NOTIFY_OPTIONS, *GUARD_OPTIONS]
+    for option in reversed(every):
         fn = option(fn)
     return event_options(fn)  # applied last: the --on-<event> options come first

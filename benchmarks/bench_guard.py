@@ -1,0 +1,223 @@
+"""The hang guard (issue 53), on the demo trainer at its usual step times (2 CPU ranks):
+
+- a hang: ``kill -STOP`` of rank 1 under ``ilab-train --hang-after auto --on-hang abort
+  --max-restarts 1``; from the STOP to the alert (goal <= 30 s), from the alert to the
+  ranks gone (<= 5 s), from then to the resumed attempt's first step (<= 60 s), beside
+  what happens without the guard: the collective's own timeout (``--pg-timeout``, 1800 s)
+  and no resume;
+- a 25 s lease wait (``--max-leased-checkpoints 1``, a lease held by hand) under
+  ``--hang-after 5``: alerts raised (goal 0);
+- false alarms: every journal of a real trainer under the roots given (default: ``runs/``,
+  where ``make demo`` writes, the test suite's pytest temp dirs, and this benchmark's own
+  runs) backtested with ``--hang-after auto`` (goal 0), alarms that end an attempt the
+  guard aborted or whose workers died not counted as false.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import bench_parser, emit  # noqa: E402
+from journal.read.reader import iter_records  # noqa: E402
+from journal.rundir.phase import read_phase  # noqa: E402
+from watcher.alerts.hang import HangRule  # noqa: E402
+from watcher.backtest.hangs import backtest_hangs  # noqa: E402
+
+BIN = Path(sys.executable).parent
+PG_TIMEOUT_S = 1800.0  # ilab-train's --pg-timeout default: a hung collective's own end
+
+
+def _records(run: Path) -> list[dict[str, Any]]:
+    path = run / "journal.jsonl"
+    return list(iter_records(path, final=False)) if path.exists() else []
+
+
+def _wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := pred():
+            return got
+        time.sleep(0.05)
+    raise SystemExit(f"bench_guard: timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _train(run: Path, *extra: str) -> list[str]:
+    return [
+        str(BIN / "ilab-train"),
+        "--demo",
+        "--ckpt-dir",
+        str(run),
+        "--nproc-per-node",
+        "2",
+        "--quiet",
+        *extra,
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def hang_case(run: Path) -> dict[str, Any]:
+    """One hang: STOP rank 1 at step 30 of a run that saves every 20 steps."""
+    argv = _train(run, "--max-steps", "100", "--save-every", "20", "--hang-after", "auto")
+    argv += ["--on-hang", "abort", "--max-restarts", "1"]
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        begin = _wait(
+            lambda: next((r for r in _records(run) if r["event"] == "train_begin"), None),
+            300,
+            "train_begin",
+        )
+        _wait(
+            lambda: any(r["event"] == "step_end" and r["step"] >= 30 for r in _records(run)),
+            300,
+            "step 30",
+        )
+        steps = [r for r in _records(run) if r["event"] == "step_end"]
+        step_s = (steps[-1]["ts"] - steps[1]["ts"]) / max(len(steps) - 2, 1)
+        rank1 = next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1)
+        stopped_at = time.time()
+        os.kill(rank1, signal.SIGSTOP)
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    if job.returncode != 0:
+        raise SystemExit(f"bench_guard: the restarted run failed:\n{err.decode()[-3000:]}")
+    recs = _records(run)
+    alert = next(r for r in recs if r["event"] == "alert" and r["data"]["kind"] == "hang")
+    marker = orjson.loads((run / "alerts" / alert["data"]["id"] / "abort.json").read_bytes())
+    resumed = next(r for r in recs if r["event"] == "step_end" and r["attempt"] == 2)
+    threshold = re.search(r"threshold (\d+)s", alert["data"]["message"])
+    raised = alert["data"]["raised_at"]
+    return {
+        "step_s": step_s,
+        "threshold_s": float(threshold.group(1)) if threshold else None,
+        "stop_to_alert_s": raised - stopped_at,
+        "alert_to_abort_s": marker["ended_at"] - raised,
+        "abort_to_resumed_step_s": resumed["ts"] - marker["ended_at"],
+        "stop_to_resumed_step_s": resumed["ts"] - stopped_at,
+        "resumed_at_step": resumed["step"],
+    }
+
+
+def lease_wait_case(run: Path, pause_s: float = 25.0) -> dict[str, Any]:
+    """A lease wait of ``pause_s`` before a save (a lease held by hand, released that long
+    after rank 0 declared the wait), guarded with --hang-after 5: alerts raised."""
+    first = subprocess.run(
+        _train(run, "--max-steps", "2", "--save-every", "2"), capture_output=True, env=_env()
+    )
+    if first.returncode != 0:
+        raise SystemExit(f"bench_guard: {first.stderr.decode()[-2000:]}")
+    lease = [str(BIN / "ilab-journal"), "lease", str(run), "step-000002", "--ttl", "3600"]
+    lease_id = subprocess.run(lease, check=True, capture_output=True, text=True, env=_env())
+    argv = _train(run, "--max-steps", "6", "--save-every", "2", "--max-leased-checkpoints", "1")
+    job = subprocess.Popen(
+        [*argv, "--hang-after", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()
+    )
+    try:
+        waiting = _wait(
+            lambda: (p := read_phase(run)) is not None and p.name == "lease_wait" and p,
+            300,
+            "the lease wait",
+        )
+        _wait(lambda: time.time() >= waiting.since + pause_s, pause_s + 5, "the pause")
+        release = [str(BIN / "ilab-journal"), "release", str(run), lease_id.stdout.strip()]
+        subprocess.run(release, check=True, capture_output=True, env=_env())
+        _, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    if job.returncode != 0:
+        raise SystemExit(f"bench_guard: {err.decode()[-2000:]}")
+    recs = _records(run)
+    waited = max(r["data"].get("lease_wait_s") or 0 for r in recs if r["event"] == "save")
+    alerts = sum(r["event"] == "alert" for r in recs)
+    return {"lease_wait_s": waited, "lease_wait_alerts": alerts}
+
+
+def _real(journal: Path) -> bool:
+    """A journal a real trainer wrote (its train_begin names the versions it ran)."""
+    try:
+        with journal.open("rb") as f:
+            for line in f:
+                if b'"train_begin"' in line:
+                    rec = orjson.loads(line)
+                    if not isinstance(rec, dict) or not isinstance(rec.get("data"), dict):
+                        return False
+                    return rec.get("event") == "train_begin" and "versions" in rec["data"]
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return False
+
+
+def false_alarms(roots: list[Path], rule: HangRule) -> dict[str, Any]:
+    """Every real trainer's journal under ``roots``, backtested with ``rule``."""
+    journals = sorted({p.resolve() for root in roots for p in root.rglob("journal.jsonl")})
+    journals = [p for p in journals if _real(p)]
+    results = [backtest_hangs(p, rule) for p in journals]
+    false = [
+        f"{r.journal}: attempt {a.attempt} step {a.step} ({a.quiet_s:.1f}s > {a.threshold_s:.1f}s)"
+        for r in results
+        for a in r.alarms
+        if a.false
+    ]
+    return {
+        "journals": len(results),
+        "attempts": sum(r.attempts for r in results),
+        "steps": sum(r.steps for r in results),
+        "alarms": sum(len(r.alarms) for r in results),
+        "false_alarms": len(false),
+        "false_alarm_list": false[:20],
+    }
+
+
+def main() -> None:
+    ap = bench_parser(__doc__)
+    ap.add_argument(
+        "--roots",
+        nargs="*",
+        type=Path,
+        default=[ROOT / "runs", Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"],
+        help="where to look for journals to backtest (besides this benchmark's own runs)",
+    )
+    args = ap.parse_args()
+    repeats = 1 if args.quick else 2
+    result: dict[str, Any] = {"collective_timeout_s": PG_TIMEOUT_S}
+    with tempfile.TemporaryDirectory(prefix="bench-guard-") as d:
+        cases = [hang_case(Path(d) / f"hang-{i}") for i in range(repeats)]
+        for key in cases[0]:
+            values = [c[key] for c in cases if c[key] is not None]
+            result[key] = max(values) if values else None  # the worst of the repeats
+        result.update(lease_wait_case(Path(d) / "lease"))
+        roots = [r for r in args.roots if r.is_dir()] + [Path(d)]
+        for name, rule in (("auto", HangRule(None)),):
+            for k, v in false_alarms(roots, rule).items():
+                result[f"backtest_{name}_{k}"] = v
+    result["goals_met"] = bool(
+        result["stop_to_alert_s"] <= 30
+        and result["alert_to_abort_s"] <= 5
+        and result["abort_to_resumed_step_s"] <= 60
+        and result["lease_wait_alerts"] == 0
+        and result["backtest_auto_false_alarms"] == 0
+    )
+    emit("bench_guard", result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""Alerts and notifications (issue 53, point 5): ``ilab-watch --notify URL`` tells an apprise
+target, here a real HTTP receiver on loopback (``json://127.0.0.1:PORT/``), of a run that
+failed, was stopped, diverged or met a ``--notify-when`` condition; each alert is journaled
+as an ``alert`` record (and its outcome as ``alert_told``) that ``ilab-journal status`` and
+``check`` show. Journals are written by the test (no torch) and followed by a real
+``ilab-watch``; one real 2-rank run shows the trainer journaling an alert mid-run."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal.rundir.lock import JournalLock
+from journal.store import guest
+from tests.helpers import (
+    BIN,
+    cli,
+    free_port,
+    log_payload,
+    records,
+    train,
+    wait_for,
+    write_run,
+)
+
+#: --notify sends through apprise (the alerts extra, which `make` installs)
+needs_apprise = pytest.mark.skipif(
+    importlib.util.find_spec("apprise") is None,
+    reason="apprise is not installed (the alerts extra)",
+)
+
+
+@dataclass
+class Receiver:
+    """An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it."""
+
+    url: str
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    got: list[dict[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append({"path": self.path, **json.loads(body)})
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Receiver(f"json://127.0.0.1:{server.server_address[1]}/hook", got)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _end(ckpt: Path, data: dict[str, Any]) -> None:
+    """Append a train_end to a run written without one (as the trainer would)."""
+    with guest(ckpt, role="trainer") as w:
+        w.append("train_end", data)
+
+
+def _stop_command(ckpt: Path) -> None:
+    with guest(ckpt, role="trainer") as w:
+        w.append(
+            "control",
+            {"command": "stop", "id": "c1", "source": "operator:ann", "accepted": True},
+        )
+
+
+def _status(ckpt: Path, *extra: str) -> dict[str, Any]:
+    return json.loads(cli("ilab-journal", "status", str(ckpt), "--json", *extra).stdout)
+
+
+def _alerts(ckpt: Path, event: str = "alert") -> list[dict[str, Any]]:
+    return [r["data"] for r in records(ckpt) if r["event"] == event]
+
+
+@needs_apprise
+@pytest.mark.parametrize("ending", ["failed", "stopped"])
+def test_an_ended_run_alerts_once_naming_run_kind_and_step(
+    tmp_path: Path, receiver: Receiver, ending: str
+) -> None:
+    """A failed (or stopped) run: one message reaches the receiver naming the run (dir and
+    run id), the kind, the step and what was seen; the alert is journaled with who was
+    told, status and check show it, and a second watcher does not page again."""
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=6, save_every=0, end=None)
+    if ending == "failed":
+        _end(ckpt, {"status": "failed", "error_type": "RuntimeError", "error_message": "boom"})
+    else:
+        _stop_command(ckpt)
+        _end(ckpt, {"status": "stopped", "command": "stop", "command_id": "c1"})
+    run_id = records(ckpt)[0]["run_id"]
+
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--notify", receiver.url, "-q")
+    assert proc.returncode == 0, proc.stderr
+    (msg,) = receiver.bodies
+    assert msg["path"] == "/hook" and msg["type"] == (
+        "failure" if ending == "failed" else "warning"
+    )
+    assert f"{ending}: {ckpt.absolute()} at step 6" in msg["title"]
+    assert f"run: {ckpt.absolute()} (run id {run_id}, attempt 1" in msg["message"]
+    seen = "RuntimeError: boom" if ending == "failed" else "stopped by operator (operator:ann)"
+    assert seen in msg["message"] and "evidence: none captured" in msg["message"]
+    assert f"alert: {ending} at step 6" in proc.stderr
+
+    (alert,) = _alerts(ckpt)
+    target = receiver.url.removesuffix("/hook")
+    assert (alert["kind"], alert["step"], alert["attempt"]) == (ending, 6, 1)
+    assert alert["targets"] == [target] and seen in alert["message"]
+    (told,) = _alerts(ckpt, "alert_told")
+    assert told == {**told, "id": alert["id"], "told": [target], "failed": []}
+
+    status = _status(ckpt)
+    assert status["alerts"] == 1 and status["last_alert"]["kind"] == ending
+    assert status["last_alert"]["told"] == [target]
+    assert _status(ckpt, "--full")["last_alert"] == status["last_alert"]  # index == a scan
+    text = cli("ilab-journal", "status", str(ckpt)).stdout
+    assert f"alerts  1, latest: {ending} at step 6" in text and f"told {target}" in text
+    assert cli("ilab-journal", "check", str(ckpt), "-e", "alerts == 1").returncode == 0
+
+    again = cli("ilab-watch", str(ckpt), "--replay", "--notify", receiver.url, "--name", "w2")
+    assert again.returncode == 0, again.stderr
+    assert len(receiver.bodies) == 1 and len(_alerts(ckpt)) == 1  # journaled: not twice
+
+
+@needs_apprise
+def test_an_unreachable_target_is_retried_reported_and_hooks_go_on(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A target nobody listens on (a closed port on 127.0.0.1): its tries are each one line,
+    it is given up and journaled as not told, its password shown nowhere; the other target
+    is told and the watcher's hooks run and it exits 0."""
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=4, save_every=0, end="failed")
+    closed = f"json://alice:hunter2secret@127.0.0.1:{free_port()}/"
+    out = tmp_path / "hook-ran"
+    proc = cli(
+        "ilab-watch", str(ckpt), "--replay", "--notify", closed, "--notify", receiver.url,
+        "--on-train-end", f"touch {out}", "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists() and len(receiver.bodies) == 1
+    down = closed.replace("alice:hunter2secret@", "").rstrip("/")
+    assert f"{down} not told (try 1 of 5: [Errno 111] Connection refused)" in proc.stderr
+    assert f"{down} not told after 5 tries" in proc.stderr
+    (told,) = _alerts(ckpt, "alert_told")
+    assert told["told"] == [receiver.url.removesuffix("/hook")]
+    (failed,) = told["failed"]
+    assert failed["target"] == down and failed["tries"] == 5
+    assert "Connection refused" in failed["error"]
+    everything = proc.stderr + (ckpt / "journal.jsonl").read_text()
+    assert "hunter2secret" not in everything and "alice" not in everything
+    text = cli("ilab-journal", "status", str(ckpt)).stdout
+    assert f"not told {down}" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--notify", "slack://"], "Error: --notify #1 (slack://...): apprise cannot read"),
+        (["--notify", "nosuch://x"], "Error: --notify #1 (nosuch://...): apprise knows no"),
+        (["--notify", "json://h/", "--notify", "no url"], "Error: --notify #2: not a URL"),
+        (["--notify-when", "stauts == failed"], "did you mean 'status'?"),
+        (["--notify-when", "best(accuracy) >="], "ends where a value was expected"),
+        (["--notify-on", "failed,hung"], "Error: --notify-on 'failed,hung': 'hung' is not one"),
+    ],
+)
+def test_a_bad_notify_option_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    if args[0] == "--notify" and importlib.util.find_spec("apprise") is None:
+        said = "Error: --notify needs apprise, which is not installed"
+    write_run(tmp_path, steps=2, save_every=0)
+    proc = cli("ilab-watch", str(tmp_path), "--replay", *args)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert said in line and "Traceback" not in proc.stderr
+    assert not (tmp_path / "reports").exists()  # nothing started
+
+
+@needs_apprise
+def test_notify_when_fires_once_per_attempt(tmp_path: Path, receiver: Receiver) -> None:
+    """A condition that holds over many records and two attempts alerts once in each; a
+    completed run alerts only when asked (--notify-on all), and a NaN loss is a
+    divergence, once."""
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=6, save_every=0, end="failed")
+    write_run(ckpt, steps=6, save_every=0, end=None, resume=True)
+    with guest(ckpt, role="trainer") as w:
+        w.append("log", {**log_payload(7), "loss": None, "loss_finite": False})
+        w.append("log", {**log_payload(8), "loss": None, "loss_finite": False})
+        w.append("train_end", {"status": "completed"})
+    proc = cli(
+        "ilab-watch", str(ckpt), "--replay", "--notify", receiver.url, "--notify-on", "all",
+        "--notify-when", "steps >= 3", "--notify-when", "best(accuracy) >= 0.9",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    alerts = _alerts(ckpt)
+    got = sorted((a["kind"], a["attempt"], a.get("condition")) for a in alerts)
+    assert got == [
+        ("completed", 2, None),
+        ("condition", 1, "steps >= 3"),
+        ("condition", 2, "steps >= 3"),
+        ("diverged", 2, None),
+        ("failed", 1, None),
+    ]
+    diverged = next(a for a in alerts if a["kind"] == "diverged")
+    assert "loss is NaN/Inf" in diverged["message"]
+    assert len(receiver.bodies) == len(alerts)
+    # best(accuracy): no report ever carried it; said at the end, as check would refuse it
+    assert "--notify-when 'best(accuracy) >= 0.9': best(accuracy): the run has no metric" in (
+        proc.stderr
+    )
+
+
+def test_an_alert_waits_for_the_journals_holder(tmp_path: Path) -> None:
+    """While a trainer holds the journal (a hung one holds it for good), an alert waits in
+    reports/; it is journaled as soon as the journal is free, by the dispatcher itself."""
+    from watcher.alerts.alert import Alert
+    from watcher.alerts.sink import AlertDispatcher
+
+    write_run(tmp_path, steps=3, save_every=0, end=None)
+    lock = JournalLock(tmp_path, role="trainer")
+    lock.acquire(timeout=0)
+    sink = AlertDispatcher(tmp_path, run_label=str(tmp_path))
+    try:
+        sink.raise_alert(Alert(kind="hang", message="no step for 30s", step=3, attempt=1))
+        sink.raise_alert(Alert(kind="hang", message="again", step=3, attempt=1))  # a repeat
+        waiting = wait_for(lambda: list((tmp_path / "reports").glob("*.json")), 10, "its file")
+        wait_for(lambda: sink.inbox.tries >= 2, 30, "a second try to journal it")
+        assert len(waiting) == 1 and waiting[0].exists() and _alerts(tmp_path) == []
+        lock.release()
+        (alert,) = wait_for(lambda: _alerts(tmp_path), 30, "the alert journaled")
+        assert (alert["kind"], alert["step"], alert["message"]) == ("hang", 3, "no step for 30s")
+    finally:
+        if lock.held:
+            lock.release()
+        sink.close(timeout=5)
+    assert len(sink.raised) == 1
+
+
+@needs_apprise
+@pytest.mark.dist
+def test_a_live_run_journals_its_alert_mid_run(tmp_path: Path, receiver: Receiver) -> None:
+    """ilab-watch beside a real 2-rank run: a condition met at step 2 is journaled by the
+    trainer at a step boundary (before train_end), and the receiver hears of it."""
+    ckpt = tmp_path / "run"
+    watch = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(ckpt), "--notify", receiver.url, "--notify-when",
+         "steps >= 2", "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        result = train(ckpt, "--max-steps", "8")
+        assert result.returncode == 0, result.stderr
+        _, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    recs = records(ckpt)
+    events = [r["event"] for r in recs]
+    assert events.index("alert") < events.index("train_end")  # the trainer journaled it
+    (alert,) = _alerts(ckpt)
+    assert alert["kind"] == "condition" and alert["step"] >= 2
+    assert wait_for(lambda: receiver.bodies, 10, "the message")[0]["title"].startswith(
+        "[ilab] condition: "
+    )
+
+
+@needs_apprise
+def test_a_target_gets_at_most_its_rate_and_the_rest_is_given_up_at_exit(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Rate-limited: with one message a minute allowed, the second alert of a minute waits;
+    the watcher's exit gives it up, and alert_told says so (0 tries)."""
+    from watcher.alerts.alert import Alert
+    from watcher.alerts.sink import AlertDispatcher
+
+    write_run(tmp_path, steps=3, save_every=0)
+    sink = AlertDispatcher(tmp_path, targets=[receiver.url], run_label=str(tmp_path), per_minute=1)
+    sink.raise_alert(Alert(kind="failed", message="first", step=3, attempt=1))
+    sink.raise_alert(Alert(kind="failed", message="second", step=3, attempt=2))
+    wait_for(lambda: receiver.bodies, 10, "the first message")
+    sink.close(timeout=1)
+    assert [b["message"].splitlines()[2] for b in receiver.bodies] == ["seen: first"]
+    told = {t["id"]: t for t in _alerts(tmp_path, "alert_told")}
+    first, second = _alerts(tmp_path)
+    target = receiver.url.removesuffix("/hook")
+    assert told[first["id"]]["told"] == [target]
+    (given_up,) = told[second["id"]]["failed"]
+    assert given_up["tries"] == 0 and "the watcher exited" in given_up["error"]
+
+
+def test_a_malformed_alert_file_is_refused_not_journaled(tmp_path: Path) -> None:
+    """reports/ takes files from anyone: an alert file with a wrong field (or a kind that is
+    no string) is refused in one control record and moved aside; status counts no alert."""
+    from journal.channels.reports import drain
+
+    write_run(tmp_path, steps=2, save_every=0)
+    inbox = tmp_path / "reports"
+    inbox.mkdir()
+    bad = {"kind": "alert", "id": "a1", "alert": "exploded", "message": "x", "raised_at": 1.0}
+    (inbox / "a1.json").write_text(json.dumps(bad))
+    (inbox / "a2.json").write_text(json.dumps({"kind": ["alert"], "id": "a2"}))
+    drain(tmp_path, role="test")
+    controls = [r["data"] for r in records(tmp_path) if r["event"] == "control"]
+    reasons = sorted(str(d["reason"]) for d in controls if d["command"] is None)
+    assert len(reasons) == 2 and "alert must be one of hang, died" in reasons[0]
+    assert sorted(p.name for p in (inbox / "rejected").iterdir()) == ["a1.json", "a2.json"]
+    assert _alerts(tmp_path) == [] and _status(tmp_path)["alerts"] == 0
+
+
+@needs_apprise
+def test_notify_added_to_a_watcher_keeps_its_cursor_and_judges_the_run(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """--notify added to a watcher that already ran: the same cursor (its hooks deliver
+    nothing again), and the history before it is judged once: its failure alerts."""
+    ckpt = tmp_path / "run"
+    write_run(ckpt, steps=5, save_every=0, end="failed")
+    out = tmp_path / "ends"
+    hook = ["--on-train-end", f"sh -c 'echo x >> {out}'"]
+    first = cli("ilab-watch", str(ckpt), "--replay", *hook, "-q")
+    assert first.returncode == 0 and out.read_text() == "x\n"
+    again = cli("ilab-watch", str(ckpt), "--replay", *hook, "--notify", receiver.url)
+    assert again.returncode == 0, again.stderr
+    assert out.read_text() == "x\n"  # the same cursor: its train_end hook did not run again
+    (alert,) = _alerts(ckpt)
+    assert (alert["kind"], alert["step"]) == ("failed", 5) and len(receiver.bodies) == 1
+
+
+@needs_apprise
+def test_ilab_train_notifies_by_itself_and_keeps_the_url_out_of_the_journal(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """``ilab-train --notify``: the launcher's embedded watcher runs the rules (a condition
+    and, asked with --notify-on all, completed); the URL, which may hold a token, reaches
+    neither the workers' config nor train_begin's. A bad one is refused before training."""
+    ckpt = tmp_path / "run"
+    result = train(ckpt, "--max-steps", "4", "--notify", receiver.url,
+                   "--notify-when", "steps >= 2", "--notify-on", "all")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kinds = sorted(a["kind"] for a in _alerts(ckpt))
+    assert kinds == ["completed", "condition"]
+    titles = wait_for(lambda: len(receiver.bodies) == 2 and receiver.bodies, 10, "2 messages")
+    assert sorted(t["title"].split(":")[0] for t in titles) == [
+        "[ilab] completed",
+        "[ilab] condition",
+    ]
+    port = receiver.url.split(":")[2].split("/")[0]
+    assert port not in json.dumps(records(ckpt)[0]["data"]["config"])
+    assert not any(port in p.read_text() for p in (ckpt / "logs").glob("worker-config-*.json"))
+
+    bad = train(tmp_path / "bad", "--max-steps", "4", "--notify", "nope://x")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--notify" in bad.stderr
+    assert not (tmp_path / "bad" / "journal.jsonl").exists()

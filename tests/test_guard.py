@@ -1,0 +1,173 @@
+"""The hang and death rules, the evidence a hang alert carries and the guard's options,
+without a training run (the 2-rank runs are in tests/test_hang.py).
+
+The rules are pure (watcher/alerts/hang.py, died.py): fed records and a clock, they say
+what the live guard and the backtest say. The evidence is taken from real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal.rundir.phase import Phase, PhaseMarker, read_phase
+from tests.helpers import cli, wait_for
+from watcher.alerts.evidence import collect
+from watcher.alerts.hang import (
+    AUTO_FLOOR_S,
+    AttemptTracker,
+    HangRule,
+    HangSpecError,
+    check,
+)
+from watcher.alerts.processes import Proc, ProcessView
+
+T0 = 1_800_000_000.0
+
+
+def _rec(event: str, ts: float, step: int, **data: Any) -> dict[str, Any]:
+    return {"event": event, "ts": ts, "step": step, "run_id": "r1", "attempt": 1, "data": data}
+
+
+def _tracker(step_s: float = 0.5, steps: int = 10) -> AttemptTracker:
+    """An attempt that made ``steps`` steps of ``step_s`` seconds from T0."""
+    t = AttemptTracker()
+    t.observe(_rec("train_begin", T0, 0, ranks=[]))
+    for i in range(1, steps + 1):
+        t.observe(_rec("step_end", T0 + i * step_s, i))
+    return t
+
+
+def test_hang_after_takes_seconds_or_auto() -> None:
+    assert HangRule.parse("auto") == HangRule(None)
+    assert HangRule.parse(" 2.5 ").after_s == 2.5
+    for bad in ("0", "-3", "soon", "nan", "inf"):
+        with pytest.raises(HangSpecError):
+            HangRule.parse(bad)
+
+
+def test_quiet_longer_than_the_threshold_outside_a_phase_is_a_hang() -> None:
+    t = _tracker()
+    last = T0 + 5.0
+    rule = HangRule(10.0)
+    assert check(t, None, last + 9.9, rule) is None
+    found = check(t, None, last + 10.5, rule)
+    assert found is not None and found.step == 10 and found.phase is None
+    assert found.quiet_s == pytest.approx(10.5) and "no step progress" in found.message
+
+
+def test_a_declared_lease_wait_of_25s_is_no_hang_but_one_past_its_bound_is() -> None:
+    """The pacer's own bound (its limit) plus the threshold: a 25 s wait never alarms."""
+    t = _tracker()
+    rule = HangRule(5.0)
+    wait = Phase("lease_wait", T0 + 5.0, "r1", 1, limit_s=1350.0)
+    assert check(t, wait, T0 + 5.0 + 25.0, rule) is None
+    late = check(t, wait, T0 + 5.0 + 1356.0, rule)
+    assert late is not None and late.phase == "lease_wait"
+    # the phase over: the quiet counts from its end, not from the last step
+    over = Phase(None, T0 + 30.0, "r1", 1)
+    assert check(t, over, T0 + 34.0, rule) is None
+    assert check(t, over, T0 + 36.0, rule) is not None
+
+
+def test_a_phase_file_of_another_attempt_says_nothing() -> None:
+    t = _tracker()
+    other = Phase("save", T0 + 5.0, "r1", 2)
+    assert check(t, other, T0 + 20.0, HangRule(5.0)) is not None
+
+
+def test_auto_is_ten_times_the_longest_step_with_a_floor() -> None:
+    rule = HangRule(None)
+    assert rule.threshold(_tracker(step_s=0.5).step_times) == AUTO_FLOOR_S
+    slow = _tracker(step_s=4.0)
+    assert rule.threshold(slow.step_times) == pytest.approx(40.0)
+    # the first step (warm-up) is in a phase of its own and not a step time
+    t = AttemptTracker()
+    t.observe(_rec("train_begin", T0, 0))
+    assert check(t, None, T0 + 500.0, rule) is None  # first step: at least 600 s
+    assert check(t, None, T0 + 601.0, rule) is not None
+
+
+def test_time_spent_in_a_save_is_not_a_step_time() -> None:
+    t = _tracker(step_s=1.0, steps=3)
+    t.observe(_rec("save", T0 + 40.0, 4, blocked_s=36.5, lease_wait_s=0.0))
+    t.observe(_rec("step_end", T0 + 40.0, 4))
+    assert max(t.step_times) == pytest.approx(1.0)
+
+
+def test_the_phase_marker_writes_what_the_detector_reads(tmp_path: Path) -> None:
+    marker = PhaseMarker(tmp_path, run_id="r1", attempt=3)
+    with marker("save"):
+        got = read_phase(tmp_path)
+        assert got is not None and (got.name, got.run_id, got.attempt) == ("save", "r1", 3)
+        with marker("eval"):  # nested: the outer phase stands
+            assert read_phase(tmp_path).name == "save"  # type: ignore[union-attr]
+    after = read_phase(tmp_path)
+    assert after is not None and after.name is None and after.since >= got.since
+    (tmp_path / "phase.json").write_text('{"name": "nap", "since": 1}')
+    assert read_phase(tmp_path) is None  # not a phase a trainer declares
+
+
+def test_evidence_has_each_local_stack_and_says_what_it_could_not_take(
+    tmp_path: Path,
+) -> None:
+    """A real Python process stands in for a local rank, stopped like a hung one; a rank on
+    another host cannot be dumped from here: one line says so, the rest is taken."""
+    code = (
+        "import time\n"
+        "def blocked_in_collective():\n"
+        "    print('in', flush=True)\n"
+        "    time.sleep(120)\n"
+        "blocked_in_collective()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        view = ProcessView()
+        view.procs = {
+            proc.pid: Proc("rank 0", proc.pid, None, rank=0),
+            99999999: Proc("rank 1", 99999999, "other-host", rank=1),
+        }
+        assert proc.stdout is not None and proc.stdout.readline() == "in\n"  # in the call
+        proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{proc.pid}/stat")
+        wait_for(
+            lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 10, "stopped"
+        )  # SIGSTOP: read without pausing it again (--nonblocking)
+        view.update()
+        ev = collect(tmp_path, tmp_path / "alerts" / "a1", view, summary="hang", nccl=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "alerts/a1/processes.txt" in ev.files and "alerts/a1/rank-0.txt" in ev.files
+    stack = (tmp_path / "alerts" / "a1" / "rank-0.txt").read_text()
+    assert "blocked_in_collective" in stack
+    listing = (tmp_path / "alerts" / "a1" / "processes.txt").read_text()
+    assert f"rank 0: pid {proc.pid}: stopped" in listing
+    assert len(ev.missing) == 1 and "rank(s) 1" in ev.missing[0] and "other-host" in ev.missing[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--on-hang", "abort"], "--on-hang abort needs --hang-after"),
+        (["--hang-after", "soon"], "SECONDS or auto"),
+        (["--hang-after", "5", "--replay"], "ilab-journal backtest"),
+    ],
+)
+def test_guard_option_mistakes_are_one_line_and_exit_2(
+    tmp_path: Path, argv: list[str], says: str
+) -> None:
+    (tmp_path / "journal.jsonl").write_text("")
+    out = cli("ilab-watch", str(tmp_path), *argv)
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ilab_train_refuses_abort_without_hang_after(tmp_path: Path) -> None:
+    out = cli("ilab-train", "--demo", "--ckpt-dir", str(tmp_path / "r"), "--on-hang", "abort")
+    assert out.returncode == 2 and "--on-hang abort needs --hang-after" in out.stderr
+    assert "Traceback" not in out.stderr

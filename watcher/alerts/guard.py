@@ -1,0 +1,326 @@
+"""The guard: a thread that watches one run for hangs and deaths, raises their alerts with
+the evidence, and on ``--on-hang abort`` ends the hung attempt.
+
+No record arrives while a run hangs, so the guard looks on a clock (every ``tick_s``): it
+reads the journal's new records into an :class:`AttemptTracker`, the trainer's declared
+phase (journal/rundir/phase.py) and the run's processes (:class:`ProcessView`), and asks
+the pure rules :func:`watcher.alerts.hang.check` and
+:func:`watcher.alerts.died.check_died`. ``ilab-watch --hang-after`` runs one beside its
+hooks; ``run_training`` (``ilab-train --hang-after``) runs one in the launcher, which
+knows its torchrun agent and writes the aborted attempt's ``train_end``
+(:func:`hang_end_payload`, found through :func:`find_abort`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from journal import store
+from journal.read.cursor import START, Cursor
+from journal.rundir.files import atomic_write
+from journal.rundir.lock import JournalLocked, run_holder
+from journal.rundir.paths import journal_path
+from journal.rundir.phase import read_phase
+from journal.views.query import find_last
+from watcher.alerts.alert import Alert, AlertSink, evidence_dir, new_alert_id
+from watcher.alerts.died import check_died
+from watcher.alerts.evidence import collect
+from watcher.alerts.hang import AttemptTracker, HangFinding, HangRule, check
+from watcher.alerts.processes import Proc, ProcessView
+
+log = logging.getLogger("watcher")
+
+OnHang = Literal["report", "abort"]
+ON_HANG: tuple[str, ...] = ("report", "abort")
+TICK_S = 1.0
+#: Seconds between SIGTERM and SIGKILL of an aborted attempt's ranks. A rank blocked in a
+#: collective runs no Python signal handler and a stopped one takes no signal but SIGKILL:
+#: TERM is the courtesy, KILL the end.
+TERM_GRACE_S = 2.0
+KILL_WAIT_S = 10.0
+ABORT_FILE = "abort.json"
+
+
+@dataclass(frozen=True)
+class GuardOptions:
+    """``hang``: the rule (None: no hang detection); ``on_hang``: what a hang does;
+    ``deaths``: report attempts whose processes are all gone without a ``train_end``."""
+
+    hang: HangRule | None = None
+    on_hang: OnHang = "report"
+    deaths: bool = False
+    tick_s: float = TICK_S
+    term_grace_s: float = TERM_GRACE_S
+
+
+class Guard:
+    """Watches the run in ``run_dir`` (see the module doc).
+
+    Args:
+        run_dir: the run's checkpoint dir.
+        sink: where alerts go (journaled and notified: ``watcher.alerts.sink``).
+        options: what to watch for and do.
+        start: where in the journal to begin (a launcher: the size at launch).
+        launcher_pids: role -> pid of processes of the launch known to the caller (the
+            launcher and its torchrun agent); without, the run lock names the launcher.
+        source: who aborts, journaled in the aborted attempt's ``train_end``.
+        on_died: called once a death was raised (``ilab-watch`` stops: no ``train_end``
+            will ever come).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        sink: AlertSink,
+        options: GuardOptions,
+        *,
+        start: Cursor = START,
+        launcher_pids: dict[str, int] | None = None,
+        source: str | None = None,
+        on_died: Callable[[], None] | None = None,
+    ) -> None:
+        self.dir, self.sink, self.options = run_dir, sink, options
+        self.journal = journal_path(run_dir)
+        self.reader: Any = None
+        self.start_cursor = start
+        self.launcher_pids = launcher_pids  # the caller may fill it later (its agent's pid)
+        self.source = source or f"watcher:{os.uname().nodename}:{os.getpid()}"
+        self.tracker = AttemptTracker()
+        self.view = ProcessView()
+        self.raised: set[tuple[Any, ...]] = set()
+        self.alerts: list[Alert] = []
+        self.aborts: list[dict[str, Any]] = []
+        self.launcher_seen = False
+        self.died = False
+        self.on_died = on_died
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the thread --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ilab-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop looking (an alert being raised or an abort under way finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.reader is not None:
+            self.reader.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the guard must outlive a bad tick: say it, look again
+                log.exception("hang/death guard: a look at the run failed")
+            self._stop.wait(self.options.tick_s)
+
+    # -- one look ------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """Read what is new, look at the processes, and raise what the rules find."""
+        self._read()
+        now = time.time() if now is None else now
+        self.view.update(now)
+        if self.options.hang is not None:
+            self._hang(now)
+        if self.options.deaths:
+            holder = run_holder(self.dir)
+            self.launcher_seen = self.launcher_seen or holder is not None
+            found = check_died(
+                self.tracker, self.view, holder, now, launcher_seen=self.launcher_seen
+            )
+            if found is not None and ("died", found.run_id, found.attempt) not in self.raised:
+                self.raised.add(("died", found.run_id, found.attempt))
+                self.died = True
+                self._raise(Alert("died", found.message, found.step, found.attempt))
+                if self.on_died is not None:
+                    self.on_died()
+
+    def _read(self) -> None:
+        if self.reader is None:
+            if not self.journal.exists():
+                return
+            self.reader = store.follow(self.journal, self.start_cursor)
+        self.reader.check()
+        while True:
+            batch = self.reader.read(max_bytes=8 << 20)
+            for rec in batch.records:
+                self.tracker.observe(rec)
+                if rec["event"] == "train_begin":
+                    self.view.set_attempt(self.tracker.begin, dict(self.launcher_pids or {}))
+                    if self.launcher_pids is None:
+                        self.view.add_launcher(self.dir)
+            if not batch.records:
+                return
+
+    def _hang(self, now: float) -> None:
+        ranks = self.view.ranks()
+        if ranks and all(p.local and not p.alive for p in ranks):
+            return  # every rank is gone: a death (or an ending on its way), not a hang
+        assert self.options.hang is not None
+        found = check(self.tracker, read_phase(self.dir), now, self.options.hang)
+        if found is None:
+            return
+        key = ("hang", found.run_id, found.attempt, round(found.since, 3), found.phase)
+        if key in self.raised:
+            return
+        self.raised.add(key)
+        self._hang_alert(found)
+
+    def _hang_alert(self, found: HangFinding) -> None:
+        alert_id = new_alert_id()
+        where = evidence_dir(self.dir, alert_id)
+        begin = self.tracker.begin
+        nccl = begin.get("backend") == "nccl" and begin.get("device_type") == "cuda"
+        ev = collect(self.dir, where, self.view, summary=found.message, nccl=nccl)
+        abort = self.options.on_hang == "abort"
+        message = found.message + ("; aborting the attempt (--on-hang abort)" if abort else "")
+        alert = Alert(
+            "hang",
+            message,
+            found.step,
+            found.attempt,
+            evidence=tuple(ev.files),
+            missing=tuple(ev.missing),
+            id=alert_id,
+        )
+        self._raise(alert)
+        if abort:
+            self.abort(alert, found)
+
+    def _raise(self, alert: Alert) -> None:
+        self.alerts.append(alert)  # the sink says it on the console
+        self.sink.raise_alert(alert)
+
+    # -- abort -----------------------------------------------------------------------------
+
+    def abort(self, alert: Alert, found: HangFinding) -> dict[str, Any]:
+        """End the hung attempt's ranks on this host: SIGTERM, then SIGKILL after
+        ``term_grace_s``. The marker ``abort.json`` beside the alert's evidence, written
+        first, tells whoever writes the attempt's ``train_end`` that it was a hang."""
+        ranks = [p for p in self.view.ranks() if p.local and p.alive]
+        marker = {
+            "alert_id": alert.id,
+            "run_id": found.run_id,
+            "attempt": found.attempt,
+            "step": found.step,
+            "message": found.message,
+            "source": self.source,
+            "pids": [p.pid for p in ranks],
+            "at": time.time(),
+        }
+        where = evidence_dir(self.dir, alert.id)
+        atomic_write(where / ABORT_FILE, orjson.dumps(marker))
+        remote = [p for p in self.view.ranks() if not p.local]
+        if remote:
+            log.warning(
+                "--on-hang abort: %d rank(s) on other hosts are not ended from here",
+                len(remote),
+            )
+        _signal_all(ranks, signal.SIGTERM)
+        if not _gone(ranks, self.options.term_grace_s):
+            _signal_all(ranks, signal.SIGKILL)
+            if not _gone(ranks, KILL_WAIT_S):
+                log.error("--on-hang abort: some ranks outlived SIGKILL")
+        marker["ended_at"] = time.time()  # evidence too: how long the ending took
+        atomic_write(where / ABORT_FILE, orjson.dumps(marker))
+        self.aborts.append(marker)
+        if run_holder(self.dir) is None:  # no launcher to write the ending: we do
+            self._write_end(marker)
+        return marker
+
+    def _write_end(self, marker: dict[str, Any]) -> None:
+        end = find_last(self.journal, "train_end")
+        last_begin = find_last(self.journal, "train_begin")
+        if end is not None and last_begin is not None and end["seq"] > last_begin["seq"]:
+            return  # the attempt wrote its own ending after all
+        try:
+            with store.guest(self.dir, role="watcher", timeout=10) as w:
+                w.append("train_end", hang_end_payload(marker, written_by="watcher"))
+        except JournalLocked as exc:
+            log.error("cannot journal the aborted attempt's end: %s", exc)
+
+
+def _signal_all(procs: list[Proc], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pid, sig)
+
+
+def _gone(procs: list[Proc], timeout: float) -> bool:
+    """Whether every process ended within ``timeout`` (a zombie has ended)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = False
+        for p in procs:
+            try:
+                state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except (OSError, IndexError):
+                continue
+            alive = alive or state not in ("Z", "X")
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def hang_end_payload(
+    marker: dict[str, Any], *, written_by: str, rc: int | None = None
+) -> dict[str, Any]:
+    """The ``train_end`` of an attempt the guard aborted as hung: ``failed``, with
+    ``aborted_for: "hang"`` (``status`` and ``check`` say ``stop_source == "hang"``,
+    journal/views/stops.py) and the alert that holds the evidence."""
+    exit_code = f" (workers exited with code {rc})" if rc is not None else ""
+    reason = (
+        f"{marker.get('message', 'hang')}; aborted by the hang guard{exit_code}: evidence in "
+        f"alerts/{marker.get('alert_id')}"
+    )
+    return {
+        "status": "failed",
+        "reason": reason,
+        "final_checkpoint": None,
+        "error_type": "Hang",
+        "error_message": reason,
+        "traceback": None,
+        "written_by": written_by,
+        "aborted_for": "hang",
+        "aborted_by": marker.get("source"),
+        "alert_id": marker.get("alert_id"),
+    }
+
+
+def find_abort(run_dir: Path, run_id: str | None, attempt: int | None) -> dict[str, Any] | None:
+    """The abort marker of that attempt (the guard of ``ilab-watch`` or of this launcher
+    aborted it), or None."""
+    root = run_dir / "alerts"
+    try:
+        names = sorted(os.listdir(root), reverse=True)  # alert ids are time-ordered
+    except OSError:
+        return None
+    for name in names:
+        try:
+            marker = orjson.loads((root / name / ABORT_FILE).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(marker, dict) and (marker.get("run_id"), marker.get("attempt")) == (
+            run_id,
+            attempt,
+        ):
+            return marker
+    return None

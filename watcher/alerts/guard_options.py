@@ -1,0 +1,86 @@
+"""``ilab-watch``'s guard options (``--hang-after SECONDS|auto``, ``--on-hang
+report|abort``) and the guard they start beside the watcher's hooks (docs/alerts.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import click
+
+from watcher.alerts.alert import AlertSink
+from watcher.alerts.guard import ON_HANG, Guard, GuardOptions
+from watcher.alerts.hang import HangRule, HangSpecError
+
+
+def _hang_after(_ctx: click.Context, _param: click.Parameter, value: str | None) -> HangRule | None:
+    if value is None:
+        return None
+    try:
+        return HangRule.parse(value)
+    except HangSpecError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--hang-after ")) from None
+
+
+GUARD_OPTIONS = [
+    click.option(
+        "--hang-after",
+        "hang_after",
+        default=None,
+        metavar="SECONDS|auto",
+        callback=_hang_after,
+        help="Alert when the run makes no step progress for this long outside a phase the "
+        "trainer declares (lease wait, save, eval, first step), with every local rank's "
+        "py-spy stack under RUN/alerts/<id>/; auto: 10x the attempt's longest step, at least "
+        "20s. Also alerts when every process of the run is gone without a train_end (died).",
+    ),
+    click.option(
+        "--on-hang",
+        "on_hang",
+        type=click.Choice(ON_HANG),
+        default="report",
+        show_default=True,
+        help="abort: after the alert, SIGTERM then SIGKILL the hung attempt's ranks on this "
+        "host (journaled as a hang: stop_source hang; ilab-train --max-restarts relaunches).",
+    ),
+]
+
+
+def check_on_hang(hang: HangRule | None, on_hang: str, *, remote: bool, replay: bool) -> None:
+    """What can never work is a usage error: ``--on-hang abort`` without ``--hang-after``,
+    and a hang looked for in a run that is not live on this machine."""
+    if on_hang == "abort" and hang is None:
+        raise click.UsageError("--on-hang abort needs --hang-after SECONDS|auto")
+    if hang is not None and replay:
+        raise click.UsageError(
+            "--hang-after watches a live run: for a past one, ilab-journal backtest RUN "
+            "--hang-after SECONDS|auto lists the hangs it would have raised"
+        )
+    if hang is not None and remote:
+        raise click.UsageError(
+            "--hang-after needs the run dir on this machine (its processes and their "
+            "stacks are looked at here), not a URI"
+        )
+
+
+def start_guard(
+    run_dir: Path,
+    sink: AlertSink | None,
+    *,
+    hang: HangRule | None,
+    on_hang: str,
+    kinds: Collection[str] | None,
+    on_died: Callable[[], None] | None = None,
+) -> Guard | None:
+    """The guard of an ``ilab-watch``, started (None when nothing asks for one): hangs with
+    ``--hang-after``; deaths wherever alerts are raised (``kinds``: the ``--notify-on``
+    kinds, None for the default, which includes ``died``)."""
+    deaths = sink is not None and (kinds is None or "died" in kinds)
+    if sink is None or (hang is None and not deaths):
+        return None
+    options = GuardOptions(
+        hang=hang, on_hang="abort" if on_hang == "abort" else "report", deaths=deaths
+    )
+    guard = Guard(run_dir, sink, options, on_died=on_died)
+    guard.start()
+    return guard

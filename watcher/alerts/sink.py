@@ -1,0 +1,319 @@
+"""Where alerts go: the journal at once, then the ``--notify`` targets in the background.
+
+:class:`AlertDispatcher` is the :class:`~watcher.alerts.alert.AlertSink` of a watcher. For
+each alert, :meth:`~AlertDispatcher.raise_alert`:
+
+1. drops it when the same condition of the same attempt alerted already (its kind, its
+   ``--notify-when`` text and its attempt: in this process, in the journal, or waiting in
+   ``reports/``), so a restarted watcher or a second one does not page twice;
+2. writes its ``alert`` record's file into ``reports/`` (journal/channels/alerts.py): the
+   trainer journals it at its next step boundary, or this dispatcher's journaling thread
+   does when nobody holds the journal; a trainer hung holding it journals nothing, and the
+   file waits for the journal's next holder (it is retried every few seconds);
+3. says it in one console line, and queues one message per target.
+
+A notifying thread sends them: each target is tried up to :data:`TRIES` times with a
+doubling backoff, and at most :data:`PER_MINUTE` messages a minute go to one target. A
+failed try is one line; once every target took the alert or was given up, an
+``alert_told`` record says which (journaled like the alert). Nothing here waits for a
+target: a target that is down costs the watcher nothing but a thread that sleeps.
+:meth:`~AlertDispatcher.close` gives the messages still pending until its timeout, trying
+what is left without further backoff, then gives up on them, saying so.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import itertools
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journal.channels.alerts import alert_payload, told_payload
+from watcher.alerts.alert import ALERT_KINDS, Alert, new_alert_id
+from watcher.alerts.inbox import AlertInbox, Key, alert_key
+from watcher.alerts.notify import Target, compose, names, parse_targets
+
+log = logging.getLogger("watcher")
+
+#: Tries per alert and target, the first retry's delay (doubling: 1, 2, 4, 8 s).
+TRIES = 5
+BACKOFF_S = 1.0
+#: At most this many messages a minute to one target (a flapping run must not flood it).
+PER_MINUTE = 12
+#: While closing: the gap between the last tries of a target that is down.
+CLOSE_GAP_S = 0.5
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class _Message:
+    """An alert's message, composed once for all its targets."""
+
+    alert: Alert
+    title: str
+    body: str
+
+
+@dataclass(order=True)
+class _Send:
+    """One alert to one target: when to try next, how many tries so far, the last error."""
+
+    due: float
+    seq: int
+    message: _Message = field(compare=False)
+    target: Target = field(compare=False)
+    tries: int = field(default=0, compare=False)
+    error: str | None = field(default=None, compare=False)
+
+
+@dataclass
+class _Outcome:
+    left: int
+    told: list[str] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+class AlertDispatcher:
+    """An :class:`~watcher.alerts.alert.AlertSink` (see the module's docstring).
+
+    Args:
+        run_dir: the run's directory (where its journal and ``reports/`` are).
+        targets: ``--notify`` URLs; a malformed one raises
+            :class:`~watcher.alerts.notify.BadTarget` here, before anything starts.
+        run_label: the run as messages name it: its dir or URI.
+        source: who raises the alerts, as journaled (``ilab-watch``, ``run_training``).
+        tries, backoff, per_minute: the retry and rate rules (defaults above).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        targets: Sequence[str] = (),
+        run_label: str,
+        source: str = "ilab-watch",
+        tries: int = TRIES,
+        backoff: float = BACKOFF_S,
+        per_minute: int = PER_MINUTE,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_label = run_label
+        self.source = source
+        self.targets: list[Target] = parse_targets(targets)
+        self.tries, self.backoff, self.per_minute = max(1, tries), backoff, max(1, per_minute)
+        #: every alert raised (not dropped as a repeat) by this dispatcher, in order
+        self.raised: list[Alert] = []
+        self._keys: set[Key] = set()
+        self._cond = threading.Condition()
+        self._sends: list[_Send] = []
+        self._seq = itertools.count()
+        self._outcomes: dict[str, _Outcome] = {}
+        self._sent: dict[str, collections.deque[float]] = {}  # target -> recent send times
+        self._closing = False
+        self._deadline = float("inf")
+        self.inbox = AlertInbox(self.run_dir)
+        self._notifier: threading.Thread | None = None
+        if self.targets:
+            self._notifier = threading.Thread(
+                target=self._notify_loop, name="ilab-alert-notify", daemon=True
+            )
+            self._notifier.start()
+
+    # -- raising ------------------------------------------------------------------------------
+
+    def raise_alert(self, alert: Alert) -> None:
+        """Journal ``alert`` and queue its messages (see the module's docstring); returns at
+        once. A repeat of an alert of the same condition and attempt is dropped."""
+        if alert.kind not in ALERT_KINDS:
+            raise ValueError(f"unknown alert kind {alert.kind!r}; known: {', '.join(ALERT_KINDS)}")
+        if not _ID.fullmatch(alert.id):  # it names files: reports/<id>.json, alerts/<id>/
+            raise ValueError(f"alert id {alert.id!r} is not one word (new_alert_id() makes one)")
+        key = alert_key(alert.kind, alert.condition, alert.attempt)
+        with self._cond:
+            if key in self._keys or self._closing:
+                return
+            self._keys.add(key)
+        known, run_id = self.inbox.known()
+        if key in known:
+            log.debug("alert %s of attempt %s: journaled already", alert.kind, alert.attempt)
+            return
+        self.raised.append(alert)
+        payload = alert_payload(
+            id=alert.id,
+            kind=alert.kind,
+            step=alert.step,
+            attempt=alert.attempt,
+            message=alert.message,
+            evidence=alert.evidence,
+            missing=alert.missing,
+            condition=alert.condition,
+            targets=names(self.targets),
+            run=self.run_label,
+            host=socket.gethostname(),
+            source=self.source,
+            raised_at=time.time(),
+        )
+        self.inbox.put(payload, alert.id, f"alert {alert.id}")
+        step = f" at step {alert.step}" if alert.step is not None else ""
+        where = f"; evidence in {self.run_dir / 'alerts' / alert.id}" if alert.evidence else ""
+        telling = f"; telling {', '.join(names(self.targets))}" if self.targets else ""
+        log.warning("alert: %s%s: %s%s%s", alert.kind, step, alert.message, where, telling)
+        for line in alert.missing:
+            log.warning("alert %s: not captured: %s", alert.kind, line)
+        if not self.targets:
+            return
+        title, body = compose(alert, run_label=self.run_label, run_id=run_id)
+        message = _Message(alert, title, body)
+        with self._cond:
+            self._outcomes[alert.id] = _Outcome(left=len(self.targets))
+            now = time.monotonic()
+            for target in self.targets:
+                heapq.heappush(self._sends, _Send(now, next(self._seq), message, target))
+            self._cond.notify_all()
+
+    # -- notifying ----------------------------------------------------------------------------
+
+    def _notify_loop(self) -> None:
+        while True:
+            with self._cond:
+                send = self._next_due()
+            if send is None:
+                return
+            self._try(send)
+
+    def _next_due(self) -> _Send | None:
+        """The next send whose time has come (waiting for it), or None once closed and
+        nothing is left. Called holding the condition."""
+        while True:
+            now = time.monotonic()
+            if self._closing:
+                self._give_up_late(now)
+                if not self._sends:
+                    return None
+            if self._sends:
+                due = self._sends[0].due
+                if due <= now:
+                    send = heapq.heappop(self._sends)
+                    wait = self._rate_wait(send.target, now)
+                    if wait <= 0:
+                        return send
+                    send.due = now + wait
+                    heapq.heappush(self._sends, send)
+                    continue
+                # closing: woken at the deadline, to give up what is left
+                self._cond.wait(min(due, self._deadline) - now)
+            else:
+                self._cond.wait()
+
+    def _rate_wait(self, target: Target, now: float) -> float:
+        sent = self._sent.setdefault(target.name, collections.deque())
+        while sent and now - sent[0] >= 60.0:
+            sent.popleft()
+        return 0.0 if len(sent) < self.per_minute else sent[0] + 60.0 - now
+
+    def _try(self, send: _Send) -> None:
+        message = send.message
+        with self._cond:
+            self._sent.setdefault(send.target.name, collections.deque()).append(time.monotonic())
+        send.tries += 1
+        error = send.target.send(message.title, message.body, message.alert.kind)
+        alert, name = message.alert, send.target.name
+        if error is None:
+            if send.tries > 1:
+                log.warning("alert %s: %s told at try %d", alert.kind, name, send.tries)
+            self._settle(alert, told=name)
+            return
+        send.error = error
+        if send.tries >= self.tries:
+            log.warning(
+                "alert %s: %s not told after %d tries (%s); given up, see ilab-journal status %s",
+                alert.kind,
+                name,
+                send.tries,
+                error,
+                self.run_label,
+            )
+            self._settle(alert, failed={"target": name, "tries": send.tries, "error": error})
+            return
+        with self._cond:  # closing: what is left is tried at once, without backoff
+            delay = CLOSE_GAP_S if self._closing else self.backoff * 2 ** (send.tries - 1)
+        log.warning(
+            "alert %s: %s not told (try %d of %d: %s); trying again in %gs",
+            alert.kind,
+            name,
+            send.tries,
+            self.tries,
+            error,
+            delay,
+        )
+        with self._cond:
+            send.due = time.monotonic() + delay
+            heapq.heappush(self._sends, send)
+            self._cond.notify_all()
+
+    def _give_up_late(self, now: float) -> None:
+        """Closing, past the deadline: every send left is given up (called holding it)."""
+        if now < self._deadline:
+            return
+        while self._sends:
+            send = heapq.heappop(self._sends)
+            message = send.message
+            why = f"the watcher exited after {send.tries} tries"
+            why += f" (last: {send.error})" if send.error else ""
+            log.warning("alert %s: %s not told: %s", message.alert.kind, send.target.name, why)
+            failed = {"target": send.target.name, "tries": send.tries, "error": why}
+            self._settle(message.alert, failed=failed, locked=True)
+
+    def _settle(
+        self,
+        alert: Alert,
+        *,
+        told: str | None = None,
+        failed: dict[str, Any] | None = None,
+        locked: bool = False,
+    ) -> None:
+        """One target's outcome; the last one journals the alert's ``alert_told``."""
+        with contextlib.nullcontext() if locked else self._cond:
+            out = self._outcomes[alert.id]
+            if told is not None:
+                out.told.append(told)
+            if failed is not None:
+                out.failed.append(failed)
+            out.left -= 1
+            done = out.left == 0
+        if done:
+            payload = told_payload(
+                id=alert.id, told=out.told, failed=out.failed, told_at=time.time()
+            )
+            self.inbox.put(payload, new_alert_id(), f"who was told of alert {alert.id}")
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is pending for at most ``timeout`` seconds (tries left are made without
+        further backoff), give up the rest, journal the outcomes; then stop the threads. An
+        alert the journal's holder has not taken stays in ``reports/`` for its next holder
+        (said in one line)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            self._closing = True
+            self._deadline = deadline
+            soon = time.monotonic() + CLOSE_GAP_S
+            for send in self._sends:  # no more backoff: the watcher is going
+                send.due = min(send.due, soon)
+            heapq.heapify(self._sends)
+            self._cond.notify_all()
+        if self._notifier is not None:
+            self._notifier.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            if self._notifier.is_alive():
+                log.warning("alerts: a target still did not answer at exit; not waited for")
+        self.inbox.close(deadline)
