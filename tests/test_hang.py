@@ -99,6 +99,8 @@ def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     assert gate.returncode == 0, gate.stdout + gate.stderr
     back = cli("ilab-journal", "backtest", str(run), "--hang-after", "3")
     assert back.returncode == 0 and "1 alarm(s), 0 false" in back.stdout, back.stdout
+    # gloo keeps no NCCL flight recorder: its directory is made only by a rank that does
+    assert all(p.is_file() for p in (run / "logs").iterdir())
 
 
 def test_a_run_whose_processes_are_all_killed_is_reported_dead(tmp_path: Path) -> None:

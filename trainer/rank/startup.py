@@ -61,6 +61,10 @@ def build_run(
     ``resume_from`` is rank 0's decision; the other ranks follow it."""
     args = cfg.args
     device, backend = device_and_backend(args, local_rank)
+    if backend == "nccl" and (pipe := os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")):
+        # the flight recorder's pipes and dumps (the launcher's flight_recorder_env): NCCL
+        # makes its pipe at the group's start, in a directory that must exist
+        Path(pipe).parent.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(
         backend=backend,
         device_id=device if device.type == "cuda" else None,

@@ -46,9 +46,9 @@ def flight_recorder_env(run_dir: Path, env: dict[str, str]) -> dict[str, str]:
     """The variables that make each rank's NCCL process group keep a flight recorder
     (``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dump it when its pipe is written
     (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``) into ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: what a
-    hang alert collects. A value the user set stays; without NCCL they do nothing."""
+    hang alert collects. A value the user set stays; without NCCL they do nothing. The
+    directory is made by a rank that starts NCCL (a gloo run leaves no trace of it)."""
     where = logs_dir(run_dir) / FLIGHT_RECORDER_DIR
-    make_dir(where)
     out = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": TRACE_BUFFER_ENTRIES,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(where / "trace_rank_"),
