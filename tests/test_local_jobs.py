@@ -159,3 +159,21 @@ def test_a_local_job_whose_watcher_died_before_recording_it_never_runs(tmp_path:
     wait_for(ended, 30, "the job's end")
     assert not (tmp_path / "ran").exists()
     assert not script.with_suffix(".job").exists()
+
+
+def test_a_job_env_name_not_set_here_is_said_and_the_set_one_reaches_the_job(
+    tmp_path: Path,
+) -> None:
+    """``--job-env NAME`` sends the watcher's value: a name this environment does not hold
+    (a typo, a variable exported in another shell) is one warning, not silently nothing."""
+    ckpt = _saved_run(tmp_path)
+    seen = tmp_path / "seen"
+    env = {"ILAB_TEST_SET": "yes"}
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--via", "local", "--job-poll", "0.2",
+               "--job-env", "ILAB_TEST_UNSET_XYZ", "--job-env", "ILAB_TEST_SET",
+               "--on-save", f"sh -c 'echo \"$ILAB_TEST_SET\" > {seen}'", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = [x for x in proc.stderr.splitlines() if "ILAB_TEST_UNSET_XYZ" in x]
+    assert len(said) == 1 and "not set in this environment" in said[0]
+    assert "--job-env ILAB_TEST_SET:" not in proc.stderr
+    assert seen.read_text().strip() == "yes"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -149,6 +151,10 @@ def check_job_env(names: Sequence[str], via: str) -> None:
             )
         if via == "ray" and name.startswith("RAY_"):
             raise click.UsageError(f"--job-env {name}: RAY_* variables are Ray's own, not sent")
+        if name not in os.environ:  # a typo, or set in another shell: said, not silently lost
+            logging.getLogger("watcher").warning(
+                "--job-env %s: not set in this environment; the jobs will not get it", name
+            )
 
 
 def abort_hook(board: JobBoard, options_for: Callable[[str], HookOptions]) -> Hook:
