@@ -20,39 +20,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
 
-from benchmarks.common import bench_parser, emit
+from benchmarks.common import bench_parser, emit, write_step_journal
 from journal import JournalWriter
 from tests.browser import BrowserUnavailable, launch, story_journal
-from tests.helpers import BIN, begin_payload, log_payload
+from tests.helpers import BIN, log_payload
 
 
-def write_moving_journal(ckpt: Path, steps: int) -> None:
-    """``write_step_journal``'s run (5 records a step, a save and a command every 100
-    steps) with its numbers moving as a real run's do: each of the 6 curves is a chart (a
+def moving_log(s: int, steps: int) -> dict[str, Any]:
+    """A ``log`` payload whose numbers move as a real run's do, for
+    :func:`benchmarks.common.write_step_journal`: each of the 6 curves is a chart (a
     constant curve is one line of the page's constant row: its first paint draws less)."""
-    begin = begin_payload(steps, world_size=2, hostname="bench")
-    with JournalWriter(ckpt, run_id="bench") as w:
-        w.append("train_begin", begin)
-        for s in range(1, steps + 1):
-            w.append("step_begin", step=s)
-            w.append("before_optimizer_step", step=s)
-            w.append("after_optimizer_step", step=s)
-            wave = math.sin(s / 37)
-            data = log_payload(s, 0.5 + 5 / (1 + s / 500) + 0.05 * wave)
-            data.update(
-                lr=1e-4 + 9e-4 * 0.5 * (1 + math.cos(math.pi * s / steps)),
-                grad_norm=1 + 0.5 * wave,
-                elapsed_time=0.25 + 0.01 * wave,
-                tokens_per_s=4096.0 + 100 * wave,
-                samples_per_s=32.0 + wave,
-            )
-            w.append("log", data, step=s)
-            if s % 100 == 0:
-                path = f"/c/step-{s:06d}"
-                save = {"checkpoint_path": path, "kind": ["full_state", "hf"], "duration": 1.5}
-                w.append("save", {**save, "hf_path": f"{path}/hf", "trigger": "interval"}, step=s)
-                w.append("control", {"command": "log", "id": f"c{s}", "accepted": True}, step=s)
-            w.append("step_end", step=s)
+    wave = math.sin(s / 37)
+    data = log_payload(s, 0.5 + 5 / (1 + s / 500) + 0.05 * wave)
+    data.update(
+        lr=1e-4 + 9e-4 * 0.5 * (1 + math.cos(math.pi * s / steps)),
+        grad_norm=1 + 0.5 * wave,
+        elapsed_time=0.25 + 0.01 * wave,
+        tokens_per_s=4096.0 + 100 * wave,
+        samples_per_s=32.0 + wave,
+    )
+    return data
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], str, float]:
@@ -148,8 +135,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as d:
             small, big, parent = Path(d) / "small", Path(d) / "big", Path(d) / "runs"
-            write_moving_journal(small, 200)
-            write_moving_journal(big, big_steps)
+            write_step_journal(small, 200, moving_log)
+            write_step_journal(big, big_steps, moving_log)
             for i in range(parent_runs):
                 story_journal(parent / f"run-{i:03d}", steps=40)
             result["big_records"] = big_steps * 5

@@ -8,6 +8,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,12 @@ def emit(name: str, result: dict[str, Any], as_json: bool) -> None:
     sys.stdout.flush()
 
 
-def write_step_journal(ckpt: Path, steps: int) -> None:
+def write_step_journal(
+    ckpt: Path, steps: int, log: Callable[[int, int], dict[str, Any]] | None = None
+) -> None:
     """A step-detail run: 5 records a step, a save and a control every 100 steps; every
-    record valid against the schema (``validate`` finds nothing)."""
+    record valid against the schema (``validate`` finds nothing). ``log(step, steps)``
+    makes each ``log`` payload (default: ``tests.helpers.log_payload``)."""
     # imported here: the other benches (bench_gpu on a bare GPU machine) need no test deps
     from tests.helpers import begin_payload, log_payload
 
@@ -78,7 +82,7 @@ def write_step_journal(ckpt: Path, steps: int) -> None:
             w.append("step_begin", step=s)
             w.append("before_optimizer_step", step=s)
             w.append("after_optimizer_step", step=s)
-            w.append("log", log_payload(s), step=s)
+            w.append("log", log(s, steps) if log else log_payload(s), step=s)
             if s % 100 == 0:
                 path = f"/c/step-{s:06d}"
                 save = {"checkpoint_path": path, "kind": ["full_state", "hf"], "duration": 1.5}
