@@ -63,6 +63,14 @@ def parse_number(
     return int(number) if whole else float(number)  # type: ignore[arg-type]
 
 
+def seconds_or_auto(value: str) -> float | None:
+    """``--hang-after``'s form: ``auto`` (None) or a finite number of seconds above 0,
+    judged by :func:`parse_number`. Raises ValueError saying what was expected."""
+    if value.strip().lower() == "auto":
+        return None
+    return float(parse_number(value, low=0, low_open=True, noun="SECONDS or auto"))
+
+
 def shown_value(value: Any) -> str:
     """A value as an error line quotes it: terminal-safe, cut to 40 characters."""
     text = str(value)

@@ -13,13 +13,14 @@ are refused when the settings are made, in the launcher, as one line naming the 
 
 from __future__ import annotations
 
-import math
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from journal.record.numbers import seconds_or_auto
 
 #: Seeds are 0 <= seed < 2**32: torch takes up to 2**64 - 1, but the data order seeds its
 #: generator with ``seed * 1000 + epoch`` and NumPy (InstructLab's seeding) takes 32 bits.
@@ -119,18 +120,9 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
 
 def parse_hang_after(spec: str) -> str:
     """``hang_after``: ``"auto"`` or a positive number of seconds, as given (normalized:
-    ``"auto"`` lower-case); ValueError naming the form otherwise. The guard's own parser,
-    ``watcher.alerts.hang.HangRule.parse``, reads the same form at launch."""
-    text = spec.strip()
-    if text.lower() == "auto":
-        return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected SECONDS or auto, got {spec!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"expected a positive number of seconds or auto, got {spec!r}")
-    return text
+    ``"auto"`` lower-case); ValueError naming the form otherwise (the one rule,
+    :func:`journal.record.numbers.seconds_or_auto`, which the guard reads it with too)."""
+    return "auto" if seconds_or_auto(spec) is None else spec.strip()
 
 
 #: ``TrainingArgs.hang_after``: seconds or ``auto``, checked where the settings are made.

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from journal.record.events import LIFECYCLE_EVENTS, RESULT_EVENTS
+from journal.record.numbers import seconds_or_auto
 from journal.rundir.phase import Phase
 
 AUTO_FLOOR_S = 20.0
@@ -59,16 +60,12 @@ class HangRule:
 
     @classmethod
     def parse(cls, text: str) -> HangRule:
-        """``"auto"`` or a positive number of seconds (:class:`HangSpecError` otherwise)."""
-        if text.strip().lower() == "auto":
-            return cls(None)
+        """``"auto"`` or a positive number of seconds (:class:`HangSpecError` otherwise;
+        the rule: :func:`journal.record.numbers.seconds_or_auto`)."""
         try:
-            value = float(text)
-        except ValueError:
-            raise HangSpecError(f"--hang-after takes SECONDS or auto, not {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise HangSpecError(f"--hang-after must be a positive number of seconds, not {text}")
-        return cls(value)
+            return cls(seconds_or_auto(text))
+        except ValueError as exc:
+            raise HangSpecError(f"--hang-after {text!r}: {exc}") from None
 
     def describe(self) -> str:
         return "auto" if self.after_s is None else f"{self.after_s:g}s"
