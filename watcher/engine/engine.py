@@ -113,6 +113,8 @@ class Watcher:
             raise ValueError(f"hook {job.label} runs via {job.options.via}: it needs jobs=")
         self.journal = journal
         self.hooks = hooks
+        #: what a saved cursor records of its hooks (CursorState.hooks)
+        self._labels = tuple(sorted({h.label for h in hooks}))
         self.name = name
         self.follow = follow
         self.stateful_callbacks = stateful_callbacks or []
@@ -311,9 +313,8 @@ class Watcher:
         """A hook the saved cursor did not deliver to starts where the cursor is, not at the
         journal's start: said, with the two ways to give it everything (its default cursor
         name is made from the hooks, so only a ``--name`` shared by other hooks gets here)."""
-        labels = tuple(sorted({h.label for h in self.hooks}))
-        new = [] if state.hooks is None else sorted(set(labels) - set(state.hooks))
-        state.hooks = labels
+        new = [] if state.hooks is None else sorted(set(self._labels) - set(state.hooks))
+        state.hooks = self._labels
         if new and state.at.offset:
             self._notices(
                 f"cursor {self.name!r} was saved without {', '.join(new)}: "
@@ -336,8 +337,7 @@ class Watcher:
                 self.completions.state.fingerprint = self._follower.fingerprint()
             return
         self._notices(f"{self.journal} was {what}; reading it again from the start")
-        state = CursorState(fingerprint=self._follower.fingerprint())
-        state.hooks = tuple(sorted({h.label for h in self.hooks}))
+        state = CursorState(fingerprint=self._follower.fingerprint(), hooks=self._labels)
         self._remember_done(state)
         self.completions.reset(state)
         self._run.ended = False
