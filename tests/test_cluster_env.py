@@ -140,7 +140,16 @@ def test_torchrun_gets_every_setting_as_a_flag_and_no_pet_variable(tmp_path: Pat
     assert {"--master-addr=h", "--master-port=29400"} <= set(static)
     c10d = torchrun_command(cfg, TorchrunArgs(nnodes=2, rdzv_endpoint="h:1", rdzv_id="r"))
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=r"} <= set(c10d)
-    env = torchrun_env({**CONTRADICTING, "PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"})
+    # an enclosing elastic agent's variables (a launch from inside another torchrun job)
+    # are not our agent's: its error file, timer file and restart count stay out
+    enclosing = {
+        "TORCHELASTIC_ERROR_FILE": "/tmp/other-job/error.json",
+        "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+        "TORCHELASTIC_RESTART_COUNT": "3",
+    }
+    env = torchrun_env(
+        {**CONTRADICTING, **enclosing, "PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"}
+    )
     assert env == {"PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"}
 
 

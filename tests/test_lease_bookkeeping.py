@@ -15,7 +15,7 @@ import pytest
 
 from journal import JournalWriter
 from journal.checkpoints import leases
-from tests.helpers import BIN, cli, make_checkpoint, wait_for
+from tests.helpers import BIN, cli, free_port, make_checkpoint, wait_for
 from watcher.engine.leasing import LeaseKeeper
 
 
@@ -320,5 +320,53 @@ def test_a_successor_releases_the_leases_it_does_not_need(ckpt: Path, tmp_path: 
         assert successor.poll() is None  # released while it runs, not at its exit
     finally:
         go.touch()
+        successor.kill()
+        successor.wait()
+
+
+def _mirror(ckpt: Path, port: int) -> subprocess.Popen[bytes]:
+    """A mirroring ``ilab-watch`` whose store never answers (nothing listens on ``port``):
+    it leases every save it reads and holds the leases while it waits for the store."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env |= {"AWS_ACCESS_KEY_ID": "ilab", "AWS_SECRET_ACCESS_KEY": "ilab-test"}
+    argv = [str(BIN / "ilab-watch"), str(ckpt), "--mirror", "s3://ilab-leases/run"]
+    argv += ["--lease-ttl", "600"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def test_a_mirrors_successor_takes_over_its_leases(ckpt: Path) -> None:
+    """A mirroring watcher killed with ``kill -9`` while its uploads wait for the store:
+    its successor makes the dead one's leases its own at its start (same ids), and lets go
+    of the one whose checkpoint was removed meanwhile, instead of both waiting out the
+    600 s ttl."""
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"keep_last_n": 1}})
+        for step in (1, 2):
+            path = make_checkpoint(ckpt, step, w.run_id)
+            save = {"checkpoint_path": str(path), "kind": ["full_state"], "duration": 0.1}
+            w.append("save", save, step=step)
+    port = free_port()
+    first = _mirror(ckpt, port)
+    try:
+        dead = wait_for(lambda: len(_lease_files(ckpt)) == 2 and _lease_files(ckpt), 60, "leases")
+    finally:
+        first.kill()  # kill -9: nothing is released
+        first.wait()
+    assert {lease["holder"].rpartition(":")[2] for lease in dead.values()} == {str(first.pid)}
+    removed = ckpt / "checkpoints" / "step-000001"
+    shutil.rmtree(removed)  # removed meanwhile: its save is not uploaded, its lease not needed
+    with JournalWriter(ckpt, resume=True) as w:
+        w.append("checkpoint_removed", {"checkpoint_path": str(removed), "reason": "x"}, step=2)
+    second = next(i for i, lease in dead.items() if lease["checkpoint"] == "step-000002")
+    successor = _mirror(ckpt, port)
+    try:
+
+        def only_the_second_as_its_own() -> bool:
+            now = _lease_files(ckpt)
+            return list(now) == [second] and now[second]["holder"].endswith(f":{successor.pid}")
+
+        wait_for(only_the_second_as_its_own, 60, "the successor to hold only the second lease")
+        assert successor.poll() is None  # taken over at its start, not at its exit
+    finally:
         successor.kill()
         successor.wait()

@@ -165,8 +165,11 @@ def torchrun_command(cfg_path: Path, t: TorchrunArgs) -> list[str]:
 
 
 def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without torchrun's ``PET_*`` variables: what the torchrun agent (and so its
-    workers) runs with. They were read once, by :func:`cluster_torchrun`; left in, torchrun
-    would read them again as its flags' defaults, behind the flags we did not pass (or a
-    switch such as ``PET_STANDALONE``)."""
-    return {k: v for k, v in env.items() if not k.startswith("PET_")}
+    """``env`` without torchrun's ``PET_*`` and ``TORCHELASTIC_*`` variables: what the
+    torchrun agent (and so its workers) runs with. ``PET_*`` were read once, by
+    :func:`cluster_torchrun`; left in, torchrun would read them again as its flags'
+    defaults, behind the flags we did not pass (or a switch such as ``PET_STANDALONE``).
+    ``TORCHELASTIC_*`` are an enclosing elastic agent's (its run id, restart count, error
+    file, timer file): our agent sets its own, and an inherited one would make our workers
+    write their errors into, or be timed by, another job's files."""
+    return {k: v for k, v in env.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}

@@ -84,13 +84,14 @@ class LeaseKeeper:
             except OSError as exc:
                 log.warning("cannot release the lease on %s: %s", lease.checkpoint, exc)
 
-    def take_over(self, host: str, pid: int) -> int:
-        """Make the leases of this keeper's dead predecessor (the same role, on ``host``
-        with ``pid``) ours, renewed as ours until :meth:`take` claims them for the saves
-        delivered again or :meth:`release_adopted` ends the rest; how many."""
+    def take_over(self, host: str, pid: int, *, role: str | None = None) -> int:
+        """Make the leases of this keeper's dead predecessor (``role``, by default this
+        keeper's, on ``host`` with ``pid``) ours, renewed as ours until :meth:`take` claims
+        them for the saves delivered again or :meth:`release_adopted` ends the rest; how
+        many."""
         if not self._usable:
             return 0
-        dead = holder_name(self.role, host, pid)
+        dead = holder_name(role or self.role, host, pid)
         if dead == self.holder:
             return 0
         try:

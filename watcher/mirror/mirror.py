@@ -148,6 +148,18 @@ class Mirror:
         t.join(wait)
         return found[0] if found else None
 
+    def take_over(self, previous: Mapping[str, Any] | None) -> None:
+        """The run dir's previous mirror died holding its lock (``previous``: the lock
+        file's description): its leases become ours, kept for the saves read again, released
+        once the journal is read for the others. Its successor does not wait for their ttl."""
+        host, pid = (previous or {}).get("host"), (previous or {}).get("pid")
+        store = (previous or {}).get("store")
+        if not (isinstance(host, str) and isinstance(pid, int)):
+            return
+        role = f"mirror:{store}" if isinstance(store, str) else None
+        if n := self._leases.take_over(host, pid, role=role):
+            log.info("took over %d lease(s) of the previous mirror (%s:%d)", n, host, pid)
+
     def start(self) -> None:
         self._leases.start()
         for target, name in ((self._follow_journal, "journal"), (self._checkpoints, "ckpts")):
@@ -207,6 +219,9 @@ class Mirror:
                         urgent_to = end
                     self._note(rec)
                 self._parsed, self._read_at = end, read.cursor
+                # every save read so far is leased: a dead predecessor's lease none of them
+                # claimed holds a checkpoint nobody needs any more
+                self._leases.release_adopted()
             now = time.monotonic()
             if backoff.ready(now):
                 ok = True

@@ -90,6 +90,7 @@ class MirrorRun:
         except CursorBusy as exc:
             click.echo(f"ilab-watch: mirror: {exc}", err=True)
             sys.exit(3)
+        self.mirror.take_over(self._lock.previous)
         refused = self.mirror.preflight()
         if refused is not None:
             self._lock.release()
