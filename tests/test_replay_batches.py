@@ -9,12 +9,17 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from journal.rundir.paths import journal_path
 from tests.helpers import BIN, wait_for, write_log_journal
+from watcher.engine.engine import Watcher
 from watcher.engine.queues import TAKE_MAX
+from watcher.hooks.hook import Hook, HookOptions, hooks_for_object
 
 #: ``on_log`` counts each call of a seq in a memory-mapped file (one byte per seq), which
 #: survives a ``kill -9``; with HOLD_AT set it stops at that seq until it is killed.
@@ -103,3 +108,94 @@ def test_plain_successes_share_a_results_line_per_batch(tmp_path: Path) -> None:
     assert seqs[0][0] == 1 and seqs[-1][1] == n
     assert all(a[1] < b[0] for a, b in itertools.pairwise(seqs))  # no overlap
     assert all(r["status"] == "ok" and r["kind"] == "callable" for r in lines)
+
+
+class Picky:
+    """Fails on every 7th log, returns what a callback must not on every 11th, and notes the
+    thread of each call; ``stop_at``: asks the watcher to stop at that seq."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.calls: list[int] = []
+        self.threads: set[str] = set()
+        self.stop_at = stop_at
+        self.watcher: Watcher | None = None
+
+    def on_log(self, event: Any, **data: Any) -> Any:
+        self.calls.append(event.seq)
+        self.threads.add(threading.current_thread().name)
+        if event.seq == self.stop_at and self.watcher is not None:
+            self.watcher.request_stop()
+        if event.seq % 7 == 0:
+            raise ValueError(f"no {event.seq}")
+        return 42 if event.seq % 11 == 0 else None
+
+    def on_train_end(self, event: Any, **data: Any) -> None:
+        self.calls.append(event.seq)
+
+
+def _replay_into(obj: Picky, ckpt: Path, state: Path, *, alone: bool) -> Watcher:
+    hooks = hooks_for_object(obj, lambda ev: HookOptions(queue="all", retries=0))
+    if not alone:  # a second lane: every lane keeps its queue and worker thread
+        hooks.append(Hook("train_begin", lambda event, **data: None, HookOptions()))
+    w = Watcher(journal_path(ckpt), hooks, follow=False, state_dir=state, name="picky")
+    obj.watcher = w
+    return w
+
+
+def _outcomes(w: Watcher, state: Path) -> dict[str, Any]:
+    lines = [json.loads(x) for x in (state / "picky.results.jsonl").read_text().splitlines()]
+    mine = [r for r in lines if r["hook"].endswith(("Picky.on_log", "Picky.on_train_end"))]
+    return {
+        "tally": {k: n for k, n in w.completions.tally.items() if "Picky" in k[0]},
+        "failed": sorted((r["seq"], r["error"]) for r in mine if r["status"] == "failed"),
+        "ok": sum(r["count"] for r in mine if r["status"] == "ok"),
+    }
+
+
+def test_a_replay_into_one_object_runs_in_its_thread_and_records_what_queues_would(
+    tmp_path: Path,
+) -> None:
+    """Issue 52: a replay whose only lane is a callback object runs it in the watcher's own
+    thread, in the batches read, with no object per delivery. What it records (failures
+    with their errors, a bad return value, the counts, the order of calls) is what the
+    queued path records for the same object beside a second lane."""
+    ckpt = tmp_path / "run"
+    n = 5_000
+    write_log_journal(ckpt, n, run_id="picky")
+    got = {}
+    for alone in (True, False):
+        obj, state = Picky(), tmp_path / f"state-{alone}"
+        w = _replay_into(obj, ckpt, state, alone=alone)
+        assert w.run() == 1  # some deliveries failed
+        assert obj.calls == list(range(1, n + 2))  # every log in order, then train_end
+        inline = obj.threads == {threading.current_thread().name}
+        assert inline == alone, obj.threads
+        got[alone] = _outcomes(w, state)
+    assert got[True] == got[False]
+    failed = got[True]["failed"]
+    assert len(failed) == len([s for s in range(1, n + 1) if s % 7 == 0 or s % 11 == 0])
+    assert failed[0] == (7, "ValueError: no 7")
+    assert got[True]["ok"] == n + 1 - len(failed)
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["inline", "queued"])
+def test_a_replay_stopped_midway_loses_nothing(tmp_path: Path, alone: bool) -> None:
+    """A stop (SIGTERM, Ctrl-C) in the middle of a replay: the records not delivered yet
+    are abandoned (not called), the cursor keeps them, and the next replay of the same
+    cursor delivers them; at most the stopped batch is called twice. (Before: abandoned
+    deliveries counted as done, and the cursor moved past them: a stopped watcher lost
+    them, in both the queued and the inline path.)"""
+    ckpt = tmp_path / "run"
+    n = 20_000
+    write_log_journal(ckpt, n, run_id="stop")
+    state = tmp_path / "state"
+    first = Picky(stop_at=n // 2)
+    w = _replay_into(first, ckpt, state, alone=alone)
+    w.run()
+    assert n // 2 <= max(first.calls) < n and w.count("abandoned") > 0
+    second = Picky()
+    w2 = _replay_into(second, ckpt, state, alone=True)
+    w2.run()
+    assert set(first.calls) | set(second.calls) == set(range(1, n + 2))
+    again = set(first.calls) & set(second.calls)
+    assert len(again) <= TAKE_MAX

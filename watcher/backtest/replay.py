@@ -154,9 +154,8 @@ class Replayer:
         if rec["event"] not in self._events:
             return  # most records: no policy hooks their event
         # (the dispatcher's records are typed as plain dicts still: watcher/engine/)
-        for lane, todo in self.dispatch.route([cast("dict[str, Any]", rec)], self._batch)[
-            0
-        ].items():
+        routed = self.dispatch.route([cast("dict[str, Any]", rec)], self._batch)
+        for lane, todo in routed.deliveries.items():
             run = self._runs[lane]
             for d in todo:
                 res = run(d)

@@ -18,9 +18,14 @@ from typing import Any
 from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Lane, Retries
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import Event
-from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, Plain, TrackerUnavailable
+from watcher.hooks.hook import Hook
 
 log = logging.getLogger("watcher")
+
+#: Deliveries an inline lane runs between two looks at the watcher's stop.
+_STOP_EVERY = 256
+_STOPPED = "watcher stopped"
 
 #: Full tracebacks a hook's failures print (the first ones); later failures are counted
 #: (watcher.engine.completion keeps every failure's one-line error in the results file).
@@ -98,6 +103,49 @@ class CallableRunner:
                 continue
             add((d, None if returned is None else self._judged(d, Attempt(returned, None, t0))))
         return finished
+
+    def deliver_plain(
+        self, pairs: list[Plain], batch: Batch, stop: threading.Event
+    ) -> tuple[list[tuple[Hook, list[dict[str, Any]]]], list[Finished]]:
+        """Run an inline lane's deliveries of ``batch`` (watcher.engine.dispatch ``Plain``
+        pairs: inline hooks only) in order, in the caller's thread: the records each hook
+        took with a plain success (it returned None), in order, and the other deliveries
+        with their results: what a callable returned, a failure after its retries, or
+        abandoned once ``stop`` is set. Only these get a :class:`Delivery` object."""
+        succeeded: dict[int, tuple[Hook, list[dict[str, Any]]]] = {}
+        finished: list[Finished] = []
+        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of_hook, time.perf_counter
+        plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
+        hook: Any = None
+        target: Any = None
+        none_yet: list[dict[str, Any]] = []
+        took = none_yet.append  # the successes of the hook being run
+        for start in range(0, len(pairs), _STOP_EVERY):
+            if stop.is_set():  # the watcher stops: the rest is abandoned
+                left = (Delivery(h, r, batch) for h, r in pairs[start:])
+                finished += [(d, DeliveryResult.of(d, "abandoned", error=_STOPPED)) for d in left]
+                break
+            for h, rec in pairs[start : start + _STOP_EVERY]:
+                if h is not hook:
+                    hook, target = h, h.target
+                    took = succeeded.setdefault(id(h), (h, []))[1].append
+                data = rec["data"]  # a read record has its data, {} at least
+                t0 = perf_counter()
+                try:
+                    returned = target(
+                        event_of(rec, ckpt_dir, data, h),
+                        **(data if plain(data) else _keywords(data)),
+                    )
+                except BaseException as exc:  # a callback's SystemExit too: the hook fails
+                    d = Delivery(h, rec, batch)
+                    finished.append((d, self._judged(d, Attempt(None, exc, t0))))
+                    continue
+                if returned is None:
+                    took(rec)
+                else:
+                    d = Delivery(h, rec, batch)
+                    finished.append((d, self._judged(d, Attempt(returned, None, t0))))
+        return [pair for pair in succeeded.values() if pair[1]], finished
 
     def _deliver_safely(self, d: Delivery) -> DeliveryResult | None:
         try:

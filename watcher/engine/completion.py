@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from watcher.hooks.delivery import (
     already_said,
     state_write_failed,
 )
+from watcher.hooks.hook import Hook
 
 Reporter = Callable[[DeliveryResult], None]
 log = logging.getLogger("watcher")
@@ -184,33 +186,79 @@ class Completions:
                     hook = d.hook
                     seqs = done.setdefault(hook.id, set())
                     mine = plain.setdefault(id(hook), [])
+                if d.lease is not None:
+                    leased.append(d)
+                if out is not None and out.status == "abandoned":
+                    # not delivered: its batch stays open, so the cursor keeps it and the
+                    # next start delivers it (the seqs done beside it are remembered)
+                    outs.append(out)
+                    continue
                 d.batch.pending -= 1
                 seqs.add(d.record["seq"])
                 if out is None:
                     mine.append(d)
                 else:
                     outs.append(out)
-                if d.lease is not None:
-                    leased.append(d)
             self._pending -= len(finished)
             ended = time.time()
             outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
-            hidden: set[int] = set()  # failures the console does not show one by one
-            said: list[str] = []
-            for out in outs:
-                self.tally[out.hook, out.event, out.status] += out.count
-                if out.failed:
-                    self.failed += 1
-                    errors = self.errors.setdefault((out.hook, out.event), [])
-                    if len(errors) < ERRORS_KEPT:
-                        errors.append(str(out.error))
-                    hook_failures = self.failures.get((out.hook, out.event))
-                    if hook_failures is None:
-                        hook_failures = self.failures[out.hook, out.event] = HookFailures()
-                    if not hook_failures.add(out):
-                        hidden.add(id(out))
-                        if line := hook_failures.so_far():
-                            said.append(line)
+            hidden, said = self._count(outs)
+        self._record(outs, leased, hidden, said)
+
+    def complete_plain(
+        self, batch: Batch, succeeded: list[tuple[Hook, list[dict[str, Any]]]], started: float
+    ) -> None:
+        """The plain successes of an inline lane's run of ``batch`` since ``started`` (per
+        hook, its records in order): one results line per hook, as :meth:`complete_many`
+        writes for them, with no :class:`Delivery` per record."""
+        outs: list[DeliveryResult] = []
+        n = sum(len(recs) for _, recs in succeeded)
+        with self._lock:
+            # the oldest open batch done with these: the cursor moves past it (advance), so
+            # its seqs need not be remembered (a replay's every batch, in order)
+            if n < batch.pending or not self._batches or self._batches[0] is not batch:
+                done = self.state.done
+                for hook, recs in succeeded:
+                    done.setdefault(hook.id, set()).update(map(_seq_of, recs))
+            batch.pending -= n
+            self._pending -= n
+            ended = time.time()
+            for hook, recs in succeeded:
+                first = Delivery(hook, recs[0], batch)
+                outs.append(plain_line(first, len(recs), recs[-1]["seq"], started, ended))
+            hidden, said = self._count(outs)
+        self._record(outs, [], hidden, said)
+
+    def _count(self, outs: list[DeliveryResult]) -> tuple[set[int], list[str]]:
+        """Tally ``outs`` (under the lock): the failures the console does not show one by
+        one (by id), and the lines that count a hook's failures so far."""
+        hidden: set[int] = set()
+        said: list[str] = []
+        for out in outs:
+            self.tally[out.hook, out.event, out.status] += out.count
+            if out.failed:
+                self.failed += 1
+                errors = self.errors.setdefault((out.hook, out.event), [])
+                if len(errors) < ERRORS_KEPT:
+                    errors.append(str(out.error))
+                hook_failures = self.failures.get((out.hook, out.event))
+                if hook_failures is None:
+                    hook_failures = self.failures[out.hook, out.event] = HookFailures()
+                if not hook_failures.add(out):
+                    hidden.add(id(out))
+                    if line := hook_failures.so_far():
+                        said.append(line)
+        return hidden, said
+
+    def _record(
+        self,
+        outs: list[DeliveryResult],
+        leased: list[Delivery],
+        hidden: set[int],
+        said: list[str],
+    ) -> None:
+        """After counting: release the leases, write the results, show them, move the
+        cursor and wake the engine."""
         for d in leased:  # before the cursor moves past the delivery (module doc)
             self.checkpoints.release(d)
         if self.results_path is not None:
@@ -326,8 +374,18 @@ class Completions:
 def ok_line(ds: list[Delivery], started: float, ended: float) -> DeliveryResult:
     """One results line for the plain successes of one callable in a batch: ``count`` of
     them, from ``seq`` to ``last_seq`` (its first delivery's id; the batch's times)."""
-    out = DeliveryResult.of(ds[0], "ok", attempts=1, start_ts=started, end_ts=ended)
+    return plain_line(ds[0], len(ds), ds[-1].record["seq"], started, ended)
+
+
+def plain_line(
+    first: Delivery, count: int, last_seq: int, started: float, ended: float
+) -> DeliveryResult:
+    """:func:`ok_line` of ``count`` plain successes from ``first`` to seq ``last_seq``."""
+    out = DeliveryResult.of(first, "ok", attempts=1, start_ts=started, end_ts=ended)
     out.duration = ended - started
-    if len(ds) > 1:
-        out.count, out.last_seq = len(ds), ds[-1].record["seq"]
+    if count > 1:
+        out.count, out.last_seq = count, last_seq
     return out
+
+
+_seq_of = itemgetter("seq")

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from operator import methodcaller
-from typing import Any
+from typing import Any, NamedTuple
 
-from watcher.hooks.delivery import Batch, Delivery, undeliverable
+from watcher.hooks.delivery import Batch, Delivery, Plain, undeliverable
 from watcher.hooks.hook import Hook
 
 #: Leases a save record's checkpoint for one delivery: the lease's name, or None.
 LeaseFor = Callable[[dict[str, Any]], str | None]
 
 
-#: What :meth:`Dispatcher.route` made: lane index -> its deliveries in journal order (only
-#: the lanes that got some), and the run's end as the records say: True after a
-#: ``train_end``, False after a ``train_begin`` (a resumed attempt), None when they hold
-#: neither. A plain tuple: the replay routes one record at a time.
-Routed = tuple[dict[int, list[Delivery]], bool | None]
+class Routed(NamedTuple):
+    """What :meth:`Dispatcher.route` made from records read together."""
+
+    #: lane index -> its deliveries in journal order (only the lanes that got some)
+    deliveries: dict[int, list[Delivery]]
+    #: the run's end as the records say: True after a ``train_end``, False after a
+    #: ``train_begin`` (a resumed attempt), None when they hold neither
+    ended: bool | None
+    #: the inline lanes' deliveries, as :data:`Plain` pairs (lane index -> in journal order)
+    plain: dict[int, list[Plain]]
 
 
 class Dispatcher:
@@ -36,6 +41,11 @@ class Dispatcher:
         lease_for: leases a save's checkpoint for each of its deliveries (None: nothing is
             leased, as in a backtest).
         notice: says a skipped malformed record in one line.
+        inline: whether the one lane of ``hooks`` (only ever one: the caller's thread
+            would make a slow lane delay the others) runs in the caller's thread, batch by
+            batch (a replay into a plain callable: watcher.engine.engine); its deliveries
+            are made as :data:`Plain` pairs. Such a lane has no hook on ``save`` (nothing
+            to lease).
     """
 
     def __init__(
@@ -44,8 +54,18 @@ class Dispatcher:
         *,
         lease_for: LeaseFor | None = None,
         notice: Callable[[str], None],
+        inline: Callable[[list[Hook]], bool] | None = None,
     ) -> None:
         self.lanes = lanes(hooks)
+        #: the lanes whose deliveries are :data:`Plain` pairs
+        self.inline = frozenset(
+            i
+            for i, lane in enumerate(self.lanes)
+            if len(self.lanes) == 1
+            and inline is not None
+            and inline(lane)
+            and all(h.event != "save" for h in lane)
+        )
         lane_of = {id(h): i for i, lane in enumerate(self.lanes) for h in lane}
         # event -> its hooks, each with its lane (the dispatch loop's table)
         self._routes: dict[str, list[tuple[Hook, int]]] = {}
@@ -79,10 +99,12 @@ class Dispatcher:
             events, kinds = events_of(records)
         lease_for = self._lease_for
         done, done_max = self._done, self._done_max
-        made: list[list[Delivery]] = [[] for _ in self.lanes]
-        # event -> (hook, its lane's list.append) for this call: one call per delivery
+        made: list[list[Any]] = [[] for _ in self.lanes]
+        inline = self.inline
+        # event -> (hook, its lane's list.append, whether the lane takes pairs) for this
+        # call: one call per delivery
         routes = {
-            ev: [(hook, made[lane].append) for hook, lane in hooks]
+            ev: [(hook, made[lane].append, lane in inline) for hook, lane in hooks]
             for ev, hooks in self._routes.items()
         }
         for rec, ev in zip(records, events, strict=True):
@@ -96,15 +118,20 @@ class Dispatcher:
                 self._notice(f"skipped a malformed {ev} record (seq {rec['seq']}): {why}")
                 continue  # e.g. a save appended by hand
             seq = rec["seq"]
-            for hook, add in hooks:
+            for hook, add, pair in hooks:
                 if seq <= done_max and seq in done.get(hook.id, ()):
                     continue  # completed before a restart
+                if pair:
+                    add((hook, rec))
+                    continue
                 # a save's checkpoint is leased per delivery, released as each completes;
                 # the delivery id is made when asked (a plain success never asks)
                 lease = lease_for(rec) if ev == "save" and lease_for is not None else None
                 add(Delivery(hook, rec, batch, None, lease))
-        per_lane = {lane: todo for lane, todo in enumerate(made) if todo}
-        return per_lane, _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
+        per_lane = {lane: todo for lane, todo in enumerate(made) if todo and lane not in inline}
+        plain = {lane: made[lane] for lane in inline if made[lane]}
+        ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
+        return Routed(per_lane, ended, plain)
 
 
 def events_of(records: list[dict[str, Any]]) -> tuple[list[Any], set[str] | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ from journal.read.cursor import Cursor
 from journal.record.record import Record
 from journal.rundir.safety import UnsafeRunDir
 from journal.views.query import ended_before
+from watcher.engine.attempts import Runner
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
 from watcher.engine.cursor import CursorFile, CursorLock, CursorState
@@ -39,12 +41,12 @@ from watcher.engine.follow import JournalFollower, RunProgress, StartAt
 from watcher.engine.jobs import JobRunners
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.notices import Notices
-from watcher.engine.queues import HookQueue
+from watcher.engine.queues import HookQueue, failed_with
 from watcher.engine.statedir import StateFiles
 from watcher.hooks.callbacks import CommandTarget, callable_name
 from watcher.hooks.command import end_leftovers
 from watcher.hooks.contract import CallbackShape
-from watcher.hooks.delivery import Batch, DeliveryResult, state_write_failed
+from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, Plain, state_write_failed
 from watcher.hooks.hook import Hook
 
 log = logging.getLogger("watcher")
@@ -123,7 +125,9 @@ class Watcher:
         self._notices = Notices()
         self._run = RunProgress(follow)
         # follow -> dispatch -> queue -> complete: each part is handed the ones after it
-        self._follower = JournalFollower(journal, poll=poll)
+        # a replay reads what the file holds: no file events to wait for (its waits are
+        # for deliveries, which wake it themselves), so no watchdog observer either
+        self._follower = JournalFollower(journal, poll=poll if follow else SAFETY_POLL_S)
         self._checkpoints = CheckpointGuard(
             journal.parent,
             self._run,
@@ -154,16 +158,39 @@ class Watcher:
             waker=self._follower.waker,
             notice=self._notices,
         )
-        # records -> deliveries per lane, a save's checkpoint leased per delivery
+        # records -> deliveries per lane, a save's checkpoint leased per delivery; a
+        # replay's plain callables run in this thread (_runs_inline)
         self._dispatcher = Dispatcher(
-            hooks, lease_for=self._checkpoints.lease_for, notice=self._notices
+            hooks,
+            lease_for=self._checkpoints.lease_for,
+            notice=self._notices,
+            inline=None if follow else self._runs_inline,
         )
         # one queue per lane (a callback object, its methods in journal order, or a lone
         # hook), handed the runner of its hooks' kind once
-        self._queues = [self._queue(lane) for lane in self._dispatcher.lanes]
+        self._runners = [self._executor.lane_runner(lane) for lane in self._dispatcher.lanes]
+        self._queues = [
+            self._queue(lane, runner)
+            for lane, runner in zip(self._dispatcher.lanes, self._runners, strict=True)
+        ]
 
-    def _queue(self, lane: list[Hook]) -> HookQueue:
-        runner = self._executor.lane_runner(lane)
+    def _runs_inline(self, lane: list[Hook]) -> bool:
+        """Whether a replay runs ``lane``, its only lane, in the engine's thread, in the
+        batch its records were read in: callables called directly (no timeout, no save to
+        lease), each record delivered (no ``latest`` queue), one at a time (an object's
+        methods, or a lone callable of concurrency 1). No other lane waits for the
+        reading, and a replay has nothing else to read: a queue, a second thread and an
+        object per delivery would only cost (issue 52: a 1M-record replay into a
+        callable). With several lanes each keeps its queue, so a slow one delays only
+        itself."""
+        first = lane[0]
+        return (
+            isinstance(self._executor.lane_runner(lane), CallableRunner)
+            and all(h.inline and h.options.queue == "all" for h in lane)
+            and (first.owner is not None or first.options.concurrency <= 1)
+        )
+
+    def _queue(self, lane: list[Hook], runner: Runner) -> HookQueue:
         return HookQueue(
             lane,
             runner.deliver,
@@ -247,10 +274,16 @@ class Watcher:
                     self._dispatch(batch.records, before, follower.position)
                 else:
                     self.completions.read_to(follower.position)
-                if self._finished(final, progressed=follower.position != before):
+                progressed = follower.position != before
+                if self._finished(final, progressed=progressed):
                     break
                 if follower.position.offset - before.offset >= READ_BYTES // 2:
                     continue  # a full chunk: more is there to read at once
+                if final and progressed:
+                    # nothing more can come: the next read finds the end at once, and only
+                    # deliveries still running are worth a wait (a replay whose last batch
+                    # made none waited out the safety poll here: a second per replay)
+                    continue
                 if waiting_at != follower.position.offset and self._idle():
                     # Said once per position, only with nothing in flight: a watcher that
                     # says this is following, not about to finish.
@@ -351,14 +384,31 @@ class Watcher:
         self._checkpoints.note_removals(records if gone else [])
         self._executor.note_records(records)  # a report of a hook refused: said
         batch = Batch(start, records[0]["seq"], 0)  # its deliveries are counted below
-        per_lane, ended = self._dispatcher.route(records, batch, events, kinds)
-        if ended is not None:
-            self._run.ended = ended
-        batch.pending = sum(map(len, per_lane.values()))
+        routed = self._dispatcher.route(records, batch, events, kinds)
+        if routed.ended is not None:
+            self._run.ended = routed.ended
+        batch.pending = sum(map(len, routed.deliveries.values()))
+        batch.pending += sum(map(len, routed.plain.values()))
         self.completions.open_batch(batch, end)
         for lane, queue in enumerate(self._queues):
-            if todo := per_lane.get(lane):
+            if todo := routed.deliveries.get(lane):
                 queue.submit_many(todo)
+        for lane, pairs in routed.plain.items():  # after the queues: they run meanwhile
+            self._run_inline(lane, pairs, batch)
+
+    def _run_inline(self, lane: int, pairs: list[Plain], batch: Batch) -> None:
+        """Run an inline lane's deliveries of ``batch`` here and record them."""
+        runner = cast("CallableRunner", self._runners[lane])
+        queue = self._queues[lane]
+        started = time.time()
+        succeeded, finished = runner.deliver_plain(pairs, batch, self._stop)
+        if not self._stop.is_set() and (error := queue.after_deliveries()) is not None:
+            ran = [(Delivery(h, r, batch), None) for h, recs in succeeded for r in recs]
+            finished, succeeded = failed_with([*finished, *ran], error), []
+        if finished:
+            self.completions.complete_many(finished, started)
+        if succeeded:
+            self.completions.complete_plain(batch, succeeded, started)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()

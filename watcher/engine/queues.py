@@ -168,10 +168,17 @@ class HookQueue:
         return finished
 
     def _after_deliveries(self, finished: list[Finished]) -> list[Finished]:
-        """The object's ``after_deliveries()``: an exporter writes what it buffered. If that
-        fails, so did the deliveries it was writing (said once for a tracker that stopped
-        answering; the results and the exit code say the rest)."""
-        assert self._after is not None
+        """:meth:`after_deliveries`; if it fails, so did the deliveries it was writing."""
+        error = self.after_deliveries()
+        return finished if error is None else failed_with(finished, error)
+
+    def after_deliveries(self) -> str | None:
+        """The object's ``after_deliveries()`` (an exporter writes what it buffered), if it
+        has one: None when it went well, else the error its deliveries failed with (said
+        once for a tracker that stopped answering; the results and the exit code say the
+        rest)."""
+        if self._after is None:
+            return None
         try:
             self._after()
         except Exception as exc:
@@ -179,14 +186,8 @@ class HookQueue:
                 self._notice(str(exc))
             else:
                 log.exception("after_deliveries() of %s failed", self.hooks[0].label)
-            error = f"{type(exc).__name__}: {exc}"
-            return [
-                (d, DeliveryResult.of(d, "failed", error=error, attempts=1))
-                if out is None or out.status == "ok"
-                else (d, out)
-                for d, out in finished
-            ]
-        return finished
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def _complete(
         self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
@@ -199,3 +200,14 @@ class HookQueue:
                 f"{d.hook.label}: recording the {d.hook.event} deliveries from seq "
                 f"{d.record['seq']} failed ({type(exc).__name__}: {exc}); the hook goes on"
             )
+
+
+def failed_with(finished: list[Finished], error: str) -> list[Finished]:
+    """``finished`` with its successes failed with ``error`` (an ``after_deliveries()``
+    that failed: what it was writing is lost)."""
+    return [
+        (d, DeliveryResult.of(d, "failed", error=error, attempts=1))
+        if out is None or out.status == "ok"
+        else (d, out)
+        for d, out in finished
+    ]

@@ -41,6 +41,12 @@ _FROM_RECORD: dict[str, tuple[str, Any]] = dict(
 )  # fmt: skip
 
 
+def delivery_id_for(rec: dict[str, Any], short_id: str) -> str:
+    """A delivery's id, stable across restarts: the record's run id and seq, and its hook's
+    ``short_id`` (watcher.hooks.hook.Hook)."""
+    return f"{rec.get('run_id', '')}-{rec['seq']}-{short_id}"
+
+
 @dataclass(frozen=True)
 class Event:
     """What a Python callback receives as its first argument.
@@ -75,6 +81,19 @@ class Event:
         return event
 
     @classmethod
+    def of_hook(cls, rec: dict[str, Any], ckpt_dir: str, data: dict[str, Any], hook: Any) -> Event:
+        """As :meth:`of`, for a delivery that has no object of its own (a replay's plain
+        callable, run in the batch it was read in): ``delivery_id`` is made from ``hook``'s
+        ``short_id`` on first use."""
+        event = object.__new__(cls)
+        d = event.__dict__
+        d["record"] = rec
+        d["ckpt_dir"] = ckpt_dir
+        d["data"] = data
+        d["_hook"] = hook
+        return event
+
+    @classmethod
     def of(cls, rec: dict[str, Any], ckpt_dir: str, data: dict[str, Any], delivery: Any) -> Event:
         """The event the watcher hands a callable (once per delivery: a replay makes
         millions): it holds the record and reads the other fields from it on first use
@@ -101,6 +120,9 @@ class Event:
                 return value
             if name == "delivery_id" and "_delivery" in d:
                 value = d[name] = d["_delivery"].delivery_id
+                return value
+            if name == "delivery_id" and "_hook" in d:
+                value = d[name] = delivery_id_for(rec, d["_hook"].short_id)
                 return value
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from journal.read.cursor import Cursor
 from journal.record.fields import missing_fields
-from watcher.hooks.callbacks import CommandTarget
+from watcher.hooks.callbacks import CommandTarget, delivery_id_for
 from watcher.hooks.hook import Hook
 
 
@@ -22,6 +22,12 @@ class Batch:
     start: Cursor  # where the batch starts (re-read from here after a restart)
     min_seq: int
     pending: int
+
+
+#: A delivery of an inline lane (watcher.engine.dispatch ``Dispatcher``'s ``inline``): its
+#: hook and record, with no :class:`Delivery` object (a replay into a callable makes
+#: millions).
+Plain = tuple[Hook, dict[str, Any]]
 
 
 class Delivery:
@@ -63,12 +69,6 @@ class Delivery:
         if safe == did and len(did) <= 100:
             return did
         return f"{safe[:60]}-{hashlib.sha1(did.encode('utf-8', 'replace')).hexdigest()[:12]}"
-
-
-def delivery_id_for(rec: dict[str, Any], short_id: str) -> str:
-    """A delivery's id, stable across restarts: the record's run id and seq, and its hook's
-    ``short_id`` (watcher.hooks.hook.Hook)."""
-    return f"{rec.get('run_id', '')}-{rec['seq']}-{short_id}"
 
 
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
