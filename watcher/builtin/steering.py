@@ -8,6 +8,7 @@ keeps patience counters and best values, which in-process callbacks lose with th
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -15,7 +16,6 @@ from typing import Any, Literal
 
 from journal.channels.control import Control
 from journal.record.numbers import parse_number, shown_value
-from journal.record.schema import LogData
 from watcher.hooks.callbacks import CallbackSpecError, Event, TrainerCallback
 
 log = logging.getLogger("watcher")
@@ -23,8 +23,14 @@ log = logging.getLogger("watcher")
 Action = Literal["stop", "abort"]
 
 
-#: Metrics the trainer's log records carry; any other name (not val_*) is a reported one.
-LOG_METRICS = frozenset(LogData.model_fields)
+@functools.cache
+def log_metrics() -> frozenset[str]:
+    """Metrics the trainer's log records carry; any other name (not val_*) is a reported
+    one. Read from the schema when first asked: its models load pydantic (80 ms of every
+    ``ilab-watch`` start otherwise)."""
+    from journal.record.schema import LogData
+
+    return frozenset(LogData.model_fields)
 
 
 #: How each numeric setting of the built-ins is judged (:func:`parse_number`'s arguments):
@@ -55,7 +61,7 @@ def _event_for(metric: str) -> str:
     log, anything else (accuracy, pass rates, judge scores) from report records."""
     if metric.startswith("val_"):
         return "evaluate"
-    return "log" if metric in LOG_METRICS else "report"
+    return "log" if metric in log_metrics() else "report"
 
 
 def _values(event: str | None, data: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from typing import Any
 from journal.channels.control import Control
 from journal.channels.reports import Report
 from journal.record.events import ENVELOPE_FIELDS
-from journal.record.schema import PAYLOAD_MODELS
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Names a placeholder may use besides the envelope and the event's payload fields.
@@ -300,6 +299,9 @@ def callable_name(fn: Any) -> str:
 
 
 def known_fields(event: str) -> set[str]:
+    # the schema's models load pydantic (80 ms): only a command hook's placeholders ask
+    from journal.record.schema import PAYLOAD_MODELS
+
     names = set(ENVELOPE_FIELDS) | set(EXTRA_FIELDS)
     model = PAYLOAD_MODELS.get(event)
     if model is not None:
