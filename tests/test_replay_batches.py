@@ -162,6 +162,10 @@ def test_a_replay_into_one_object_runs_in_its_thread_and_records_what_queues_wou
     ckpt = tmp_path / "run"
     n = 5_000
     write_log_journal(ckpt, n, run_id="picky")
+    # a log appended by hand, without its run id, in the middle: said, never delivered
+    lines = journal_path(ckpt).read_bytes().splitlines(keepends=True)
+    lines.insert(n // 2, b'{"seq": 999999, "event": "log", "ts": 1.0, "data": {"loss": 1}}\n')
+    journal_path(ckpt).write_bytes(b"".join(lines))
     got = {}
     for alone in (True, False):
         obj, state = Picky(), tmp_path / f"state-{alone}"
@@ -170,6 +174,7 @@ def test_a_replay_into_one_object_runs_in_its_thread_and_records_what_queues_wou
         assert obj.calls == list(range(1, n + 2))  # every log in order, then train_end
         inline = obj.threads == {threading.current_thread().name}
         assert inline == alone, obj.threads
+        assert any("malformed log record (seq 999999)" in line for line in w.notices)
         got[alone] = _outcomes(w, state)
     assert got[True] == got[False]
     failed = got[True]["failed"]

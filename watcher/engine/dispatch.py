@@ -10,7 +10,7 @@ them in place.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from operator import methodcaller
+from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
 from watcher.hooks.delivery import Batch, Delivery, Plain, undeliverable
@@ -73,6 +73,10 @@ class Dispatcher:
             self._routes.setdefault(hook.event, []).append((hook, lane_of[id(hook)]))
         #: the events some hook is on (a caller routing one record at a time asks first)
         self.events = frozenset(self._routes)
+        # event -> its one hook, when each event has one (_route_plain)
+        self._hook_of: dict[str, Hook] | None = None
+        if all(len(on) == 1 for on in self._routes.values()):
+            self._hook_of = {ev: on[0][0] for ev, on in self._routes.items()}
         self._lease_for = lease_for
         self._notice = notice
         # what a saved cursor says completed (per hook id), up to which seq
@@ -97,6 +101,9 @@ class Dispatcher:
         loop runs for every record of a replay."""
         if events is None:
             events, kinds = events_of(records)
+        if self.inline and (fast := self._route_plain(records, events)) is not None:
+            ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
+            return Routed({}, ended, {0: fast} if fast else {})
         lease_for = self._lease_for
         done, done_max = self._done, self._done_max
         made: list[list[Any]] = [[] for _ in self.lanes]
@@ -133,6 +140,20 @@ class Dispatcher:
         ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
         return Routed(per_lane, ended, plain)
 
+    def _route_plain(self, records: list[dict[str, Any]], events: list[Any]) -> list[Plain] | None:
+        """The pairs of the one inline lane (one hook per event: an object's methods or one
+        callable) in one comprehension, when nothing per record needs judging: no record
+        lacks its run id or time, and none may have been delivered before a restart.
+        None: the general loop of :meth:`route` decides."""
+        hook_of = self._hook_of
+        if hook_of is None or records[0]["seq"] <= self._done_max:
+            return None
+        if None in map(_run_id_of, records) or None in map(_ts_of, records):
+            return None  # a record to say as malformed (undeliverable)
+        return [
+            (hook_of[ev], rec) for rec, ev in zip(records, events, strict=True) if ev in hook_of
+        ]
+
 
 def events_of(records: list[dict[str, Any]]) -> tuple[list[Any], set[str] | None]:
     """The ``event`` of each record (None where it is not a string), and the set of them
@@ -157,6 +178,8 @@ def _ended(events: list[Any]) -> bool | None:
 
 
 _event_of = methodcaller("get", "event")
+_run_id_of = itemgetter("run_id")
+_ts_of = itemgetter("ts")
 _ENDS = frozenset({"train_end", "train_begin"})
 
 
