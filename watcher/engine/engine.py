@@ -14,6 +14,12 @@ hook), :mod:`watcher.engine.execute` (a runner per kind: commands, callables, sc
 :mod:`watcher.engine.completion` (results and the cursor). :mod:`watcher.engine.leasing` keeps
 the checkpoints of save deliveries from dispatch to completion. Each part is handed the parts
 after it, never a way back.
+
+A replay whose only lane is a plain callable (an object's methods, or one callable: no
+timeout, no save, every record delivered) skips the queue: the engine's thread runs each
+batch as it is read (dispatch's ``Plain`` pairs, :meth:`CallableRunner.deliver_plain`) and
+records it at once (:meth:`Completions.complete_plain`). With several lanes, each keeps its
+queue and thread, so a slow one delays only itself.
 """
 
 from __future__ import annotations
