@@ -32,6 +32,7 @@ from journal.read.lines import (
     open_for_reading,
     too_long_reason,
 )
+from journal.read.vouched import Vouched, vouched_lines
 from journal.record.events import SCHEMA_VERSION
 from journal.record.fields import record_problem
 from journal.record.record import Record, complete
@@ -68,6 +69,9 @@ class ReadBatch:
     torn_tail: bool = False  # bytes after ``offset`` that are not yet a complete line
     tail_bytes: int = 0  # how many, when ``torn_tail``
     as_written: bool = False  # the records as the writer wrote them (JournalReader's doc)
+    #: some record may have lacked an envelope field (filled with its default, None for a
+    #: run id or a time): False promises every record was written whole
+    patched: bool = False
 
     @property
     def cursor(self) -> Cursor:
@@ -105,17 +109,13 @@ def _parse_part(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
     """Parse ``lines`` into ``batch``: all in C, checked at once (journal/read/checks.py);
     line by line only for a slice that has a bad line, so clean journals pay no per-line
     Python overhead for error handling."""
-    from journal.read.checks import records_ok  # not imported by a status with nothing to read
-
     size = sum(map(len, lines)) + len(lines)  # its bytes, newlines included
-    objs = None
-    if size <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
-        with contextlib.suppress(orjson.JSONDecodeError):  # a bad line: the slow path
-            objs = list(map(orjson.loads, lines))
     incomplete: list[dict[str, Any]] = []
-    if objs is not None and records_ok(objs, incomplete):
+    objs = load_checked(lines, size, incomplete)
+    if objs is not None:
         for obj in () if batch.as_written else incomplete:  # rare: envelope fields left out
             complete(obj)
+        batch.patched = batch.patched or bool(incomplete)
         _note_version(objs[0], newer_version)
         _note_version(objs[-1], newer_version)
         batch.records += objs
@@ -123,6 +123,23 @@ def _parse_part(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
         batch.line_no += len(lines)
         return
     _parse_slow(lines, batch, newer_version)
+
+
+def load_checked(
+    lines: list[bytes], size: int, incomplete: list[dict[str, Any]]
+) -> list[Any] | None:
+    """The records of ``lines`` (``size`` bytes with their newlines), when every one is a
+    valid record (those lacking an envelope field put in ``incomplete``); else None. The
+    line path's check, and the checker's (journal/read/precheck.py: ``vouchable``)."""
+    from journal.read.checks import records_ok  # not imported by a status with nothing to read
+
+    if size > MAX_LINE_BYTES and max(map(len, lines)) > MAX_LINE_BYTES:
+        return None
+    try:
+        objs = list(map(orjson.loads, lines))
+    except orjson.JSONDecodeError:  # a bad line (a blank one too): the slow path
+        return None
+    return objs if records_ok(objs, incomplete) else None
 
 
 def _note_version(obj: dict[str, Any], newer_version: list[int]) -> None:
@@ -133,6 +150,7 @@ def _note_version(obj: dict[str, Any], newer_version: list[int]) -> None:
 
 def _parse_slow(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) -> None:
     pos, line_no = batch.offset, batch.line_no
+    batch.patched = True  # records are completed one by one here: not told apart
     for line in lines:
         line_no += 1
         start = pos
@@ -228,6 +246,7 @@ class JournalReader:
 
     The state to persist for resuming is its :attr:`cursor`. ``as_written``: the records
     without the envelope defaults filled in (``validate`` reports what a writer left out).
+    ``vouched``: lines checked ahead, loaded as arrays (journal/read/vouched.py), the same.
     """
 
     def __init__(
@@ -238,9 +257,11 @@ class JournalReader:
         *,
         chunk_size: int = CHUNK_SIZE,
         as_written: bool = False,
+        vouched: Vouched | None = None,
     ) -> None:
         self.path = Path(path)
         self.as_written = as_written
+        self.vouched = vouched  # a checker (journal/read/precheck.py) on a big backlog
         self.offset = offset
         self.line_no = line_no
         self.chunk_size = chunk_size
@@ -268,10 +289,13 @@ class JournalReader:
         except FileNotFoundError:
             return batch
         carry = Carry()
+        vouched = self.vouched
         try:
             with no_cyclic_gc():
                 size = os.fstat(fd).st_size
                 limit = size if max_bytes is None else min(size, self.offset + max_bytes)
+                if vouched is not None:
+                    vouched.reading(limit)
                 pos = self._resume_long_tail(carry, size)
                 # Past ``limit`` keep reading only until one complete line has been consumed.
                 while pos < size and (pos < limit or batch.offset == self.offset):
@@ -280,6 +304,11 @@ class JournalReader:
                     if not chunk:
                         break
                     pos += len(chunk)
+                    took = vouched and vouched_lines(vouched, chunk, pos, carry, batch.offset)
+                    if took:  # one record per line, none to complete: as the line path's
+                        batch.records += took[0]
+                        batch.offset, batch.line_no = took[1], batch.line_no + len(took[0])
+                        continue
                     long, lines = carry.split(chunk)
                     if long is not None:
                         _skip(batch, long.length, too_long_reason(long.length), long.head)

@@ -6,6 +6,9 @@ noticed and started a new journal at the path (journal/write/recreate.py), are n
 now at the path takes over once it holds a complete line (the writer writes there only
 after it stopped writing the old one) and the old one has been read to its end.
 
+A big backlog (a replay, a watcher far behind) is checked ahead in a second process while
+it is read (journal/read/precheck.py): the same records, read faster where a core is free.
+
 A journal truncated in place (logrotate's ``copytruncate``) is noticed by its size falling
 below the read position, or by a different first line (it grew back past that position
 before the next look). What had not been read yet is read from the copy beside it
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from journal.read.cursor import START, Cursor
 from journal.read.lines import open_for_reading
+from journal.read.precheck import MIN_BACKLOG, Precheck, start_precheck
 from journal.read.reader import JournalReader, ReadBatch
 
 #: How much of the first line tells one journal from another (a record starts with its seq
@@ -56,10 +60,21 @@ class _HeldReader(JournalReader):
 class RotatingReader:
     """Reads complete records from a journal as it grows, across rotation (module doc)."""
 
-    def __init__(self, path: str | os.PathLike[str], cursor: Cursor = START) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        cursor: Cursor = START,
+        *,
+        precheck: int | None = MIN_BACKLOG,
+    ) -> None:
+        """``precheck``: the backlog (bytes) from which a read is checked ahead in a second
+        process (journal/read/precheck.py); None: never."""
         offset, line_no = cursor.offset, cursor.line_no
         self.path = Path(path)
         self.reader: JournalReader = JournalReader(self.path, offset, line_no)
+        self._precheck_from = precheck
+        self._precheck: Precheck | None = None  # checking the held file ahead of the reader
+        self._prechecked = False  # the held file's backlog was looked at (once per reader)
         self._held: int | None = None  # the descriptor of the file being read
         self._ident: tuple[int, int] | None = None
         self._head: bytes | None = None  # the held file's first line, once it has one
@@ -91,7 +106,17 @@ class RotatingReader:
         """New complete records (``final``: no writer any more, a torn tail is consumed)."""
         if self._held is None:
             self._hold_path(self.reader.offset, self.reader.line_no)
-        return self.reader.read(final=final or self._finished, max_bytes=max_bytes)
+        if not self._prechecked and self._held is not None:
+            self._start_precheck(self._held)
+        batch = self.reader.read(final=final or self._finished, max_bytes=max_bytes)
+        if self._precheck is not None and self.reader.offset >= self._precheck.end:
+            self._stop_precheck()  # read past all it could vouch for
+        return batch
+
+    @property
+    def checker(self) -> Precheck | None:
+        """The process checking the backlog ahead of this reader, while there is one."""
+        return self._precheck
 
     def check(self) -> str | None:
         """``"replaced"`` or ``"truncated"`` once reading went over to the file at the path,
@@ -126,12 +151,15 @@ class RotatingReader:
         if self._hold_copy():
             self._cause = "truncated"
             return None  # the copy is read to its end, then the path's file from byte 0
+        self._stop_precheck()  # it vouched for what the file held before
+        self._prechecked = False  # the new backlog may have one of its own
         self.reader = _HeldReader(self._held, self.path, 0, 0)
         self._head = head
         return "truncated"
 
     def close(self) -> None:
-        """Let go of the held file."""
+        """Let go of the held file (and stop checking it ahead)."""
+        self._stop_precheck()
         if self._held is not None:
             os.close(self._held)
             self._held = None
@@ -157,7 +185,23 @@ class RotatingReader:
         self._ident = (st.st_dev, st.st_ino)
         self._head = _head(fd)
         self._finished = False
+        self._prechecked = False  # its backlog is looked at by the first read
         self.reader = _HeldReader(fd, self.path, offset, line_no)
+
+    def _start_precheck(self, fd: int) -> None:
+        """Check the held file's backlog ahead of the reader when it is big (once)."""
+        self._prechecked = True
+        if self._precheck_from is None:
+            return
+        self._precheck = start_precheck(fd, self.reader.offset, min_backlog=self._precheck_from)
+        self.reader.vouched = self._precheck
+
+    def _stop_precheck(self) -> None:
+        """Stop the checker (if any); the reader it served reads on by itself."""
+        precheck, self._precheck = self._precheck, None
+        if precheck is not None:
+            self.reader.vouched = None
+            precheck.close()
 
     def _path_has_a_line(self) -> bool:
         try:

@@ -22,8 +22,9 @@ from watcher.backtest.outcome import table
 from watcher.backtest.policies import keep_last_values, stop_policies
 from watcher.backtest.replay import replay
 from watcher.builtin.foreign import adapt
-from watcher.hooks.callbacks import CallbackSpecError, load_object
+from watcher.hooks.callbacks import CallbackSpecError
 from watcher.hooks.hook import HookOptions, HookSet, assemble_hooks, instantiate
+from watcher.hooks.loading import load_object
 
 _ON = ("evaluate", "report", "save", "log", "train_end")
 

@@ -16,8 +16,9 @@ from journal.record.events import EVENTS
 from watcher.builtin.foreign import adapt
 from watcher.builtin.steering import parse_builtin
 from watcher.exporters.registry import exporters_for
-from watcher.hooks.callbacks import CallbackSpecError, load_object
+from watcher.hooks.callbacks import CallbackSpecError
 from watcher.hooks.hook import HookOptions, HookSet, QueuePolicy, assemble_hooks, instantiate
+from watcher.hooks.loading import load_object
 from watcher.scheduler.board import JobBoard
 from watcher.scheduler.options import abort_hook
 

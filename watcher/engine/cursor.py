@@ -42,6 +42,13 @@ class CursorState:
     hooks: tuple[str, ...] | None = None
     done: dict[str, set[int]] = field(default_factory=dict)
 
+    def take_hooks(self, labels: tuple[str, ...]) -> list[str]:
+        """Record ``labels`` as the hooks of this cursor: the ones it was saved without
+        (none for a cursor that never said), which start where it is."""
+        new = [] if self.hooks is None else sorted(set(labels) - set(self.hooks))
+        self.hooks = labels
+        return new
+
     def to_json(self) -> bytes:
         return orjson.dumps(
             {

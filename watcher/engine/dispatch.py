@@ -94,14 +94,18 @@ class Dispatcher:
         batch: Batch,
         events: list[Any] | None = None,
         kinds: set[str] | None = None,
+        *,
+        whole: bool = False,
     ) -> Routed:
         """The deliveries of ``records`` (read together, in journal order), made in
         ``batch``; ``events``: their ``event`` fields, and ``kinds`` the set of them (see
-        :func:`events_of`), when the caller has them. Per record only dict lookups: this
-        loop runs for every record of a replay."""
+        :func:`events_of`), when the caller has them; ``whole``: the reader says each was
+        written with its whole envelope (``ReadBatch.patched`` is False: none lacks its run
+        id or time). Per record only dict lookups: this loop runs for every record of a
+        replay."""
         if events is None:
             events, kinds = events_of(records)
-        if self.inline and (fast := self._route_plain(records, events)) is not None:
+        if self.inline and (fast := self._route_plain(records, events, whole)) is not None:
             ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
             return Routed({}, ended, {0: fast} if fast else {})
         lease_for = self._lease_for
@@ -140,7 +144,9 @@ class Dispatcher:
         ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
         return Routed(per_lane, ended, plain)
 
-    def _route_plain(self, records: list[dict[str, Any]], events: list[Any]) -> list[Plain] | None:
+    def _route_plain(
+        self, records: list[dict[str, Any]], events: list[Any], whole: bool
+    ) -> list[Plain] | None:
         """The pairs of the one inline lane (one hook per event: an object's methods or one
         callable) in one comprehension, when nothing per record needs judging: no record
         lacks its run id or time, and none may have been delivered before a restart.
@@ -148,7 +154,7 @@ class Dispatcher:
         hook_of = self._hook_of
         if hook_of is None or records[0]["seq"] <= self._done_max:
             return None
-        if None in map(_run_id_of, records) or None in map(_ts_of, records):
+        if not whole and (None in map(_run_id_of, records) or None in map(_ts_of, records)):
             return None  # a record to say as malformed (undeliverable)
         return [
             (hook_of[ev], rec) for rec, ev in zip(records, events, strict=True) if ev in hook_of

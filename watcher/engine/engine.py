@@ -15,11 +15,8 @@ hook), :mod:`watcher.engine.execute` (a runner per kind: commands, callables, sc
 the checkpoints of save deliveries from dispatch to completion. Each part is handed the parts
 after it, never a way back.
 
-A replay whose only lane is a plain callable (an object's methods, or one callable: no
-timeout, no save, every record delivered) skips the queue: the engine's thread runs each
-batch as it is read (dispatch's ``Plain`` pairs, :meth:`CallableRunner.deliver_plain`) and
-records it at once (:meth:`Completions.complete_plain`). With several lanes, each keeps its
-queue and thread, so a slow one delays only itself.
+A replay whose only lane is a plain callable runs it in the engine's thread
+(:mod:`watcher.engine.inline`).
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,17 +39,17 @@ from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
 from watcher.engine.cursor import CursorFile, CursorLock, CursorState
 from watcher.engine.dispatch import Dispatcher, events_of
-from watcher.engine.execute import Executor
+from watcher.engine.execute import Executor, first_job_hook
 from watcher.engine.follow import JournalFollower, RunProgress, StartAt
+from watcher.engine.inline import InlineLane, runs_inline
 from watcher.engine.jobs import JobRunners
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.notices import Notices
-from watcher.engine.queues import HookQueue, failed_with
+from watcher.engine.queues import HookQueue
 from watcher.engine.statedir import StateFiles
-from watcher.hooks.callbacks import CommandTarget, callable_name
 from watcher.hooks.command import end_leftovers
-from watcher.hooks.contract import CallbackShape
-from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, Plain, state_write_failed
+from watcher.hooks.contract import CallbackShape, restore_states
+from watcher.hooks.delivery import Batch, DeliveryResult, state_write_failed
 from watcher.hooks.hook import Hook
 
 log = logging.getLogger("watcher")
@@ -61,14 +58,10 @@ SAFETY_POLL_S = 1.0
 #: Bytes of journal read (and dispatched) at once: about 2,000 ``log`` records, still in
 #: the CPU's caches when dispatched and run (4 MiB replayed 10 % slower).
 READ_BYTES = 1 << 20
-#: Deliveries pending before reading waits for some to complete: memory stays bounded
-#: however long the journal is (a replay keeps several read chunks in flight). Counted in
-#: deliveries, not batches: live, a slow eval leaves many small batches open, and the
-#: watcher must go on reading (and leasing) the saves that arrive meanwhile.
-#: 4,096: a replay's reads stay a few chunks ahead of its deliveries, whose records are
-#: still in the CPU's caches when delivered (65,536 made a 1M-record replay into a callable
-#: 23 % slower, benchmarks/bench_replay.py), and a live watcher behind a slow hook still reads
-#: on for thousands of records.
+#: Deliveries pending before reading waits for some to complete: memory stays bounded.
+#: Counted in deliveries, not batches: live, a slow eval leaves many small batches open,
+#: and the saves that arrive meanwhile must still be read (and leased). 4,096 keeps a
+#: queued replay's records in the CPU's caches (docs/performance.md).
 MAX_PENDING = 4_096
 #: The records :meth:`CheckpointGuard.note_removals` looks at.
 _CHECKPOINT_EVENTS = frozenset({"save", "checkpoint_removed"})
@@ -117,7 +110,7 @@ class Watcher:
         lease_ttl: float = DEFAULT_TTL_S,
         jobs: JobRunners | None = None,
     ) -> None:
-        if jobs is None and (job := next((h for h in hooks if _runs_as_job(h)), None)):
+        if jobs is None and (job := first_job_hook(hooks)):
             raise ValueError(f"hook {job.label} runs via {job.options.via}: it needs jobs=")
         self.journal = journal
         self.hooks = hooks
@@ -165,36 +158,27 @@ class Watcher:
             notice=self._notices,
         )
         # records -> deliveries per lane, a save's checkpoint leased per delivery; a
-        # replay's plain callables run in this thread (_runs_inline)
+        # replay's lone plain callable runs in this thread (watcher.engine.inline)
+        lane_runner = self._executor.lane_runner
         self._dispatcher = Dispatcher(
             hooks,
             lease_for=self._checkpoints.lease_for,
             notice=self._notices,
-            inline=None if follow else self._runs_inline,
+            inline=None if follow else lambda lane: runs_inline(lane, lane_runner(lane)),
         )
         # one queue per lane (a callback object, its methods in journal order, or a lone
         # hook), handed the runner of its hooks' kind once
-        self._runners = [self._executor.lane_runner(lane) for lane in self._dispatcher.lanes]
+        runners = [lane_runner(lane) for lane in self._dispatcher.lanes]
         self._queues = [
             self._queue(lane, runner)
-            for lane, runner in zip(self._dispatcher.lanes, self._runners, strict=True)
+            for lane, runner in zip(self._dispatcher.lanes, runners, strict=True)
         ]
-
-    def _runs_inline(self, lane: list[Hook]) -> bool:
-        """Whether a replay runs ``lane``, its only lane, in the engine's thread, in the
-        batch its records were read in: callables called directly (no timeout, no save to
-        lease), each record delivered (no ``latest`` queue), one at a time (an object's
-        methods, or a lone callable of concurrency 1). No other lane waits for the
-        reading, and a replay has nothing else to read: a queue, a second thread and an
-        object per delivery would only cost (issue 52: a 1M-record replay into a
-        callable). With several lanes each keeps its queue, so a slow one delays only
-        itself."""
-        first = lane[0]
-        return (
-            isinstance(self._executor.lane_runner(lane), CallableRunner)
-            and all(h.inline and h.options.queue == "all" for h in lane)
-            and (first.owner is not None or first.options.concurrency <= 1)
-        )
+        self._inline = {
+            i: InlineLane(
+                cast("CallableRunner", runners[i]), self._queues[i], self.completions, self._stop
+            )
+            for i in self._dispatcher.inline
+        }
 
     def _queue(self, lane: list[Hook], runner: Runner) -> HookQueue:
         return HookQueue(
@@ -277,7 +261,7 @@ class Watcher:
                         f"{self.journal}:{bad.line_no}: skipped invalid line ({bad.reason})"
                     )
                 if batch.records:
-                    self._dispatch(batch.records, before, follower.position)
+                    self._dispatch(batch.records, before, follower.position, batch.patched)
                 else:
                     self.completions.read_to(follower.position)
                 progressed = follower.position != before
@@ -338,22 +322,14 @@ class Watcher:
         self.completions.reset(state)
         # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
         self._run.ended = ended_before(self.journal, self._follower.position.offset)
-        if self.stateful_callbacks:
-            history = cast("list[dict[str, Any]]", self._follower.history())
-            for shape in self.stateful_callbacks:
-                if shape.restore_state is None:
-                    continue
-                try:
-                    shape.restore_state(history)
-                except Exception:
-                    log.exception("restore_state() of %s failed", callable_name(shape.obj))
+        history = cast("Callable[[], list[dict[str, Any]]]", self._follower.history)
+        restore_states(self.stateful_callbacks, history)
 
     def _say_new_hooks(self, state: CursorState) -> None:
         """A hook the saved cursor did not deliver to starts where the cursor is, not at the
         journal's start: said, with the two ways to give it everything (its default cursor
         name is made from the hooks, so only a ``--name`` shared by other hooks gets here)."""
-        new = [] if state.hooks is None else sorted(set(self._labels) - set(state.hooks))
-        state.hooks = self._labels
+        new = state.take_hooks(self._labels)
         if new and state.at.offset:
             self._notices(
                 f"cursor {self.name!r} was saved without {', '.join(new)}: "
@@ -381,8 +357,11 @@ class Watcher:
         self.completions.reset(state)
         self._run.ended = False
 
-    def _dispatch(self, read: list[Record], start: Cursor, end: Cursor) -> None:
-        """Turn the records read together into deliveries, handed to each queue at once."""
+    def _dispatch(
+        self, read: list[Record], start: Cursor, end: Cursor, patched: bool = True
+    ) -> None:
+        """Turn the records read together into deliveries, handed to each queue at once
+        (``patched``: the reader's ``ReadBatch.patched``)."""
         records = cast("list[dict[str, Any]]", read)  # deliveries hold plain dicts still
         events, kinds = events_of(records)  # one pass in C, for the checks and the routing
         # which checkpoints are gone (none in a batch without save or checkpoint_removed)
@@ -390,7 +369,7 @@ class Watcher:
         self._checkpoints.note_removals(records if gone else [])
         self._executor.note_records(records)  # a report of a hook refused: said
         batch = Batch(start, records[0]["seq"], 0)  # its deliveries are counted below
-        routed = self._dispatcher.route(records, batch, events, kinds)
+        routed = self._dispatcher.route(records, batch, events, kinds, whole=not patched)
         if routed.ended is not None:
             self._run.ended = routed.ended
         batch.pending = sum(map(len, routed.deliveries.values()))
@@ -400,24 +379,11 @@ class Watcher:
             if todo := routed.deliveries.get(lane):
                 queue.submit_many(todo)
         for lane, pairs in routed.plain.items():  # after the queues: they run meanwhile
-            self._run_inline(lane, pairs, batch)
-
-    def _run_inline(self, lane: int, pairs: list[Plain], batch: Batch) -> None:
-        """Run an inline lane's deliveries of ``batch`` here and record them."""
-        runner = cast("CallableRunner", self._runners[lane])
-        queue = self._queues[lane]
-        started = time.time()
-        succeeded, finished = runner.deliver_plain(pairs, batch, self._stop)
-        if not self._stop.is_set() and (error := queue.after_deliveries()) is not None:
-            ran = [(Delivery(h, r, batch), None) for h, recs in succeeded for r in recs]
-            finished, succeeded = failed_with([*finished, *ran], error), []
-        if finished:
-            self.completions.complete_many(finished, started)
-        if succeeded:
-            self.completions.complete_plain(batch, succeeded, started)
+            self._inline[lane].run(pairs, batch)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()
+        self._follower.close()  # its checker process, if a big backlog started one
         for queue in self._queues:
             for d in queue.close():
                 self.completions.complete(
@@ -428,9 +394,3 @@ class Watcher:
         self.completions.close()  # a hook's repeated failures: their count, said once
         if self._lock is not None:
             self._lock.release()
-
-
-def _runs_as_job(hook: Hook) -> bool:
-    """A command hook whose deliveries run as scheduler jobs (a callable's ``via`` is not
-    used: it runs in the watcher)."""
-    return hook.options.via is not None and isinstance(hook.target, CommandTarget)

@@ -110,3 +110,12 @@ class Executor:
         if self.jobs is not None:
             self.jobs.close()
         self.commands.close()
+
+
+def first_job_hook(hooks: list[Hook]) -> Hook | None:
+    """The first of ``hooks`` whose deliveries run as scheduler jobs (a command with
+    ``via``: it needs ``jobs=``; a callable's ``via`` is not used: it runs in the watcher)."""
+    return next(
+        (h for h in hooks if h.options.via is not None and isinstance(h.target, CommandTarget)),
+        None,
+    )

@@ -84,6 +84,11 @@ class JournalFollower:
         the path, from byte 0 (the old one read to its end first), else None."""
         return self.reader.check()
 
+    def close(self) -> None:
+        """Stop reading: the journal let go of, and the process checking its backlog ahead
+        (journal/read/precheck.py), if any, stopped."""
+        self.reader.close()
+
 
 @dataclass
 class RunProgress:

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,18 @@ class LeaseKeeper:
                 self._held[lease.id] = lease
                 self._adopted.setdefault(lease.checkpoint, []).append(lease.id)
         return len(taken)
+
+    def take_over_from(self, previous: Mapping[str, Any] | None, *, role: str | None = None) -> int:
+        """:meth:`take_over` of the holder a lock file described (``previous``: its
+        ``host`` and ``pid``; nothing without them); how many leases."""
+        host, pid = (previous or {}).get("host"), (previous or {}).get("pid")
+        if not (isinstance(host, str) and isinstance(pid, int)):
+            return 0
+        if n := self.take_over(host, pid, role=role):
+            log.info(
+                "took over %d lease(s) of the dead %s (%s:%d)", n, role or self.role, host, pid
+            )
+        return n
 
     def _claim_adopted(self, checkpoint_path: str) -> str | None:
         try:
@@ -222,11 +234,7 @@ class CheckpointGuard:
         """The cursor's previous watcher died holding it (``previous``: its lock file's
         description): its leases become ours, kept for the saves delivered again, released
         by :meth:`caught_up` for the others. Its successor does not wait for their ttl."""
-        host, pid = (previous or {}).get("host"), (previous or {}).get("pid")
-        if not (isinstance(host, str) and isinstance(pid, int)):
-            return
-        if n := self.leases.take_over(host, pid):
-            log.info("took over %d lease(s) of the previous watcher (%s:%d)", n, host, pid)
+        self.leases.take_over_from(previous)
 
     def caught_up(self) -> None:
         """Every record read so far is dispatched (its saves leased): a taken-over lease no

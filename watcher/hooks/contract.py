@@ -10,6 +10,7 @@ look the members up on the object again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -17,6 +18,8 @@ from typing import Any, Protocol
 
 from journal.record.events import EVENTS
 from watcher.hooks.callbacks import TrainerCallback, callable_name
+
+log = logging.getLogger("watcher")
 
 #: A record of the journal, as ``restore_state`` receives the history.
 Records = list[dict[str, Any]]
@@ -99,3 +102,20 @@ def read_callback(obj: Any, *, every_record: bool = False) -> CallbackShape:
 def _method(obj: Any, name: str) -> Callable[..., Any] | None:
     member = getattr(obj, name, None)
     return member if callable(member) else None
+
+
+def restore_states(
+    shapes: list[CallbackShape], history: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """Each stateful callback's ``restore_state(records)``, with the records before the
+    watcher's start (``history()``, read once and only when one of them asks), so it
+    rebuilds counters and best values; one that raises is logged, the others go on."""
+    asking = [shape for shape in shapes if shape.restore_state is not None]
+    if not asking:
+        return
+    records = history()
+    for shape in asking:
+        try:
+            shape.restore_state(records)  # type: ignore[misc]
+        except Exception:
+            log.exception("restore_state() of %s failed", callable_name(shape.obj))

@@ -105,7 +105,9 @@ class Mirror:
         self.segments_sent = 0
         #: 0; REFUSED (another run's prefix, a replaced journal) or STORE_REFUSES once stopped
         self.code = 0
-        self._leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=f"mirror:{self.store.uri}")
+        #: its leases on the checkpoints it has still to send (MirrorRun takes a dead
+        #: predecessor's over)
+        self.leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=f"mirror:{self.store.uri}")
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._stop = threading.Event()
         self._outage = Outage()
@@ -148,20 +150,8 @@ class Mirror:
         t.join(wait)
         return found[0] if found else None
 
-    def take_over(self, previous: Mapping[str, Any] | None) -> None:
-        """The run dir's previous mirror died holding its lock (``previous``: the lock
-        file's description): its leases become ours, kept for the saves read again, released
-        once the journal is read for the others. Its successor does not wait for their ttl."""
-        host, pid = (previous or {}).get("host"), (previous or {}).get("pid")
-        store = (previous or {}).get("store")
-        if not (isinstance(host, str) and isinstance(pid, int)):
-            return
-        role = f"mirror:{store}" if isinstance(store, str) else None
-        if n := self._leases.take_over(host, pid, role=role):
-            log.info("took over %d lease(s) of the previous mirror (%s:%d)", n, host, pid)
-
     def start(self) -> None:
-        self._leases.start()
+        self.leases.start()
         for target, name in ((self._follow_journal, "journal"), (self._checkpoints, "ckpts")):
             t = threading.Thread(target=target, name=f"ilab-mirror-{name}", daemon=True)
             t.start()
@@ -172,7 +162,7 @@ class Mirror:
         for t in self._threads:
             while t.is_alive():
                 t.join(0.5)
-        self._leases.stop()
+        self.leases.stop()
         return self.code
 
     def run(self) -> int:
@@ -221,7 +211,7 @@ class Mirror:
                 self._parsed, self._read_at = end, read.cursor
                 # every save read so far is leased: a dead predecessor's lease none of them
                 # claimed holds a checkpoint nobody needs any more
-                self._leases.release_adopted()
+                self.leases.release_adopted()
             now = time.monotonic()
             if backoff.ready(now):
                 ok = True
@@ -250,7 +240,7 @@ class Mirror:
         if self._stop.is_set() and self.failed:  # stopped for good: training rotates as
             for t in self._threads[1:]:  # without a mirror from now, not from our exit
                 t.join()
-            self._leases.stop()
+            self.leases.stop()
             prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: ours to do
 
     def _claim(self) -> None:
@@ -285,7 +275,7 @@ class Mirror:
         if ev == "checkpoint_removed":
             self._jobs.put(_Job("remove", name, local, rec))
         elif local.exists():
-            lease = self._leases.take(str(local))
+            lease = self.leases.take(str(local))
             self._jobs.put(_Job("upload", name, local, rec, lease=lease))
 
     def _local(self, path: str) -> Path:
@@ -378,7 +368,7 @@ class Mirror:
 
     def _release(self, job: _Job) -> None:
         if job.lease is not None:
-            self._leases.release(job.lease)
+            self.leases.release(job.lease)
             job.lease = None
             prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: rotation is ours
 

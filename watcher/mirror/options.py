@@ -90,7 +90,11 @@ class MirrorRun:
         except CursorBusy as exc:
             click.echo(f"ilab-watch: mirror: {exc}", err=True)
             sys.exit(3)
-        self.mirror.take_over(self._lock.previous)
+        # the previous mirror died holding the lock: its leases are ours (kept for the saves
+        # read again, the rest let go once the journal is read), not held until their ttl
+        previous = self._lock.previous
+        store = (previous or {}).get("store")  # the dead one's, maybe another store's
+        self.mirror.leases.take_over_from(previous, role=f"mirror:{store}" if store else None)
         refused = self.mirror.preflight()
         if refused is not None:
             self._lock.release()
