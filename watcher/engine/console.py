@@ -8,13 +8,18 @@ terminal escapes never reach the terminal.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from journal.record.text import printable
 from watcher.hooks.delivery import DeliveryResult
 from watcher.hooks.hook import HIGH_RATE_EVENTS
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def last_line(text: str | None, limit: int = 300, *, keep_end: bool = False) -> str | None:
@@ -33,11 +38,16 @@ class ConsoleReporter:
     """Prints each finished delivery to stderr (rich), as ``ilab-watch`` shows them."""
 
     def __init__(self, *, quiet: bool = False, verbose: bool = False) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.quiet, self.verbose = quiet, verbose
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def console(self) -> Console:
+        """rich's console, made at the first line shown (18 ms of imports: a replay that
+        shows nothing never pays them)."""
+        from rich.console import Console
+
+        return Console(stderr=True, highlight=False, soft_wrap=True)
 
     def __call__(self, out: DeliveryResult) -> None:
         """quiet: failures only; default: also successes of commands on low-rate events
