@@ -12,6 +12,8 @@ run, side by side:
   file, so the ``seen@end`` column tells whether ``on_train_end`` came after every
   ``on_log`` (it should be N; issue 35 saw 1 of 2,000). ``late`` counts ``on_log`` calls
   that arrived after ``on_train_end``; ``peak`` is the watcher process's peak RSS then.
+  A journal of 16 MiB or more gets a second process checking it ahead on a spare core
+  (journal/read/precheck.py): ``peak`` is the watcher's own, the checker adds about 17 MB.
 - ``in-process``: the same replay in this process (``Watcher(..., follow=False)`` with a
   state dir, the counting object's ``on_log(event, **payload)``): no interpreter start.
 - ``tensorboard``: ``ilab-watch DIR --tensorboard LOGDIR --replay`` (skipped, with the reason,
