@@ -255,15 +255,20 @@ def _watcher(ckpt: Path, state: Path, go: Path, *extra: str) -> subprocess.Popen
     )
 
 
-def _killed_with_two_leases(ckpt: Path, state: Path, go: Path) -> dict[str, dict[str, Any]]:
-    """Two saves of a run still training; a watcher delivering the first (the second
-    queued) killed with ``kill -9``: the two leases it held, by id."""
+def _two_saves(ckpt: Path) -> None:
+    """A run still training (``keep_last_n`` 1) that saved steps 1 and 2."""
     with JournalWriter(ckpt) as w:
         w.append("train_begin", {"config": {"keep_last_n": 1}})
         for step in (1, 2):
             path = make_checkpoint(ckpt, step, w.run_id)
             save = {"checkpoint_path": str(path), "kind": ["full_state"], "duration": 0.1}
             w.append("save", save, step=step)
+
+
+def _killed_with_two_leases(ckpt: Path, state: Path, go: Path) -> dict[str, dict[str, Any]]:
+    """Two saves of a run still training; a watcher delivering the first (the second
+    queued) killed with ``kill -9``: the two leases it held, by id."""
+    _two_saves(ckpt)
     first = _watcher(ckpt, state, go)
     try:
         held = wait_for(lambda: len(_lease_files(ckpt)) == 2 and _lease_files(ckpt), 60, "leases")
@@ -339,12 +344,7 @@ def test_a_mirrors_successor_takes_over_its_leases(ckpt: Path) -> None:
     its successor makes the dead one's leases its own at its start (same ids), and lets go
     of the one whose checkpoint was removed meanwhile, instead of both waiting out the
     600 s ttl."""
-    with JournalWriter(ckpt) as w:
-        w.append("train_begin", {"config": {"keep_last_n": 1}})
-        for step in (1, 2):
-            path = make_checkpoint(ckpt, step, w.run_id)
-            save = {"checkpoint_path": str(path), "kind": ["full_state"], "duration": 0.1}
-            w.append("save", save, step=step)
+    _two_saves(ckpt)
     port = free_port()
     first = _mirror(ckpt, port)
     try:
