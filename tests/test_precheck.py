@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from journal.read.lines import MAX_LINE_BYTES
-from journal.read.precheck import Precheck, vouchable
+from journal.read.precheck import Precheck, usable_cores, vouchable
 from journal.read.reader import JournalReader, ReadBatch
 from journal.read.tailing import RotatingReader
 from journal.record.events import SCHEMA_VERSION
@@ -383,6 +383,26 @@ def test_a_small_backlog_gets_no_checker(tmp_path: Path) -> None:
     assert reader.read(max_bytes=MiB).records
     assert reader.checker is None and _children() == children
     reader.close()
+
+
+def test_one_checker_per_spare_core(mixed: Path) -> None:
+    """Readers of big backlogs at once (a page server following many runs) get one checker
+    per core beyond the first; once it is done, the next reader gets one."""
+    spare = usable_cores() - 1
+    readers = [RotatingReader(mixed, precheck=MiB) for _ in range(spare + 2)]
+    try:
+        for reader in readers:
+            reader.read(max_bytes=64 << 10)
+        assert sum(r.checker is not None for r in readers) == spare
+        for reader in readers:
+            reader.close()
+        late = RotatingReader(mixed, precheck=MiB)
+        readers.append(late)
+        late.read(max_bytes=64 << 10)
+        assert late.checker is not None
+    finally:
+        for reader in readers:
+            reader.close()
 
 
 ONE_CORE = """

@@ -67,11 +67,13 @@ def usable_cores() -> int:
 def start_precheck(fd: int, start: int, *, min_backlog: int = MIN_BACKLOG) -> Precheck | None:
     """A checker over the complete lines from ``start`` (a line start) to the end of the
     file open as ``fd``, when that backlog is ``min_backlog`` bytes or more and this
-    process may use two cores or more; else None (also when it cannot be started)."""
+    process has a core to spare for it: one checker per core beyond the first (a page
+    server following many big runs starts no more); else None (also when it cannot be
+    started)."""
     min_backlog = max(min_backlog, 1)
     try:
         size = os.fstat(fd).st_size
-        if size - start < min_backlog or usable_cores() < 2:
+        if size - start < min_backlog or len(_live) >= usable_cores() - 1:
             return None
         end = _last_line_end(fd, size)
     except OSError:
