@@ -105,47 +105,54 @@ class CallableRunner:
         return finished
 
     def deliver_plain(
-        self, pairs: list[Plain], batch: Batch, stop: threading.Event
-    ) -> tuple[list[tuple[Hook, list[dict[str, Any]]]], list[Finished]]:
+        self, runs: list[Plain], batch: Batch, stop: threading.Event
+    ) -> tuple[list[Plain], list[Finished]]:
         """Run an inline lane's deliveries of ``batch`` (watcher.engine.dispatch ``Plain``
-        pairs: inline hooks only) in order, in the caller's thread: the records each hook
-        took with a plain success (it returned None), in order, and the other deliveries
-        with their results: what a callable returned, a failure after its retries, or
-        abandoned once ``stop`` is set. Only these get a :class:`Delivery` object."""
-        succeeded: dict[int, tuple[Hook, list[dict[str, Any]]]] = {}
+        runs: inline hooks only) in order, in the caller's thread: the records each run's
+        hook took with a plain success (it returned None), as runs, and the other
+        deliveries with their results: what a callable returned, a failure after its
+        retries, or abandoned once ``stop`` is set. Only these get a :class:`Delivery`."""
+        succeeded: list[Plain] = []
         finished: list[Finished] = []
         ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of_hook, time.perf_counter
         plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
-        hook: Any = None
-        target: Any = None
-        none_yet: list[dict[str, Any]] = []
-        took = none_yet.append  # the successes of the hook being run
-        for start in range(0, len(pairs), _STOP_EVERY):
-            if stop.is_set():  # the watcher stops: the rest is abandoned
-                left = (Delivery(h, r, batch) for h, r in pairs[start:])
-                finished += [(d, DeliveryResult.of(d, "abandoned", error=_STOPPED)) for d in left]
-                break
-            for h, rec in pairs[start : start + _STOP_EVERY]:
-                if h is not hook:
-                    hook, target = h, h.target
-                    took = succeeded.setdefault(id(h), (h, []))[1].append
-                data = rec["data"]  # a read record has its data, {} at least
-                t0 = perf_counter()
-                try:
-                    returned = target(
-                        event_of(rec, ckpt_dir, data, h),
-                        **(data if plain(data) else _keywords(data)),
-                    )
-                except BaseException as exc:  # a callback's SystemExit too: the hook fails
-                    d = Delivery(h, rec, batch)
-                    finished.append((d, self._judged(d, Attempt(None, exc, t0))))
-                    continue
-                if returned is None:
-                    took(rec)
-                else:
-                    d = Delivery(h, rec, batch)
-                    finished.append((d, self._judged(d, Attempt(returned, None, t0))))
-        return [pair for pair in succeeded.values() if pair[1]], finished
+        stopped = False
+        for h, recs in runs:
+            if stopped:
+                finished += _abandoned(h, recs, batch)
+                continue
+            target: Any = h.target
+            acted: list[dict[str, Any]] = []  # not a plain success: in ``finished``
+            ran = len(recs)
+            for start in range(0, len(recs), _STOP_EVERY):
+                if stop.is_set():  # the watcher stops: the rest is abandoned
+                    stopped, ran = True, start
+                    finished += _abandoned(h, recs[start:], batch)
+                    break
+                for rec in recs[start : start + _STOP_EVERY]:
+                    data = rec["data"]  # a read record has its data, {} at least
+                    t0 = perf_counter()
+                    try:
+                        returned = target(
+                            event_of(rec, ckpt_dir, data, h),
+                            **(data if plain(data) else _keywords(data)),
+                        )
+                    except BaseException as exc:  # a callback's SystemExit too: it fails
+                        d = Delivery(h, rec, batch)
+                        finished.append((d, self._judged(d, Attempt(None, exc, t0))))
+                        acted.append(rec)
+                        continue
+                    if returned is not None:
+                        d = Delivery(h, rec, batch)
+                        finished.append((d, self._judged(d, Attempt(returned, None, t0))))
+                        acted.append(rec)
+            took = recs if ran == len(recs) else recs[:ran]
+            if acted:
+                other = {id(rec) for rec in acted}
+                took = [rec for rec in took if id(rec) not in other]
+            if took:
+                succeeded.append((h, took))
+        return succeeded, finished
 
     def _deliver_safely(self, d: Delivery) -> DeliveryResult | None:
         try:
@@ -257,3 +264,9 @@ def _keywords(data: dict[str, Any]) -> dict[str, Any]:
             _MIXED_KEYS.clear()
         _MIXED_KEYS.add(keys)
     return {k: v for k, v in data.items() if k.isidentifier()}
+
+
+def _abandoned(hook: Hook, recs: list[dict[str, Any]], batch: Batch) -> list[Finished]:
+    """``hook``'s deliveries of ``recs``, never started: the watcher stops."""
+    ds = [Delivery(hook, rec, batch) for rec in recs]
+    return [(d, DeliveryResult.of(d, "abandoned", error=_STOPPED)) for d in ds]

@@ -34,6 +34,7 @@ from watcher.hooks.delivery import (
     Batch,
     Delivery,
     DeliveryResult,
+    Plain,
     already_said,
     state_write_failed,
 )
@@ -205,14 +206,16 @@ class Completions:
             hidden, said = self._count(outs)
         self._record(outs, leased, hidden, said)
 
-    def complete_plain(
-        self, batch: Batch, succeeded: list[tuple[Hook, list[dict[str, Any]]]], started: float
-    ) -> None:
-        """The plain successes of an inline lane's run of ``batch`` since ``started`` (per
-        hook, its records in order): one results line per hook, as :meth:`complete_many`
-        writes for them, with no :class:`Delivery` per record."""
-        outs: list[DeliveryResult] = []
+    def complete_plain(self, batch: Batch, succeeded: list[Plain], started: float) -> None:
+        """The plain successes of an inline lane's run of ``batch`` since ``started`` (runs
+        of one hook's records, in order): one results line per hook, as
+        :meth:`complete_many` writes for them, with no :class:`Delivery` per record."""
         n = sum(len(recs) for _, recs in succeeded)
+        lines: dict[int, tuple[Hook, dict[str, Any], dict[str, Any], int]] = {}
+        for hook, recs in succeeded:  # per hook: its first and last record, how many
+            had = lines.get(id(hook))
+            first, count = (recs[0], 0) if had is None else (had[1], had[3])
+            lines[id(hook)] = (hook, first, recs[-1], count + len(recs))
         with self._lock:
             # the oldest open batch done with these: the cursor moves past it (advance), so
             # its seqs need not be remembered (a replay's every batch, in order)
@@ -223,9 +226,10 @@ class Completions:
             batch.pending -= n
             self._pending -= n
             ended = time.time()
-            for hook, recs in succeeded:
-                first = Delivery(hook, recs[0], batch)
-                outs.append(plain_line(first, len(recs), recs[-1]["seq"], started, ended))
+            outs = [
+                plain_line(Delivery(hook, first, batch), count, last["seq"], started, ended)
+                for hook, first, last, count in lines.values()
+            ]
             hidden, said = self._count(outs)
         self._record(outs, [], hidden, said)
 

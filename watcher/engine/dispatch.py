@@ -28,7 +28,7 @@ class Routed(NamedTuple):
     #: the run's end as the records say: True after a ``train_end``, False after a
     #: ``train_begin`` (a resumed attempt), None when they hold neither
     ended: bool | None
-    #: the inline lanes' deliveries, as :data:`Plain` pairs (lane index -> in journal order)
+    #: the inline lanes' deliveries, as :data:`Plain` runs (lane index -> in journal order)
     plain: dict[int, list[Plain]]
 
 
@@ -44,7 +44,7 @@ class Dispatcher:
         inline: whether the one lane of ``hooks`` (only ever one: the caller's thread
             would make a slow lane delay the others) runs in the caller's thread, batch by
             batch (a replay into a plain callable: watcher.engine.engine); its deliveries
-            are made as :data:`Plain` pairs. Such a lane has no hook on ``save`` (nothing
+            are made as :data:`Plain` runs. Such a lane has no hook on ``save`` (nothing
             to lease).
     """
 
@@ -57,7 +57,7 @@ class Dispatcher:
         inline: Callable[[list[Hook]], bool] | None = None,
     ) -> None:
         self.lanes = lanes(hooks)
-        #: the lanes whose deliveries are :data:`Plain` pairs
+        #: the lanes whose deliveries are :data:`Plain` runs
         self.inline = frozenset(
             i
             for i, lane in enumerate(self.lanes)
@@ -105,19 +105,20 @@ class Dispatcher:
         replay."""
         if events is None:
             events, kinds = events_of(records)
-        if self.inline and (fast := self._route_plain(records, events, whole)) is not None:
+        if self.inline and (fast := self._route_plain(records, events, kinds, whole)) is not None:
             ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
             return Routed({}, ended, {0: fast} if fast else {})
         lease_for = self._lease_for
         done, done_max = self._done, self._done_max
         made: list[list[Any]] = [[] for _ in self.lanes]
         inline = self.inline
-        # event -> (hook, its lane's list.append, whether the lane takes pairs) for this
+        # event -> (hook, its lane's list.append, whether the lane takes runs) for this
         # call: one call per delivery
         routes = {
             ev: [(hook, made[lane].append, lane in inline) for hook, lane in hooks]
             for ev, hooks in self._routes.items()
         }
+        runs: dict[int, list[Any]] = {}  # an inline lane's run being made (its records)
         for rec, ev in zip(records, events, strict=True):
             hooks = routes.get(ev)
             if not hooks:
@@ -133,7 +134,11 @@ class Dispatcher:
                 if seq <= done_max and seq in done.get(hook.id, ()):
                     continue  # completed before a restart
                 if pair:
-                    add((hook, rec))
+                    run = runs.get(id(add))
+                    if run is None or run[0] is not hook:
+                        runs[id(add)] = run = [hook, []]
+                        add((hook, run[1]))
+                    run[1].append(rec)
                     continue
                 # a save's checkpoint is leased per delivery, released as each completes;
                 # the delivery id is made when asked (a plain success never asks)
@@ -145,20 +150,40 @@ class Dispatcher:
         return Routed(per_lane, ended, plain)
 
     def _route_plain(
-        self, records: list[dict[str, Any]], events: list[Any], whole: bool
+        self,
+        records: list[dict[str, Any]],
+        events: list[Any],
+        kinds: set[str] | None,
+        whole: bool,
     ) -> list[Plain] | None:
-        """The pairs of the one inline lane (one hook per event: an object's methods or one
-        callable) in one comprehension, when nothing per record needs judging: no record
-        lacks its run id or time, and none may have been delivered before a restart.
-        None: the general loop of :meth:`route` decides."""
+        """The runs of the one inline lane (one hook per event: an object's methods or one
+        callable), when nothing per record needs judging: no record lacks its run id or
+        time, and none may have been delivered before a restart. A batch of one hooked
+        event (a replay's ``log`` records: most batches) is one run, made in C. None: the
+        general loop of :meth:`route` decides."""
         hook_of = self._hook_of
-        if hook_of is None or records[0]["seq"] <= self._done_max:
+        if hook_of is None or kinds is None or records[0]["seq"] <= self._done_max:
             return None
         if not whole and (None in map(_run_id_of, records) or None in map(_ts_of, records)):
             return None  # a record to say as malformed (undeliverable)
-        return [
-            (hook_of[ev], rec) for rec, ev in zip(records, events, strict=True) if ev in hook_of
-        ]
+        hooked = kinds.intersection(hook_of)
+        if len(hooked) == 1:
+            (ev,) = hooked
+            if len(kinds) == 1:  # the batch's records are the run, as they are
+                return [(hook_of[ev], records)]
+            return [(hook_of[ev], [r for r, e in zip(records, events, strict=True) if e == ev])]
+        runs: list[Plain] = []
+        last: Any = None
+        recs: list[dict[str, Any]] = []
+        for rec, ev in zip(records, events, strict=True):
+            hook = hook_of.get(ev)
+            if hook is None:
+                continue
+            if hook is not last:
+                last, recs = hook, []
+                runs.append((hook, recs))
+            recs.append(rec)
+        return runs
 
 
 def events_of(records: list[dict[str, Any]]) -> tuple[list[Any], set[str] | None]:

@@ -373,13 +373,13 @@ class Watcher:
         if routed.ended is not None:
             self._run.ended = routed.ended
         batch.pending = sum(map(len, routed.deliveries.values()))
-        batch.pending += sum(map(len, routed.plain.values()))
+        batch.pending += sum(len(recs) for runs in routed.plain.values() for _, recs in runs)
         self.completions.open_batch(batch, end)
         for lane, queue in enumerate(self._queues):
             if todo := routed.deliveries.get(lane):
                 queue.submit_many(todo)
-        for lane, pairs in routed.plain.items():  # after the queues: they run meanwhile
-            self._inline[lane].run(pairs, batch)
+        for lane, runs in routed.plain.items():  # after the queues: they run meanwhile
+            self._inline[lane].run(runs, batch)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()

@@ -5,7 +5,7 @@ A replay whose only lane is a plain callable (an object's methods, or one callab
 timeout, no save to lease, every record delivered, one at a time) skips its queue: each
 batch runs as it is read, while its records are in the CPU's caches, with no second
 thread and no :class:`~watcher.hooks.delivery.Delivery` per record (dispatch makes
-``Plain`` pairs), and is recorded at once. No other lane waits for the reading, and a
+``Plain`` runs), and is recorded at once. No other lane waits for the reading, and a
 replay has nothing else to read. With several lanes each keeps its queue, so a slow one
 delays only itself (watcher.engine.dispatch makes pairs for a lone lane only).
 """
@@ -51,10 +51,10 @@ class InlineLane:
         self.completions = completions
         self.stop = stop
 
-    def run(self, pairs: list[Plain], batch: Batch) -> None:
-        """Deliver ``pairs`` (``batch``'s, in journal order) and record them."""
+    def run(self, runs: list[Plain], batch: Batch) -> None:
+        """Deliver ``runs`` (``batch``'s, in journal order) and record them."""
         started = time.time()
-        succeeded, finished = self.runner.deliver_plain(pairs, batch, self.stop)
+        succeeded, finished = self.runner.deliver_plain(runs, batch, self.stop)
         if not self.stop.is_set() and (error := self.queue.after_deliveries()) is not None:
             ran = [(Delivery(h, r, batch), None) for h, recs in succeeded for r in recs]
             finished, succeeded = failed_with([*finished, *ran], error), []

@@ -24,10 +24,10 @@ class Batch:
     pending: int
 
 
-#: A delivery of an inline lane (watcher.engine.dispatch ``Dispatcher``'s ``inline``): its
-#: hook and record, with no :class:`Delivery` object (a replay into a callable makes
-#: millions).
-Plain = tuple[Hook, dict[str, Any]]
+#: A run of an inline lane's deliveries (watcher.engine.dispatch ``Dispatcher``'s
+#: ``inline``): one hook and its records in journal order, with no :class:`Delivery` object
+#: per record (a replay into a callable makes millions).
+Plain = tuple[Hook, list[dict[str, Any]]]
 
 
 class Delivery:
