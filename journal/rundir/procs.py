@@ -73,7 +73,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name (Linux): field 3, the
     state, first; None when unknown or gone."""
     try:
@@ -86,7 +86,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux), to tell a pid reused by
     another process from the one we started; None when unknown or gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields else None
 
 
@@ -97,7 +97,7 @@ def running_children() -> list[int]:
     for task in Path("/proc/self/task").glob("*"):
         with contextlib.suppress(OSError, ValueError):
             pids += [int(p) for p in (task / "children").read_text().split()]
-    return [p for p in pids if (fields := _stat_fields(p)) and fields[0] not in ("Z", "X")]
+    return [p for p in pids if (fields := stat_fields(p)) and fields[0] not in ("Z", "X")]
 
 
 def watch_parent(

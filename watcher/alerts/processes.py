@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.rundir.lock import run_holder
+from journal.rundir.procs import stat_fields
 
 #: ``/proc/<pid>/stat`` states, in words.
 STATES = {
@@ -82,16 +83,8 @@ class Proc:
         return f"{self.role}: pid {self.pid}: {word}{since}{tail}"
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[-1].split()
-
-
 def parent_pid(pid: int) -> int | None:
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return int(fields[1]) if fields else None
 
 
@@ -126,7 +119,7 @@ class ProcessView:
 
     def _add(self, proc: Proc) -> None:
         if proc.local:
-            fields = _stat(proc.pid)
+            fields = stat_fields(proc.pid)
             proc.start = fields[19] if fields else None
         self.procs[proc.pid] = proc
 
@@ -135,7 +128,7 @@ class ProcessView:
         for p in self.procs.values():
             if not p.local:
                 continue
-            fields = _stat(p.pid)
+            fields = stat_fields(p.pid)
             state = GONE if fields is None or (p.start and fields[19] != p.start) else fields[0]
             if state != p.state:
                 p.state, p.since = state, now
