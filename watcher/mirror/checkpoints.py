@@ -100,3 +100,9 @@ def remove_checkpoint(store: Store, name: str) -> bool:
         store.delete([prefix + MARKER_NAME])
     store.delete([k for k in keys if k != prefix + MARKER_NAME])
     return True
+
+
+def lease_role(uri: str) -> str:
+    """The holder role of the leases of a mirror to ``uri`` (a successor takes over those
+    of its dead predecessor by this name, options.MirrorRun)."""
+    return f"mirror:{uri}"

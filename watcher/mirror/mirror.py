@@ -39,7 +39,7 @@ from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
 from journal.rundir.paths import checkpoint_root, journal_path
 from watcher.engine.leasing import LeaseKeeper
-from watcher.mirror.checkpoints import Uploaded, remove_checkpoint, upload_checkpoint
+from watcher.mirror.checkpoints import Uploaded, lease_role, remove_checkpoint, upload_checkpoint
 from watcher.mirror.inbound import bring_in
 from watcher.mirror.outage import Backoff, Outage
 from watcher.mirror.segments import (
@@ -107,7 +107,7 @@ class Mirror:
         self.code = 0
         #: its leases on the checkpoints it has still to send (MirrorRun takes a dead
         #: predecessor's over)
-        self.leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=f"mirror:{self.store.uri}")
+        self.leases = LeaseKeeper(self.ckpt_dir, ttl=lease_ttl, holder=lease_role(self.store.uri))
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._stop = threading.Event()
         self._outage = Outage()

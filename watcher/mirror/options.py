@@ -16,6 +16,7 @@ from journal.rundir.paths import watch_dir
 from watcher.engine.cursor import CursorBusy, CursorLock
 from watcher.engine.signals import StopOnSignal
 from watcher.engine.statedir import StateFiles
+from watcher.mirror.checkpoints import lease_role
 from watcher.mirror.mirror import Mirror
 
 #: How much lower than training a mirroring watcher alone runs (``nice``).
@@ -94,7 +95,7 @@ class MirrorRun:
         # read again, the rest let go once the journal is read), not held until their ttl
         previous = self._lock.previous
         store = (previous or {}).get("store")  # the dead one's, maybe another store's
-        self.mirror.leases.take_over_from(previous, role=f"mirror:{store}" if store else None)
+        self.mirror.leases.take_over_from(previous, role=lease_role(store) if store else None)
         refused = self.mirror.preflight()
         if refused is not None:
             self._lock.release()
