@@ -133,7 +133,9 @@ def _row(b: ReadBatch) -> tuple[Any, ...]:
 
 
 def _batches(reader: Any, *, max_bytes: int | None, final: bool) -> tuple[Batches, list[str]]:
-    """Every batch read (what a ReadBatch holds), and the warnings said, until no progress."""
+    """Every batch read (what a ReadBatch holds), and the warnings the reader said, until no
+    progress (not a ResourceWarning that the GC happens to give meanwhile for a file some
+    other test left open)."""
     out: Batches = []
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -142,7 +144,7 @@ def _batches(reader: Any, *, max_bytes: int | None, final: bool) -> tuple[Batche
             out.append(_row(reader.read(final=final, max_bytes=max_bytes)))
             if reader.offset == before:
                 break
-    return out, [str(w.message) for w in said]
+    return out, [str(w.message) for w in said if not issubclass(w.category, ResourceWarning)]
 
 
 def _checked(path: Path, **kw: Any) -> Precheck:
@@ -465,7 +467,7 @@ def test_a_checker_ends_when_its_parent_dies(tmp_path: Path) -> None:
         wait_for(ended, timeout=10, what="the orphaned checker to end")
     finally:
         parent.kill()
-        parent.wait()
+        parent.communicate()  # reaped, and its pipes closed
 
 
 def test_checker_usage_is_one_line() -> None:
