@@ -136,6 +136,15 @@ class AlertDispatcher:
 
     # -- raising ------------------------------------------------------------------------------
 
+    def repeats(self, alert: Alert) -> bool:
+        """Whether :meth:`raise_alert` would drop ``alert``: the same condition of the same
+        attempt alerted already (here, in the journal, or waiting in ``reports/``), or this
+        sink is closing."""
+        key = alert_key(alert.kind, alert.condition, alert.attempt)
+        with self._cond:
+            here = key in self._keys or self._closing
+        return here or key in self.inbox.known()[0]
+
     def raise_alert(self, alert: Alert) -> None:
         """Journal ``alert`` and queue its messages (see the module's docstring); returns at
         once. A repeat of an alert of the same condition and attempt is dropped."""
@@ -144,14 +153,11 @@ class AlertDispatcher:
         if not _ID.fullmatch(alert.id):  # it names files: reports/<id>.json, alerts/<id>/
             raise ValueError(f"alert id {alert.id!r} is not one word (new_alert_id() makes one)")
         key = alert_key(alert.kind, alert.condition, alert.attempt)
+        known, run_id = self.inbox.known()  # journaled, or waiting in reports/
         with self._cond:
-            if key in self._keys or self._closing:
+            if key in self._keys or key in known or self._closing:
                 return
             self._keys.add(key)
-        known, run_id = self.inbox.known()
-        if key in known:
-            log.debug("alert %s of attempt %s: journaled already", alert.kind, alert.attempt)
-            return
         self.raised.append(alert)
         payload = alert_payload(
             id=alert.id,
