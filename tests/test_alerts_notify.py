@@ -179,6 +179,9 @@ def test_an_unreachable_target_is_retried_reported_and_hooks_go_on(
         (["--notify", "slack://"], "Error: --notify #1 (slack://...): apprise cannot read"),
         (["--notify", "nosuch://x"], "Error: --notify #1 (nosuch://...): apprise knows no"),
         (["--notify", "json://h/", "--notify", "no url"], "Error: --notify #2: not a URL"),
+        (["--notify", "json://127.0.0.1:99999/"], "(json://...): port 99999 is out of range"),
+        (["--notify", "json://127.0.0.1:-1/"], "(json://...): port -1 is out of range"),
+        (["--notify", "json://127.0.0.1:0/"], "(json://...): port 0 is out of range"),
         (["--notify-when", "stauts == failed"], "did you mean 'status'?"),
         (["--notify-when", "best(accuracy) >="], "ends where a value was expected"),
         (["--notify-on", "failed,hung"], "Error: --notify-on 'failed,hung': 'hung' is not one"),
@@ -310,6 +313,40 @@ def test_a_target_gets_at_most_its_rate_and_the_rest_is_given_up_at_exit(
     assert given_up["tries"] == 0 and "the watcher exited" in given_up["error"]
 
 
+@needs_apprise
+def test_a_target_that_never_answers_delays_no_other(tmp_path: Path, receiver: Receiver) -> None:
+    """A target that accepts and never answers (its read timeout set to a minute) is listed
+    first: the healthy one is told at once all the same (each target has its own sender),
+    the silent one's tries end at the try timeout, and alert_told is journaled at exit."""
+    from watcher.alerts.alert import Alert
+    from watcher.alerts.sink import AlertDispatcher
+
+    release = threading.Event()
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            release.wait(120)  # took the request; never answers it
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    silent = f"json://127.0.0.1:{server.server_address[1]}/?rto=60"
+    write_run(tmp_path, steps=3, save_every=0)
+    try:
+        targets = [silent, receiver.url]
+        sink = AlertDispatcher(tmp_path, targets=targets, run_label=str(tmp_path), try_timeout=1)
+        sink.raise_alert(Alert(kind="failed", message="boom", step=3, attempt=1))
+        wait_for(lambda: receiver.bodies, 10, "the healthy target's message")
+        sink.close(timeout=1)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    (told,) = _alerts(tmp_path, "alert_told")
+    assert told["told"] == [receiver.url.removesuffix("/hook")]
+    (given_up,) = told["failed"]
+    assert given_up["target"] == silent.split("/?")[0] and "no answer in 1s" in given_up["error"]
+
+
 def test_a_malformed_alert_file_is_refused_not_journaled(tmp_path: Path) -> None:
     """reports/ takes files from anyone: an alert file with a wrong field (or a kind that is
     no string) is refused in one control record and moved aside; status counts no alert."""
@@ -370,7 +407,8 @@ def test_ilab_train_notifies_by_itself_and_keeps_the_url_out_of_the_journal(
     assert port not in json.dumps(records(ckpt)[0]["data"]["config"])
     assert not any(port in p.read_text() for p in (ckpt / "logs").glob("worker-config-*.json"))
 
-    bad = train(tmp_path / "bad", "--max-steps", "4", "--notify", "nope://x")
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1 and "--notify" in bad.stderr
-    assert not (tmp_path / "bad" / "journal.jsonl").exists()
+    for url in ("nope://x", "json://127.0.0.1:99999/"):
+        bad = train(tmp_path / "bad", "--max-steps", "4", "--notify", url)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and "--notify" in bad.stderr
+        assert not (tmp_path / "bad" / "journal.jsonl").exists()

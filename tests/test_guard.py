@@ -2,21 +2,28 @@
 without a training run (the 2-rank runs are in tests/test_hang.py).
 
 The rules are pure (watcher/alerts/hang.py, died.py): fed records and a clock, they say
-what the live guard and the backtest say. The evidence is taken from real processes."""
+what the live guard and the backtest say. The evidence is taken from real processes; the
+processes a journal names, which the guard must never signal, are the test's own."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from journal import JournalWriter
 from journal.rundir.phase import Phase, PhaseMarker, read_phase
-from tests.helpers import cli, wait_for
+from journal.rundir.procs import boot_id, start_time
+from tests.helpers import BIN, begin_payload, cli, records, wait_for
 from watcher.alerts.evidence import collect
+from watcher.alerts.guard import Guard, GuardOptions
 from watcher.alerts.hang import (
     AUTO_FLOOR_S,
     AttemptTracker,
@@ -24,7 +31,8 @@ from watcher.alerts.hang import (
     HangSpecError,
     check,
 )
-from watcher.alerts.processes import Proc, ProcessView
+from watcher.alerts.processes import Proc, ProcessView, this_host
+from watcher.alerts.sink import AlertDispatcher
 
 T0 = 1_800_000_000.0
 
@@ -171,3 +179,126 @@ def test_ilab_train_refuses_abort_without_hang_after(tmp_path: Path) -> None:
     out = cli("ilab-train", "--demo", "--ckpt-dir", str(tmp_path / "r"), "--on-hang", "abort")
     assert out.returncode == 2 and "--on-hang abort needs --hang-after" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _quiet_run(run: Path, begin: dict[str, Any], quiet_s: float = 120.0) -> JournalWriter:
+    """A journal (its writer, still open) whose attempt made 5 one-second steps and went
+    quiet ``quiet_s`` ago, as its records' own times say: a guard sees the hang at once."""
+    w = JournalWriter(run)
+    t0 = time.time() - quiet_s - 5.0
+    w.append("train_begin", {**begin_payload(100), **begin}, ts=t0)
+    for step in range(1, 6):
+        w.append("step_end", step=step, ts=t0 + step)
+    return w
+
+
+def _as_rank(rank: int, pid: int) -> dict[str, Any]:
+    """Every field a rank records of itself, copied from any process: all readable by
+    anyone (its host, pid, start time and the machine's boot)."""
+    who = {"host": this_host(), "pid": pid, "start": start_time(pid), "boot": boot_id()}
+    return {"rank": rank, "local_rank": rank, **who}
+
+
+def _sleeps(n: int) -> list[subprocess.Popen[Any]]:
+    return [subprocess.Popen(["sleep", "300"]) for _ in range(n)]
+
+
+def _first_alert(run: Path) -> dict[str, Any] | None:
+    return next((r["data"] for r in records(run) if r["event"] == "alert"), None)
+
+
+#: How a journal may name processes it never started: as ranks with every field a rank
+#: records; as a day-old crashed run's ranks (no host, no start time: pids get reused);
+#: as a bridge's trainer (``data.pid``).
+FORMS: dict[str, Callable[[list[int]], dict[str, Any]]] = {
+    "ranks": lambda pids: {"ranks": [_as_rank(i, p) for i, p in enumerate(pids)]},
+    "no hosts": lambda pids: {"ranks": [{"rank": i, "pid": p} for i, p in enumerate(pids)]},
+    "bridge": lambda pids: {"hostname": this_host(), "pid": pids[0]},
+}
+
+
+@pytest.mark.parametrize(
+    ("form", "after", "why"),
+    [
+        ("ranks", "5", "rank 0 (pid {pid}) runs no worker config of {run}: sleep 300"),
+        ("ranks", "auto", "rank 0 (pid {pid}) runs no worker config of {run}: sleep 300"),
+        ("no hosts", "5", "rank 0 (pid {pid}) was recorded on host (none), not {host}"),
+        ("bridge", "5", "rank 0 (pid {pid}) is a bridge's trainer: only its own launcher"),
+    ],
+)
+def test_a_journal_never_chooses_what_is_killed(
+    tmp_path: Path, form: str, after: str, why: str
+) -> None:
+    """A journal is data anyone who can write the run dir controls. One that names the
+    test's own sleeps as its hung attempt's processes: ``ilab-watch --on-hang abort``
+    raises the hang, signals none of them, and its alert says in one line what could not
+    be verified (only a live rank its attempt launched, running this run's worker config,
+    is ended)."""
+    sleeps = _sleeps(2)
+    run = tmp_path / "run"
+    watch: subprocess.Popen[Any] | None = None
+    try:
+        _quiet_run(run, FORMS[form]([p.pid for p in sleeps])).close()
+        argv = [str(BIN / "ilab-watch"), str(run), "--hang-after", after, "--on-hang", "abort"]
+        watch = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        alert = wait_for(lambda: _first_alert(run), 120, "the hang alert")
+        watch.terminate()  # an abort under way would finish first
+        _, err = watch.communicate(timeout=60)
+        alive = [p.poll() is None for p in sleeps]
+    finally:
+        for p in [*sleeps, *([watch] if watch else [])]:
+            p.kill()
+            p.wait()
+    assert alive == [True, True], err[-3000:]
+    said = why.format(pid=sleeps[0].pid, run=run, host=this_host())
+    assert alert["kind"] == "hang" and f"; not aborted: {said}" in alert["message"], alert
+    assert alert["message"].endswith("(--on-hang abort)") and "\n" not in alert["message"]
+    assert ("(and 1 more)" in alert["message"]) == (form != "bridge")
+    assert not list(run.glob("alerts/*/abort.json"))
+    assert not [r for r in records(run) if r["event"] == "train_end"]
+
+
+def test_a_hang_seen_again_gathers_no_evidence_for_an_alert_never_raised(
+    tmp_path: Path,
+) -> None:
+    """--hang-after 1 with 2 s steps: each step's quiet is a hang to the rule, but the sink
+    raises one hang alert per attempt; evidence is gathered for that one alert only."""
+    [sleep] = _sleeps(1)
+    run = tmp_path / "run"
+    sink = AlertDispatcher(run, run_label=str(run))
+    try:
+        with _quiet_run(run, {"ranks": [_as_rank(0, sleep.pid)]}, quiet_s=0.0) as w:
+            guard = Guard(run, sink, GuardOptions(hang=HangRule(1.0)))
+            now = time.time()
+            for step in range(6, 16):
+                now += 2.0
+                guard.tick(now)  # on the guard's clock: 2 s of quiet
+                w.append("step_end", step=step, ts=now)
+    finally:
+        sink.close(1.0)
+        sleep.kill()
+        sleep.wait()
+    assert [a.kind for a in sink.raised] == ["hang"]
+    assert [d.name for d in (run / "alerts").iterdir()] == [sink.raised[0].id]
+
+
+def test_a_stack_is_captured_whatever_the_watchers_locale(tmp_path: Path) -> None:
+    """py-spy writes UTF-8: a watcher whose locale is ASCII still raises its hang alert,
+    with the hung process's stack and its names intact."""
+    code = "import time\ndef café_wait():\n    time.sleep(300)\ncafé_wait()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    run = tmp_path / "run"
+    watch: subprocess.Popen[Any] | None = None
+    try:
+        _quiet_run(run, {"ranks": [_as_rank(0, proc.pid)]}).close()
+        ascii_env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+        argv = [str(BIN / "ilab-watch"), str(run), "--hang-after", "5"]
+        watch = subprocess.Popen(argv, stderr=subprocess.PIPE, env=ascii_env)
+        alert = wait_for(lambda: _first_alert(run), 120, "the hang alert")
+    finally:
+        for p in [proc, *([watch] if watch else [])]:
+            p.kill()
+            p.wait()
+    stack = f"alerts/{alert['id']}/rank-0.txt"
+    assert stack in alert["evidence"], alert
+    assert "café_wait" in (run / stack).read_text("utf-8")

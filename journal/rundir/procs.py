@@ -90,6 +90,14 @@ def start_time(pid: int) -> str | None:
     return fields[19] if fields else None
 
 
+def boot_id() -> str | None:
+    """This machine's current boot (Linux): a pid and its start time name one process only
+    within one boot; None when unknown."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return None
+
+
 def running_children() -> list[int]:
     """Pids of this process's children that still run: ended ones not yet reaped (zombies)
     are left out. Linux; elsewhere empty."""

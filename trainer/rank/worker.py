@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import logs_dir
-from journal.rundir.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
+from journal.rundir.procs import ORPHAN_GRACE_S, boot_id, die_with_parent, start_time, watch_parent
 from journal.rundir.safety import make_dir
 from trainer.checkpoint.async_save import CheckpointWriteError
 from trainer.checkpoint.fit import CheckpointMismatch
@@ -164,11 +164,13 @@ def _begin_fields(built: Built) -> dict[str, Any]:
 
 
 def _rank_processes(rank: int, local_rank: int, world: int) -> list[dict[str, Any]]:
-    """Every rank's process (rank, local rank, host, pid), gathered once per attempt for
+    """Every rank's process (rank, local rank, host, pid, and its start time and boot, so
+    that a hang guard ends this process and no other), gathered once per attempt for
     ``train_begin``: what the hang and death detectors look at, and what they dump
     (docs/alerts.md). One collective at start; none per step."""
-    mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname()}
-    mine["pid"] = os.getpid()
+    pid, host = os.getpid(), socket.gethostname()
+    mine = {"rank": rank, "local_rank": local_rank, "host": host, "pid": pid}
+    mine |= {"start": start_time(pid), "boot": boot_id()}
     if world == 1 or not dist.is_initialized():
         return [mine]
     gathered: list[Any] = [None] * world

@@ -50,3 +50,8 @@ class AlertSink(Protocol):
     never raises for an unreachable one: it journals, then notifies in the background."""
 
     def raise_alert(self, alert: Alert) -> None: ...
+
+    def repeats(self, alert: Alert) -> bool:
+        """Whether ``raise_alert`` would drop ``alert`` as a repeat: asked before anything
+        costly (a hang's evidence) is gathered for it."""
+        ...

@@ -83,9 +83,9 @@ def _py_spy_error(text: str) -> str:
 
 def _run_py_spy(argv: list[str]) -> tuple[str | None, str]:
     """``(stdout, "")`` when py-spy dumped a stack, else ``(None, why not)``."""
-    try:
+    try:  # py-spy writes UTF-8, whatever this process's locale says
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False
+            argv, capture_output=True, timeout=PYSPY_TIMEOUT_S, encoding="utf-8", errors="replace"
         )
     except subprocess.TimeoutExpired:
         return None, f"py-spy did not answer within {PYSPY_TIMEOUT_S:.0f}s"
@@ -112,7 +112,7 @@ def _dump_stack(exe: str, proc: Proc, out: Path) -> str | None:
             )
         return f"py-spy failed: {why}"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    out.write_text(f"# py-spy dump --pid {proc.pid} ({proc.role}, {stamp})\n{stack}")
+    out.write_text(f"# py-spy dump --pid {proc.pid} ({proc.role}, {stamp})\n{stack}", "utf-8")
     return None
 
 

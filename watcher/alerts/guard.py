@@ -32,6 +32,7 @@ from journal.rundir.files import atomic_write
 from journal.rundir.lock import JournalLocked, run_holder
 from journal.rundir.paths import journal_path
 from journal.rundir.phase import read_phase
+from journal.rundir.procs import start_time, stat_fields
 from journal.views.query import find_last
 from watcher.alerts.alert import Alert, AlertSink, evidence_dir, new_alert_id
 from watcher.alerts.died import check_died
@@ -99,10 +100,7 @@ class Guard:
         self.tracker = AttemptTracker()
         self.view = ProcessView()
         self.raised: set[tuple[Any, ...]] = set()
-        self.alerts: list[Alert] = []
-        self.aborts: list[dict[str, Any]] = []
         self.launcher_seen = False
-        self.died = False
         self.on_died = on_died
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,8 +144,7 @@ class Guard:
             )
             if found is not None and ("died", found.run_id, found.attempt) not in self.raised:
                 self.raised.add(("died", found.run_id, found.attempt))
-                self.died = True
-                self._raise(Alert("died", found.message, found.step, found.attempt))
+                self.sink.raise_alert(Alert("died", found.message, found.step, found.attempt))
                 if self.on_died is not None:
                     self.on_died()
 
@@ -180,16 +177,25 @@ class Guard:
         if key in self.raised:
             return
         self.raised.add(key)
-        self._hang_alert(found)
+        tried = ("abort", found.run_id, found.attempt)  # one abort per attempt, verified or not
+        abort = self.options.on_hang == "abort" and tried not in self.raised
+        if abort:
+            self.raised.add(tried)
+        elif self.sink.repeats(Alert("hang", found.message, found.step, found.attempt)):
+            return  # the sink would drop it: no evidence for an alert never raised
+        self._hang_alert(found, abort)
 
-    def _hang_alert(self, found: HangFinding) -> None:
+    def _hang_alert(self, found: HangFinding, abort: bool) -> None:
         alert_id = new_alert_id()
         where = evidence_dir(self.dir, alert_id)
         begin = self.tracker.begin
         nccl = begin.get("backend") == "nccl" and begin.get("device_type") == "cuda"
         ev = collect(self.dir, where, self.view, summary=found.message, nccl=nccl)
-        abort = self.options.on_hang == "abort"
-        message = found.message + ("; aborting the attempt (--on-hang abort)" if abort else "")
+        why_not = self._unverified(found) if abort else None
+        message = found.message
+        if abort:
+            message += f"; not aborted: {why_not}" if why_not else "; aborting the attempt"
+            message += " (--on-hang abort)"
         alert = Alert(
             "hang",
             message,
@@ -199,17 +205,26 @@ class Guard:
             missing=tuple(ev.missing),
             id=alert_id,
         )
-        self._raise(alert)
-        if abort:
+        self.sink.raise_alert(alert)  # it says it on the console
+        if abort and why_not is None:
             self.abort(alert, found)
 
-    def _raise(self, alert: Alert) -> None:
-        self.alerts.append(alert)  # the sink says it on the console
-        self.sink.raise_alert(alert)
+    def _unverified(self, found: HangFinding) -> str | None:
+        """Why the hung attempt's ranks on this host may not be signalled, in one line; None
+        when its attempt has not ended and each is verifiably its live rank
+        (:meth:`Proc.unverified`)."""
+        self._read()
+        now = (self.tracker.run_id, self.tracker.attempt)
+        if not self.tracker.active or now != (found.run_id, found.attempt):
+            return f"attempt {found.attempt} has ended"
+        local = [p for p in self.view.ranks() if p.local and p.alive]
+        whys = [why for p in local if (why := p.unverified(self.dir))]
+        more = f" (and {len(whys) - 1} more)" if len(whys) > 1 else ""
+        return whys[0] + more if whys else None
 
     # -- abort -----------------------------------------------------------------------------
 
-    def abort(self, alert: Alert, found: HangFinding) -> dict[str, Any]:
+    def abort(self, alert: Alert, found: HangFinding) -> None:
         """End the hung attempt's ranks on this host: SIGTERM, then SIGKILL after
         ``term_grace_s``. The marker ``abort.json`` beside the alert's evidence, written
         first, tells whoever writes the attempt's ``train_end`` that it was a hang."""
@@ -226,12 +241,8 @@ class Guard:
         }
         where = evidence_dir(self.dir, alert.id)
         atomic_write(where / ABORT_FILE, orjson.dumps(marker))
-        remote = [p for p in self.view.ranks() if not p.local]
-        if remote:
-            log.warning(
-                "--on-hang abort: %d rank(s) on other hosts are not ended from here",
-                len(remote),
-            )
+        if remote := [p for p in self.view.ranks() if not p.local]:
+            log.warning("--on-hang abort: %d rank(s) on other hosts not ended here", len(remote))
         _signal_all(ranks, signal.SIGTERM)
         if not _gone(ranks, self.options.term_grace_s):
             _signal_all(ranks, signal.SIGKILL)
@@ -239,10 +250,8 @@ class Guard:
                 log.error("--on-hang abort: some ranks outlived SIGKILL")
         marker["ended_at"] = time.time()  # evidence too: how long the ending took
         atomic_write(where / ABORT_FILE, orjson.dumps(marker))
-        self.aborts.append(marker)
         if run_holder(self.dir) is None:  # no launcher to write the ending: we do
             self._write_end(marker)
-        return marker
 
     def _write_end(self, marker: dict[str, Any]) -> None:
         end = find_last(self.journal, "train_end")
@@ -258,22 +267,16 @@ class Guard:
 
 def _signal_all(procs: list[Proc], sig: int) -> None:
     for p in procs:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p.pid, sig)
+        if start_time(p.pid) == p.start:  # still the process verified, not a reused pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p.pid, sig)
 
 
 def _gone(procs: list[Proc], timeout: float) -> bool:
     """Whether every process ended within ``timeout`` (a zombie has ended)."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = False
-        for p in procs:
-            try:
-                state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-            except (OSError, IndexError):
-                continue
-            alive = alive or state not in ("Z", "X")
-        if not alive:
+        if all((f := stat_fields(p.pid)) is None or f[0] in ("Z", "X") for p in procs):
             return True
         if time.monotonic() >= deadline:
             return False

@@ -140,6 +140,8 @@ def parse_targets(urls: Iterable[str]) -> list[Target]:
         plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
         if plugin is None:
             raise BadTarget(f"{shown}: apprise cannot read this {scheme} URL (see its URL form)")
+        if isinstance(port := getattr(plugin, "port", None), int) and not 0 < port < 65536:
+            raise BadTarget(f"{shown}: port {port} is out of range (1 to 65535)")
         out.append(Target(_name(plugin, scheme), plugin, _secrets(url, _private(plugin))))
     return out
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from journal.rundir.lock import run_holder
-from journal.rundir.procs import stat_fields
+from journal.rundir.paths import logs_dir
+from journal.rundir.procs import boot_id, start_time, stat_fields
 
 #: ``/proc/<pid>/stat`` states, in words.
 STATES = {
@@ -52,6 +53,10 @@ class Proc:
     cpu_s: float | None = None
     wchan: str | None = None
     start: str | None = None  # its start time (clock ticks since boot): a reused pid differs
+    #: ``(boot id, start time)`` its attempt recorded when it launched it (``ilab-train``'s
+    #: ranks): what :meth:`unverified` holds it to
+    launched: tuple[str, str] | None = None
+    bridge: bool = False  # a bridge's trainer process (HF Trainer, Lightning, Accelerate)
 
     @property
     def local(self) -> bool:
@@ -65,10 +70,30 @@ class Proc:
     def stopped(self) -> bool:
         return self.state in ("T", "t")
 
+    def unverified(self, run_dir: Path) -> str | None:
+        """Why this process is not verifiably the rank its attempt launched, None when it
+        is: on this host, in this boot, started when its attempt recorded, and running
+        ``trainer.rank.worker`` with a worker config of ``run_dir``. A journal is data
+        anyone who can write the run dir controls: only such a process may be signalled."""
+        what = f"{self.role} (pid {self.pid})"
+        if self.bridge:
+            return f"{what} is a bridge's trainer: only its own launcher ends it"
+        if self.host != this_host():
+            return f"{what} was recorded on host {self.host or '(none)'}, not {this_host()}"
+        if self.launched != (boot_id(), start_time(self.pid)):  # a reused pid, an old journal
+            return f"{what} is not the process its attempt recorded (boot id, start time)"
+        args = ""  # NUL-terminated arguments, the last the worker's config
+        with contextlib.suppress(OSError):
+            args = Path(f"/proc/{self.pid}/cmdline").read_bytes().decode(errors="replace")
+        config = Path(args.split("\0")[-2] if args.count("\0") > 1 else "")
+        logs = logs_dir(run_dir).resolve()
+        if "\0trainer.rank.worker\0" not in args or not config.match(f"{logs}/worker-config-*"):
+            return f"{what} runs no worker config of {run_dir}: {args.replace(chr(0), ' ')[:99]}"
+        return None
+
     def describe(self, now: float) -> str:
-        where = "" if self.local else f" on {self.host}"
         if not self.local:
-            return f"{self.role}: pid {self.pid}{where}: not visible from {this_host()}"
+            return f"{self.role}: pid {self.pid} on {self.host}: not visible from {this_host()}"
         word = STATES.get(self.state or "", self.state or "unknown")
         since = ""
         if self.since is not None:
@@ -103,7 +128,7 @@ class ProcessView:
         guard; else the run lock's holder on this host)."""
         self.procs = {}
         for r in ranks_of(begin):
-            self._add(Proc(f"rank {r['rank']}", r["pid"], r.get("host"), rank=r["rank"]))
+            self._add(Proc(f"rank {r['rank']}", **r))
         for p in list(self.procs.values()):
             if p.local and (ppid := parent_pid(p.pid)) and ppid not in self.procs and ppid > 1:
                 self._add(Proc("torchrun agent", ppid, p.host))
@@ -118,9 +143,7 @@ class ProcessView:
             self._add(Proc("launcher", pid, host))
 
     def _add(self, proc: Proc) -> None:
-        if proc.local:
-            fields = stat_fields(proc.pid)
-            proc.start = fields[19] if fields else None
+        proc.start = proc.launched[1] if proc.launched else start_time(proc.pid)
         self.procs[proc.pid] = proc
 
     def update(self, now: float | None = None) -> None:
@@ -135,12 +158,10 @@ class ProcessView:
             if fields is not None and state != GONE:
                 with contextlib.suppress(ValueError, IndexError):
                     p.cpu_s = (int(fields[11]) + int(fields[12])) / _TICK
-                try:
-                    p.wchan = Path(f"/proc/{p.pid}/wchan").read_text().strip() or None
-                except OSError:
-                    p.wchan = None
-                if p.wchan == "0":
-                    p.wchan = None
+                p.wchan = None
+                with contextlib.suppress(OSError):
+                    wchan = Path(f"/proc/{p.pid}/wchan").read_text().strip()
+                    p.wchan = wchan if wchan not in ("", "0") else None
 
     def ranks(self) -> list[Proc]:
         return sorted(
@@ -154,12 +175,15 @@ class ProcessView:
 
 
 def ranks_of(begin: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ranks a ``train_begin`` payload names: ``ranks`` (``ilab-train``), or the one
-    trainer process a bridge names (``hostname``, ``pid``)."""
+    """The ranks a ``train_begin`` payload names: ``ranks`` (``ilab-train``: with the boot
+    and start time each recorded of itself), or the one trainer process a bridge names
+    (``hostname``, ``pid``)."""
     out = []
     for r in begin.get("ranks") or []:
         if isinstance(r, dict) and isinstance(r.get("pid"), int) and isinstance(r.get("rank"), int):
-            out.append({"rank": r["rank"], "pid": r["pid"], "host": r.get("host")})
+            boot, start = r.get("boot"), r.get("start")
+            launched = (boot, start) if isinstance(boot, str) and isinstance(start, str) else None
+            out.append(dict(rank=r["rank"], pid=r["pid"], host=r.get("host"), launched=launched))
     if not out and isinstance(begin.get("pid"), int):
-        out.append({"rank": 0, "pid": begin["pid"], "host": begin.get("hostname")})
+        out.append({"rank": 0, "pid": begin["pid"], "host": begin.get("hostname"), "bridge": True})
     return out

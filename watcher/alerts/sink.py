@@ -12,8 +12,9 @@ each alert, :meth:`~AlertDispatcher.raise_alert`:
    file waits for the journal's next holder (it is retried every few seconds);
 3. says it in one console line, and queues one message per target.
 
-A notifying thread sends them: each target is tried up to :data:`TRIES` times with a
-doubling backoff, and at most :data:`PER_MINUTE` messages a minute go to one target. A
+Each target has a sending thread of its own, so a target that accepts and never answers
+delays no other (a try ends at apprise's socket timeouts): it is tried up to :data:`TRIES`
+times with a doubling backoff, and at most :data:`PER_MINUTE` messages a minute go to it. A
 failed try is one line; once every target took the alert or was given up, an
 ``alert_told`` record says which (journaled like the alert). Nothing here waits for a
 target: a target that is down costs the watcher nothing but a thread that sleeps.
@@ -51,6 +52,9 @@ BACKOFF_S = 1.0
 PER_MINUTE = 12
 #: While closing: the gap between the last tries of a target that is down.
 CLOSE_GAP_S = 0.5
+#: Seconds one try may take (apprise's own timeouts, 4 s to connect and 4 s to read, end
+#: most first); a target still silent then failed that try.
+TRY_TIMEOUT_S = 10.0
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -91,7 +95,7 @@ class AlertDispatcher:
             :class:`~watcher.alerts.notify.BadTarget` here, before anything starts.
         run_label: the run as messages name it: its dir or URI.
         source: who raises the alerts, as journaled (``ilab-watch``, ``run_training``).
-        tries, backoff, per_minute: the retry and rate rules (defaults above).
+        tries, backoff, per_minute, try_timeout: the retry and rate rules (defaults above).
     """
 
     def __init__(
@@ -104,31 +108,42 @@ class AlertDispatcher:
         tries: int = TRIES,
         backoff: float = BACKOFF_S,
         per_minute: int = PER_MINUTE,
+        try_timeout: float = TRY_TIMEOUT_S,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_label = run_label
         self.source = source
         self.targets: list[Target] = parse_targets(targets)
         self.tries, self.backoff, self.per_minute = max(1, tries), backoff, max(1, per_minute)
+        self.try_timeout = try_timeout
         #: every alert raised (not dropped as a repeat) by this dispatcher, in order
         self.raised: list[Alert] = []
         self._keys: set[Key] = set()
         self._cond = threading.Condition()
-        self._sends: list[_Send] = []
+        self._sends: dict[Target, list[_Send]] = {t: [] for t in self.targets}  # per target
         self._seq = itertools.count()
         self._outcomes: dict[str, _Outcome] = {}
         self._sent: dict[str, collections.deque[float]] = {}  # target -> recent send times
         self._closing = False
         self._deadline = float("inf")
         self.inbox = AlertInbox(self.run_dir)
-        self._notifier: threading.Thread | None = None
-        if self.targets:
-            self._notifier = threading.Thread(
-                target=self._notify_loop, name="ilab-alert-notify", daemon=True
-            )
-            self._notifier.start()
+        self._notifiers = [  # one per target: a target that does not answer delays no other
+            threading.Thread(target=self._notify_loop, args=(t,), name="ilab-notify", daemon=True)
+            for t in self.targets
+        ]
+        for thread in self._notifiers:
+            thread.start()
 
     # -- raising ------------------------------------------------------------------------------
+
+    def repeats(self, alert: Alert) -> bool:
+        """Whether :meth:`raise_alert` would drop ``alert``: the same condition of the same
+        attempt alerted already (here, in the journal, or waiting in ``reports/``), or this
+        sink is closing."""
+        key = alert_key(alert.kind, alert.condition, alert.attempt)
+        with self._cond:
+            here = key in self._keys or self._closing
+        return here or key in self.inbox.known()[0]
 
     def raise_alert(self, alert: Alert) -> None:
         """Journal ``alert`` and queue its messages (see the module's docstring); returns at
@@ -138,14 +153,11 @@ class AlertDispatcher:
         if not _ID.fullmatch(alert.id):  # it names files: reports/<id>.json, alerts/<id>/
             raise ValueError(f"alert id {alert.id!r} is not one word (new_alert_id() makes one)")
         key = alert_key(alert.kind, alert.condition, alert.attempt)
+        known, run_id = self.inbox.known()  # journaled, or waiting in reports/
         with self._cond:
-            if key in self._keys or self._closing:
+            if key in self._keys or key in known or self._closing:
                 return
             self._keys.add(key)
-        known, run_id = self.inbox.known()
-        if key in known:
-            log.debug("alert %s of attempt %s: journaled already", alert.kind, alert.attempt)
-            return
         self.raised.append(alert)
         payload = alert_payload(
             id=alert.id,
@@ -177,37 +189,38 @@ class AlertDispatcher:
             self._outcomes[alert.id] = _Outcome(left=len(self.targets))
             now = time.monotonic()
             for target in self.targets:
-                heapq.heappush(self._sends, _Send(now, next(self._seq), message, target))
+                heapq.heappush(self._sends[target], _Send(now, next(self._seq), message, target))
             self._cond.notify_all()
 
     # -- notifying ----------------------------------------------------------------------------
 
-    def _notify_loop(self) -> None:
+    def _notify_loop(self, target: Target) -> None:
+        """One target's sender: tries its sends in turn."""
         while True:
             with self._cond:
-                send = self._next_due()
+                send = self._next_due(self._sends[target])
             if send is None:
                 return
             self._try(send)
 
-    def _next_due(self) -> _Send | None:
-        """The next send whose time has come (waiting for it), or None once closed and
-        nothing is left. Called holding the condition."""
+    def _next_due(self, sends: list[_Send]) -> _Send | None:
+        """The next of one target's ``sends`` whose time has come (waiting for it), or None
+        once closed and nothing is left. Called holding the condition."""
         while True:
             now = time.monotonic()
             if self._closing:
-                self._give_up_late(now)
-                if not self._sends:
+                self._give_up_late(now, sends)
+                if not sends:
                     return None
-            if self._sends:
-                due = self._sends[0].due
+            if sends:
+                due = sends[0].due
                 if due <= now:
-                    send = heapq.heappop(self._sends)
+                    send = heapq.heappop(sends)
                     wait = self._rate_wait(send.target, now)
                     if wait <= 0:
                         return send
                     send.due = now + wait
-                    heapq.heappush(self._sends, send)
+                    heapq.heappush(sends, send)
                     continue
                 # closing: woken at the deadline, to give up what is left
                 self._cond.wait(min(due, self._deadline) - now)
@@ -225,7 +238,15 @@ class AlertDispatcher:
         with self._cond:
             self._sent.setdefault(send.target.name, collections.deque()).append(time.monotonic())
         send.tries += 1
-        error = send.target.send(message.title, message.body, message.alert.kind)
+        out: list[str | None] = []
+        done = threading.Event()
+
+        def call() -> None:  # in a thread of its own: a target that never answers is left
+            out.append(send.target.send(message.title, message.body, message.alert.kind))
+            done.set()
+
+        threading.Thread(target=call, name="ilab-alert-try", daemon=True).start()
+        error = out[0] if done.wait(self.try_timeout) else f"no answer in {self.try_timeout:g}s"
         alert, name = message.alert, send.target.name
         if error is None:
             if send.tries > 1:
@@ -246,6 +267,9 @@ class AlertDispatcher:
             return
         with self._cond:  # closing: what is left is tried at once, without backoff
             delay = CLOSE_GAP_S if self._closing else self.backoff * 2 ** (send.tries - 1)
+            send.due = time.monotonic() + delay
+            heapq.heappush(self._sends[send.target], send)
+            self._cond.notify_all()
         log.warning(
             "alert %s: %s not told (try %d of %d: %s); trying again in %gs",
             alert.kind,
@@ -255,17 +279,14 @@ class AlertDispatcher:
             error,
             delay,
         )
-        with self._cond:
-            send.due = time.monotonic() + delay
-            heapq.heappush(self._sends, send)
-            self._cond.notify_all()
 
-    def _give_up_late(self, now: float) -> None:
-        """Closing, past the deadline: every send left is given up (called holding it)."""
+    def _give_up_late(self, now: float, sends: list[_Send]) -> None:
+        """Closing, past the deadline: every one of ``sends`` left is given up (called
+        holding it)."""
         if now < self._deadline:
             return
-        while self._sends:
-            send = heapq.heappop(self._sends)
+        while sends:
+            send = heapq.heappop(sends)
             message = send.message
             why = f"the watcher exited after {send.tries} tries"
             why += f" (last: {send.error})" if send.error else ""
@@ -308,12 +329,11 @@ class AlertDispatcher:
             self._closing = True
             self._deadline = deadline
             soon = time.monotonic() + CLOSE_GAP_S
-            for send in self._sends:  # no more backoff: the watcher is going
-                send.due = min(send.due, soon)
-            heapq.heapify(self._sends)
+            for sends in self._sends.values():  # no more backoff: the watcher is going
+                for send in sends:
+                    send.due = min(send.due, soon)
+                heapq.heapify(sends)
             self._cond.notify_all()
-        if self._notifier is not None:
-            self._notifier.join(max(0.0, deadline - time.monotonic()) + 1.0)
-            if self._notifier.is_alive():
-                log.warning("alerts: a target still did not answer at exit; not waited for")
+        for thread in self._notifiers:  # a try under way ends at its own timeout
+            thread.join(max(0.0, deadline - time.monotonic()) + self.try_timeout + 1.0)
         self.inbox.close(deadline)
