@@ -1,6 +1,6 @@
 # One venv for everything. Each target creates it (and installs) when needed: `make demo`
-# only what the demo needs (torch, the project, its page and plot), the other targets the
-# rest on top (the suite's integrations: Ray, lm-eval, MLflow, W&B, Lightning, S3, ...).
+# only what the demo needs (torch, the project and its page), the other targets the rest
+# on top (the suite's integrations: Ray, lm-eval, MLflow, W&B, Lightning, S3, ...).
 #
 # PYTHON_ENV=system uses the environment of $(PYTHON) as it is instead: no venv is created
 # and nothing is installed. For a machine whose torch comes with its image (a CUDA build)
@@ -48,13 +48,12 @@ system-env:
 	sys.exit('PYTHON_ENV=system: $(PY) cannot import ' + ', '.join(missing) + \
 	' (install them there; the project with pip install -e .)' if missing else None)"
 
-# What `make demo` needs: torch first with an exact pin (that build lies on this disk; a
-# looser spec may pull a multi-GB CUDA build; real users get pyproject.toml's range), then
-# the project with the page and the plot the demo's last lines point to.
+# What `make demo` needs, in one pip run: the project with the page its last line points to,
+# and torch with an exact pin when the venv has none (that build lies on this disk; a looser
+# spec may pull a multi-GB CUDA build; real users get pyproject.toml's range).
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
-	@$(VENV_PY) -c "import torch" 2>/dev/null || $(VENV_PY) -m pip install -q "$(TORCH_PIN)"
-	$(VENV_PY) -m pip install -q -e ".[serve,plot]"
+	$(VENV_PY) -m pip install -q $$($(VENV_PY) -c "import torch" 2>/dev/null || echo "$(TORCH_PIN)") -e ".[serve]"
 	@touch $(DEMO_STAMP)
 
 # Everything the suite needs, on top: no test skips for a missing component.
