@@ -19,6 +19,7 @@ import orjson
 
 from journal.checkpoints.leases import Lease, active
 from journal.serve.fold import RunFold, Series, scalar
+from journal.views.fold import RunFold as RunTruth
 from journal.views.summary import STATE_EXIT_CODES
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
@@ -65,15 +66,27 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
+def alert_marks(truth: RunTruth, last_step: int | None) -> dict[str, Any]:
+    """What the page marks a run with: its alerts' kinds (hang, diverged, ...), and
+    ``stuck``: its newest alert is a hang or a death that no step has ended since (no ETA)."""
+    last = truth.alerts[-1] if truth.alerts else None
+    stuck = (
+        last is not None and last.kind in ("hang", "died") and (last.step or 0) >= (last_step or 0)
+    )
+    return {"alert_kinds": sorted({a.kind for a in truth.alerts}), "stuck": stuck}
+
+
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
-    """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
+    """The run's state in ``status``'s words, with progress, throughput, ETA (none for a
+    run stale or stuck), best and alerts."""
     now = time.time() if now is None else now
     s = fold.run.summary(stale_after=stale_after, now=now)
+    marks = alert_marks(fold.run, s.last_step)
     prev, last = fold.prev_log, fold.last_log
     log = last["data"] if last is not None else {}
     eta = None
     # (a log record's ts is None when its writer left it out: no rate from it)
-    if s.state == "running" and prev and last and s.total_steps:
+    if s.state == "running" and not marks["stuck"] and prev and last and s.total_steps:
         steps = last["step"] - prev["step"]
         t1, t0 = last["ts"], prev["ts"]
         secs = t1 - t0 if t1 is not None and t0 is not None else 0.0
@@ -103,6 +116,7 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
         "records": fold.count,
         "invalid_lines": fold.invalid,
         "error": s.error,
+        **marks,
     }
 
 
@@ -152,9 +166,8 @@ def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]
     """The first paint: every curve downsampled to ``width`` buckets, every marker."""
     held, sig = leases_held(fold)
     with fold.lock:
-        summ = summary(fold, stale_after=stale_after)
         return {
-            "summary": summ,
+            "summary": summary(fold, stale_after=stale_after),
             "count": fold.count,
             "series": [_series_out(s, None, None, width) for s in fold.series.values()],
             "markers": fold.markers,
@@ -198,7 +211,6 @@ def updates(
     not compared)."""
     held, sig = leases_held(fold)
     with fold.lock:
-        summ = summary(fold, stale_after=stale_after)
         out_series = []
         for i, series in enumerate(fold.series.values()):
             have = lengths[i] if i < len(lengths) else 0
@@ -215,7 +227,7 @@ def updates(
                     }
                 )
         return {
-            "summary": summ,
+            "summary": summary(fold, stale_after=stale_after),
             "count": fold.count,
             "series": out_series,
             "markers": fold.markers[markers : markers + MAX_MARKERS],
@@ -227,4 +239,6 @@ def updates(
             "leases": sig,
             "listed": list(fold.listed) if fold.names_changed_at > since else None,
             "listed_all": fold.listed_all,
+            # alert markers the page has whose outcome (who was told) came since
+            "told": [fold.markers[i] for i, at in fold.told.items() if since < at and i < markers],
         }
