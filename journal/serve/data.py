@@ -67,13 +67,14 @@ def downsample(
 
 
 def alert_marks(truth: RunTruth, last_step: int | None) -> dict[str, Any]:
-    """What the page marks a run with: its alerts' kinds (hang, diverged, ...), and
-    ``stuck``: its newest alert is a hang or a death that no step has ended since (no ETA)."""
+    """What the page marks a run with: its alerts' kinds (hang, diverged, ...), the newest,
+    and ``stuck``: that one is a hang or a death that no step has ended since (no ETA)."""
     last = truth.alerts[-1] if truth.alerts else None
     stuck = (
         last is not None and last.kind in ("hang", "died") and (last.step or 0) >= (last_step or 0)
     )
-    return {"alert_kinds": sorted({a.kind for a in truth.alerts}), "stuck": stuck}
+    kinds = sorted({a.kind for a in truth.alerts})
+    return {"alert_kinds": kinds, "stuck": stuck, "last_alert": last.to_dict() if last else None}
 
 
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
@@ -87,11 +88,9 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     eta = None
     # (a log record's ts is None when its writer left it out: no rate from it)
     if s.state == "running" and not marks["stuck"] and prev and last and s.total_steps:
-        steps = last["step"] - prev["step"]
-        t1, t0 = last["ts"], prev["ts"]
-        secs = t1 - t0 if t1 is not None and t0 is not None else 0.0
-        if steps > 0 and secs > 0:
-            eta = (s.total_steps - s.last_step) * secs / steps
+        steps, t1, t0 = last["step"] - prev["step"], last["ts"], prev["ts"]
+        if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
+            eta = (s.total_steps - s.last_step) * (t1 - t0) / steps
     return {
         "run_id": s.run_id,
         "attempt": s.attempt,
@@ -143,18 +142,11 @@ def checkpoints(fold: RunFold, held: list[Lease] | None = None) -> list[dict[str
     return [_clipped(view.to_dict()) for view in fold.run.checkpoints(leases=held)]
 
 
-def _clipped(row: dict[str, Any]) -> dict[str, Any]:
+def _clipped(v: Any) -> Any:
     """A row as JSON scalars where the page shows text (a record's strings may be long)."""
-    row["trigger"] = scalar(row["trigger"])
-    if row["removed"] is not None:
-        row["removed"]["reason"] = scalar(row["removed"]["reason"])
-        row["removed"]["by"] = scalar(row["removed"]["by"])
-    for report in row["reports"]:
-        report["metrics"] = {str(k): scalar(v) for k, v in report["metrics"].items()}
-        report["source"] = scalar(report["source"])
-    row["jobs"] = [{k: scalar(v) for k, v in job.items()} for job in row["jobs"]]
-    row["leases"] = [{k: scalar(v) for k, v in lease.items()} for lease in row["leases"]]
-    return row
+    if isinstance(v, dict):
+        return {str(k): _clipped(x) for k, x in v.items()}
+    return [_clipped(x) for x in v] if isinstance(v, list) else scalar(v)
 
 
 def _series_out(series: Series, lo: float | None, hi: float | None, width: int) -> dict:

@@ -251,8 +251,7 @@ class RunFold:
 
     def _marker(self, rec: Record, kind: str) -> None:
         data, step = rec["data"], rec["step"]
-        detail = {str(k): scalar(v) for k, v in data.items()}
-        detail = {k: v for k, v in detail.items() if v is not None}
+        detail = {str(k): x for k, v in data.items() if (x := scalar(v)) is not None}
         if kind in ("alert", "report") and isinstance(data.get("step"), int):
             step = data["step"]  # the step it is about: an alert's, a report's checkpoint's
         if kind == "attempt":

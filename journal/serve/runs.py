@@ -140,7 +140,6 @@ class RunSet:
             "started_ts": s.started_ts,
             "last_ts": s.last_ts,
             "records": s.records,
-            "last_alert": s.last_alert,
             **marks,
         }
         run._row = (ident, row)

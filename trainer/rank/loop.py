@@ -154,7 +154,9 @@ class Trainer:
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
-        waited = self._pace(plan)
+        paced = time.perf_counter()
+        self._pace(plan)
+        paced = time.perf_counter() - paced
         m = self._all_reduce(loss_local, tokens_local, grad_norm, self.inbox.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
@@ -162,7 +164,7 @@ class Trainer:
             time.sleep(self.step_delay)
         # training time: tok/s and the step's elapsed_time leave out rank 0's waits for the
         # callbacks and the leases (the other ranks wait for it in the all-reduce)
-        elapsed = time.perf_counter() - t0 - waited
+        elapsed = time.perf_counter() - t0 - paced
         self.step_time_s += elapsed
         applied = self.inbox.journal_control()
         self.inbox.poll_reports()
@@ -226,22 +228,17 @@ class Trainer:
         self.journal.emit("after_optimizer_step")
         return grad_norm
 
-    def _pace(self, plan: StepPlan) -> float:
-        """Rank 0, before the all-reduce: callback_pacing, and lease_pacing at a save; returns
-        the seconds waited."""
-        waited = 0.0
+    def _pace(self, plan: StepPlan) -> None:
+        """Rank 0, before the all-reduce: callback_pacing, and lease_pacing at a save."""
         if self.callback_pacer is not None:
             pacer = self.callback_pacer
-            waited = pacer.wait(self.state.step, blocking=lambda: self.phases.set("callback_wait"))
-            if waited:
+            if pacer.wait(self.state.step, blocking=lambda: self.phases.set("callback_wait")):
                 self.phases.set(None)
         st, ends = self.state, self.state.step_in_epoch + 1 >= self.planner.steps_per_epoch
         n = plan.global_samples
         if self.pacer and save_scheduled(self.args, st.step, st.samples_seen + n, n, ends):
             with self.phases("lease_wait", self.pacer.limit_s):
                 self.lease_wait_s = self.pacer.wait().waited_s  # (only rank 0 journals it)
-            waited += self.lease_wait_s
-        return waited
 
     def _all_reduce(
         self, loss: torch.Tensor, tokens: torch.Tensor, grad_norm: torch.Tensor, commands: int
