@@ -13,6 +13,7 @@ float's limit are drawn. Every wait polls with a deadline."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -30,6 +31,9 @@ from journal.write.writer import JournalWriter
 from tests.browser import Served, curve_journal, page_width, serve, story_journal, wait_until
 from tests.helpers import begin_payload, log_payload
 
+#: ``ILAB_SCREENSHOTS=DIR``: the runs list and compare of the at-a-glance runs are saved
+#: there (docs/serve.md's serve-runs.png and serve-compare.png).
+SCREENSHOTS = os.environ.get("ILAB_SCREENSHOTS")
 #: A readable time (the machine's local time to the second), where 1.8e9 was shown.
 READABLE_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
@@ -395,6 +399,8 @@ def test_run_colours_are_no_marker_colours_and_compare_lines_are_the_runs(
     assert len(runs) == 2 and not runs & marker_colours, runs
     lines = set((_charts(page)["loss"].get("lines") or "").split(","))
     assert lines == runs, lines  # a's saves, best and stop; b's saves: in their run's colour
+    if SCREENSHOTS:
+        page.screenshot(path=str(Path(SCREENSHOTS) / "serve-compare.png"))
     page.close()
     page = _open(browser, s.url + "run/a")
     for chart in _charts(page).values():
@@ -424,6 +430,8 @@ def test_the_runs_list_marks_alerted_hung_and_diverged_runs_and_a_hung_run_has_n
         k: page.text_content(f"tr.run[data-key='{k}'] td:nth-child(7)") for k in ("running", "hung")
     }
     assert eta == {"running": "23s", "hung": "–"}, eta  # 90 steps of 0.25 s, and none
+    if SCREENSHOTS:
+        page.locator("#runs").screenshot(path=str(Path(SCREENSHOTS) / "serve-runs.png"))
     page.close()
     page = _open(browser, s.url + "run/hung")
     assert page.text_content("#facts .alert-mark") == "⚠ hung"
