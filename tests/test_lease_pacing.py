@@ -160,7 +160,8 @@ def _saves(run: Path) -> dict[int, dict[str, Any]]:
 @pytest.mark.extended
 def test_a_held_lease_holds_training_at_the_next_save(tmp_path: Path) -> None:
     """2 ranks, --max-leased-checkpoints 1: a lease taken by hand on step 2's checkpoint
-    holds the resumed run before its save at step 4 until the lease is released."""
+    holds the resumed run before its save at step 4 until the lease is released; step 4's
+    tok/s leaves the wait out."""
     run = tmp_path / "run"
     first = train(run, "--max-steps", "2", "--save-every", "2")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -196,5 +197,8 @@ def test_a_held_lease_holds_training_at_the_next_save(tmp_path: Path) -> None:
     assert saves[4]["ts"] >= released_at  # nothing was saved while the lease was held
     assert saves[4]["data"]["lease_wait_s"] > 0
     assert saves[6]["data"]["lease_wait_s"] == 0  # nobody leased step 4
+    # step 4's throughput counts its training, not the wait (it read 224 tok/s beside 2711)
+    log4 = next(r["data"] for r in records(run) if r["event"] == "log" and r["step"] == 4)
+    assert log4["elapsed_time"] < saves[4]["data"]["lease_wait_s"], log4
     end = next(r for r in reversed(records(run)) if r["event"] == "train_end")
     assert end["data"]["status"] == "completed" and end["step"] == 6

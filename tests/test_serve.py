@@ -140,6 +140,7 @@ def test_runs_list_newest_first_with_stale_flagged(tmp_path: Path) -> None:
     assert [r["key"] for r in rows] == ["new", "old"]
     assert rows[0]["state"] == "running" and rows[0]["stale"] is False
     assert rows[1]["state"] == "stale" and rows[1]["stale"] is True and rows[1]["exit_code"] == 6
+    assert rows[1]["eta_s"] is None  # a run that went quiet gives no time to its end
     assert rows[0]["tokens_per_s"] == 4096.0 and rows[0]["eta_s"] == pytest.approx(9 * 0.25)
 
 

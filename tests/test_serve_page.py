@@ -3,13 +3,20 @@ tests/browser.py), as a person uses it: a drag zooms every chart and fetches tha
 full resolution; the log and smoothing controls change what is drawn; numbers read in
 3 significant digits and ticks never repeat; in compare one run keeps one colour on every
 chart; the legend shows every marker drawn in its colour, the best on top; no page is wider
-than a 420 px window; a run started after the page opened appears, and a released lease
-and an ended run's controls change in an open page. Every wait polls with a deadline."""
+than a 420 px window (a table that scrolls says so); a run started after the page opened
+appears, and a released lease and an ended run's controls change in an open page. At a
+glance (one server): no run colour is a marker's, compare's lines are their run's; alerted,
+hung and diverged runs are marked, a hung one has no ETA; an alert's row says who was told
+when; a filter matching nothing says so; a short curve is not smoothed; values near the
+float's limit are drawn. Every wait polls with a deadline."""
 
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -19,9 +26,16 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
 from journal.checkpoints.leases import acquire, release
+from journal.store import guest
 from journal.write.writer import JournalWriter
-from tests.browser import curve_journal, page_width, serve, story_journal, wait_until
+from tests.browser import Served, curve_journal, page_width, serve, story_journal, wait_until
 from tests.helpers import begin_payload, log_payload
+
+#: ``ILAB_SCREENSHOTS=DIR``: the runs list and compare of the at-a-glance runs are saved
+#: there (docs/serve.md's serve-runs.png and serve-compare.png).
+SCREENSHOTS = os.environ.get("ILAB_SCREENSHOTS")
+#: A readable time (the machine's local time to the second), where 1.8e9 was shown.
+READABLE_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
 
 def _open(browser: Any, url: str, width: int = 1400) -> Any:
@@ -69,6 +83,7 @@ def test_a_drag_zooms_every_chart_and_fetches_that_range_at_full_resolution(
         page.wait_for_selector("#charts[data-fetched]")
         lo, hi = map(float, page.get_attribute("#charts", "data-fetched").split(","))
         assert 1800 < lo < hi < 2500 and hi - lo < 400, (lo, hi)
+        assert lo == int(lo) and hi == int(hi), (lo, hi)  # whole steps, not 62.35..93.53
         queries = [parse_qs(urlparse(u).query) for u in asked]
         assert {q["name"][0] for q in queries} >= {"loss", "val_loss", "lr", "grad_norm"}
         for q in queries:  # each curve asked for the dragged range, nothing wider
@@ -245,6 +260,11 @@ def test_no_page_is_wider_than_a_420_px_window(tmp_path: Path, browser: Any) -> 
             page = _open(browser, s.url + url, width=420)
             if url.startswith("run/"):
                 page.wait_for_selector("body[data-tables='1']")
+                # the checkpoints' step, best and markers columns are off-screen: it says so
+                page.wait_for_function(
+                    "document.querySelector('#checkpoints').closest('.scroll')"
+                    ".previousElementSibling.matches('.scroll-note:not([hidden])')"
+                )
             assert page_width(page) <= 420, (url, page_width(page))
             assert page.evaluate("document.querySelector('header').offsetWidth") == 420
             names = page.locator("#checkpoints td.name")
@@ -313,3 +333,180 @@ def test_an_open_page_stays_true_leases_go_and_an_ended_run_takes_no_command(
         assert "the run has ended (stopped at step 40)" in said, said
         assert page.errors == []
         page.close()
+
+
+# -- at a glance: one server for the runs below ---------------------------------------------
+
+
+def _alert(run: Path, aid: str, kind: str, step: int, message: str) -> None:
+    with guest(run, role="watcher") as w:
+        w.append("alert", {"id": aid, "kind": kind, "step": step, "message": message,
+                           "evidence": [], "missing": [], "targets": ["json://127.0.0.1"],
+                           "raised_at": time.time()})  # fmt: skip
+
+
+def _running(run: Path, steps: int = 10) -> None:
+    """A run at step ``steps`` of 100, a save at 5 and its report 3 steps later."""
+    with JournalWriter(run) as w:
+        w.append("train_begin", begin_payload(100))
+        for s in range(1, steps + 1):
+            w.append("log", log_payload(s), step=s)
+            w.append("step_end", {"loss": 1.0}, step=s)
+            if s == 5:
+                path = str(run / "checkpoints/step-000005")
+                w.append("save", {"checkpoint_path": path, "kind": ["full_state"]}, step=5)
+            if s == 8:  # an eval's result comes later, about the checkpoint of step 5
+                w.append("report", {"checkpoint_path": str(run / "checkpoints/step-000005"),
+                                    "step": 5, "metrics": {"accuracy": 0.5},
+                                    "source": "eval"}, step=8)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def glance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Served]]:
+    """Runs as a person scans them: stopped (a), completed (b), running, hung, diverged,
+    one still telling its alert's target, one with values near the float's limit."""
+    root = tmp_path_factory.mktemp("glance")
+    story_journal(root / "a", steps=60)
+    curve_journal(root / "b", steps=80)
+    for name in ("running", "hung", "telling"):
+        _running(root / name)
+    _alert(root / "hung", "h1", "hang", 10, "no step progress for 21s")
+    _alert(root / "telling", "t1", "hang", 10, "no step progress for 21s")
+    curve_journal(root / "diverged", steps=40)
+    _alert(root / "diverged", "d1", "diverged", 30, "loss 9.1 above 1.0 for 3 evals")
+    with JournalWriter(root / "huge") as w:
+        w.append("train_begin", begin_payload(20))
+        for s in range(1, 21):
+            w.append("log", {**log_payload(s), "big": 1.7e308 * (-1) ** s}, step=s)
+    with serve(str(root)) as served:
+        yield root, served
+
+
+def test_run_colours_are_no_marker_colours_and_compare_lines_are_the_runs(
+    glance: tuple[Path, Served], browser: Any
+) -> None:
+    """Run 1 was the "save, on disk" blue and two runs' gold "best" lines could not be told
+    apart: no run or curve colour is a marker's now, and in compare each run's marker
+    lines are drawn in its own colour."""
+    _, s = glance
+    page = _open(browser, s.url + "compare?run=a&run=b")
+    marks = page.evaluate("fetch('/api/config').then((r) => r.json())")["marks"]
+    marker_colours = {
+        k["color"].lower() for k in [*marks["kinds"].values(), *marks["fates"].values()]
+    }
+    rows = page.locator("#compare-runs tr.run")
+    runs = {rows.nth(i).get_attribute("data-color") for i in range(rows.count())}
+    assert len(runs) == 2 and not runs & marker_colours, runs
+    lines = set((_charts(page)["loss"].get("lines") or "").split(","))
+    assert lines == runs, lines  # a's saves, best and stop; b's saves: in their run's colour
+    if SCREENSHOTS:
+        page.screenshot(path=str(Path(SCREENSHOTS) / "serve-compare.png"))
+    page.close()
+    page = _open(browser, s.url + "run/a")
+    for chart in _charts(page).values():
+        curves = {kv.split("=")[1] for kv in chart["colors"].split(",")}
+        assert not curves & marker_colours, chart["colors"]
+    assert page.errors == []
+    page.close()
+
+
+def test_the_runs_list_marks_alerted_hung_and_diverged_runs_and_a_hung_run_has_no_eta(
+    glance: tuple[Path, Served], browser: Any
+) -> None:
+    """A diverged run read "completed" with nothing else; a hung run showed an ETA."""
+    _, s = glance
+    page = _open(browser, s.url)
+    assert page.locator("tr.run").count() == 7
+
+    def marks(key: str) -> list[str]:
+        return page.locator(f"tr.run[data-key='{key}'] .alert-mark").all_text_contents()
+
+    assert marks("hung") == ["⚠ hung"] and marks("diverged") == ["⚠ diverged"]
+    assert marks("running") == [] and marks("a") == []
+    assert "loss 9.1" in (
+        page.get_attribute("tr.run[data-key='diverged'] .alert-mark", "title") or ""
+    )
+    eta = {
+        k: page.text_content(f"tr.run[data-key='{k}'] td:nth-child(7)") for k in ("running", "hung")
+    }
+    assert eta == {"running": "23s", "hung": "–"}, eta  # 90 steps of 0.25 s, and none
+    if SCREENSHOTS:
+        page.locator("#runs").screenshot(path=str(Path(SCREENSHOTS) / "serve-runs.png"))
+    page.close()
+    page = _open(browser, s.url + "run/hung")
+    assert page.text_content("#facts .alert-mark") == "⚠ hung"
+    assert "ETA –" in (page.text_content("#facts") or "")
+    assert page.errors == []
+    page.close()
+
+
+def test_an_alert_row_says_its_kind_message_who_was_told_and_when(
+    glance: tuple[Path, Served], browser: Any
+) -> None:
+    """An alert's row said just "alert", and its hover `raised_at: 1.8e9`, never who was
+    told: now it says what happened, and who was told when that comes (the page open)."""
+    root, s = glance
+    page = _open(browser, s.url + "run/telling")
+    page.wait_for_selector("body[data-tables='1']")
+    row = page.locator("#story tr[data-kind='alert']")
+    text = row.text_content() or ""
+    assert "hang alert: no step progress for 21s" in text and "telling json://127.0.0.1" in text
+    assert READABLE_TIME.search(text), text
+    with guest(root / "telling", role="watcher") as w:
+        w.append("alert_told", {"id": "t1", "told": ["json://127.0.0.1"], "failed": [],
+                                "told_at": time.time()})  # fmt: skip
+    wait_until(lambda: "told json://127.0.0.1 at" in (row.text_content() or ""), 5, "told")
+    assert READABLE_TIME.search((row.text_content() or "").split(" told ")[1])
+    title = row.get_attribute("title") or ""
+    assert re.search(r"raised_at: \d{4}-", title) and re.search(r"told_at: \d{4}-", title), title
+    # the report of step 8 about the checkpoint of step 5: its marker at 5, where its point is
+    assert page.get_attribute("#strip .marker[data-kind='report']", "data-step") == "5"
+    hidden = page.eval_on_selector_all(".scroll-note", "ns => ns.map((n) => n.hidden)")
+    assert hidden and all(hidden)  # at 1400 px no table scrolls: no note
+    assert page.errors == []
+    page.close()
+
+
+def test_a_filter_matching_nothing_says_so_and_short_curves_are_not_smoothed(
+    glance: tuple[Path, Served], browser: Any
+) -> None:
+    """A filter matching nothing left a blank page and a dangling "constant:"; smoothing a
+    3-point accuracy curve read far from its values."""
+    _, s = glance
+    page = _open(browser, s.url + "run/a")
+    page.fill("#filter", "zzz")
+    page.wait_for_selector("#no-match:not([hidden])")
+    assert page.text_content("#no-match") == "no metric matches “zzz”"
+    assert page.is_hidden("#constant") and page.get_attribute("#charts", "data-shown") == "0"
+    page.fill("#filter", "")
+    page.wait_for_selector("#no-match[hidden]", state="attached")
+    assert page.is_visible("#constant")
+    page.eval_on_selector(
+        "#smoothing", "s => { s.value = '0.9'; s.dispatchEvent(new Event('input')); }"
+    )
+    page.wait_for_selector(".chart[data-smoothing='0.9']")
+
+    def legend(metric: str) -> list[str]:
+        sel = f".chart[data-metric='{metric}'] .u-legend .u-series th"
+        return [t.strip() for t in page.locator(sel).all_text_contents()[1:]]
+
+    assert legend("loss") == ["loss raw", "loss", "val_loss"]  # val_loss: 3 evals, as they are
+    assert legend("report:accuracy") == ["report:accuracy"]
+    assert page.errors == []
+    page.close()
+
+
+def test_values_near_the_float_limit_are_drawn_clipped_with_a_note(
+    glance: tuple[Path, Served], browser: Any
+) -> None:
+    """±1.7e308 drew nothing (the range overflows): now they are drawn at ±1e307, the
+    chart says so, and its axis has ticks."""
+    _, s = glance
+    page = _open(browser, s.url + "run/huge")
+    chart = _charts(page)["big"]
+    ticks = chart["yticks"].split("|")
+    assert "1e307" in ticks and "-1e307" in ticks, ticks
+    note = page.text_content(".chart-box[data-key='big'] .clipped") or ""
+    assert "drawn at ±1e307" in note
+    assert page.errors == []
+    page.close()

@@ -154,10 +154,13 @@ def test_a_demo_run_s_page_at_1400_and_420_px(tmp_path: Path, browser: Any) -> N
 
 def _screenshots(page: Any, run: Path, out: Path, width: int) -> None:
     """At 1400 px: the page's top (state, legend, markers, curves; a stop hovered), the
-    checkpoints table and the plot; at 420 px: the page's top."""
+    checkpoints table and the plot; at 420 px: the page's top and the checkpoints table."""
     out.mkdir(parents=True, exist_ok=True)
     if width < 1000:
         page.screenshot(path=str(out / "serve-narrow.png"))
+        table = page.locator("#checkpoints").locator("xpath=../..")  # with its note, if any
+        table.scroll_into_view_if_needed()
+        table.screenshot(path=str(out / "serve-narrow-table.png"))
         return
     if page.locator("#strip .marker.kind-control").count():
         page.locator("#strip .marker.kind-control").hover()

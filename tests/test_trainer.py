@@ -130,6 +130,16 @@ def test_profiled_steps_leave_a_trace_and_a_table_of_ops_on_every_rank(short_run
     ]
 
 
+def test_a_cpu_launch_prints_no_warning(short_run: Path) -> None:
+    """The launch's console (its log: what ilab-train echoes) holds the ranks' lines and no
+    warning: torch warned twice that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated, set by the
+    launcher for NCCL's flight recorder whenever the backend was not literally gloo (auto
+    on a CPU machine is gloo)."""
+    console = "".join(p.read_text() for p in (short_run / "logs").glob("launch-*.log"))
+    assert "[rank0] step 12/12" in console, console
+    assert "Warning" not in console and "TORCH_NCCL" not in console, console
+
+
 def test_loss_decreases_on_the_demo_task(short_run: Path) -> None:
     losses = [r["data"]["loss"] for r in records(short_run) if r["event"] == "log"]
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses

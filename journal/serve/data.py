@@ -19,6 +19,7 @@ import orjson
 
 from journal.checkpoints.leases import Lease, active
 from journal.serve.fold import RunFold, Series, scalar
+from journal.views.fold import RunFold as RunTruth
 from journal.views.summary import STATE_EXIT_CODES
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
@@ -65,20 +66,31 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
+def alert_marks(truth: RunTruth, last_step: int | None) -> dict[str, Any]:
+    """What the page marks a run with: its alerts' kinds (hang, diverged, ...), the newest,
+    and ``stuck``: that one is a hang or a death that no step has ended since (no ETA)."""
+    last = truth.alerts[-1] if truth.alerts else None
+    stuck = (
+        last is not None and last.kind in ("hang", "died") and (last.step or 0) >= (last_step or 0)
+    )
+    kinds = sorted({a.kind for a in truth.alerts})
+    return {"alert_kinds": kinds, "stuck": stuck, "last_alert": last.to_dict() if last else None}
+
+
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
-    """The run's state in ``status``'s words, with progress, throughput, ETA and best."""
+    """The run's state in ``status``'s words, with progress, throughput, ETA (none for a
+    run stale or stuck), best and alerts."""
     now = time.time() if now is None else now
     s = fold.run.summary(stale_after=stale_after, now=now)
+    marks = alert_marks(fold.run, s.last_step)
     prev, last = fold.prev_log, fold.last_log
     log = last["data"] if last is not None else {}
     eta = None
     # (a log record's ts is None when its writer left it out: no rate from it)
-    if s.state == "running" and prev and last and s.total_steps:
-        steps = last["step"] - prev["step"]
-        t1, t0 = last["ts"], prev["ts"]
-        secs = t1 - t0 if t1 is not None and t0 is not None else 0.0
-        if steps > 0 and secs > 0:
-            eta = (s.total_steps - s.last_step) * secs / steps
+    if s.state == "running" and not marks["stuck"] and prev and last and s.total_steps:
+        steps, t1, t0 = last["step"] - prev["step"], last["ts"], prev["ts"]
+        if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
+            eta = (s.total_steps - s.last_step) * (t1 - t0) / steps
     return {
         "run_id": s.run_id,
         "attempt": s.attempt,
@@ -103,6 +115,7 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
         "records": fold.count,
         "invalid_lines": fold.invalid,
         "error": s.error,
+        **marks,
     }
 
 
@@ -129,18 +142,11 @@ def checkpoints(fold: RunFold, held: list[Lease] | None = None) -> list[dict[str
     return [_clipped(view.to_dict()) for view in fold.run.checkpoints(leases=held)]
 
 
-def _clipped(row: dict[str, Any]) -> dict[str, Any]:
+def _clipped(v: Any) -> Any:
     """A row as JSON scalars where the page shows text (a record's strings may be long)."""
-    row["trigger"] = scalar(row["trigger"])
-    if row["removed"] is not None:
-        row["removed"]["reason"] = scalar(row["removed"]["reason"])
-        row["removed"]["by"] = scalar(row["removed"]["by"])
-    for report in row["reports"]:
-        report["metrics"] = {str(k): scalar(v) for k, v in report["metrics"].items()}
-        report["source"] = scalar(report["source"])
-    row["jobs"] = [{k: scalar(v) for k, v in job.items()} for job in row["jobs"]]
-    row["leases"] = [{k: scalar(v) for k, v in lease.items()} for lease in row["leases"]]
-    return row
+    if isinstance(v, dict):
+        return {str(k): _clipped(x) for k, x in v.items()}
+    return [_clipped(x) for x in v] if isinstance(v, list) else scalar(v)
 
 
 def _series_out(series: Series, lo: float | None, hi: float | None, width: int) -> dict:
@@ -152,9 +158,8 @@ def snapshot(fold: RunFold, *, width: int, stale_after: float) -> dict[str, Any]
     """The first paint: every curve downsampled to ``width`` buckets, every marker."""
     held, sig = leases_held(fold)
     with fold.lock:
-        summ = summary(fold, stale_after=stale_after)
         return {
-            "summary": summ,
+            "summary": summary(fold, stale_after=stale_after),
             "count": fold.count,
             "series": [_series_out(s, None, None, width) for s in fold.series.values()],
             "markers": fold.markers,
@@ -198,7 +203,6 @@ def updates(
     not compared)."""
     held, sig = leases_held(fold)
     with fold.lock:
-        summ = summary(fold, stale_after=stale_after)
         out_series = []
         for i, series in enumerate(fold.series.values()):
             have = lengths[i] if i < len(lengths) else 0
@@ -215,7 +219,7 @@ def updates(
                     }
                 )
         return {
-            "summary": summ,
+            "summary": summary(fold, stale_after=stale_after),
             "count": fold.count,
             "series": out_series,
             "markers": fold.markers[markers : markers + MAX_MARKERS],
@@ -227,4 +231,6 @@ def updates(
             "leases": sig,
             "listed": list(fold.listed) if fold.names_changed_at > since else None,
             "listed_all": fold.listed_all,
+            # alert markers the page has whose outcome (who was told) came since
+            "told": [fold.markers[i] for i, at in fold.told.items() if since < at and i < markers],
         }

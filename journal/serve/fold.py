@@ -136,6 +136,7 @@ class RunFold:
         self.names_changed_at = 0  # the record count when ``listed`` last changed
         self._capped = {False: 0, True: 0}  # curves kept beyond PRIORITY, by by_report
         self.unreadable: str | None = None  # why the journal cannot be read now: one line
+        self.told: dict[int, int] = {}  # alert marker -> the record count its outcome came at
         self.last_log: Record | None = None
         self.prev_log: Record | None = None
         self._reader: RotatingReader | None = None
@@ -189,6 +190,8 @@ class RunFold:
         kind = MARKER_KINDS.get(event)
         if kind is not None:
             self._marker(rec, kind)
+        elif event == "alert_told":
+            self._told(rec["data"])
 
     def _new_series(self, name: str, by_report: bool = False) -> Series | None:
         """A curve for a name met for the first time, or None past the cap (then listed)."""
@@ -248,10 +251,9 @@ class RunFold:
 
     def _marker(self, rec: Record, kind: str) -> None:
         data, step = rec["data"], rec["step"]
-        detail = {str(k): scalar(v) for k, v in data.items()}
-        detail = {k: v for k, v in detail.items() if v is not None}
-        if kind == "alert" and isinstance(data.get("step"), int):
-            step = data["step"]  # the step it is about (a hung trainer journals it later)
+        detail = {str(k): x for k, v in data.items() if (x := scalar(v)) is not None}
+        if kind in ("alert", "report") and isinstance(data.get("step"), int):
+            step = data["step"]  # the step it is about: an alert's, a report's checkpoint's
         if kind == "attempt":
             detail = {
                 "attempt": rec["attempt"],
@@ -273,6 +275,15 @@ class RunFold:
         )
         if kind == "report":
             self._reported(data)
+
+    def _told(self, data: dict[str, Any]) -> None:
+        """Who was told of an alert, and when: on the alert's marker."""
+        for m in reversed(self.markers):
+            if m["kind"] == "alert" and m["detail"].get("id") == data.get("id"):
+                m["detail"]["told"] = scalar(data.get("told")) or "nobody"
+                m["detail"]["told_at"] = scalar(data.get("told_at"))
+                self.told[m["i"]] = self.count
+                return
 
     def _reported(self, data: dict[str, Any]) -> None:
         """A report's metrics as points of its checkpoint's step (the table is the fold's)."""

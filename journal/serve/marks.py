@@ -13,31 +13,17 @@ from typing import Any
 
 #: Events drawn as markers on the step axis, and the marker kind each is shown as.
 MARKER_KINDS: dict[str, str] = {
+    **{event: event for event in ("save", "evaluate", "report", "control", "job", "alert")},
     "train_begin": "attempt",
-    "save": "save",
     "checkpoint_removed": "removed",
     "checkpoint_kept": "kept",
-    "evaluate": "evaluate",
-    "report": "report",
-    "control": "control",
-    "job": "job",
     "journal_gap": "gap",
     "train_end": "end",
-    "alert": "alert",
 }
 
 #: The strip's rows, top to bottom: one per kind of thing, so marks at one step never hide
 #: each other (five removals and the best save at step 40 are two marks, in two rows).
-ROWS: tuple[str, ...] = (
-    "alerts",
-    "saves",
-    "removals",
-    "evals",
-    "reports",
-    "jobs",
-    "commands",
-    "run",
-)
+ROWS = ("alerts", "saves", "removals", "evals", "reports", "jobs", "commands", "run")
 
 
 @dataclass(frozen=True)

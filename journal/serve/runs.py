@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.rundir.paths import JOURNAL_NAME
-from journal.serve.data import STATE_MEANING
+from journal.serve.data import STATE_MEANING, alert_marks
 from journal.serve.fold import RunFold
 from journal.views.index import summarize
 from journal.views.query import find_last
@@ -118,7 +118,8 @@ class RunSet:
         s = truth.summary(stale_after=None, now=now, run_dir=run.dir)
         last_log = find_last(run.journal, "log")
         log = last_log["data"] if last_log is not None else {}
-        per_step = log.get("elapsed_time")
+        marks = alert_marks(truth, s.last_step)
+        per_step = None if marks["stuck"] else log.get("elapsed_time")  # stuck: no ETA
         eta = None
         if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):
             eta = max(0, s.total_steps - s.last_step) * per_step
@@ -139,6 +140,7 @@ class RunSet:
             "started_ts": s.started_ts,
             "last_ts": s.last_ts,
             "records": s.records,
+            **marks,
         }
         run._row = (ident, row)
         return _aged(row, now, self.stale_after)
@@ -159,6 +161,7 @@ def _aged(row: dict[str, Any], now: float, stale_after: float) -> dict[str, Any]
     out["age_s"] = None if last is None else max(0.0, now - last)
     if out.get("state") == "running" and last is not None and now - last > stale_after:
         out["state"], out["reason"] = "stale", f"no record for {now - last:.0f}s and no train_end"
+        out["eta_s"] = None
     out["stale"] = out.get("state") == "stale"
     out["meaning"] = STATE_MEANING.get(out.get("state") or "", "")
     state = out.get("state") or ""

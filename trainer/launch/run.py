@@ -35,7 +35,7 @@ from trainer.launch.cluster_env import torchrun_command, torchrun_env
 from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
-from trainer.launch.preflight import preflight
+from trainer.launch.preflight import preflight, resolve_backend, visible_gpus
 from trainer.launch.recovery import (
     abort_marker,
     hang_end,
@@ -278,7 +278,9 @@ def _launch(
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
     proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
-    if train_args.backend != "gloo":  # NCCL keeps a flight recorder a hang alert can dump
+    # NCCL keeps a flight recorder a hang alert can dump; gloo only warns about its variable
+    gpus = visible_gpus(proc_env) if train_args.backend == "auto" else 0
+    if resolve_backend(train_args.backend, gpus) == "nccl":
         from watcher.alerts.evidence import flight_recorder_env
 
         proc_env.update(flight_recorder_env(ckpt_dir, proc_env))

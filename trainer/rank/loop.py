@@ -154,13 +154,17 @@ class Trainer:
         plan = self.planner.plan(st.epoch, st.step_in_epoch)
         loss_local, tokens_local = self._forward_backward(plan)
         grad_norm = self._optimizer_step()
+        paced = time.perf_counter()
         self._pace(plan)
+        paced = time.perf_counter() - paced
         m = self._all_reduce(loss_local, tokens_local, grad_norm, self.inbox.poll_control())
         st.step_in_epoch += 1
         st.samples_seen += plan.global_samples
         if self.step_delay:
             time.sleep(self.step_delay)
-        elapsed = time.perf_counter() - t0
+        # training time: tok/s and the step's elapsed_time leave out rank 0's waits for the
+        # callbacks and the leases (the other ranks wait for it in the all-reduce)
+        elapsed = time.perf_counter() - t0 - paced
         self.step_time_s += elapsed
         applied = self.inbox.journal_control()
         self.inbox.poll_reports()

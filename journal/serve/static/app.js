@@ -4,12 +4,21 @@
 "use strict";
 
 const POLL_MS = 400;
-// Each run's colour in compare, by its place in the address (Tableau 10): the same on
-// every chart, the legend and the table, whichever metrics the run has.
-const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
-  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
-// A run page's curves in one chart (loss, then val_loss).
-const CURVE_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728"];
+// Each run's colour in compare, by its place in the address (the same on every chart, the
+// legend and the table), and a run page's curves in one chart (loss, then val_loss). None
+// is a marker's colour, nor near the lines' (save blue, leased teal, best gold, command
+// red, ...): a curve never reads as a marker. In compare a run's lines take its colour.
+const RUN_COLORS = ["#2ca02c", "#4527a0", "#d95f02", "#aa4499", "#827717", "#56b4e9",
+  "#a6761d", "#882255"];
+// Fewer points than this are drawn as they are, never smoothed (an average of 4 evals
+// read 0.09 where the value was 0.224).
+const MIN_SMOOTHED = 10;
+// Values beyond this are drawn at it, the chart saying so (uPlot drew nothing of a range
+// that overflows: 1.7e308 and -1.7e308); tick steps 1, 2, 2.5, 5 per decade as uPlot's
+// own, on past its last (5e31) to the largest values.
+const CLIP = 1e307;
+const INCRS = [];
+for (let e = -32; e < 308; e++) for (const m of e < 32 ? [1, 2, 2.5, 5] : [1, 2, 5]) INCRS.push(Number(m + "e" + e));
 // The newest rows the tables show (a long run has thousands; /api/ has them all).
 const STORY_ROWS = 500;
 const TABLE_ROWS = 500;
@@ -32,8 +41,16 @@ function el(tag, props, ...children) {
   return node;
 }
 
-// A box that scrolls sideways when its table is wider than the window.
-const scrollBox = (...children) => el("div", { className: "scroll" }, ...children);
+// A box that scrolls sideways when its table is wider than the window, saying so.
+function scrollBox(table) {
+  const note = el("div", { className: "muted scroll-note", hidden: "" }, "⇆ wider than the window: scroll sideways for more columns");
+  const box = el("div", { className: "scroll" }, table);
+  const check = () => { note.hidden = box.scrollWidth <= box.clientWidth; };
+  const watch = new ResizeObserver(check);
+  watch.observe(box);
+  watch.observe(table);
+  return el("div", {}, note, box);
+}
 
 function token() {
   const params = new URLSearchParams(location.search);
@@ -114,6 +131,12 @@ function stateBadge(state, meaning) {
     title: meaning || "" }, state);
 }
 
+// A run's alerts at a glance, one mark per kind ("⚠ hung", "⚠ diverged"), after its state.
+function alertMarks(s) {
+  return (s.alert_kinds || []).map((k) => el("span", { className: "alert-mark", "data-kind": k,
+    title: s.last_alert ? s.last_alert.kind + ": " + s.last_alert.message : "" }, "⚠ " + (k === "hang" ? "hung" : k)));
+}
+
 function swatch(color, extra) {
   const i = el("i", { className: "swatch" + (extra ? " " + extra : ""), "data-color": color });
   i.style.background = color;
@@ -122,11 +145,23 @@ function swatch(color, extra) {
 
 // -- markers: what they say, and how they look ----------------------------------------------
 
+// A Unix time as the machine's local time, to the second: 2026-11-29 07:31:02.
+const when = (ts) => new Date(ts * 1000).toLocaleString("sv-SE");
+
 function markerText(m) {
   const lines = [m.event + " at step " + fmt(m.step) + (m.attempt ? " (attempt " + m.attempt + ")" : "")];
-  if (m.ts) lines.push(new Date(m.ts * 1000).toISOString());
-  for (const [k, v] of Object.entries(m.detail || {})) lines.push(k + ": " + fmt(v));
+  if (m.ts) lines.push(when(m.ts));
+  for (const [k, v] of Object.entries(m.detail || {})) {
+    lines.push(k + ": " + (k.endsWith("_at") && typeof v === "number" ? when(v) : fmt(v)));
+  }
   return lines.join("\n");
+}
+
+// An alert's row: its kind and message, who was told (or is being told) and when.
+function alertText(d) {
+  const told = d.told === undefined ? (d.targets ? "telling " + d.targets : "no --notify target")
+    : "told " + d.told + (d.told_at ? " at " + when(d.told_at) : "");
+  return d.kind + " alert: " + fmt(d.message) + "; raised " + (d.raised_at ? when(d.raised_at) : "–") + "; " + told;
 }
 
 function markerSummary(m) {
@@ -143,6 +178,7 @@ function markerSummary(m) {
         + " from " + fmt(d.source) + (d.reason ? ": " + d.reason : "") + (d.error ? " (" + d.error + ")" : "");
     case "attempt": return "attempt " + fmt(d.attempt) + (d.resumed_from ? " resumed from " + d.resumed_from : " started");
     case "end": return "train_end: " + fmt(d.status) + (d.reason ? ": " + d.reason : "");
+    case "alert": return alertText(d);
     case "job": return "job " + fmt(d.job_id) + " " + fmt(d.state) + (d.node ? " on " + d.node : "")
       + (d.exit_code !== undefined && d.exit_code !== null ? " exit " + d.exit_code : "");
     default: return m.event;
@@ -244,7 +280,7 @@ async function runsPage(main) {
         el("td", {}, box),
         el("td", {}, el("a", { href: "/run/" + encodeURIComponent(r.key) }, r.key),
           el("div", { className: "muted path" }, r.source)),
-        el("td", {}, stateBadge(r.state, r.meaning), el("div", { className: "muted" }, r.meaning)),
+        el("td", {}, stateBadge(r.state, r.meaning), ...alertMarks(r), el("div", { className: "muted" }, r.meaning)),
         el("td", { className: "text" }, r.reason || ""),
         el("td", { className: "num" }, fmt(r.step) + " / " + fmt(r.total_steps)),
         el("td", { className: "num" }, fmt(r.tokens_per_s, 0)),
@@ -318,13 +354,15 @@ function stepRange(view, lo, hi) {
 function drawMarkerLines(u, view) {
   const ctx = u.ctx;
   const left = u.bbox.left, right = u.bbox.left + u.bbox.width;
+  const drawn = new Set();
   ctx.save();
   for (const r of view.runs) {
     if (!r.showMarkers) continue;
     for (const { step, look } of r.lineMarkers()) {
       const x = Math.round(u.valToPos(step, "x", true));
       if (x < left || x > right) continue;
-      ctx.strokeStyle = look.color;
+      ctx.strokeStyle = view.byRun ? r.color : look.color;  // compare: whose line it is
+      drawn.add(ctx.strokeStyle);
       ctx.lineWidth = (look.z >= 7 ? 3 : 1.5) * devicePixelRatio;
       ctx.setLineDash(look.dash ? [4 * devicePixelRatio, 4 * devicePixelRatio] : []);
       ctx.beginPath();
@@ -334,6 +372,7 @@ function drawMarkerLines(u, view) {
     }
   }
   ctx.restore();
+  u.root.parentNode.dataset.lines = [...drawn].join(",");
 }
 
 // One chart's table for uPlot: x, then per curve its values (with smoothing: the raw
@@ -343,7 +382,8 @@ function chartData(view, spec) {
     const s = view.curve(c.run, c.name);
     let y = s ? s.y : [];
     if (spec.log) y = y.map((v) => (v > 0 ? v : null));
-    return view.smooth > 0 ? [s ? s.x : [], y, ema(y, view.smooth)] : [s ? s.x : [], y];
+    if (spec.clipped) y = y.map((v) => (v === null ? v : Math.max(-CLIP, Math.min(CLIP, v))));
+    return c.smooth ? [s ? s.x : [], y, ema(y, view.smooth)] : [s ? s.x : [], y];
   });
   return tables.length === 1 ? tables[0] : uPlot.join(tables);
 }
@@ -361,7 +401,7 @@ function makeChart(node, spec, view, width, height) {
     const s = view.curve(c.run, c.name);
     const few = s && s.x.length < 60;
     const value = (u, v) => (v === null || v === undefined ? "–" : num(v));
-    if (view.smooth > 0) {
+    if (c.smooth) {
       series.push({ label: c.label + " raw", stroke: faint(c.color), width: 1, spanGaps: true,
         points: { show: false }, value });
     }
@@ -382,7 +422,7 @@ function makeChart(node, spec, view, width, height) {
     series,
     axes: [
       { values: (u, splits) => ticksOf(node, "xticks", splits, false) },
-      { size: 60, values: (u, splits) => ticksOf(node, "yticks", splits, spec.log) },
+      { size: 60, values: (u, splits) => ticksOf(node, "yticks", splits, spec.log), ...(spec.log ? {} : { incrs: INCRS }) },
     ],
     hooks: {
       draw: [(u) => drawMarkerLines(u, view)],
@@ -390,7 +430,7 @@ function makeChart(node, spec, view, width, height) {
         if (u.select.width < 3) return;
         const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
         u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-        view.zoomTo(lo, hi);
+        view.zoomTo(Math.floor(lo), Math.ceil(hi));  // whole steps
       }],
       setScale: [(u, key) => {
         if (key !== "x") return;
@@ -450,9 +490,11 @@ class ChartView {
     this.forced = new Set();  // constant curves asked to be drawn
     this.pinned = [];  // listed curves asked for by name: read once, not followed live
     this.strips = opts.strips;  // (view) -> placed strips, after each layout
+    this.byRun = Boolean(opts.byRun);  // compare: a run's marker lines in its colour
     this.constRow = el("div", { className: "more-row", id: "constant", hidden: "" });
     this.grid = el("div", { id: "charts" });
-    host.append(this.constRow, this.grid);
+    this.none = el("p", { className: "muted", id: "no-match", hidden: "" });
+    host.append(this.constRow, this.none, this.grid);
     let last = window.innerWidth;
     window.addEventListener("resize", () => {
       clearTimeout(this.resizeTimer);
@@ -486,6 +528,11 @@ class ChartView {
         const s = this.curve(c.run, c.name);
         return s && s.y.some((v) => v > 0);
       });
+      for (const c of spec.curves) {
+        const s = this.curve(c.run, c.name);
+        c.smooth = this.smooth > 0 && s && s.x.length >= MIN_SMOOTHED;
+        spec.clipped = spec.clipped || (s && s.y.some((v) => Math.abs(v) > CLIP));
+      }
       const first = i === 0;
       const box = el("div", { className: "chart-box" + (first ? " first" : ""), "data-key": spec.key });
       const log = el("input", { type: "checkbox", className: "log", "aria-label": "log scale" });
@@ -495,6 +542,7 @@ class ChartView {
         this.build();
       };
       box.append(el("div", { className: "chart-head" }, el("span", { className: "chart-title" }, spec.title),
+        spec.clipped ? el("span", { className: "clipped" }, "values beyond ±1e307 drawn at ±1e307") : null,
         el("label", { className: "log-toggle" }, log, " log")));
       const node = el("div", { className: "chart", "data-curves": spec.curves.map((c) => c.label).join(","),
         "data-metric": spec.metric || spec.key });
@@ -515,7 +563,6 @@ class ChartView {
   }
 
   renderConstants(constants) {
-    this.constRow.hidden = constants.length === 0;
     this.constRow.replaceChildren(el("span", { className: "muted" }, "constant: "),
       ...constants.map((c) => el("button", { className: "metric const", "data-name": c.name,
         title: "draw it", onclick: () => { this.forced.add(c.name); this.build(); } },
@@ -528,8 +575,13 @@ class ChartView {
     const want = this.filter.toLowerCase();
     const hit = (name) => !this.filter || (re ? re.test(name) : name.toLowerCase().includes(want));
     for (const c of this.charts) c.box.hidden = !c.spec.names.some(hit);
-    for (const b of this.constRow.querySelectorAll("button")) b.hidden = !hit(b.dataset.name);
-    this.grid.dataset.shown = String(this.charts.filter((c) => !c.box.hidden).length);
+    const consts = [...this.constRow.querySelectorAll("button")];
+    for (const b of consts) b.hidden = !hit(b.dataset.name);
+    this.constRow.hidden = consts.every((b) => b.hidden);
+    const shown = this.charts.filter((c) => !c.box.hidden).length;
+    this.grid.dataset.shown = String(shown);
+    this.none.hidden = shown > 0 || !this.constRow.hidden;
+    this.none.textContent = "no metric matches “" + this.filter + "”";
   }
 
   // Zoom every chart to [lo, hi] (null: out), then fetch that range at full resolution.
@@ -654,7 +706,7 @@ async function runPage(main, key) {
   const base = "/api/runs/" + encodeURIComponent(key);
   const snap = await getJSON(base + "?width=1000");
   document.getElementById("title").textContent = key;
-  const run = new RunData(key, snap, CURVE_COLORS[0]);
+  const run = new RunData(key, snap, RUN_COLORS[0]);
   const facts = el("div", { className: "facts", id: "facts" });
   const legend = el("div", { className: "legend-keys", id: "legend" });
   const strip = el("div", { className: "strip", id: "strip" });
@@ -699,7 +751,7 @@ async function runPage(main, key) {
     document.body.dataset.tables = "1";
   }, 0);
 
-  let constants = constantNames(view);
+  let layout = layoutKey(view);
   async function poll() {
     try {
       const n = run.order.map((name) => run.series.get(name).n).join(",");
@@ -722,10 +774,16 @@ async function runPage(main, key) {
         marks = true;
       } else refreshLeases(ckTable);
       if (up.markers.length) { run.addMarkers(up.markers); renderStory(story, up.markers, false); marks = true; }
+      for (const m of up.told) {  // who was told of an alert, come since: its row says so
+        run.markers[m.i] = m;
+        const row = story.querySelector("tr[data-i='" + m.i + "']");
+        if (row) { row.cells[1].textContent = markerSummary(m); row.title = markerText(m); }
+        marks = true;
+      }
       if (control) control.update(up.summary, run.markers);
       if (up.listed) renderMore(up.listed, up.listed_all);
-      const now = constantNames(view);
-      if (now !== constants) { constants = now; rebuild = true; }
+      const now = layoutKey(view);
+      if (now !== layout) { layout = now; rebuild = true; }
       if (rebuild) view.build();
       else if (up.series.length || marks) {
         // a curve sent whole again while zoomed: the zoomed range is fetched anew
@@ -747,8 +805,10 @@ async function runPage(main, key) {
   setTimeout(poll, POLL_MS);
 }
 
-function constantNames(view) {
-  return [...view.runs[0].series.values()].filter(isConstant).map((s) => s.name).join(",");
+// What lays the charts out besides the names: which curves are constant, which have points
+// enough to smooth; a change draws them again.
+function layoutKey(view) {
+  return [...view.runs[0].series.values()].map((s) => (isConstant(s) ? "c" : "") + (s.x.length >= MIN_SMOOTHED ? "s" : "")).join(",");
 }
 
 // A run page's charts: the loss with val_loss, then one chart per other curve; curves that
@@ -770,7 +830,7 @@ function runSpecs(view) {
   for (const p of view.pinned) groups.push([p.name]);
   const specs = groups.map((g) => ({
     key: g.join(","), title: g.join(", "), names: g, metric: g[0],
-    curves: g.map((n, i) => ({ run: run.key, name: n, label: n, color: CURVE_COLORS[i % CURVE_COLORS.length] })),
+    curves: g.map((n, i) => ({ run: run.key, name: n, label: n, color: RUN_COLORS[i % RUN_COLORS.length] })),
   }));
   return { specs, constants };
 }
@@ -778,7 +838,7 @@ function runSpecs(view) {
 function renderFacts(facts, s) {
   const best = s.best ? s.best.metric + " " + fmt(s.best.value) + " at step " + fmt(s.best.step) : "–";
   facts.replaceChildren(
-    el("p", {}, stateBadge(s.state, s.meaning), " ", el("span", { id: "reason" }, s.reason || ""),
+    el("p", {}, stateBadge(s.state, s.meaning), ...alertMarks(s), " ", el("span", { id: "reason" }, s.reason || ""),
       " ", el("span", { className: "muted" }, s.meaning)),
     el("p", {},
       el("span", {}, "run ", s.run_id || "–", " attempt ", fmt(s.attempt)),
@@ -860,7 +920,7 @@ function renderStory(table, markers, fresh) {
       last.row.title += "\n\n" + markerText(m);
       continue;
     }
-    const row = el("tr", { "data-kind": m.kind }, el("td", { className: "num" }, fmt(m.step)),
+    const row = el("tr", { "data-kind": m.kind, "data-i": m.i }, el("td", { className: "num" }, fmt(m.step)),
       el("td", { className: "text" }, markerSummary(m)));
     row.title = markerText(m);
     table.append(row);
@@ -926,6 +986,7 @@ async function comparePage(main) {
   const charts = el("div", { className: "charts-host" });
   main.replaceChildren(scrollBox(head), legend, strips, charts);
   const view = new ChartView(charts, runs, compareSpecs, {
+    byRun: true,
     strips: (v) => {
       const u = v.charts.length ? v.charts[0].u : null;
       strips.replaceChildren();
@@ -949,7 +1010,7 @@ async function comparePage(main) {
     head.append(el("tr", { className: "run", "data-key": r.key, "data-color": r.color },
       el("td", {}, swatch(r.color)),
       el("td", {}, el("a", { href: "/run/" + encodeURIComponent(r.key) }, r.key)),
-      el("td", { className: "text" }, stateBadge(s.state, s.meaning), s.reason ? " " + s.reason : ""),
+      el("td", { className: "text" }, stateBadge(s.state, s.meaning), ...alertMarks(s), s.reason ? " " + s.reason : ""),
       el("td", { className: "num" }, fmt(s.step) + " / " + fmt(s.total_steps)),
       el("td", {}, best),
       el("td", { className: "num" }, fmt(s.last_loss)),
