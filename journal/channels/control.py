@@ -127,7 +127,6 @@ def send_command(
     Control(command, reason)  # validate
     cid = check_command_id(command_id) if command_id is not None else new_command_id()
     cdir = control_dir(ckpt_dir)
-    cdir.mkdir(mode=0o750, parents=True, exist_ok=True)
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
@@ -136,7 +135,9 @@ def send_command(
         "ts": time.time(),
     }
     atomic_write(
-        cdir / f"{cid}{COMMAND_FILE_SUFFIX}", orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+        cdir / f"{cid}{COMMAND_FILE_SUFFIX}",
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        root=ckpt_dir,
     )
     return cid
 

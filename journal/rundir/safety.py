@@ -5,7 +5,10 @@ pick the best checkpoint, ``leases/`` decide what rotation deletes, ``checkpoint
 loaded on resume, and the journal and lock files are opened for writing. Whoever can create
 or replace entries there can steer (or, with a planted symlink, redirect) a run. So a run
 dir and those subdirectories must belong to the user running it (or to root) and be
-writable by nobody else, and the journal and lock files are opened with ``O_NOFOLLOW``.
+writable by nobody else; and nothing written inside it goes through a symlink: every file
+is opened by :func:`open_no_follow` (``O_NOFOLLOW``, the directories below the run dir
+checked by :func:`safe_dir`; ``journal.rundir.files.atomic_write`` writes through it too).
+The run dir itself may be a link: the user named it.
 
 Readers (``status``, ``show``, ``tail``) do not call this: reading a colleague's journal is
 fine. Everything that writes into the dir or acts on what is in it does.
@@ -13,6 +16,7 @@ fine. Everything that writes into the dir or acts on what is in it does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -20,13 +24,16 @@ import stat
 from pathlib import Path
 
 from journal.rundir.paths import (
+    ALERTS_DIR_NAME,
     CHECKPOINTS_DIR_NAME,
     CONTROL_DIR_NAME,
     JOURNAL_NAME,
     LEASES_DIR_NAME,
     LOCK_NAME,
+    LOGS_DIR_NAME,
     REPORTS_DIR_NAME,
     RUN_LOCK_NAME,
+    WATCH_DIR_NAME,
 )
 
 #: Subdirectories whose files steer the run (commands, results, leases, resumed state).
@@ -36,8 +43,19 @@ STEERING_DIRS: tuple[str, ...] = (
     LEASES_DIR_NAME,
     CHECKPOINTS_DIR_NAME,
 )
+#: Subdirectories written into: never a symlink (``checkpoints/`` may be one, to a bigger
+#: disk: torch writes the checkpoints).
+WRITTEN_DIRS: tuple[str, ...] = (
+    CONTROL_DIR_NAME,
+    REPORTS_DIR_NAME,
+    LEASES_DIR_NAME,
+    ALERTS_DIR_NAME,
+    LOGS_DIR_NAME,
+    WATCH_DIR_NAME,
+)
 #: Files opened for writing by the journal's writer and the locks: never a symlink.
 OPENED_FILES: tuple[str, ...] = (JOURNAL_NAME, LOCK_NAME, RUN_LOCK_NAME)
+LINK = "a symbolic link: refusing to follow it (remove it)"
 #: Mode of the directories we create: the group may read (as the journal's 0640), not write.
 DIR_MODE = 0o750
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -96,12 +114,17 @@ def dir_problem(path: str | os.PathLike[str], st: os.stat_result, uid: int) -> s
     return None
 
 
-def file_problem(st: os.stat_result, uid: int, *, devices: bool = False) -> str | None:
+def file_problem(
+    st: os.stat_result, uid: int, *, devices: bool = False, fifo: bool = False
+) -> str | None:
     """Why a file we are about to write (its ``lstat``/``fstat``) must not be used; None
-    when it may. ``devices``: a character device (``/dev/null``) is acceptable too."""
+    when it may. ``devices``: a character device (``/dev/null``) is acceptable too;
+    ``fifo``: it must be a FIFO (a pipe a process reads), not a regular file."""
     if stat.S_ISLNK(st.st_mode):
-        return "a symbolic link: refusing to follow it (remove it)"
-    if not (stat.S_ISREG(st.st_mode) or (devices and stat.S_ISCHR(st.st_mode))):
+        return LINK
+    if fifo and not stat.S_ISFIFO(st.st_mode):
+        return "not a FIFO (remove it)"
+    if not (fifo or stat.S_ISREG(st.st_mode) or (devices and stat.S_ISCHR(st.st_mode))):
         return "not a regular file (remove it)"
     if not trusted_owner(st.st_uid, uid):
         return f"owned by {_user(st.st_uid)}, not by you ({_user(uid, with_uid=False)}): remove it"
@@ -111,26 +134,24 @@ def file_problem(st: os.stat_result, uid: int, *, devices: bool = False) -> str 
 def check_run_dir(ckpt_dir: str | os.PathLike[str]) -> None:
     """Raise :class:`UnsafeRunDir` unless ``ckpt_dir``, its steering subdirectories and its
     journal and lock files are safe for this user. Missing ones are fine (they will be
-    created by us); a symlinked directory is judged by what it points to (only its owner
-    could have made the link), a symlinked journal or lock file is refused."""
+    created by us); a symlinked directory we write into (:data:`WRITTEN_DIRS`), journal or
+    lock file is refused (the run dir and ``checkpoints/`` are judged by what they point
+    to: only their owner could have made the link)."""
     uid = os.geteuid()
     root = Path(ckpt_dir)
     for d in (root, *(root / name for name in STEERING_DIRS)):
         try:
-            st = os.stat(d)
+            st = os.lstat(d) if d.name in WRITTEN_DIRS else os.stat(d)
         except FileNotFoundError:
             if d == root:
                 return  # a new run dir: nothing in it yet
             continue
-        if why := dir_problem(d, st, uid):
+        if why := LINK if stat.S_ISLNK(st.st_mode) else dir_problem(d, st, uid):
             raise UnsafeRunDir(d, why)
-    for name in OPENED_FILES:
-        try:
-            st = os.lstat(root / name)
-        except FileNotFoundError:
-            continue
-        if why := file_problem(st, uid):
-            raise UnsafeRunDir(root / name, why)
+    for name in (*WRITTEN_DIRS, *OPENED_FILES):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(root / name).st_mode):
+                raise UnsafeRunDir(root / name, LINK)
 
 
 def not_a_directory(path: str | os.PathLike[str]) -> str | None:
@@ -151,22 +172,54 @@ def make_dir(path: str | os.PathLike[str]) -> None:
     p.mkdir(mode=DIR_MODE, exist_ok=True)
 
 
+def safe_dir(
+    root: str | os.PathLike[str], path: str | os.PathLike[str], *, create: bool = True
+) -> Path:
+    """``path``, a directory at or below ``root`` (a run dir or a state dir, as the user
+    named it: ``root`` itself may be a link), with every directory below ``root`` checked
+    to be a directory and not a symlink; the missing ones are made (mode 0750) unless not
+    ``create`` (FileNotFoundError then). Raises :class:`UnsafeRunDir` for a link."""
+    d = Path(os.path.abspath(root))  # lexical: spelled relative or absolute, never resolved
+    for part in Path(os.path.abspath(path)).relative_to(d).parts:
+        d = d / part
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            if not create:
+                raise
+            make_dir(d)  # its parent is checked (or ``root``, made if missing)
+            st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise UnsafeRunDir(d, LINK if stat.S_ISLNK(st.st_mode) else "not a directory")
+    return Path(path)
+
+
 def open_no_follow(
-    path: str | os.PathLike[str], flags: int, mode: int, *, devices: bool = False
+    path: str | os.PathLike[str],
+    flags: int,
+    mode: int = 0o640,
+    *,
+    root: str | os.PathLike[str],
+    devices: bool = False,
+    fifo: bool = False,
 ) -> int:
-    """``os.open`` that never follows a symlink and never blocks on a FIFO; the file must be
-    a regular file (or a character device, with ``devices``) of this user or root. Raises
-    :class:`UnsafeRunDir` otherwise, OSError for the usual reasons."""
+    """``os.open`` of ``path`` below ``root`` (see :func:`safe_dir`; its directories made
+    when ``flags`` has ``O_CREAT``) that never follows a symlink and never blocks on a
+    FIFO; the file must be a regular file (a character device too, with ``devices``; a
+    FIFO, with ``fifo``: one nobody reads is ENXIO) of this user or root. The one way to
+    open a file for writing in a run dir. Raises :class:`UnsafeRunDir` otherwise, OSError
+    for the usual reasons."""
+    safe_dir(root, Path(path).parent, create=bool(flags & os.O_CREAT))
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UnsafeRunDir(path, "a symbolic link: refusing to follow it (remove it)") from None
-        if exc.errno == errno.ENXIO:  # a FIFO nobody reads (O_NONBLOCK kept us from hanging)
+            raise UnsafeRunDir(path, LINK) from None
+        if exc.errno == errno.ENXIO and not fifo:  # O_NONBLOCK kept us from hanging
             raise UnsafeRunDir(path, "not a regular file (remove it)") from None
         raise
     try:
-        why = file_problem(os.fstat(fd), os.geteuid(), devices=devices)
+        why = file_problem(os.fstat(fd), os.geteuid(), devices=devices, fifo=fifo)
         if why:
             raise UnsafeRunDir(path, why)
         os.set_blocking(fd, True)  # O_NONBLOCK was only for the open

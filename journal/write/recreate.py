@@ -89,7 +89,9 @@ class RecreatesJournal:
         try:
             make_dir(self.path.parent)  # the whole run dir may have gone
             check_run_dir(self.path.parent)
-            fd = open_no_follow(self.path, OPEN_FLAGS, self._mode, devices=True)
+            fd = open_no_follow(
+                self.path, OPEN_FLAGS, self._mode, root=self.path.parent, devices=True
+            )
         except OSError as exc:  # UnsafeRunDir included: never write where others steer
             if not self._reopen_failed:
                 self._reopen_failed = True

@@ -110,7 +110,7 @@ class JournalWriter(RecreatesJournal):
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
         self._mode = mode
-        self._fd = open_no_follow(self.path, OPEN_FLAGS, mode, devices=True)
+        self._fd = open_no_follow(self.path, OPEN_FLAGS, mode, root=self.path.parent, devices=True)
         self._ident = identity(self._fd)
         self._next_check = 0.0
         self._reopen_failed = False
@@ -332,7 +332,9 @@ class JournalWriter(RecreatesJournal):
         if size <= 0 or self._reserve.exists():
             return
         try:
-            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+            fd = open_no_follow(
+                self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, root=self.path.parent
+            )
         except OSError:
             return
         try:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from journal.rundir.safety import safe_dir
 from trainer.checkpoint import sharded as ckpt
 from trainer.config import WorkerConfig
 from trainer.data.load import load_data, total_steps
@@ -63,8 +64,10 @@ def build_run(
     device, backend = device_and_backend(args, local_rank)
     if backend == "nccl" and (pipe := os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")):
         # the flight recorder's pipes and dumps (the launcher's flight_recorder_env): NCCL
-        # makes its pipe at the group's start, in a directory that must exist
-        Path(pipe).parent.mkdir(parents=True, exist_ok=True)
+        # makes its pipe at the group's start, in a directory that must exist (no symlink
+        # below the run dir, unless the user put the pipe elsewhere)
+        where = Path(pipe).parent
+        safe_dir(args.ckpt_dir if where.is_relative_to(args.ckpt_dir) else where, where)
     dist.init_process_group(
         backend=backend,
         device_id=device if device.type == "cuda" else None,
