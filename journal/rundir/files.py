@@ -12,7 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
-from journal.rundir.safety import open_no_follow
+from journal.rundir.safety import CREATE, StrPath, open_no_follow
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -30,12 +30,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def atomic_write(
-    path: str | os.PathLike[str],
-    data: bytes,
-    *,
-    root: str | os.PathLike[str],
-    mode: int = 0o640,
-    durable: bool = True,
+    path: StrPath, data: bytes, *, root: StrPath, mode: int = 0o640, durable: bool = True
 ) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
@@ -47,16 +42,12 @@ def atomic_write(
     """
     final = Path(path)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode, root=root)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+        with open(open_no_follow(tmp, CREATE, mode, root=root), "wb") as f:
+            f.write(data)
             if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from journal.rundir.paths import lock_path, run_lock_path
-from journal.rundir.safety import make_dir, open_no_follow
+from journal.rundir.safety import StrPath, make_dir, open_no_follow
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0  # a heartbeat older than this is a dead holder's
@@ -51,13 +51,7 @@ class FileLock:
     error: type[Locked] = Locked
 
     def __init__(
-        self,
-        path: Path,
-        *,
-        root: str | os.PathLike[str],
-        role: str,
-        heartbeat_s: float | None = None,
-        **info: Any,
+        self, path: Path, *, root: StrPath, role: str, heartbeat_s: float | None = None, **info: Any
     ) -> None:
         self.path, self.root = path, root
         self.role = role

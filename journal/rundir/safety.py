@@ -43,19 +43,20 @@ STEERING_DIRS: tuple[str, ...] = (
     LEASES_DIR_NAME,
     CHECKPOINTS_DIR_NAME,
 )
-#: Subdirectories written into: never a symlink (``checkpoints/`` may be one, to a bigger
-#: disk: torch writes the checkpoints).
-WRITTEN_DIRS: tuple[str, ...] = (
-    CONTROL_DIR_NAME,
-    REPORTS_DIR_NAME,
-    LEASES_DIR_NAME,
-    ALERTS_DIR_NAME,
-    LOGS_DIR_NAME,
-    WATCH_DIR_NAME,
-)
+#: Subdirectories written into, never a symlink: the steering ones but ``checkpoints/``
+#: (the last; it may be a link, to a bigger disk), those of alerts, logs and watchers.
+WRITTEN_DIRS = (*STEERING_DIRS[:-1], ALERTS_DIR_NAME, LOGS_DIR_NAME, WATCH_DIR_NAME)
 #: Files opened for writing by the journal's writer and the locks: never a symlink.
 OPENED_FILES: tuple[str, ...] = (JOURNAL_NAME, LOCK_NAME, RUN_LOCK_NAME)
+#: Why a symlink where we write is refused.
 LINK = "a symbolic link: refusing to follow it (remove it)"
+#: :func:`open_no_follow`'s flags for a file appended to (a journal, a log), and for a new
+#: file (never one that is there, link or not).
+APPEND, CREATE = os.O_WRONLY | os.O_APPEND | os.O_CREAT, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+StrPath = str | os.PathLike[str]
+#: File types (``stat.S_IF*``) a file written may be.
+REGULAR, DEVICES, FIFO = (stat.S_IFREG,), (stat.S_IFREG, stat.S_IFCHR), (stat.S_IFIFO,)
+_KIND = {stat.S_IFREG: "a regular file", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory"}
 #: Mode of the directories we create: the group may read (as the journal's 0640), not write.
 DIR_MODE = 0o750
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -114,18 +115,14 @@ def dir_problem(path: str | os.PathLike[str], st: os.stat_result, uid: int) -> s
     return None
 
 
-def file_problem(
-    st: os.stat_result, uid: int, *, devices: bool = False, fifo: bool = False
-) -> str | None:
+def file_problem(st: os.stat_result, uid: int, *, kinds: tuple[int, ...] = REGULAR) -> str | None:
     """Why a file we are about to write (its ``lstat``/``fstat``) must not be used; None
-    when it may. ``devices``: a character device (``/dev/null``) is acceptable too;
-    ``fifo``: it must be a FIFO (a pipe a process reads), not a regular file."""
+    when it may. ``kinds``: the file types it may be (:data:`DEVICES`: ``/dev/null`` too;
+    :data:`FIFO`: a pipe a process reads, never a regular file)."""
     if stat.S_ISLNK(st.st_mode):
         return LINK
-    if fifo and not stat.S_ISFIFO(st.st_mode):
-        return "not a FIFO (remove it)"
-    if not (fifo or stat.S_ISREG(st.st_mode) or (devices and stat.S_ISCHR(st.st_mode))):
-        return "not a regular file (remove it)"
+    if stat.S_IFMT(st.st_mode) not in kinds:
+        return f"not {_KIND[kinds[0]]} (remove it)"
     if not trusted_owner(st.st_uid, uid):
         return f"owned by {_user(st.st_uid)}, not by you ({_user(uid, with_uid=False)}): remove it"
     return None
@@ -134,24 +131,25 @@ def file_problem(
 def check_run_dir(ckpt_dir: str | os.PathLike[str]) -> None:
     """Raise :class:`UnsafeRunDir` unless ``ckpt_dir``, its steering subdirectories and its
     journal and lock files are safe for this user. Missing ones are fine (they will be
-    created by us); a symlinked directory we write into (:data:`WRITTEN_DIRS`), journal or
-    lock file is refused (the run dir and ``checkpoints/`` are judged by what they point
-    to: only their owner could have made the link)."""
+    created by us); a directory we write into (:data:`WRITTEN_DIRS`), journal or lock
+    file that is a symlink (or another user's) is refused; the run dir and
+    ``checkpoints/`` are judged by what they point to (only their owner made the link)."""
     uid = os.geteuid()
     root = Path(ckpt_dir)
     for d in (root, *(root / name for name in STEERING_DIRS)):
         try:
-            st = os.lstat(d) if d.name in WRITTEN_DIRS else os.stat(d)
+            st = os.stat(d)
         except FileNotFoundError:
             if d == root:
                 return  # a new run dir: nothing in it yet
             continue
-        if why := LINK if stat.S_ISLNK(st.st_mode) else dir_problem(d, st, uid):
+        if why := dir_problem(d, st, uid):
             raise UnsafeRunDir(d, why)
     for name in (*WRITTEN_DIRS, *OPENED_FILES):
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISLNK(os.lstat(root / name).st_mode):
-                raise UnsafeRunDir(root / name, LINK)
+            kinds = (stat.S_IFDIR,) if name in WRITTEN_DIRS else REGULAR
+            if why := file_problem(os.lstat(root / name), uid, kinds=kinds):
+                raise UnsafeRunDir(root / name, why)
 
 
 def not_a_directory(path: str | os.PathLike[str]) -> str | None:
@@ -172,54 +170,41 @@ def make_dir(path: str | os.PathLike[str]) -> None:
     p.mkdir(mode=DIR_MODE, exist_ok=True)
 
 
-def safe_dir(
-    root: str | os.PathLike[str], path: str | os.PathLike[str], *, create: bool = True
-) -> Path:
+def safe_dir(root: StrPath, path: StrPath) -> Path:
     """``path``, a directory at or below ``root`` (a run dir or a state dir, as the user
-    named it: ``root`` itself may be a link), with every directory below ``root`` checked
-    to be a directory and not a symlink; the missing ones are made (mode 0750) unless not
-    ``create`` (FileNotFoundError then). Raises :class:`UnsafeRunDir` for a link."""
+    named it: ``root`` itself may be a link), made where missing (mode 0750; ``root`` too)
+    and every directory below ``root`` checked to be a directory, not a symlink. Raises
+    :class:`UnsafeRunDir` for a link."""
     d = Path(os.path.abspath(root))  # lexical: spelled relative or absolute, never resolved
     for part in Path(os.path.abspath(path)).relative_to(d).parts:
-        d = d / part
-        try:
-            st = os.lstat(d)
-        except FileNotFoundError:
-            if not create:
-                raise
-            make_dir(d)  # its parent is checked (or ``root``, made if missing)
-            st = os.lstat(d)
+        d /= part
+        with contextlib.suppress(FileExistsError):  # a link to a file: refused below
+            make_dir(d)  # in its parent, checked (or ``root``)
+        st = os.lstat(d)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
             raise UnsafeRunDir(d, LINK if stat.S_ISLNK(st.st_mode) else "not a directory")
     return Path(path)
 
 
 def open_no_follow(
-    path: str | os.PathLike[str],
-    flags: int,
-    mode: int = 0o640,
-    *,
-    root: str | os.PathLike[str],
-    devices: bool = False,
-    fifo: bool = False,
+    path: StrPath, flags: int, mode: int = 0o640, *, root: StrPath, kinds: tuple[int, ...] = REGULAR
 ) -> int:
-    """``os.open`` of ``path`` below ``root`` (see :func:`safe_dir`; its directories made
-    when ``flags`` has ``O_CREAT``) that never follows a symlink and never blocks on a
-    FIFO; the file must be a regular file (a character device too, with ``devices``; a
-    FIFO, with ``fifo``: one nobody reads is ENXIO) of this user or root. The one way to
-    open a file for writing in a run dir. Raises :class:`UnsafeRunDir` otherwise, OSError
-    for the usual reasons."""
-    safe_dir(root, Path(path).parent, create=bool(flags & os.O_CREAT))
+    """``os.open`` of ``path`` below ``root`` (see :func:`safe_dir`: its directories made
+    and checked) that never follows a symlink and never blocks on a
+    FIFO; the file must be of ``kinds`` (see :func:`file_problem`; a FIFO nobody reads is
+    ENXIO) and of this user or root. The one way to open a file for writing in a run dir.
+    Raises :class:`UnsafeRunDir` otherwise, OSError for the usual reasons."""
+    safe_dir(root, Path(path).parent)
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeRunDir(path, LINK) from None
-        if exc.errno == errno.ENXIO and not fifo:  # O_NONBLOCK kept us from hanging
+        if exc.errno == errno.ENXIO and kinds != FIFO:  # O_NONBLOCK kept us from hanging
             raise UnsafeRunDir(path, "not a regular file (remove it)") from None
         raise
     try:
-        why = file_problem(os.fstat(fd), os.geteuid(), devices=devices, fifo=fifo)
+        why = file_problem(os.fstat(fd), os.geteuid(), kinds=kinds)
         if why:
             raise UnsafeRunDir(path, why)
         os.set_blocking(fd, True)  # O_NONBLOCK was only for the open

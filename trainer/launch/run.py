@@ -28,7 +28,7 @@ from journal.rundir.files import atomic_write
 from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
 from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
-from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir, open_no_follow
+from journal.rundir.safety import APPEND, UnsafeRunDir, check_run_dir, make_dir, open_no_follow
 from journal.store import guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
@@ -284,8 +284,7 @@ def _launch(
     # each node guards its ranks
     guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink)
     try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        with open(open_no_follow(log_path, flags, root=ckpt_dir), "ab") as log_file:
+        with open(open_no_follow(log_path, APPEND, root=ckpt_dir), "ab") as log_file:
             proc = subprocess.Popen(
                 torchrun_command(cfg_path, t),
                 stdout=subprocess.PIPE,

@@ -64,10 +64,9 @@ def build_run(
     device, backend = device_and_backend(args, local_rank)
     if backend == "nccl" and (pipe := os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")):
         # the flight recorder's pipes and dumps (the launcher's flight_recorder_env): NCCL
-        # makes its pipe at the group's start, in a directory that must exist (no symlink
-        # below the run dir, unless the user put the pipe elsewhere)
-        where = Path(pipe).parent
-        safe_dir(args.ckpt_dir if where.is_relative_to(args.ckpt_dir) else where, where)
+        # makes its pipe at the group's start, in a directory that must exist and be no
+        # symlink (logs/ above it is checked by the launcher)
+        safe_dir(Path(pipe).parent.parent, Path(pipe).parent)
     dist.init_process_group(
         backend=backend,
         device_id=device if device.type == "cuda" else None,

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import logs_dir
 from journal.rundir.procs import ORPHAN_GRACE_S, die_with_parent, watch_parent
-from journal.rundir.safety import UnsafeRunDir, open_no_follow
+from journal.rundir.safety import APPEND, UnsafeRunDir, open_no_follow
 from trainer.checkpoint.async_save import CheckpointWriteError
 from trainer.checkpoint.fit import CheckpointMismatch
 from trainer.checkpoint.sharded import remove_partial_saves
@@ -47,15 +47,12 @@ def _setup_logging(ckpt_dir: Path, rank: int) -> None:
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line
     root.handlers[:] = [sh]
     try:  # never through a symlink planted in logs/: said once, the run goes on
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        fd = open_no_follow(logs_dir(ckpt_dir) / f"rank-{rank}.log", flags, root=ckpt_dir)
+        fd = open_no_follow(logs_dir(ckpt_dir) / f"rank-{rank}.log", APPEND, root=ckpt_dir)
     except UnsafeRunDir as exc:
-        log.warning("no log file: %s", exc)
-        return
-    fh = logging.StreamHandler(open(fd, "a", encoding="utf-8"))  # noqa: SIM115 - the handler keeps it
-    fh.setFormatter(
-        logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    )
+        return log.warning("no log file: %s", exc)
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    fh = logging.StreamHandler(open(fd, "a", encoding="utf-8"))  # noqa: SIM115 - kept open
+    fh.setFormatter(fmt)
     root.handlers.append(fh)
 
 

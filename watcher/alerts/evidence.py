@@ -21,7 +21,7 @@ from pathlib import Path
 
 from journal.rundir.files import atomic_write
 from journal.rundir.paths import logs_dir
-from journal.rundir.safety import UnsafeRunDir, open_no_follow
+from journal.rundir.safety import FIFO, UnsafeRunDir, open_no_follow
 from watcher.alerts.processes import Proc, ProcessView
 
 #: Seconds one ``py-spy dump`` may take (it pauses the process meanwhile).
@@ -160,7 +160,7 @@ def flight_recorder(run_dir: Path, where: Path, view: ProcessView, ev: Evidence)
         pipe = base / f"pipe_rank_{p.rank}.pipe"
         dump = base / f"trace_rank_{p.rank}"
         try:  # a pipe nobody reads (ENXIO) is said, never waited on; never through a link
-            fd = open_no_follow(pipe, os.O_WRONLY, root=run_dir, fifo=True)
+            fd = open_no_follow(pipe, os.O_WRONLY, root=run_dir, kinds=FIFO)
         except UnsafeRunDir as exc:
             ev.missing.append(f"flight recorder of rank {p.rank} not captured: {exc}")
             continue

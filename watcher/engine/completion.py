@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, deque
@@ -27,7 +26,7 @@ from typing import Any
 import orjson
 
 from journal.read.cursor import START, Cursor
-from journal.rundir.safety import open_no_follow
+from journal.rundir.safety import APPEND, open_no_follow
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.statedir import StateFiles
@@ -337,8 +336,7 @@ class Completions:
         data = b"".join(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE) for out in outs)
         assert self.files is not None
         try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-            with open(open_no_follow(path, flags, root=self.files.root), "ab") as f:
+            with open(open_no_follow(path, APPEND, root=self.files.root), "ab") as f:
                 f.write(data)  # a short write (disk full) raises
         except OSError as exc:
             with self._lock:

@@ -86,8 +86,8 @@ class JobRunner:
             if files is not None
             else Path(tempfile.mkdtemp(prefix="ilab-jobs-"))
         )
-        self.logs = files.logs if files is not None else self.dir
-        self.root = files.root if files is not None else self.dir  # no symlink followed below
+        # no symlink followed below root: the run dir, or the state dir given
+        self.logs, self.root = (files.logs, files.root) if files is not None else (self.dir,) * 2
         self.token = f"{os.getpid()}-{start_time(os.getpid())}"  # this watcher process
         self.records = JobRecords(site.ckpt_dir, site.control_source, site.notice)
         board.job_dirs.append(self.dir)  # its ended jobs' markers go at the watcher's end
