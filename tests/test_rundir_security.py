@@ -290,6 +290,7 @@ def test_every_writer_refuses_a_symlink_planted_below_the_run_dir_after_the_star
     from journal.channels.control import send_command
     from journal.channels.reports import Report, submit_report
     from journal.checkpoints.leases import acquire
+    from journal.rundir.phase import Phase, write_phase
     from watcher.alerts.alert import evidence_dir
     from watcher.alerts.evidence import collect
     from watcher.alerts.processes import ProcessView
@@ -317,3 +318,9 @@ def test_every_writer_refuses_a_symlink_planted_below_the_run_dir_after_the_star
     ev = collect(run, evidence_dir(run, "a1"), ProcessView(), summary="hang", nccl=False)
     assert ev.files == [] and ev.missing == [f"no evidence captured: {run / 'alerts'}: {refusal}"]
     assert list(elsewhere.iterdir()) == []
+    # a file replaced whole (phase.json, a cursor, abort.json) replaces a link, never follows it
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"secret\n")
+    (run / "phase.json").symlink_to(victim)
+    write_phase(run, Phase("save", 1.0))
+    assert victim.read_bytes() == b"secret\n" and not (run / "phase.json").is_symlink()

@@ -178,7 +178,7 @@ def safe_dir(root: StrPath, path: StrPath) -> Path:
     d = Path(os.path.abspath(root))  # lexical: spelled relative or absolute, never resolved
     for part in Path(os.path.abspath(path)).relative_to(d).parts:
         d /= part
-        with contextlib.suppress(FileExistsError):  # a link to a file: refused below
+        if not os.path.lexists(d):
             make_dir(d)  # in its parent, checked (or ``root``)
         st = os.lstat(d)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
