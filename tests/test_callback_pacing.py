@@ -15,7 +15,7 @@ class Owner:
 
 
 def test_no_wait_for_steps_written_before_this_attempt_or_already_handled(tmp_path: Path) -> None:
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     pacer = CallbackPacer(progress.path, first_step=11, limit_s=30)
     assert pacer.wait(11) == 0.0  # step 10 was a former attempt's: never delivered now
     a = Owner()
@@ -26,7 +26,7 @@ def test_no_wait_for_steps_written_before_this_attempt_or_already_handled(tmp_pa
 
 
 def test_progress_is_the_slowest_paced_callbacks_step(tmp_path: Path) -> None:
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     a, b = Owner(), Owner()
     progress.register(a)
     progress.register(b)
@@ -37,7 +37,7 @@ def test_progress_is_the_slowest_paced_callbacks_step(tmp_path: Path) -> None:
 
 
 def test_the_wait_ends_when_the_callbacks_catch_up(tmp_path: Path) -> None:
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     a = Owner()
     progress.register(a)
     pacer = CallbackPacer(progress.path, first_step=1, limit_s=60)
@@ -51,7 +51,7 @@ def test_the_wait_ends_when_the_callbacks_catch_up(tmp_path: Path) -> None:
 
 
 def test_a_stuck_callback_ends_pacing_after_the_limit(tmp_path: Path) -> None:
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     progress.register(Owner())
     pacer = CallbackPacer(progress.path, first_step=1, limit_s=0.05)
     assert pacer.wait(5) >= 0.05 and not pacer.on
@@ -59,7 +59,7 @@ def test_a_stuck_callback_ends_pacing_after_the_limit(tmp_path: Path) -> None:
 
 
 def test_an_interrupt_ends_the_wait(tmp_path: Path) -> None:
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     progress.register(Owner())
     pacer = CallbackPacer(progress.path, first_step=1, limit_s=60, interrupted=lambda: True)
     pacer.wait(5)
@@ -76,7 +76,7 @@ def test_callbacks_already_caught_up_make_the_step_read_control_at_once(tmp_path
     control = tmp_path / "control"
     control.mkdir()
     watch = DirWatch(control)
-    progress = Progress(tmp_path / "p")
+    progress = Progress(tmp_path / "p", tmp_path)
     a = Owner()
     progress.register(a)
     pacer = CallbackPacer(progress.path, first_step=1, limit_s=60, control=watch)

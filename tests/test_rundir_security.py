@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from journal import JournalWriter
 from journal.rundir.lock import JournalLock, RunLock, lock_holder
-from journal.rundir.safety import STEERING_DIRS, UnsafeRunDir, check_run_dir, dir_problem
-from tests.helpers import cli, write_run
+from journal.rundir.safety import (
+    STEERING_DIRS,
+    WRITTEN_DIRS,
+    UnsafeRunDir,
+    check_run_dir,
+    dir_problem,
+)
+from tests.helpers import BIN, begin_payload, cli, make_checkpoint, records, wait_for, write_run
 
 OTHER_UID = 4242  # no such user here: a uid that is neither ours nor root's
 needs_root = pytest.mark.skipif(
@@ -183,3 +190,137 @@ def test_ilab_journal_report_does_not_append_to_another_users_run(tmp_path: Path
     )
     assert "Traceback" not in proc.stderr
     assert (run / "journal.jsonl").read_bytes() == before
+
+
+# -- no write through a symlink inside a run dir (issue 58, item 2) ---------------------------
+
+
+def _hung_nccl_run(run: Path, rank_pid: int) -> None:
+    """A journal claiming an NCCL run on CUDA whose rank 0 (the test's own process) made
+    one step and then went quiet: a hang for ``ilab-watch --hang-after 1``."""
+    from watcher.alerts.processes import this_host
+
+    with JournalWriter(run) as w:
+        ranks = [{"rank": 0, "pid": rank_pid, "host": this_host()}]
+        w.append(
+            "train_begin",
+            {**begin_payload(10), "backend": "nccl", "device_type": "cuda", "ranks": ranks},
+        )
+        w.append("step_end", {"loss": 1.0}, step=1)
+
+
+@pytest.mark.parametrize("link", ["pipe", "directory"])
+def test_a_hang_alert_never_writes_through_a_symlinked_flight_recorder(
+    tmp_path: Path, link: str
+) -> None:
+    """The attack of the issue: the flight recorder's pipe (or its directory) linked to a
+    file elsewhere; a watcher asking for the dump must not write into that file."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "pipe_rank_0.pipe"
+    victim.write_bytes(b"precious bytes\n")
+    (run / "logs").mkdir(parents=True, mode=0o750)
+    recorder = run / "logs" / "flight-recorder"
+    if link == "pipe":
+        recorder.mkdir(mode=0o750)
+        (recorder / "pipe_rank_0.pipe").symlink_to(victim)
+        refused = recorder / "pipe_rank_0.pipe"
+    else:
+        recorder.symlink_to(elsewhere, target_is_directory=True)
+        refused = recorder
+    rank = subprocess.Popen(["sleep", "120"])
+    watch = None
+    try:
+        _hung_nccl_run(run, rank.pid)
+        watch = subprocess.Popen(
+            [str(BIN / "ilab-watch"), str(run), "--hang-after", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        alert = wait_for(
+            lambda: next((r for r in records(run) if r["event"] == "alert"), None), 60, "alert"
+        )
+    finally:
+        for proc in (watch, rank):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    assert victim.read_bytes() == b"precious bytes\n"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["pipe_rank_0.pipe"]
+    line = f"flight recorder of rank 0 not captured: {refused}: a symbolic link: refusing"
+    assert any(m.startswith(line) for m in alert["data"]["missing"]), alert["data"]["missing"]
+
+
+@pytest.mark.parametrize("sub", WRITTEN_DIRS)
+def test_a_symlinked_subdir_is_refused_by_the_watcher_with_one_line(
+    tmp_path: Path, sub: str
+) -> None:
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    write_run(run, steps=2)
+    elsewhere.mkdir()
+    (run / sub).symlink_to(elsewhere, target_is_directory=True)
+    proc = cli("ilab-watch", str(run), "--hang-after", "5", "--on-save", "true", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].endswith(f"{run / sub}: a symbolic link: refusing to follow it (remove it)")
+    assert "Traceback" not in proc.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_ilab_train_refuses_a_symlinked_logs_dir_before_writing(tmp_path: Path) -> None:
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / "logs").symlink_to(elsewhere, target_is_directory=True)
+    rc, err = _train(run)
+    assert rc == 2, err
+    assert (
+        err.strip()
+        == f"ilab-train: {run / 'logs'}: a symbolic link: refusing to follow it (remove it)"
+    )
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_every_writer_refuses_a_symlink_planted_below_the_run_dir_after_the_start(
+    tmp_path: Path,
+) -> None:
+    """What the start-up check cannot see: links planted while the run goes on. Each
+    writer refuses them with one line naming the link and writes nothing through it."""
+    from journal.channels.control import send_command
+    from journal.channels.reports import Report, submit_report
+    from journal.checkpoints.leases import acquire
+    from journal.rundir.phase import Phase, write_phase
+    from watcher.alerts.alert import evidence_dir
+    from watcher.alerts.evidence import collect
+    from watcher.alerts.processes import ProcessView
+    from watcher.engine.cursor import CursorFile, CursorState
+    from watcher.engine.statedir import StateFiles
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    write_run(run, steps=4)
+    make_checkpoint(run, 4, None)
+    elsewhere.mkdir()
+    refusal = "a symbolic link: refusing to follow it (remove it)"
+    writes = {
+        "control": lambda: send_command(run, "stop"),
+        "reports": lambda: submit_report(run, Report({"acc": 1.0}, checkpoint_path="step-000004")),
+        "leases": lambda: acquire(run, "step-000004", ttl=60),
+        "watch": lambda: CursorFile(StateFiles.of(run / "watch", "w", run)).save(CursorState()),
+    }
+    for sub, write in writes.items():
+        (run / sub).symlink_to(elsewhere, target_is_directory=True)
+        with pytest.raises(UnsafeRunDir) as got:
+            write()
+        assert str(got.value) == f"{run / sub}: {refusal}"
+        (run / sub).unlink()
+    (run / "alerts").symlink_to(elsewhere, target_is_directory=True)
+    ev = collect(run, evidence_dir(run, "a1"), ProcessView(), summary="hang", nccl=False)
+    assert ev.files == [] and ev.missing == [f"no evidence captured: {run / 'alerts'}: {refusal}"]
+    assert list(elsewhere.iterdir()) == []
+    # a file replaced whole (phase.json, a cursor, abort.json) replaces a link, never follows it
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"secret\n")
+    (run / "phase.json").symlink_to(victim)
+    write_phase(run, Phase("save", 1.0))
+    assert victim.read_bytes() == b"secret\n" and not (run / "phase.json").is_symlink()

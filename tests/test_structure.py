@@ -433,11 +433,43 @@ def _check_layers(root: Path, package: str) -> None:
     check_layers(root, package, ROOMS[package])
 
 
+#: Modules whose writes are not a run dir's files: exports into a directory the user names,
+#: a checkpoint's own files (beside what torch writes there), a checkpoint's download, a
+#: tracker's own directory.
+WRITES_ELSEWHERE = (
+    "trainer/model/",
+    "trainer/checkpoint/",
+    "journal/remote/restore.py",
+    "watcher/exporters/",
+)
+_WRITE = re.compile(
+    r"\.write_(text|bytes)\(|(?<!def )\bopen\((?!fd\b)[^)]*[\"'][wax]|os\.(open|makedirs|mkfifo)\("
+    r"|\.mkdir\(|FileHandler\("
+)
+
+
+def check_writes_go_through_the_helper(root: Path, package: str) -> None:
+    """Nothing written inside a run dir goes through a symlink: every file is opened by
+    journal.rundir.safety.open_no_follow (atomic_write writes through it), every directory
+    made by its safe_dir (make_dir: the run dir itself). A plain open, mkdir or write_*
+    anywhere else would follow a link planted there."""
+    found = []
+    for path in _modules(root, package).values():
+        rel = path.relative_to(root).as_posix()
+        if rel == "journal/rundir/safety.py" or rel.startswith(WRITES_ELSEWHERE):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _WRITE.search(line) and "O_RDONLY" not in line:  # a read is fine
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "writes that could follow a symlink:\n" + "\n".join(found)
+
+
 CHECKS: dict[str, Callable[[Path, str], None]] = {
     "cycle": check_no_cycles,
     "upward": _check_layers,
     "runs-trainer": check_runs_no_trainer_module,
     "ninth-top-module": check_top_stays_short,
+    "plain-write": check_writes_go_through_the_helper,
 }
 
 #: (package, violation) -> (the file the plant goes at the end of, the plant, what the
@@ -472,6 +504,11 @@ PLANTS: dict[tuple[str, str], tuple[str, str, str]] = {
         "watcher/hooks/command.py",
         '_PLANTED = f"{sys.executable} -m trainer.checkpoint.export"\n',
         "-m trainer.checkpoint.export",
+    ),
+    ("watcher", "plain-write"): (
+        "watcher/engine/cursor.py",
+        "def _planted(p: Path) -> None:\n    p.write_bytes(b'x')\n",
+        "watcher/engine/cursor.py:",
     ),
     ("journal", "ninth-top-module"): ("", '"""Planted."""\n', "journal/: 9 modules at its top"),
     ("watcher", "ninth-top-module"): ("", '"""Planted."""\n', "watcher/: 9 modules at its top"),
@@ -535,6 +572,11 @@ def test_one_envelope(tmp_path: Path) -> None:
     rec = read_all(tmp_path / "journal.jsonl").records[0]
     assert tuple(rec) == ENVELOPE_FIELDS
     assert tuple(Record.model_fields) == ENVELOPE_FIELDS
+
+
+@pytest.mark.parametrize("package", sorted(OURS))
+def test_run_dir_files_are_written_through_the_one_helper(package: str) -> None:
+    check_writes_go_through_the_helper(ROOT, package)
 
 
 def test_only_the_store_builds_a_journal_writer() -> None:

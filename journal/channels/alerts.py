@@ -115,10 +115,8 @@ def submit(ckpt_dir: str | os.PathLike[str], payload: Mapping[str, Any], name: s
     body = orjson.dumps(payload)
     if len(body) > MAX_FILE_BYTES:  # bounded by alert_payload: never, unless hand-made
         raise InvalidAlert(f"alert file too large: {len(body)} bytes")
-    inbox = reports_dir(ckpt_dir)
-    inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-    path = inbox / f"{name}.json"
-    atomic_write(path, body)
+    path = reports_dir(ckpt_dir) / f"{name}.json"
+    atomic_write(path, body, root=ckpt_dir)
     return path
 
 

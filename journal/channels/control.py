@@ -126,8 +126,6 @@ def send_command(
         command = command.command
     Control(command, reason)  # validate
     cid = check_command_id(command_id) if command_id is not None else new_command_id()
-    cdir = control_dir(ckpt_dir)
-    cdir.mkdir(mode=0o750, parents=True, exist_ok=True)
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
@@ -135,9 +133,8 @@ def send_command(
         "reason": None if reason is None else clip(reason),
         "ts": time.time(),
     }
-    atomic_write(
-        cdir / f"{cid}{COMMAND_FILE_SUFFIX}", orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
-    )
+    data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    atomic_write(control_dir(ckpt_dir) / f"{cid}{COMMAND_FILE_SUFFIX}", data, root=ckpt_dir)
     return cid
 
 

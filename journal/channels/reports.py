@@ -60,6 +60,7 @@ from journal.rundir.paths import (
     checkpoints_dir,
     reports_dir,
 )
+from journal.rundir.safety import safe_dir
 from journal.store import guest
 
 log = logging.getLogger(__name__)
@@ -264,9 +265,7 @@ def submit_report(
             f"report too large: {len(body)} bytes, over the {MAX_FILE_BYTES // 1024} KiB "
             "limit (fewer or shorter metrics)"
         )
-    inbox = reports_dir(ckpt_dir)
-    inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-    atomic_write(inbox / f"{payload['id']}.json", body)
+    atomic_write(reports_dir(ckpt_dir) / f"{payload['id']}.json", body, root=ckpt_dir)
     if written is not None:
         written(str(payload["id"]))
     drain(ckpt_dir, role="report")
@@ -353,8 +352,7 @@ def ingest(
         append(event, payload)
         done += 1
         try:
-            processed.mkdir(mode=0o750, exist_ok=True)
-            os.replace(path, processed / path.name)
+            os.replace(path, safe_dir(path.parent, processed) / path.name)
         except OSError as exc:
             handled.add(path.name)
             log.warning("cannot archive %s: %s", path, exc)

@@ -166,8 +166,7 @@ def acquire(
         expires=time.time() + ttl,
         ttl=ttl,
     )
-    leases_dir(ckpt_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
-    atomic_write(_path(ckpt_dir, name, lease.id), lease.to_json())
+    atomic_write(_path(ckpt_dir, name, lease.id), lease.to_json(), root=ckpt_dir)
     return lease
 
 
@@ -181,7 +180,7 @@ def renew(ckpt_dir: str | os.PathLike[str], lease: Lease) -> Lease:
     if not path.exists():
         raise LeaseError(f"lease {lease.id} is gone (expired and cleaned, or released)")
     new = Lease(lease.id, lease.checkpoint, lease.holder, time.time() + lease.ttl, lease.ttl)
-    atomic_write(path, new.to_json())
+    atomic_write(path, new.to_json(), root=ckpt_dir)
     return new
 
 
@@ -221,7 +220,7 @@ def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: fl
             path.unlink(missing_ok=True)  # it holds nothing; only its file was left
             continue
         lease = Lease(lease_id, checkpoint, by, time.time() + ttl, ttl)
-        atomic_write(path, lease.to_json())
+        atomic_write(path, lease.to_json(), root=ckpt_dir)
         out.append(lease)
     return out
 

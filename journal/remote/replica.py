@@ -47,6 +47,7 @@ from journal.remote.store import Store
 from journal.rundir.files import atomic_write, json_files
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import checkpoint_root, control_dir, journal_path, reports_dir, watch_dir
+from journal.rundir.safety import APPEND, make_dir, open_no_follow
 
 log = logging.getLogger("journal.remote")
 STATE_NAME = "replica.json"
@@ -70,14 +71,14 @@ class Replica:
         #: no journal lock taken
         self.for_watchers = for_watchers
         self.journal = journal_path(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         self._lock = JournalLock(self.dir, role="replica")
         if for_watchers and not self._lock.try_acquire():
             raise ReplicaBusy(f"{self.dir} is already followed from a store by another process")
         self._state_path = watch_dir(self.dir) / STATE_NAME
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
         self._offset, size = self._load_state()
-        with open(self.journal, "ab") as f:  # what a killed sync appended after its state
+        # what a killed sync appended after its state
+        with open(open_no_follow(self.journal, APPEND, root=self.dir), "ab") as f:
             f.truncate(size)
         self._pending = b""  # store bytes fetched, not yet copied (whole lines)
         self._waiting: str | None = None  # a save whose marker is awaited (said once)
@@ -139,16 +140,13 @@ class Replica:
         the copy is."""
         if not out:
             return
-        with open(self.journal, "ab") as f:
+        with open(open_no_follow(self.journal, APPEND, root=self.dir), "ab") as f:
             f.write(b"".join(out))
         self._pending = self._pending[used:]
         self._offset += used
-        atomic_write(
-            self._state_path,
-            orjson.dumps(
-                {"store_offset": self._offset, "replica_size": self.journal.stat().st_size}
-            ),
-        )
+        size = self.journal.stat().st_size
+        state = orjson.dumps({"store_offset": self._offset, "replica_size": size})
+        atomic_write(self._state_path, state, root=self.dir)
 
     def _save(self, rec: dict[str, Any], later: list[bytes]) -> bytes | None:
         """A save record as copied into the replica, or None while its marker is awaited."""
@@ -173,8 +171,8 @@ class Replica:
             if self.download:
                 self._fetch(key, local)
             else:
-                local.mkdir(parents=True, exist_ok=True)
-                (local / "URI").write_text(self.store.url(key) + "\n")
+                uri = f"{self.store.url(key)}\n".encode()  # checkpoints/ may be a link
+                atomic_write(local / "URI", uri, root=local.parent)
         data = {**data, "checkpoint_path": str(local), "checkpoint_uri": self.store.url(key)}
         if "hf_path" in data:  # the export inside it: at the local copy too
             data["hf_path"] = _moved_inside(data["hf_path"], rec["data"]["checkpoint_path"], local)
@@ -217,7 +215,7 @@ class Replica:
         lease = f"{LEASES_PREFIX}{key}/{uuid.uuid4().hex[:12]}.json"
         self.store.put_bytes(lease, orjson.dumps({"expires": time.time() + 3600}))
         try:
-            local.parent.mkdir(parents=True, exist_ok=True)
+            make_dir(local.parent)  # checkpoints/ (it may be a link, to a bigger disk)
             fetch_checkpoint(self.store, key, local)
         finally:
             self.store.delete([lease])

@@ -102,7 +102,8 @@ def restore_run(uri: str, ckpt_dir: Path) -> Restored:
         raise
     except Exception as exc:  # the store's client: unreachable, denied, ...; a full disk
         raise RestoreError(f"cannot restore from {uri}: {classify(exc).cause}") from None
-    atomic_write(journal_path(ckpt_dir), data)  # last: a journal means a restored run
+    # last: a journal means a restored run
+    atomic_write(journal_path(ckpt_dir), data, root=ckpt_dir)
     step = checkpoint_step(name.rsplit("/", 1)[-1]) if name else None
     return Restored(name, step, len(data), time.monotonic() - t0)
 

@@ -1,7 +1,8 @@
 """Durable file operations shared by every writer of small state files.
 
 Command files, watcher cursors and checkpoint renames all need the same two things: a file
-that appears whole or not at all, and a directory entry that survives a power cut.
+that appears whole or not at all, and a directory entry that survives a power cut. Neither
+goes through a symlink (:func:`journal.rundir.safety.open_no_follow`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import contextlib
 import os
 import uuid
 from pathlib import Path
+
+from journal.rundir.safety import CREATE, StrPath, open_no_follow
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -27,26 +30,24 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def atomic_write(
-    path: str | os.PathLike[str], data: bytes, *, mode: int = 0o640, durable: bool = True
+    path: StrPath, data: bytes, *, root: StrPath, mode: int = 0o640, durable: bool = True
 ) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     A temp file in the same directory (a dot name readers skip) is written, fsynced and
-    renamed over ``path``; then the directory is fsynced. ``durable=False`` skips both
-    fsyncs, for state that means nothing after a reboot (e.g. which processes run).
+    renamed over ``path`` (a symlink there is replaced, never followed); then the directory
+    is fsynced. Its directories below ``root`` are made, and refused when one is a symlink
+    (:func:`journal.rundir.safety.safe_dir`). ``durable=False`` skips both fsyncs, for
+    state that means nothing after a reboot (e.g. which processes run).
     """
     final = Path(path)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+        with open(open_no_follow(tmp, CREATE, mode, root=root), "wb") as f:
+            f.write(data)
             if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):

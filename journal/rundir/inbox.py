@@ -10,7 +10,6 @@ the refusal once (:func:`refusal`: a ``control`` record naming no command).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from journal.rundir.safety import safe_dir
 
 #: The largest file an inbox reader reads: a command, a report (its metrics included) or a
 #: lease is far smaller; a bigger one is refused without being read.
@@ -109,10 +110,8 @@ def move_aside(path: Path) -> Path | None:
     returns where it went, or None when it could not be moved (logged; the caller must
     then remember it itself)."""
     dest = rejected_dir(path)
-    try:
-        with contextlib.suppress(FileExistsError):
-            dest.mkdir(mode=0o750)
-        os.replace(path, dest / path.name)  # renames the entry: a FIFO or symlink is not opened
+    try:  # renames the entry: a FIFO or symlink is not opened; rejected/ is no link
+        os.replace(path, safe_dir(path.parent, dest) / path.name)
     except FileNotFoundError:
         return None  # another reader moved it first
     except OSError as exc:

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from journal.rundir.paths import lock_path, run_lock_path
-from journal.rundir.safety import make_dir, open_no_follow
+from journal.rundir.safety import StrPath, make_dir, open_no_follow
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0  # a heartbeat older than this is a dead holder's
@@ -45,14 +45,15 @@ class JournalLocked(Locked):
 
 
 class FileLock:
-    """An exclusive, non-blocking ``flock`` with a description of its holder."""
+    """An exclusive, non-blocking ``flock`` with a description of its holder; ``path`` is
+    below ``root`` (the run dir or state dir it belongs to: no symlink followed below it)."""
 
     error: type[Locked] = Locked
 
     def __init__(
-        self, path: Path, *, role: str, heartbeat_s: float | None = None, **info: Any
+        self, path: Path, *, root: StrPath, role: str, heartbeat_s: float | None = None, **info: Any
     ) -> None:
-        self.path = path
+        self.path, self.root = path, root
         self.role = role
         self.heartbeat_s = heartbeat_s
         self.info = info
@@ -71,8 +72,8 @@ class FileLock:
         regular file, or someone else's (never followed, never written)."""
         if self.held:
             return True
-        make_dir(self.path.parent)
-        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        make_dir(self.root)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, root=self.root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -149,14 +150,15 @@ class JournalLock(FileLock):
     error = JournalLocked
 
     def __init__(self, ckpt_dir: str | os.PathLike[str], *, role: str) -> None:
-        super().__init__(lock_path(ckpt_dir), role=role)
+        super().__init__(lock_path(ckpt_dir), root=ckpt_dir, role=role)
 
 
 class RunLock(FileLock):
     """One launch per checkpoint dir; heartbeating for file systems without shared flock."""
 
     def __init__(self, ckpt_dir: str | os.PathLike[str], **info: Any) -> None:
-        super().__init__(run_lock_path(ckpt_dir), role="launcher", heartbeat_s=HEARTBEAT_S, **info)
+        path = run_lock_path(ckpt_dir)
+        super().__init__(path, root=ckpt_dir, role="launcher", heartbeat_s=HEARTBEAT_S, **info)
 
 
 def _read_info(fd: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ CHECKPOINTS_DIR_NAME = "checkpoints"
 LOGS_DIR_NAME = "logs"
 WATCH_DIR_NAME = "watch"  # watcher cursors, results and delivery logs
 LEASES_DIR_NAME = "leases"  # one file per checkpoint lease
+ALERTS_DIR_NAME = "alerts"  # one directory of evidence per alert
 REPORTS_DIR_NAME = "reports"  # reports waiting for the journal's writer
 LOCK_NAME = "journal.lock"  # held by whoever writes the journal
 INDEX_NAME = "journal.index.json"  # a cache of what status needs (see journal/views/index.py)

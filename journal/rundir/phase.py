@@ -57,7 +57,8 @@ def write_phase(ckpt_dir: str | os.PathLike[str], phase: Phase) -> None:
     """Replace the phase file (no fsync: it means nothing after a reboot). A failure is
     silent: the declaration is a courtesy to the hang detector, never a reason to stop."""
     with contextlib.suppress(OSError):
-        atomic_write(phase_path(ckpt_dir), orjson.dumps(phase.to_dict()), durable=False)
+        data = orjson.dumps(phase.to_dict())
+        atomic_write(phase_path(ckpt_dir), data, root=ckpt_dir, durable=False)
 
 
 def read_phase(ckpt_dir: str | os.PathLike[str]) -> Phase | None:

@@ -116,7 +116,7 @@ def refresh(journal: Path) -> None:
         "invalid": folded.invalid,
         "state": folded.fold.to_state(),
     }
-    atomic_write(index_path(journal), orjson.dumps(body), durable=False)
+    atomic_write(index_path(journal), orjson.dumps(body), root=journal.parent, durable=False)
 
 
 def summarize(journal: Path, *, use_index: bool = True) -> Folded:

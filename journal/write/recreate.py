@@ -19,13 +19,12 @@ from typing import Any
 
 import orjson
 
-from journal.rundir.safety import check_run_dir, make_dir, open_no_follow
+from journal.rundir.safety import APPEND, DEVICES, check_run_dir, make_dir, open_no_follow
 
 log = logging.getLogger("journal.write.writer")
 
 #: Between durable records, the journal's path is checked at most this often (seconds).
 PATH_CHECK_S = 1.0
-OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 def identity(fd: int) -> tuple[int, int]:
@@ -82,14 +81,19 @@ class RecreatesJournal:
             return
         self._reopen("deleted" if st is None else "replaced", (step, epoch, samples_seen))
 
+    def _open(self) -> int:
+        """The journal, opened to append (never through a symlink), its run dir made and
+        checked first (:mod:`journal.rundir.safety`)."""
+        make_dir(self.path.parent)
+        check_run_dir(self.path.parent)
+        return open_no_follow(self.path, APPEND, self._mode, root=self.path.parent, kinds=DEVICES)
+
     def _reopen(self, cause: str, position: tuple[int, int, int]) -> None:
         """Write on at ``self.path`` (a new file, or the one now there), first a
         ``journal_gap`` record naming the records that went with the old file."""
         lost_first, lost_last = self._first_seq, self.seq - 1
         try:
-            make_dir(self.path.parent)  # the whole run dir may have gone
-            check_run_dir(self.path.parent)
-            fd = open_no_follow(self.path, OPEN_FLAGS, self._mode, devices=True)
+            fd = self._open()  # the whole run dir may have gone
         except OSError as exc:  # UnsafeRunDir included: never write where others steer
             if not self._reopen_failed:
                 self._reopen_failed = True

@@ -25,9 +25,9 @@ import orjson
 from journal.read.lines import last_record
 from journal.record.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.rundir.paths import RESERVE_NAME, resolve_journal
-from journal.rundir.safety import check_run_dir, make_dir, open_no_follow
+from journal.rundir.safety import CREATE, open_no_follow
 from journal.views import index
-from journal.write.recreate import OPEN_FLAGS, RecreatesJournal, first_seq, identity
+from journal.write.recreate import RecreatesJournal, first_seq, identity
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,6 @@ class JournalWriter(RecreatesJournal):
         keep_index: bool = True,
     ) -> None:
         self.path = resolve_journal(path, must_exist=False)
-        make_dir(self.path.parent)
-        check_run_dir(self.path.parent)
         self.on_error = on_error
         self.keep_index = keep_index
         self.durable_events = durable_events
@@ -110,7 +108,7 @@ class JournalWriter(RecreatesJournal):
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
         self._mode = mode
-        self._fd = open_no_follow(self.path, OPEN_FLAGS, mode, devices=True)
+        self._fd = self._open()
         self._ident = identity(self._fd)
         self._next_check = 0.0
         self._reopen_failed = False
@@ -332,7 +330,7 @@ class JournalWriter(RecreatesJournal):
         if size <= 0 or self._reserve.exists():
             return
         try:
-            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+            fd = open_no_follow(self._reserve, CREATE, root=self.path.parent)
         except OSError:
             return
         try:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from journal.rundir.files import atomic_write
 from trainer.data.rows import IGNORE_INDEX, DataError
 
 ROLES = ("system", "user", "assistant")
@@ -206,11 +206,9 @@ def prepare_chat_data(
     rows, stats = tokenize_chat_file(
         Path(path), load_tokenizer(model_path), max_seq_len, train_on_all
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows))
-    os.replace(tmp, out)  # the rows first: a meta file means the rows are complete
-    meta.write_text(json.dumps(stats.__dict__))
+    data = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
+    atomic_write(out, data, root=ckpt_dir, durable=False)  # first: a meta file means complete
+    atomic_write(meta, json.dumps(stats.__dict__).encode(), root=ckpt_dir, durable=False)
     return out, stats, False
 
 

@@ -9,7 +9,6 @@ without any extra collective.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 import orjson
 import torch
 
+from journal.rundir.files import atomic_write
 from trainer.data.pack import Pack
 from trainer.data.rows import (
     EOS_ID,
@@ -87,7 +87,6 @@ def make_demo_data(
     Problems ``a+b=`` with ``0 <= a, b <= max_operand``. A tenth of the pairs is held out:
     they never appear in training, so eval accuracy measures generalisation.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
     rng.shuffle(pairs)
@@ -107,10 +106,8 @@ def make_demo_data(
             for a, b in eval_pairs
         ),
     }
-    for key, path in files.items():  # temp file + rename: readers never see a partial file
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(contents[key])
-        os.replace(tmp, path)
+    for key, path in files.items():  # readers never see a partial file; out_dir is no link
+        atomic_write(path, contents[key], root=out_dir.parent, durable=False)
     return files
 
 

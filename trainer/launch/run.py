@@ -24,10 +24,11 @@ from journal import store
 from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
 from journal.read.cursor import Cursor
+from journal.rundir.files import atomic_write
 from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
 from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
-from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir
+from journal.rundir.safety import APPEND, UnsafeRunDir, check_run_dir, make_dir, open_no_follow
 from journal.store import guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
@@ -108,7 +109,7 @@ def _foreign_callbacks(
     if microbatch_hooks(args.callbacks) and args.journal_detail == "step":
         args = args.model_copy(update={"journal_detail": "microbatch"})
     wanted = wants_pacing(args.callbacks) and args.journal_detail != "off" and node_rank == 0
-    return args, Progress(callbacks_progress_path(ckpt_dir)) if wanted else None
+    return args, Progress(callbacks_progress_path(ckpt_dir), ckpt_dir) if wanted else None
 
 
 def _pump(src: IO[bytes], log_file: IO[bytes], echo: IO[str] | None) -> None:
@@ -234,14 +235,12 @@ def _launch(
     env: dict[str, str] | None,
 ) -> TrainingResult:
     alerting = open_launch_alerts(train_args, ckpt_dir)  # a bad target: refused here
-    logs = logs_dir(ckpt_dir)
-    make_dir(logs)  # the workers read their config from here: nobody else writes it
+    logs = logs_dir(ckpt_dir)  # the workers read their config from here: ours alone
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
     train_args, progress = _foreign_callbacks(train_args, ckpt_dir, t.node_rank)
-    cfg_path.write_text(
-        worker_config(train_args, progress.path if progress else None).model_dump_json()
-    )
+    cfg = worker_config(train_args, progress.path if progress else None)
+    atomic_write(cfg_path, cfg.model_dump_json().encode(), root=ckpt_dir)
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
     journal = journal_path(ckpt_dir)
     before = journal.stat() if journal.exists() else None
@@ -287,7 +286,7 @@ def _launch(
     # each node guards its ranks
     guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink)
     try:
-        with open(log_path, "ab") as log_file:
+        with open(open_no_follow(log_path, APPEND, root=ckpt_dir), "ab") as log_file:
             proc = subprocess.Popen(
                 torchrun_command(cfg_path, t),
                 stdout=subprocess.PIPE,

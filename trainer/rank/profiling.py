@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from journal.rundir.files import atomic_write
+
 if TYPE_CHECKING:  # torch is imported where a profile is taken: the launcher parses the
     import torch  # option (trainer.config.fields.parse_profile_steps) without torch
     from torch.profiler import profile
@@ -82,14 +84,15 @@ class StepProfiler:
         wall_s = time.perf_counter() - self._t0
         prof.__exit__(None, None, None)
         first, last = self._first_recorded, self._last_recorded  # step_end ran for each step
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         stem = self.out_dir / f"rank-{self.rank}-steps-{first}-{last}"
         trace = stem.with_suffix(".json.gz")
-        prof.export_chrome_trace(str(trace))
         headline = self._headline(prof, first, last, wall_s)
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort_by, row_limit=TOP_OPS)
-        stem.with_suffix(".txt").write_text(f"{headline}\ntrace: {trace}\n\n{table}\n")
+        text = f"{headline}\ntrace: {trace}\n\n{table}\n".encode()
+        # first: it makes logs/profile/, never through a symlink (logs/ is none)
+        atomic_write(stem.with_suffix(".txt"), text, root=self.out_dir.parent, durable=False)
+        prof.export_chrome_trace(str(trace))
         log.info("profile: %s; %s", headline, stem.with_suffix(".txt"))
 
     def _headline(self, prof: profile, first: int, last: int, wall_s: float) -> str:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from journal.rundir.safety import safe_dir
 from trainer.checkpoint import sharded as ckpt
 from trainer.config import WorkerConfig
 from trainer.data.load import load_data, total_steps
@@ -63,8 +64,9 @@ def build_run(
     device, backend = device_and_backend(args, local_rank)
     if backend == "nccl" and (pipe := os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")):
         # the flight recorder's pipes and dumps (the launcher's flight_recorder_env): NCCL
-        # makes its pipe at the group's start, in a directory that must exist
-        Path(pipe).parent.mkdir(parents=True, exist_ok=True)
+        # makes its pipe at the group's start, in a directory that must exist and be no
+        # symlink (logs/ above it is checked by the launcher)
+        safe_dir(Path(pipe).parent.parent, Path(pipe).parent)
     dist.init_process_group(
         backend=backend,
         device_id=device if device.type == "cuda" else None,

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import logs_dir
 from journal.rundir.procs import ORPHAN_GRACE_S, boot_id, die_with_parent, start_time, watch_parent
-from journal.rundir.safety import make_dir
+from journal.rundir.safety import APPEND, UnsafeRunDir, open_no_follow
 from trainer.checkpoint.async_save import CheckpointWriteError
 from trainer.checkpoint.fit import CheckpointMismatch
 from trainer.checkpoint.sharded import remove_partial_saves
@@ -39,18 +39,21 @@ FULL_DISK_BYTES = 1 << 20  # less free space than this after a failure: the disk
 
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
-    logs = logs_dir(ckpt_dir)
-    make_dir(logs)
-    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    fh = logging.FileHandler(logs / f"rank-{rank}.log")
-    fh.setFormatter(fmt)
     sh = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
     sh.setFormatter(logging.Formatter(f"[rank{rank}] %(message)s"))
     sh.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line
-    root.handlers[:] = [fh, sh]
+    root.handlers[:] = [sh]
+    try:  # never through a symlink planted in logs/: said once, the run goes on
+        fd = open_no_follow(logs_dir(ckpt_dir) / f"rank-{rank}.log", APPEND, root=ckpt_dir)
+    except UnsafeRunDir as exc:
+        return log.warning("no log file: %s", exc)
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    fh = logging.StreamHandler(open(fd, "a", encoding="utf-8"))  # noqa: SIM115 - kept open
+    fh.setFormatter(fmt)
+    root.handlers.append(fh)
 
 
 def _end_with_launcher() -> None:

@@ -27,6 +27,7 @@ from journal.rundir.inbox import (
     read_json_object,
 )
 from journal.rundir.paths import PROCESSED_DIR_NAME, control_dir
+from journal.rundir.safety import safe_dir
 from trainer.steering.dir_watch import DirWatch
 from trainer.steering.policy import (  # the command list is the policy's; re-exported here
     ABORT,
@@ -294,7 +295,6 @@ class ControlPoller:
 
     def _archive(self, path: Path) -> None:
         try:
-            self.processed.mkdir(mode=0o750, exist_ok=True)
-            os.replace(path, self.processed / path.name)
+            os.replace(path, safe_dir(path.parent, self.processed) / path.name)
         except OSError as exc:
             log.warning("cannot move %s to %s: %s", path, self.processed, exc)

@@ -13,6 +13,8 @@ import os
 import threading
 from pathlib import Path
 
+from journal.rundir.safety import safe_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +33,7 @@ class DirWatch:
     def start(self) -> None:
         """Create the directory (0o750) and start watching it."""
         try:
-            self.path.mkdir(mode=0o750, parents=True, exist_ok=True)
+            safe_dir(self.path.parent, self.path)  # the run dir's inbox: never a symlink
         except OSError as exc:
             log.warning("cannot create %s: %s", self.path, exc)
         self._thread = threading.Thread(target=self._watch, name=self.name, daemon=True)

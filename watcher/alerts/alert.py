@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from journal.rundir.paths import ALERTS_DIR_NAME
+
 #: What an alert is about. ``condition``: a user's ``--notify-when`` expression held.
 AlertKind = Literal["hang", "died", "failed", "diverged", "stopped", "completed", "condition"]
 ALERT_KINDS: tuple[str, ...] = AlertKind.__args__  # type: ignore[attr-defined]
@@ -26,7 +28,7 @@ def new_alert_id() -> str:
 
 def evidence_dir(run_dir: Path, alert_id: str) -> Path:
     """Where an alert's evidence files live: ``<run>/alerts/<alert-id>/``."""
-    return run_dir / "alerts" / alert_id
+    return run_dir / ALERTS_DIR_NAME / alert_id
 
 
 @dataclass(frozen=True)

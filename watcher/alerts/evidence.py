@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from journal.rundir.files import atomic_write
 from journal.rundir.paths import logs_dir
-from journal.rundir.safety import make_dir
+from journal.rundir.safety import FIFO, UnsafeRunDir, open_no_follow
 from watcher.alerts.processes import Proc, ProcessView
 
 #: Seconds one ``py-spy dump`` may take (it pauses the process meanwhile).
@@ -112,7 +113,8 @@ def _dump_stack(exe: str, proc: Proc, out: Path) -> str | None:
             )
         return f"py-spy failed: {why}"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    out.write_text(f"# py-spy dump --pid {proc.pid} ({proc.role}, {stamp})\n{stack}", "utf-8")
+    text = f"# py-spy dump --pid {proc.pid} ({proc.role}, {stamp})\n{stack}"
+    atomic_write(out, text.encode(), root=out.parent, durable=False)  # collect checked it
     return None
 
 
@@ -157,10 +159,11 @@ def flight_recorder(run_dir: Path, where: Path, view: ProcessView, ev: Evidence)
             continue
         pipe = base / f"pipe_rank_{p.rank}.pipe"
         dump = base / f"trace_rank_{p.rank}"
-        with contextlib.suppress(OSError):
-            dump.unlink()  # a dump of an earlier hang is not this one's
-        try:  # non-blocking: a pipe nobody reads (ENXIO) is said, never waited on
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        try:  # a pipe nobody reads (ENXIO) is said, never waited on; never through a link
+            fd = open_no_follow(pipe, os.O_WRONLY, root=run_dir, kinds=FIFO)
+        except UnsafeRunDir as exc:
+            ev.missing.append(f"flight recorder of rank {p.rank} not captured: {exc}")
+            continue
         except OSError as exc:
             ev.missing.append(
                 f"flight recorder of rank {p.rank} not captured: its pipe {pipe.name} cannot "
@@ -168,6 +171,8 @@ def flight_recorder(run_dir: Path, where: Path, view: ProcessView, ev: Evidence)
                 "rank was not launched by ilab-train)"
             )
             continue
+        with contextlib.suppress(OSError):
+            dump.unlink()  # a dump of an earlier hang is not this one's
         try:
             os.write(fd, b"1\n")
         finally:
@@ -179,7 +184,7 @@ def flight_recorder(run_dir: Path, where: Path, view: ProcessView, ev: Evidence)
             if dump.exists() and dump.stat().st_size > 0:
                 time.sleep(0.2)  # written whole by the watchdog, then left alone
                 target = where / f"flight-recorder-rank-{rank}.pkl"
-                shutil.move(str(dump), target)
+                os.replace(dump, target)  # both in the run dir: a rename
                 ev.files.append(str(target.relative_to(run_dir)))
                 del asked[rank]
         time.sleep(0.1)
@@ -200,13 +205,15 @@ def collect(
 ) -> Evidence:
     """Everything a hang alert carries, into ``where`` (created). ``summary``: the
     finding, first line of ``processes.txt``; ``nccl``: the attempt runs NCCL on CUDA."""
-    make_dir(where)
     ev = Evidence()
     view.update()
     procs = where / "processes.txt"
-    procs.write_text(
-        f"# {summary}\n# the launcher's view of the run's processes\n{view.describe()}"
-    )
+    text = f"# {summary}\n# the launcher's view of the run's processes\n{view.describe()}"
+    try:  # alerts/ (or logs/ below) a symlink: said in the alert, nothing written there
+        atomic_write(procs, text.encode(), root=run_dir, durable=False)
+    except UnsafeRunDir as exc:
+        ev.missing.append(f"no evidence captured: {exc}")
+        return ev
     ev.files.append(str(procs.relative_to(run_dir)))
     stacks(run_dir, where, view, ev)
     if nccl:

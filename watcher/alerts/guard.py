@@ -240,7 +240,7 @@ class Guard:
             "at": time.time(),
         }
         where = evidence_dir(self.dir, alert.id)
-        atomic_write(where / ABORT_FILE, orjson.dumps(marker))
+        atomic_write(where / ABORT_FILE, orjson.dumps(marker), root=self.dir)
         if remote := [p for p in self.view.ranks() if not p.local]:
             log.warning("--on-hang abort: %d rank(s) on other hosts not ended here", len(remote))
         _signal_all(ranks, signal.SIGTERM)
@@ -249,7 +249,7 @@ class Guard:
             if not _gone(ranks, KILL_WAIT_S):
                 log.error("--on-hang abort: some ranks outlived SIGKILL")
         marker["ended_at"] = time.time()  # evidence too: how long the ending took
-        atomic_write(where / ABORT_FILE, orjson.dumps(marker))
+        atomic_write(where / ABORT_FILE, orjson.dumps(marker), root=self.dir)
         if run_holder(self.dir) is None:  # no launcher to write the ending: we do
             self._write_end(marker)
 

@@ -111,10 +111,11 @@ def overridden_hooks(obj: Any) -> list[str]:
 
 class Progress:
     """The step up to which every paced callback has handled the journal, in one file that
-    rank 0 reads before each step's all-reduce (trainer/steering/callback_pacing.py)."""
+    rank 0 reads before each step's all-reduce (trainer/steering/callback_pacing.py);
+    ``path`` is below the run dir ``root``."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, root: Path) -> None:
+        self.path, self.root = path, root
         self._done: dict[int, int] = {}
         self._written = -1
         self._lock = threading.Lock()
@@ -133,8 +134,7 @@ class Progress:
 
     def write(self, step: int) -> None:
         self._written = step
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, str(step).encode(), durable=False)
+        atomic_write(self.path, str(step).encode(), root=self.root, durable=False)
 
 
 @dataclass

@@ -10,7 +10,6 @@ before running the delivery again.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -55,9 +54,7 @@ class CommandRunner:
         self.retries = retries
         self.handback = handback
         self.notice = notice
-        self._scratch: Path | None = None  # files.scratch once made: event and report files
         self._tmp_scratch: Path | None = None  # the same in the system's temp dir (fallback)
-        self._running_ready = False
 
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
@@ -136,29 +133,23 @@ class CommandRunner:
         temp dir when the state dir cannot be written (a full or read-only disk)."""
         if self.files is not None:
             try:
-                if self._scratch is None:
-                    base = self.files.scratch
-                    base.mkdir(parents=True, exist_ok=True)  # once: a delivery pays no mkdir
-                    self._scratch = base
-                path = self._scratch / name
-                atomic_write(path, data, durable=False)  # read once, by a live command
+                path = self.files.scratch / name
+                atomic_write(path, data, root=self.files.root, durable=False)  # read once
                 return path
             except OSError as exc:
                 self.notice(state_write_failed(self.files.dir, exc))
         if self._tmp_scratch is None:
             self._tmp_scratch = Path(tempfile.mkdtemp(prefix="ilab-watch-"))
         path = self._tmp_scratch / name
-        atomic_write(path, data, durable=False)
+        atomic_write(path, data, root=self._tmp_scratch, durable=False)
         return path
 
     def _write_state(self, path: Path, data: bytes) -> str | None:
         """Write a file of the watcher's state; None (said once) when it cannot be."""
+        assert self.files is not None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)  # a part of it, on a full disk
+            atomic_write(path, data, root=self.files.root, durable=False)
+        except OSError as exc:  # never a part of it: atomic
             self.notice(state_write_failed(path.parent.parent, exc))
             return None
         return str(path)
@@ -168,15 +159,11 @@ class CommandRunner:
         ``kill -9`` ends it before running the delivery again (never two at once)."""
         if self.files is None:
             return None
-        running = self.files.running
-        marker = running / f"{d.file_stem}.json"
+        marker = self.files.running / f"{d.file_stem}.json"
         try:
-            if not self._running_ready:
-                running.mkdir(parents=True, exist_ok=True)
-                self._running_ready = True
             # not fsynced: no process outlives a reboot, so neither need this
             data = orjson.dumps({"pgid": pid, "start": start_time(pid)})
-            atomic_write(marker, data, durable=False)
+            atomic_write(marker, data, root=self.files.root, durable=False)
         except OSError as exc:
             self.notice(state_write_failed(self.files.dir, exc))
             return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, deque
@@ -27,8 +26,10 @@ from typing import Any
 import orjson
 
 from journal.read.cursor import START, Cursor
+from journal.rundir.safety import APPEND, open_no_follow
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
+from watcher.engine.statedir import StateFiles
 from watcher.engine.wake import Waker
 from watcher.hooks.delivery import (
     Batch,
@@ -109,14 +110,15 @@ class Completions:
         self,
         cursor: CursorFile,
         *,
-        results_path: Path | None,
+        files: StateFiles | None,
         reporter: Reporter | None,
         checkpoints: CheckpointGuard,
         waker: Waker,
         notice: Callable[[str], None],
     ) -> None:
         self.cursor = cursor
-        self.results_path = results_path
+        self.files = files
+        self.results_path = files.results if files is not None else None
         self.reporter = reporter
         self.checkpoints = checkpoints
         self.waker = waker
@@ -332,15 +334,10 @@ class Completions:
 
     def _append_results(self, path: Path, outs: list[DeliveryResult]) -> None:
         data = b"".join(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE) for out in outs)
+        assert self.files is not None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-            try:
-                view = memoryview(data)
-                while view:  # a short write (disk full) raises on the next one
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
+            with open(open_no_follow(path, APPEND, root=self.files.root), "ab") as f:
+                f.write(data)  # a short write (disk full) raises
         except OSError as exc:
             with self._lock:
                 self.unrecorded += len(outs)

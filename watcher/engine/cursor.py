@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -64,10 +63,11 @@ class CursorState:
 
 
 class CursorFile:
-    """Load/save a :class:`CursorState`; ``path=None`` keeps it in memory only."""
+    """Load/save a :class:`CursorState` in ``files.cursor``; ``files=None`` keeps it in
+    memory only."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, files: StateFiles | None) -> None:
+        self.path, self.files = (files.cursor if files else None), files
         self.warning: str | None = None
         self._synced = -DURABLE_EVERY_S  # when a save was last fsynced (monotonic)
 
@@ -95,14 +95,13 @@ class CursorFile:
         Always atomic (a ``kill -9`` leaves the old cursor or the new one); fsynced when
         ``durable``, by default at most once a second: a replay saves it many times a
         second, and after a power loss an older cursor only repeats deliveries."""
-        if self.path is None:
+        if self.files is None:
             return
         now = time.monotonic()
         if durable is None:
             durable = now - self._synced >= DURABLE_EVERY_S
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = state if isinstance(state, bytes) else state.to_json()
-        atomic_write(self.path, data, durable=durable)
+        atomic_write(self.files.cursor, data, root=self.files.root, durable=durable)
         if durable:
             self._synced = now
 
@@ -118,7 +117,9 @@ class CursorLock(FileLock):
     state dirs on file systems whose ``flock`` does not reach other hosts."""
 
     def __init__(self, files: StateFiles, **info: Any) -> None:
-        super().__init__(files.lock, role="watcher", heartbeat_s=HEARTBEAT_S, **info)
+        super().__init__(
+            files.lock, root=files.root, role="watcher", heartbeat_s=HEARTBEAT_S, **info
+        )
         self.name = files.name
 
     def claim(self) -> None:

@@ -135,7 +135,7 @@ class Watcher:
             stop=self._stop,
             notice=self._notices,
         )
-        files = StateFiles(state_dir, name) if state_dir is not None else None
+        files = StateFiles.of(state_dir, name, journal.parent) if state_dir is not None else None
         self._executor = Executor(
             journal,
             files=files,
@@ -147,11 +147,11 @@ class Watcher:
         )
         # one process per cursor: its results, logs and running markers are shared too
         self._lock = CursorLock(files, journal=str(journal)) if files is not None else None
-        self.cursor = CursorFile(files.cursor if files is not None and persist_cursor else None)
+        self.cursor = CursorFile(files if persist_cursor else None)
         self.results_path = files.results if files is not None else None
         self.completions = Completions(
             self.cursor,
-            results_path=self.results_path,
+            files=files,
             reporter=reporter,
             checkpoints=self._checkpoints,
             waker=self._follower.waker,

@@ -16,10 +16,17 @@ from watcher.hooks.delivery import Delivery
 
 @dataclass(frozen=True)
 class StateFiles:
-    """The files of cursor ``name`` in state dir ``dir``."""
+    """The files of cursor ``name`` in state dir ``dir``; no symlink is followed below
+    ``root`` (:func:`journal.rundir.safety.safe_dir`): the run dir, for a state dir in it
+    (its ``watch/``), else the state dir itself (the user named it)."""
 
     dir: Path
     name: str
+    root: Path
+
+    @classmethod
+    def of(cls, state_dir: Path, name: str, run_dir: Path) -> StateFiles:
+        return cls(state_dir, name, run_dir if state_dir.parent == run_dir else state_dir)
 
     def _file(self, suffix: str) -> Path:
         return self.dir / f"{self.name}{suffix}"

@@ -22,6 +22,7 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
+from journal.rundir.files import atomic_write
 from watcher.lmeval.metrics import metrics_from_results
 
 #: lm-eval's error lines end its stderr; these words start the one that says why.
@@ -115,7 +116,7 @@ def run(tasks: str, limit: float | None, include_path: str | None, extra: str) -
         return 1
     print(json.dumps(metrics, sort_keys=True))
     if report:
-        Path(report).write_text(json.dumps(metrics))
+        atomic_write(report, json.dumps(metrics).encode(), root=Path(report).parent)
     return 0
 
 

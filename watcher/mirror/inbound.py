@@ -49,8 +49,7 @@ def bring_in(store: Store, ckpt_dir: Path) -> int:
                     aside,
                 )
                 continue
-            inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-            atomic_write(inbox / name, data)
+            atomic_write(inbox / name, data, root=ckpt_dir)
             store.delete([key])
             moved[kind] += 1
     if moved["reports"]:

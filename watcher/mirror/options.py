@@ -76,7 +76,7 @@ class MirrorRun:
         except StoreURIError as exc:
             raise click.UsageError(str(exc)) from None
         self._lock = CursorLock(
-            StateFiles(watch_dir(ckpt_dir), "mirror"), store=self.mirror.store.uri
+            StateFiles.of(watch_dir(ckpt_dir), "mirror", ckpt_dir), store=self.mirror.store.uri
         )
         self._checked = False
 

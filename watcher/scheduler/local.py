@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterable
 
 from journal.rundir.procs import start_time
+from journal.rundir.safety import APPEND, open_no_follow
 from watcher.scheduler import COMMAND_TIMEOUT_S, JobSpec, JobState, SchedulerError, job_env
 from watcher.scheduler.markers import JOB_RECORD, record_job
 
@@ -74,7 +75,8 @@ class LocalScheduler:
         ``spec.script`` only once its stdin pipe is closed AND its record names it."""
         record = spec.script.with_suffix(JOB_RECORD)
         try:
-            with open(spec.log, "ab") as log:
+            # the runner checked logs/: the log file itself is never a symlink
+            with open(open_no_follow(spec.log, APPEND, root=spec.log.parent), "ab") as log:
                 return subprocess.Popen(
                     ["/bin/sh", "-c", _GATE, "ilab-job", str(record), str(spec.script)],
                     stdin=subprocess.PIPE,  # the gate; the script gets /dev/null

@@ -23,10 +23,10 @@ def load(path: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) and "attempt" in obj else None
 
 
-def save(path: Path, marker: dict[str, Any]) -> None:
-    """Write ``marker`` to ``path``, durably: a restarted watcher must find the job."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, orjson.dumps(marker))
+def save(path: Path, marker: dict[str, Any], *, root: Path) -> None:
+    """Write ``marker`` to ``path`` (below ``root``), durably: a restarted watcher must
+    find the job."""
+    atomic_write(path, orjson.dumps(marker), root=root)
 
 
 def forget_finished(jobs_dir: Path) -> None:
@@ -47,7 +47,7 @@ def record_job(script: Path, job_id: str) -> Path:
     runs its command only once this names it, so a restarted watcher always finds a job
     that may have run (:func:`recorded_job`). The path written."""
     path = script.with_suffix(JOB_RECORD)
-    atomic_write(path, f"{job_id}\n".encode())
+    atomic_write(path, f"{job_id}\n".encode(), root=script.parent)  # the runner checked it
     return path
 
 

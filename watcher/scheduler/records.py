@@ -50,10 +50,9 @@ class JobRecords:
             attempt=int(marker["attempt"]),
             source=self.source,
         )
+        inbox = reports_dir(self.ckpt_dir)
         try:
-            inbox = reports_dir(self.ckpt_dir)
-            inbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-            atomic_write(inbox / f"{payload['id']}.json", orjson.dumps(payload))
+            atomic_write(inbox / f"{payload['id']}.json", orjson.dumps(payload), root=self.ckpt_dir)
         except OSError as exc:
             self.notice(f"cannot journal job states in {inbox}: {exc.strerror or exc}")
             return

@@ -43,6 +43,7 @@ import orjson
 
 from journal.rundir.files import atomic_write
 from journal.rundir.procs import start_time
+from journal.rundir.safety import safe_dir
 from watcher.engine.jobs import JobSite
 from watcher.engine.statedir import delivery_log_name
 from watcher.hooks.callbacks import CommandTarget
@@ -85,7 +86,8 @@ class JobRunner:
             if files is not None
             else Path(tempfile.mkdtemp(prefix="ilab-jobs-"))
         )
-        self.logs = files.logs if files is not None else self.dir
+        # no symlink followed below root: the run dir, or the state dir given
+        self.logs, self.root = (files.logs, files.root) if files is not None else (self.dir,) * 2
         self.token = f"{os.getpid()}-{start_time(os.getpid())}"  # this watcher process
         self.records = JobRecords(site.ckpt_dir, site.control_source, site.notice)
         board.job_dirs.append(self.dir)  # its ended jobs' markers go at the watcher's end
@@ -97,14 +99,14 @@ class JobRunner:
         marker = load(marker_path)
         if marker is not None and marker.get("owner") != self.token:
             marker["owner"] = self.token  # a previous watcher's job: re-attach, never resubmit
-            save(marker_path, marker)
+            save(marker_path, marker, root=self.root)
             if marker.get("job_id") is None:  # killed between submitting and noting the id
                 # a local job is known to its record only (the scheduler's find knows the
                 # jobs of this watcher process); a cluster's, to the scheduler by its name
                 found = recorded_job(Path(marker["prefix"])) or self._find(str(marker["job_name"]))
                 if found is not None:
                     marker["job_id"] = found
-                    save(marker_path, marker)
+                    save(marker_path, marker, root=self.root)
             if marker.get("job_id") is not None:
                 self._follow(marker_path, marker, d, out, adopted=True)
                 return
@@ -124,10 +126,9 @@ class JobRunner:
         logs = self.logs
         log_path = logs / delivery_log_name(d, k)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            logs.mkdir(parents=True, exist_ok=True)
+            safe_dir(self.root, logs)
             event = prefix.with_suffix(".event.json")
-            atomic_write(event, payload)
+            atomic_write(event, payload, root=self.root)
             for stale in (".report.json", ".exit", JOB_RECORD):  # an earlier watcher's
                 prefix.with_suffix(stale).unlink(missing_ok=True)
             command = " ".join(shlex.quote(a) for a in target.render(self.site.values(d)))
@@ -140,7 +141,7 @@ class JobRunner:
                 event=q(str(event)),
                 exit=q(str(prefix.with_suffix(".exit"))),
             )
-            atomic_write(script, text.encode())
+            atomic_write(script, text.encode(), root=self.root)
         except OSError as exc:
             out.status, out.error = "failed", f"cannot write the job's files: {exc.strerror or exc}"
             return None
@@ -164,7 +165,7 @@ class JobRunner:
             "owner": self.token,
             "final": None,
         }
-        save(marker_path, marker)  # before submitting: a restart finds the job by name
+        save(marker_path, marker, root=self.root)  # before submitting: found by name on restart
         # the watcher's cwd, as for a local command: relative paths (DIR, placeholders,
         # ILAB_CKPT_DIR) mean the same in the job, on the shared filesystem
         spec = JobSpec(marker["job_name"], script, env, log_path.absolute(), Path.cwd())
@@ -175,7 +176,7 @@ class JobRunner:
             out.status, out.error = "failed", str(exc)
             return None
         marker["submitted_at"] = time.time()
-        save(marker_path, marker)
+        save(marker_path, marker, root=self.root)
         return marker
 
     def _follow(
@@ -213,7 +214,7 @@ class JobRunner:
                 return
             st = ended
             marker.update(final=vars(st), ended_at=time.time())
-            save(marker_path, marker)
+            save(marker_path, marker, root=self.root)
         out.status = "timeout" if timed_out else "failed"  # not a previous attempt's
         self._result(st, marker, prefix, d, out)
 
