@@ -49,10 +49,10 @@ def add_checkpoint(ckpt: Path, step: int, run_id: str | None = None) -> Path:
 
 
 def test_the_resume_rule() -> None:
-    assert not continues_run(None, from_checkpoint=True)  # no journal: a new run
-    assert continues_run({"event": "step_end"}, from_checkpoint=False)  # killed: go on
-    assert not continues_run({"event": "train_end"}, from_checkpoint=False)
-    assert continues_run({"event": "train_end"}, from_checkpoint=True)
+    assert not continues_run(None, resumes=True)  # no journal: a new run
+    assert continues_run({"event": "step_end"}, resumes=False)  # killed: go on
+    assert not continues_run({"event": "train_end"}, resumes=False)
+    assert continues_run({"event": "train_end"}, resumes=True)
 
 
 def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt: Path) -> None:

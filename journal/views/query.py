@@ -7,6 +7,7 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,30 @@ def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
         if _match(line, b'"train_begin"', "train_begin") is not None:
             return False
     return False
+
+
+def restarts_left(begin: Mapping[str, Any]) -> int:
+    """How many more times its launcher relaunches the attempt a ``train_begin`` payload
+    began, should it fail: its config's ``max_restarts`` less its ``restart`` (``ilab-train``
+    records both; a trainer that records neither is not relaunched: 0)."""
+    config = begin.get("config")
+    most, done = (
+        config.get("max_restarts") if isinstance(config, dict) else None,
+        begin.get("restart"),
+    )
+    if type(most) is not int or type(done) is not int:
+        return 0
+    return max(0, most - done)
+
+
+def relaunch_coming(path: str | os.PathLike[str]) -> bool:
+    """Whether the journal's last attempt ended ``failed`` with restarts left: its launcher
+    launches it again (while it still holds the run dir)."""
+    end = find_last(path, "train_end")
+    if end is None or end["data"].get("status") != "failed":
+        return False
+    begin = find_last(path, "train_begin")
+    return begin is not None and begin["seq"] < end["seq"] and restarts_left(begin["data"]) > 0
 
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:

@@ -19,7 +19,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -75,8 +74,6 @@ class Guard:
         launcher_pids: role -> pid of processes of the launch known to the caller (the
             launcher and its torchrun agent); without, the run lock names the launcher.
         source: who aborts, journaled in the aborted attempt's ``train_end``.
-        on_died: called once a death was raised (``ilab-watch`` stops: no ``train_end``
-            will ever come).
     """
 
     def __init__(
@@ -88,7 +85,6 @@ class Guard:
         start: Cursor = START,
         launcher_pids: dict[str, int] | None = None,
         source: str | None = None,
-        on_died: Callable[[], None] | None = None,
     ) -> None:
         self.dir, self.sink, self.options = run_dir, sink, options
         self.journal = journal_path(run_dir)
@@ -102,8 +98,6 @@ class Guard:
         self.alerts: list[Alert] = []
         self.aborts: list[dict[str, Any]] = []
         self.launcher_seen = False
-        self.died = False
-        self.on_died = on_died
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,10 +140,7 @@ class Guard:
             )
             if found is not None and ("died", found.run_id, found.attempt) not in self.raised:
                 self.raised.add(("died", found.run_id, found.attempt))
-                self.died = True
                 self._raise(Alert("died", found.message, found.step, found.attempt))
-                if self.on_died is not None:
-                    self.on_died()
 
     def _read(self) -> None:
         if self.reader is None:
