@@ -65,6 +65,18 @@ def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt
     assert begin["run_id"] != first.run_id and begin["attempt"] == 1
 
 
+def test_a_launchers_relaunch_continues_the_failed_run_without_a_checkpoint(ckpt: Path) -> None:
+    """--max-restarts: an attempt failed (a hang aborted) before its first save; the
+    launcher's relaunch is that run's next attempt, so its alerts and history stay one run."""
+    first = write_run(ckpt, steps=4, save_every=0, end="failed")
+    j = RunJournal(ckpt, main=True, role="test")
+    try:
+        assert j.open(resume="auto", relaunch=True) is None  # from the start: no checkpoint
+        assert (j.run_id, j.attempt) == (first.run_id, 2)
+    finally:
+        j.close()
+
+
 @pytest.mark.parametrize("resume", ["auto", True, False])
 def test_an_attempt_after_a_kill_continues_the_run(ckpt: Path, resume: Any) -> None:
     first = write_run(ckpt, steps=4, save_every=0, end=None)
