@@ -32,9 +32,8 @@ from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
 from journal.read.cursor import Cursor
 from journal.record.record import Record
-from journal.rundir.lock import run_holder
 from journal.rundir.safety import UnsafeRunDir
-from journal.views.query import ended_before, relaunch_coming
+from journal.views.query import ended_before
 from watcher.engine.attempts import Runner
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
@@ -124,7 +123,6 @@ class Watcher:
         self._stop = threading.Event()
         self._notices = Notices()
         self._run = RunProgress(follow)
-        self._relaunch = False  # the run's train_end was read, and its launcher relaunches it
         # follow -> dispatch -> queue -> complete: each part is handed the ones after it
         # a replay reads what the file holds: no file events to wait for (its waits are
         # for deliveries, which wake it themselves), so no watchdog observer either
@@ -303,12 +301,7 @@ class Watcher:
         # Nothing new: done once train_end was seen (unless a launcher that still holds the
         # run dir relaunches it), or the file is final (replay, or the writer is gone), and
         # every delivery has completed.
-        relaunch = self._relaunch and run_holder(self.journal.parent) is not None
-        return ((self._run.ended and not relaunch) or final) and self._idle()
-
-    def _set_ended(self, ended: bool) -> None:
-        self._run.ended = ended
-        self._relaunch = ended and relaunch_coming(self.journal)
+        return (self._run.done(self.journal) or final) and self._idle()
 
     def _idle(self) -> bool:
         return all(q.idle() for q in self._queues)
@@ -331,7 +324,8 @@ class Watcher:
         # A restart past the run's train_end (its deliveries all done) has nothing to wait
         # for; a launch's watcher (a start offset, no cursor) waits for its attempt.
         at = self._follower.position.offset
-        self._set_ended(not isinstance(self._start, int) and ended_before(self.journal, at))
+        ended = not isinstance(self._start, int) and ended_before(self.journal, at)
+        self._run.set_ended(ended, self.journal)
         history = cast("Callable[[], list[dict[str, Any]]]", self._follower.history)
         restore_states(self.stateful_callbacks, history)
 
@@ -365,7 +359,7 @@ class Watcher:
         state = CursorState(fingerprint=self._follower.fingerprint(), hooks=self._labels)
         self._remember_done(state)
         self.completions.reset(state)
-        self._set_ended(False)
+        self._run.set_ended(False, self.journal)
 
     def _dispatch(
         self, read: list[Record], start: Cursor, end: Cursor, patched: bool = True
@@ -381,7 +375,7 @@ class Watcher:
         batch = Batch(start, records[0]["seq"], 0)  # its deliveries are counted below
         routed = self._dispatcher.route(records, batch, events, kinds, whole=not patched)
         if routed.ended is not None:
-            self._set_ended(routed.ended)
+            self._run.set_ended(routed.ended, self.journal)
         batch.pending = sum(map(len, routed.deliveries.values()))
         batch.pending += sum(len(recs) for runs in routed.plain.values() for _, recs in runs)
         self.completions.open_batch(batch, end)
