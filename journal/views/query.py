@@ -196,24 +196,17 @@ def restarts_left(begin: Mapping[str, Any]) -> int:
     """How many more times its launcher relaunches the attempt a ``train_begin`` payload
     began, should it fail: its config's ``max_restarts`` less its ``restart`` (``ilab-train``
     records both; a trainer that records neither is not relaunched: 0)."""
-    config = begin.get("config")
-    most, done = (
-        config.get("max_restarts") if isinstance(config, dict) else None,
-        begin.get("restart"),
-    )
-    if type(most) is not int or type(done) is not int:
-        return 0
-    return max(0, most - done)
+    most, done = (begin.get("config") or {}).get("max_restarts"), begin.get("restart")
+    return max(0, most - done) if type(most) is int and type(done) is int else 0
 
 
 def relaunch_coming(path: str | os.PathLike[str]) -> bool:
     """Whether the journal's last attempt ended ``failed`` with restarts left: its launcher
     launches it again (while it still holds the run dir)."""
-    end = find_last(path, "train_end")
-    if end is None or end["data"].get("status") != "failed":
+    end, begin = find_last(path, "train_end"), find_last(path, "train_begin")
+    if end is None or begin is None or end["data"].get("status") != "failed":
         return False
-    begin = find_last(path, "train_begin")
-    return begin is not None and begin["seq"] < end["seq"] and restarts_left(begin["data"]) > 0
+    return begin["seq"] < end["seq"] and restarts_left(begin["data"]) > 0
 
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:

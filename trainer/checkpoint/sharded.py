@@ -199,19 +199,18 @@ def load_newest_loadable(
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank goes on from the same one
         if not flag.item():
             return state, path
-        first = first or error or RuntimeError(f"{path} could not be loaded on another rank")
+        error = error or RuntimeError(f"{path} could not be loaded on another rank")
+        first = first or error
         older = latest_checkpoint(ckpt_dir, checkpoint_run_id(path), before=path)
         if older is None:
             raise first
         if dist.get_rank() == 0:
             # DCP's CheckpointException names the ranks only: what failed is in its failures
-            cause = next(iter(getattr(first, "failures", {}).values()), (first,))[0]
-            why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:300]}"
+            why = next(iter(getattr(error, "failures", {}).values()), (error,))[0]
+            line = f"{type(why).__name__}: {str(why).strip().partition(chr(10))[0][:300]}"
             log.warning(
                 "cannot load %s (%s); resuming from %s, the newest complete checkpoint before it",
-                path,
-                why,
-                older,
+                *(path, line, older),
             )
         path = older
 

@@ -38,9 +38,7 @@ GUARD_OPTIONS = [
     ),
     click.option(
         "--first-step-limit",
-        "first_step_limit",
         type=Seconds(low_open=True),
-        default=None,
         metavar="SECONDS",
         help="With --hang-after: an attempt's first step (compile, warm-up, first "
         "collectives) longer than this is a hang [default: 10x the threshold, at least 600s].",
@@ -63,12 +61,9 @@ def check_on_hang(
     """The hang rule, with ``--first-step-limit``. What can never work is a usage error:
     ``--on-hang abort`` or ``--first-step-limit`` without ``--hang-after``, and a hang
     looked for in a run that is not live on this machine."""
-    for given, name in (
-        (on_hang == "abort", "--on-hang abort"),
-        (first_step, "--first-step-limit"),
-    ):
-        if given and hang is None:
-            raise click.UsageError(f"{name} needs --hang-after SECONDS|auto")
+    if hang is None and (on_hang == "abort" or first_step):
+        name = "--on-hang abort" if on_hang == "abort" else "--first-step-limit"
+        raise click.UsageError(f"{name} needs --hang-after SECONDS|auto")
     if hang is not None and replay:
         raise click.UsageError(
             "--hang-after watches a live run: for a past one, ilab-journal backtest RUN "
