@@ -177,6 +177,8 @@ def test_evidence_has_each_local_stack_and_says_what_it_could_not_take(
     [
         (["--on-hang", "abort"], "--on-hang abort needs --hang-after"),
         (["--hang-after", "soon"], "SECONDS or auto"),
+        (["--first-step-limit", "60"], "--first-step-limit needs --hang-after"),
+        (["--hang-after", "5", "--first-step-limit", "0"], "--first-step-limit"),
         (["--hang-after", "5", "--replay"], "ilab-journal backtest"),
     ],
 )
