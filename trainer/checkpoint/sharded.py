@@ -208,10 +208,8 @@ def load_newest_loadable(
             # DCP's CheckpointException names the ranks only: what failed is in its failures
             why = next(iter(getattr(error, "failures", {}).values()), (error,))[0]
             line = f"{type(why).__name__}: {str(why).strip().partition(chr(10))[0][:300]}"
-            log.warning(
-                "cannot load %s (%s); resuming from %s, the newest complete checkpoint before it",
-                *(path, line, older),
-            )
+            end = f"resuming from {older}, the newest complete checkpoint before it"
+            log.warning("cannot load %s (%s); %s", path, line, end)
         path = older
 
 
