@@ -56,6 +56,21 @@ LOOP = textwrap.dedent(
 )
 
 
+#: LOOP in docs/integrations.md's shape, for torchrun: the tracker made before
+#: ``Accelerator()``, no ``cpu=True``, rank 0 alone sending the stop, and gloo's ending (its
+#: thread can abort the interpreter at exit, "terminate called without an active
+#: exception", and fail the launch: end_training has destroyed the process group already).
+#: ``STEP_DELAY`` (seconds a step, from the environment) slows it down.
+DOCS_LOOP = (
+    LOOP.replace("Accelerator(cpu=True, log_with=journal)", "Accelerator(log_with=journal)")
+    .replace("if step == stop_at:", "if step == stop_at and torch.distributed.get_rank() == 0:")
+    .replace(
+        "opt.zero_grad()", 'opt.zero_grad(); time.sleep(float(os.environ.get("STEP_DELAY", 0)))'
+    )
+    + "import os\nsys.stdout.flush()\nos._exit(0)\n"
+)
+
+
 def run_loop(tmp_path: Path, steps: int, stop_at: int) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
@@ -111,17 +126,7 @@ def test_two_ranks_in_the_docs_shape_journal_once_and_stop_together(tmp_path: Pa
     every rank its main process; the journal still has one writer (rank 0 of the process
     group), and a stop sent by rank 0 ends both ranks at the same step."""
     script = tmp_path / "loop.py"
-    script.write_text(
-        LOOP.replace(
-            "Accelerator(cpu=True, log_with=journal)", "Accelerator(log_with=journal)"
-        ).replace(
-            "if step == stop_at:", "if step == stop_at and torch.distributed.get_rank() == 0:"
-        )
-        # docs/integrations.md's ending for gloo: its thread can abort the interpreter at
-        # exit ("terminate called without an active exception") and fail the launch
-        # (end_training has destroyed the process group already)
-        + "import os\nsys.stdout.flush()\nos._exit(0)\n"
-    )
+    script.write_text(DOCS_LOOP)
     run = tmp_path / "run"
     proc = subprocess.run(
         [

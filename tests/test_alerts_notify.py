@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from journal import JournalWriter
 from journal.rundir.lock import JournalLock
 from journal.store import guest
 from tests.helpers import (
@@ -233,6 +234,33 @@ def test_notify_when_fires_once_per_attempt(tmp_path: Path, receiver: Receiver) 
     assert "--notify-when 'best(accuracy) >= 0.9': best(accuracy): the run has no metric" in (
         proc.stderr
     )
+
+
+def test_the_failure_that_leaves_no_restart_is_alerted_with_each_attempts_cause(
+    tmp_path: Path,
+) -> None:
+    """An ``ilab-train --max-restarts 2`` launch whose 3 attempts all failed, the last one
+    aborted as hung (its hang alert said that attempt's end): the last failure is still
+    alerted, once, with every attempt's cause; a failure with restarts left is alerted
+    as itself."""
+    ckpt = tmp_path / "run"
+    hang = {"status": "failed", "error_type": "Hang", "error_message": "hang: quiet"}
+    ends = [{**hang, "aborted_for": "hang"}, {"status": "failed", "error_type": "E"}, hang]
+    ends[1]["error_message"], ends[2]["aborted_for"] = "boom", "hang"
+    for restart, end in enumerate(ends):
+        with JournalWriter(ckpt, resume=restart > 0) as w:
+            w.append("train_begin", {"config": {"max_restarts": 2}, "restart": restart})
+            w.append("train_end", end, step=3)
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--notify-on", "failed")
+    assert proc.returncode == 0, proc.stderr
+    assert [(a["attempt"], a["message"]) for a in _alerts(ckpt)] == [
+        (2, "the run failed: E: boom"),
+        (
+            3,
+            "the run failed after 2 restart(s), none left: attempt 1: Hang: hang: quiet; "
+            "attempt 2: E: boom; attempt 3: Hang: hang: quiet",
+        ),
+    ]
 
 
 def test_an_alert_waits_for_the_journals_holder(tmp_path: Path) -> None:

@@ -155,3 +155,31 @@ def test_a_resume_from_a_checkpoint_with_planted_pickles_runs_nothing(tmp_path: 
     assert proc.returncode == 1 and ".metadata: refusing to load it" in last, proc.stderr[-2000:]
     assert not marker.exists()
     shutil.rmtree(run)
+
+
+@pytest.mark.extended
+@pytest.mark.dist
+def test_a_newest_checkpoint_that_cannot_be_loaded_falls_back_to_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """A real 2-rank run saved steps 2 and 4, then step 4's shards were cut short on disk
+    (complete by its markers): the resume says in one line that step 4 cannot be loaded
+    and resumes from step 2, the newest complete checkpoint before it (it failed on every
+    relaunch before)."""
+    run = tmp_path / "run"
+    first = train(run, "--max-steps", "4", "--save-every", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    newest = run / "checkpoints" / "step-000004"
+    for shard in (newest / "full_state").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    proc = train(run, "--max-steps", "6", "--save-every", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = max((run / "logs").glob("launch-*.log")).read_text()  # the console's, --quiet
+    [line] = [x for x in log.splitlines() if f"cannot load {newest} (RuntimeError: " in x]
+    assert line.endswith(
+        f"resuming from {run / 'checkpoints' / 'step-000002'}, the newest complete checkpoint before it"
+    ), line
+    begin = [r for r in records(run) if r["event"] == "train_begin"][-1]
+    assert begin["attempt"] == 2 and begin["data"]["resumed_from"].endswith("step-000002")
+    steps = [r["step"] for r in records(run) if r["event"] == "step_end" and r["attempt"] == 2]
+    assert steps == [3, 4, 5, 6]

@@ -82,6 +82,28 @@ def test_a_declared_lease_wait_of_25s_is_no_hang_but_one_past_its_bound_is() -> 
     assert check(t, over, T0 + 36.0, rule) is not None
 
 
+def test_a_bridge_ends_its_first_step_with_its_first_record_of_a_later_step() -> None:
+    """The Accelerate bridge writes no step_end, only a log at each step: its first log of
+    step 1 ends the first step, and each later step's is its boundary (an auto threshold
+    from its steps); a step_end-less journal of ilab-train's own stays in its first step."""
+    rule = HangRule(30.0, first_step_s=5.0)
+    bridge = AttemptTracker()
+    bridge.observe(_rec("train_begin", T0, 0, trainer="accelerate", pid=1))
+    assert check(bridge, None, T0 + 5.5, rule) is not None  # the first step past its limit
+    for i in range(1, 5):
+        bridge.observe(_rec("log", T0 + 2.0 * i, i, loss=1.0))
+        bridge.observe(_rec("save", T0 + 2.0 * i + 0.1, i))  # same step: no boundary
+    assert bridge.steps == 4 and bridge.last_step == 4 and list(bridge.step_times) == [2.0] * 3
+    assert check(bridge, None, T0 + 30.0, rule) is None  # past the first-step limit: fine
+    found = check(bridge, None, T0 + 8.0 + 31.0, rule)
+    assert found is not None and found.phase is None and found.step == 4
+    native = AttemptTracker()
+    native.observe(_rec("train_begin", T0, 0, ranks=[]))
+    native.observe(_rec("log", T0 + 2.0, 1, loss=1.0))
+    late = check(native, None, T0 + 6.0, rule)
+    assert late is not None and late.phase == "first_step" and late.threshold_s == 5.0
+
+
 def test_a_phase_file_of_another_attempt_says_nothing() -> None:
     t = _tracker()
     other = Phase("save", T0 + 5.0, "r1", 2)
@@ -163,6 +185,8 @@ def test_evidence_has_each_local_stack_and_says_what_it_could_not_take(
     [
         (["--on-hang", "abort"], "--on-hang abort needs --hang-after"),
         (["--hang-after", "soon"], "SECONDS or auto"),
+        (["--first-step-limit", "60"], "--first-step-limit needs --hang-after"),
+        (["--hang-after", "5", "--first-step-limit", "0"], "--first-step-limit"),
         (["--hang-after", "5", "--replay"], "ilab-journal backtest"),
     ],
 )

@@ -6,6 +6,7 @@ the run. No test hook: the trainer runs as a user runs it."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -19,7 +20,17 @@ from typing import Any
 import pytest
 
 from journal.rundir.phase import read_phase
-from tests.helpers import BIN, cli, kill_tree, records, train, train_argv, train_env, wait_for
+from tests.helpers import (
+    BIN,
+    cli,
+    kill_tree,
+    launch_bridge_script,
+    records,
+    train,
+    train_argv,
+    train_env,
+    wait_for,
+)
 
 #: A long demo run: it is stopped, aborted or killed long before its end.
 LONG = ("--num-epochs", "50", "--max-steps", "3000")
@@ -57,6 +68,23 @@ def _ends(run: Path) -> list[dict[str, Any]]:
 
 def _alerts(run: Path) -> list[dict[str, Any]]:
     return [r for r in records(run) if r["event"] == "alert"]
+
+
+def _watch(run: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``ilab-watch RUN ARGS...`` started, once it follows; its stderr lines as they come."""
+    watch = subprocess.Popen(
+        [str(BIN / "ilab-watch"), str(run), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=train_env(),
+    )
+    lines: list[str] = []
+    threading.Thread(
+        target=lambda: lines.extend(iter(watch.stderr.readline, "")), daemon=True
+    ).start()  # type: ignore[union-attr]
+    wait_for(lambda: any("hook(s) on" in x for x in lines), timeout=60, what="the watcher")
+    return watch, lines
 
 
 def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
@@ -103,40 +131,87 @@ def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     assert all(p.is_file() for p in (run / "logs").iterdir())
 
 
-def test_a_run_whose_processes_are_all_killed_is_reported_dead(tmp_path: Path) -> None:
+def test_a_dead_run_is_reported_and_its_relaunch_is_watched(tmp_path: Path) -> None:
     """kill -9 of the launcher, torchrun and both ranks: no train_end will come; the
-    watcher's guard reports the death within 30 s and stops following."""
-    run = tmp_path / "run"
+    watcher's guard reports the death within 30 s and goes on following the run, so the
+    user's relaunch (the same run, attempt 2) has its saves delivered; the watcher ends with
+    it."""
+    run, seen = tmp_path / "run", tmp_path / "seen.txt"
     job = _start(run, delay=0.05)
     watch = None
     try:
         _begin(run)
         wait_for(lambda: _steps(run) >= 2, timeout=240, what="2 steps")
-        watch = subprocess.Popen(
-            [str(BIN / "ilab-watch"), str(run), "--hang-after", "60"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=train_env(),
-        )
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(watch.stderr.readline, "")))  # type: ignore[union-attr]
-        reader.start()
-        wait_for(lambda: any("hook(s) on" in x for x in lines), timeout=60, what="the watcher")
+        on_save = f"sh -c 'echo {{step}} >> {seen}'"
+        watch, lines = _watch(run, "--hang-after", "60", "--on-save", on_save)
         killed_at = time.time()
         kill_tree(job.pid)
+        wait_for(lambda: _alerts(run), timeout=60, what="the died alert")
+        again = train(run, "--max-steps", "2", "--save-every", "2")
+        assert again.returncode == 0, again.stderr[-3000:]
         assert watch.wait(timeout=60) == 0, "".join(lines)[-3000:]
-        reader.join(timeout=10)
     finally:
         kill_tree(job.pid)
         if watch is not None and watch.poll() is None:
             watch.kill()
-    assert not _ends(run)  # nobody wrote one: that is the point
-    [alert] = _alerts(run)
-    assert alert["data"]["kind"] == "died", alert
-    assert alert["data"]["raised_at"] - killed_at <= 30.0
-    assert "every process of attempt 1 is gone" in alert["data"]["message"]
+    [died] = _alerts(run)
+    assert died["data"]["kind"] == "died" and died["attempt"] == 1, died
+    assert died["data"]["raised_at"] - killed_at <= 30.0
+    assert "every process of attempt 1 is gone" in died["data"]["message"]
     assert any("died" in x for x in lines)
+    begins = [r for r in records(run) if r["event"] == "train_begin"]
+    assert [(b["run_id"], b["attempt"]) for b in begins] == [
+        (begins[0]["run_id"], 1),
+        (begins[0]["run_id"], 2),
+    ]
+    assert seen.read_text().split() == ["2"]  # the relaunch's save, delivered
+    assert _ends(run)[-1]["data"]["status"] == "completed"
+
+
+#: Each bridge's real loop under torchrun (2 ranks): its test module, script and package.
+BRIDGES = [
+    pytest.param(
+        "test_accelerate_bridge",
+        "DOCS_LOOP",
+        "accelerate",
+        id="accelerate",
+        marks=pytest.mark.extended,
+    ),
+    pytest.param("test_hf_bridge", "SCRIPT", "transformers", id="hf", marks=pytest.mark.extended),
+    pytest.param(
+        "test_lightning_bridge", "SCRIPT", "lightning", id="lightning", marks=pytest.mark.extended
+    ),
+]
+
+
+@pytest.mark.parametrize(("module", "script", "package"), BRIDGES)
+def test_a_bridge_running_past_the_first_step_limit_is_no_hang(
+    tmp_path: Path, module: str, script: str, package: str
+) -> None:
+    """ilab-watch --hang-after 30 --first-step-limit 20 beside a bridge's loop that runs 24 s
+    and more: its first step ended with its first record of step 1 (the Accelerate bridge
+    writes no step_end), so no hang is raised and the watcher ends with the run. (The limit
+    leaves room for a first step slowed by a loaded machine: tests/test_guard.py holds the
+    rule itself.)"""
+    pytest.importorskip(package)
+    out = tmp_path / "out"
+    out.mkdir()
+    watch, lines = _watch(out, "--hang-after", "30", "--first-step-limit", "20")
+    job = None
+    try:
+        code = getattr(importlib.import_module(f"tests.{module}"), script)
+        job = launch_bridge_script(tmp_path, code, 30, delay=0.8)
+        _, err = job.communicate(timeout=240)
+        assert job.returncode == 0, err[-3000:]
+        assert watch.wait(timeout=60) == 0, "".join(lines)[-3000:]
+    finally:
+        for proc in (job, watch):
+            if proc is not None and proc.poll() is None:
+                kill_tree(proc.pid)
+    recs = records(out)
+    assert recs[-1]["event"] == "train_end" and recs[-1]["data"]["status"] == "completed"
+    assert recs[-1]["ts"] - recs[0]["ts"] >= 22.0  # the guard looked past the limit
+    assert not _alerts(out) and not any("alert:" in x for x in lines), "".join(lines)
 
 
 @pytest.mark.extended
@@ -204,6 +279,68 @@ def test_an_aborted_attempt_is_relaunched_and_resumes(tmp_path: Path) -> None:
     assert begins[1]["data"]["resumed_from"].endswith("step-000020")
     resumed = next(r for r in records(run) if r["event"] == "step_end" and r["attempt"] == 2)
     assert resumed["step"] == 21 and resumed["ts"] - first["ts"] <= 60.0
+
+
+@pytest.mark.extended
+def test_relaunches_stay_one_run_a_watcher_follows_them_and_the_last_failure_is_said(
+    tmp_path: Path,
+) -> None:
+    """--max-restarts 1 with --notify-on: attempt 1 hangs before its first save (rank 1
+    stopped) and is aborted; the relaunch is the same run's attempt 2 (from the start, no
+    checkpoint yet), whose rank 1 is killed after its first save. An ilab-watch started
+    beside it delivers that save across the relaunch and ends after the last train_end;
+    the last failure is alerted once, with both attempts' causes; status and check count
+    the run's alerts."""
+    run, seen = tmp_path / "run", tmp_path / "seen.txt"
+    argv = ["--max-steps", "3000", "--save-every", "20", "--max-restarts", "1"]
+    argv += ["--hang-after", "10", "--on-hang", "abort", "--notify-on", "failed,hang"]
+    run.mkdir()  # followed before the trainer starts
+    watch, lines = _watch(run, "--on-save", f"sh -c 'echo {{attempt}}:{{step}} >> {seen}'")
+    job = subprocess.Popen(
+        train_argv(run, *argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=train_env(step_delay=0.05),
+    )
+    try:
+        ranks = {r["rank"]: r["pid"] for r in _begin(run)["data"]["ranks"]}
+        wait_for(lambda: _steps(run) >= 3, timeout=240, what="3 steps")
+        os.kill(ranks[1], signal.SIGSTOP)  # a hang before the first save
+        second = wait_for(
+            lambda: next(
+                (r for r in records(run) if r["event"] == "train_begin" and r["attempt"] == 2), None
+            ),
+            timeout=240,
+            what="the relaunch",
+        )
+        wait_for(lambda: seen.exists(), timeout=240, what="the relaunch's save delivered")
+        os.kill({r["rank"]: r["pid"] for r in second["data"]["ranks"]}[1], signal.SIGKILL)
+        _, err = job.communicate(timeout=240)
+        assert watch.wait(timeout=60) == 0, "".join(lines)[-3000:]
+    finally:
+        for proc in (job, watch):
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    assert job.returncode == 1 and "restart 1 of 1" in err, err[-3000:]
+    begins = [r for r in records(run) if r["event"] == "train_begin"]
+    assert [(b["run_id"], b["attempt"], b["data"]["restart"]) for b in begins] == [
+        (begins[0]["run_id"], 1, 0),
+        (begins[0]["run_id"], 2, 1),
+    ]
+    delivered = seen.read_text().split()  # attempt 1 saved nothing; attempt 2 from step 20
+    assert delivered[0] == "2:20" and all(x.startswith("2:") for x in delivered), delivered
+    alerts = _alerts(run)
+    hang, [failed] = alerts[0], [a for a in alerts if a["data"]["kind"] == "failed"]
+    assert (hang["attempt"], hang["data"]["kind"]) == (1, "hang"), hang
+    assert failed["attempt"] == 2, failed
+    message = failed["data"]["message"]
+    assert message.startswith("the run failed after 1 restart(s), none left: attempt 1: ")
+    assert "attempt 1: Hang: hang: no step progress" in message, message
+    assert "; attempt 2: RuntimeError: " in message, message
+    status = json.loads(cli("ilab-journal", "status", str(run), "--json").stdout)
+    assert status["alerts"] == len(alerts) and status["attempt"] == 2, status
+    assert cli("ilab-journal", "check", str(run), "-e", "alerts == 0").returncode == 1
 
 
 @pytest.mark.extended

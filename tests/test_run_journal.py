@@ -49,10 +49,10 @@ def add_checkpoint(ckpt: Path, step: int, run_id: str | None = None) -> Path:
 
 
 def test_the_resume_rule() -> None:
-    assert not continues_run(None, from_checkpoint=True)  # no journal: a new run
-    assert continues_run({"event": "step_end"}, from_checkpoint=False)  # killed: go on
-    assert not continues_run({"event": "train_end"}, from_checkpoint=False)
-    assert continues_run({"event": "train_end"}, from_checkpoint=True)
+    assert not continues_run(None, resumes=True)  # no journal: a new run
+    assert continues_run({"event": "step_end"}, resumes=False)  # killed: go on
+    assert not continues_run({"event": "train_end"}, resumes=False)
+    assert continues_run({"event": "train_end"}, resumes=True)
 
 
 def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt: Path) -> None:
@@ -63,6 +63,18 @@ def test_a_report_after_train_end_does_not_make_a_relaunch_continue_the_run(ckpt
         )
     _, begin = attempt(ckpt, "auto")
     assert begin["run_id"] != first.run_id and begin["attempt"] == 1
+
+
+def test_a_launchers_relaunch_continues_the_failed_run_without_a_checkpoint(ckpt: Path) -> None:
+    """--max-restarts: an attempt failed (a hang aborted) before its first save; the
+    launcher's relaunch is that run's next attempt, so its alerts and history stay one run."""
+    first = write_run(ckpt, steps=4, save_every=0, end="failed")
+    j = RunJournal(ckpt, main=True, role="test")
+    try:
+        assert j.open(resume="auto", relaunch=True) is None  # from the start: no checkpoint
+        assert (j.run_id, j.attempt) == (first.run_id, 2)
+    finally:
+        j.close()
 
 
 @pytest.mark.parametrize("resume", ["auto", True, False])

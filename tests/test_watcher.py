@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -18,7 +19,9 @@ import orjson
 import pytest
 
 from journal import JournalWriter, read_all
+from journal.rundir.lock import RunLock
 from tests.helpers import BIN, cli, wait_for, write_run
+from watcher.embedded import EmbeddedWatcher
 
 RECORDER = textwrap.dedent(
     """
@@ -454,6 +457,64 @@ def test_follow_keeps_going_through_an_earlier_attempts_train_end(
     finally:
         proc.kill()
     assert calls(out)[-1]["env"]["ILAB_CHECKPOINT_PATH"] == "/attempt2/step-6"
+
+
+def _attempt(w: JournalWriter, restart: int, step: int, end: str = "failed") -> None:
+    """One attempt of an ``ilab-train --max-restarts 2`` launch: its ``restart``, a save."""
+    w.append("train_begin", {"config": {"max_restarts": 2}, "restart": restart}, step=step)
+    w.append("save", save_payload(f"/attempt/step-{step + 2}"), step=step + 2)
+    w.append("train_end", {"status": end, "reason": "boom"}, step=step + 2)
+
+
+def test_a_failed_attempt_with_restarts_left_is_followed_while_its_launcher_holds_the_run(
+    ckpt: Path, recorder: tuple[Path, Path]
+) -> None:
+    """max_restarts 2: after attempt 1's failed train_end (restart 0) and attempt 2's
+    (restart 1) the launcher, holding the run dir, relaunches: the watcher waits for it;
+    once the launcher lets go of the run dir without a relaunch, it ends."""
+    script, out = recorder
+    launcher = RunLock(ckpt)
+    launcher.acquire(timeout=5)
+    w = JournalWriter(ckpt)
+    _attempt(w, 0, 0)
+    proc = spawn_watch(str(ckpt), "-vv", "--on-save", str(script), env={"RECORD_TO": str(out)})
+    try:
+        for saves in (1, 2):  # attempt 1 ended, then attempt 2: each waits for a relaunch
+            wait_for_stderr(proc, f"idle at byte {(ckpt / 'journal.jsonl').stat().st_size}; wait")
+            assert len(calls(out)) == saves and proc.poll() is None
+            if saves == 1:
+                _attempt(w, 1, 2)
+        launcher.release()  # the launcher gave up (or is gone): nothing more will come
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        w.close()
+    assert [c["env"]["ILAB_STEP"] for c in calls(out)] == ["2", "4"]
+
+
+def test_a_launchs_watcher_waits_for_its_attempt_after_an_earlier_attempts_end(
+    ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """run_training's embedded watcher starts at the journal's size at launch: the earlier
+    attempt's train_end there is not its end (a relaunch's watcher stopped at once, and
+    its attempt's callbacks and alerts were never run)."""
+    write_run(ckpt, steps=2, save_every=2, end="failed")
+    seen: list[int] = []
+    watcher = EmbeddedWatcher(
+        ckpt,
+        hooks={"save": [lambda event, **data: seen.append(event.step)]},
+        callbacks=[],
+        start_offset=(ckpt / "journal.jsonl").stat().st_size,
+    )
+    with caplog.at_level(logging.DEBUG, logger="watcher"):
+        watcher.start()
+        wait_for(lambda: "idle at byte" in caplog.text, timeout=30, what="the watcher waiting")
+    with JournalWriter(ckpt, resume=True) as w:
+        w.append("train_begin", {"resumed_from": None}, step=0)
+        w.append("save", save_payload("/attempt2/step-2"), step=2)
+        w.append("train_end", {"status": "completed"}, step=2)
+    watcher.finish(30)
+    assert seen == [2]
 
 
 def test_from_now_skips_what_is_already_there(ckpt: Path, recorder: tuple[Path, Path]) -> None:

@@ -88,12 +88,18 @@ def journal_run(journal: Path) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-def latest_checkpoint(ckpt_dir: Path, run_id: str | None) -> Path | None:
+def latest_checkpoint(
+    ckpt_dir: Path, run_id: str | None, before: Path | None = None
+) -> Path | None:
     """The checkpoint a resume (or an export) of run ``run_id`` uses: its newest complete
     one; with ``run_id`` None (no journal says which run) the newest complete one of any run.
     Another run's checkpoint is never picked. A newer one of the run that is incomplete is
-    skipped, with a warning naming it (left in place for the user to look at)."""
+    skipped, with a warning naming it (left in place for the user to look at). ``before``:
+    only one older than that checkpoint (which could not be loaded)."""
+    last = checkpoint_step(before.name) if before is not None else None
     for path in reversed(list_checkpoints(ckpt_dir)):
+        if last is not None and (checkpoint_step(path.name) or 0) >= last:
+            continue
         owner = checkpoint_run_id(path)
         if run_id is not None and owner != run_id and (owner is not None or is_complete(path)):
             continue  # another run's (a complete one naming no run is not this run's either)

@@ -7,6 +7,7 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,23 @@ def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
         if _match(line, b'"train_begin"', "train_begin") is not None:
             return False
     return False
+
+
+def restarts_left(begin: Mapping[str, Any]) -> int:
+    """How many more times its launcher relaunches the attempt a ``train_begin`` payload
+    began, should it fail: its config's ``max_restarts`` less its ``restart`` (``ilab-train``
+    records both; a trainer that records neither is not relaunched: 0)."""
+    most, done = (begin.get("config") or {}).get("max_restarts"), begin.get("restart")
+    return max(0, most - done) if type(most) is int and type(done) is int else 0
+
+
+def relaunch_coming(path: str | os.PathLike[str]) -> bool:
+    """Whether the journal's last attempt ended ``failed`` with restarts left: its launcher
+    launches it again (while it still holds the run dir)."""
+    end, begin = find_last(path, "train_end"), find_last(path, "train_begin")
+    if end is None or begin is None or end["data"].get("status") != "failed":
+        return False
+    return begin["seq"] < end["seq"] and restarts_left(begin["data"]) > 0
 
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:

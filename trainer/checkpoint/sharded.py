@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from journal.checkpoints.rotation import checkpoint_run_id
+from journal.checkpoints.rotation import checkpoint_run_id, latest_checkpoint
 from journal.rundir.files import fsync_dir
 from journal.rundir.paths import checkpoints_dir, step_dir_name
 from journal.rundir.safety import make_dir
@@ -40,7 +40,7 @@ from trainer.checkpoint.files import (
     read_scheduler_state,
     write_scheduler_state,
 )
-from trainer.checkpoint.fit import FittingLoadPlanner
+from trainer.checkpoint.fit import CheckpointMismatch, FittingLoadPlanner
 from trainer.model.spec import ConsolidatedWriter
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,42 @@ def load_checkpoint(
     if rng_file.exists():  # absent when resuming on a different world size
         _set_rng_state(read_rng_state(rng_file))
     return TrainerState(**json.loads((full / "trainer_state.json").read_text()))
+
+
+def load_newest_loadable(
+    ckpt_dir: Path, path: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any
+) -> tuple[TrainerState, Path]:
+    """Collective: :func:`load_checkpoint` of ``path`` or, when it fails on any rank (a
+    corrupt file), of the newest complete checkpoint of its run before it (said in one
+    line), and so on; the state and the checkpoint it came from. Raises the first error
+    when none loads, and a :class:`~trainer.checkpoint.fit.CheckpointMismatch` at once (a
+    model of another shape: the run's other checkpoints have that shape too)."""
+    first: BaseException | None = None
+    flag = torch.zeros(1, device=next(model.parameters()).device)
+    while True:
+        error: BaseException | None = None
+        try:
+            state = load_checkpoint(path, model, optimizer, scheduler)
+        except CheckpointMismatch:
+            raise
+        except (Exception, dcp.CheckpointException) as exc:
+            error = exc
+        flag.fill_(error is not None)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank goes on from the same one
+        if not flag.item():
+            return state, path
+        error = error or RuntimeError(f"{path} could not be loaded on another rank")
+        first = first or error
+        older = latest_checkpoint(ckpt_dir, checkpoint_run_id(path), before=path)
+        if older is None:
+            raise first
+        if dist.get_rank() == 0:
+            # DCP's CheckpointException names the ranks only: what failed is in its failures
+            why = next(iter(getattr(error, "failures", {}).values()), (error,))[0]
+            line = f"{type(why).__name__}: {str(why).strip().partition(chr(10))[0][:300]}"
+            end = f"resuming from {older}, the newest complete checkpoint before it"
+            log.warning("cannot load %s (%s); %s", path, line, end)
+        path = older
 
 
 def _rng_state() -> dict[str, Any]:

@@ -20,3 +20,4 @@ class WorkerConfig(Settings):
         description="rank 0 waits before each all-reduce until the launcher's paced "
         "callbacks handled the previous step, as this file says (callback_pacing)",
     )
+    restart: int = Field(0, ge=0, description="relaunches so far: a relaunch continues the run")

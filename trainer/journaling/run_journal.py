@@ -57,12 +57,13 @@ RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk f
 Resume = Literal["auto", "never"] | bool
 
 
-def continues_run(last: Mapping[str, Any] | None, from_checkpoint: bool) -> bool:
+def continues_run(last: Mapping[str, Any] | None, resumes: bool) -> bool:
     """The resume rule: whether this attempt continues the run of the journal's last trainer
     record ``last`` (not a late report: ``last_trainer_record``) with ``attempt`` + 1 rather
     than start a new run: when that run did not end (killed: no ``train_end`` last) or when
-    this attempt resumes from a checkpoint; never without a journal."""
-    return last is not None and (from_checkpoint or last.get("event") != "train_end")
+    this attempt resumes it (from a checkpoint, or its launcher relaunches it); never
+    without a journal."""
+    return last is not None and (resumes or last.get("event") != "train_end")
 
 
 def versions() -> dict[str, str]:
@@ -138,24 +139,26 @@ class RunJournal:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
 
-    def open(self, resume: Resume = "auto") -> Path | None:
+    def open(self, resume: Resume = "auto", *, relaunch: bool = False) -> Path | None:
         """The main rank: take the journal lock (waiting up to ``LOCK_WAIT_S`` for a
         previous attempt's workers to save and end; :class:`JournalLocked` after), open the
         writer by the resume rule, and start reading control commands and reports. Returns
         the checkpoint to resume from (``resume="auto"``, found once the lock is held);
         None on the other ranks. What it reads of the journal is read in bounded memory:
-        the last record backwards, the few control and best records through a prefilter."""
+        the last record backwards, the few control and best records through a prefilter.
+        ``relaunch``: the launcher launches this run again (``max_restarts``): it goes on,
+        from its newest checkpoint or, with none yet, from the start."""
         if not self.main:
             return None
         self.lock = JournalLock(self.dir, role=self.role)
         self.lock.acquire(timeout=LOCK_WAIT_S)
         try:
-            return self._open(resume)
+            return self._open(resume, relaunch)
         except BaseException:
             self.lock.release()
             raise
 
-    def _open(self, resume: Resume) -> Path | None:
+    def _open(self, resume: Resume, relaunch: bool) -> Path | None:
         jpath = journal_path(self.dir)
         known = resume != "never" and jpath.exists()
         last = last_trainer_record(jpath) if known else None  # a late report is not it
@@ -163,7 +166,7 @@ class RunJournal:
         # the journal's run goes on from its own checkpoint (no journal: that checkpoint's run)
         from_ckpt = latest_checkpoint(self.dir, run) if resume == "auto" else None
         adopted = checkpoint_run_id(from_ckpt) if from_ckpt is not None and run is None else None
-        again = continues_run(last, from_ckpt is not None or resume is True)
+        again = continues_run(last, from_ckpt is not None or resume is True or relaunch)
         writer = None
         if self.detail != "off":
             writer = attempt_writer(

@@ -20,16 +20,17 @@ from trainer.launch.result import TrainingFailed, TrainingResult
 
 
 def launch_with_restarts(
-    launch: Callable[[TrainingArgs], TrainingResult], train_args: TrainingArgs
+    launch: Callable[[TrainingArgs, int], TrainingResult], train_args: TrainingArgs
 ) -> TrainingResult:
-    """``launch(train_args)``, again after a failed (or hang-aborted) attempt while
-    ``max_restarts`` allows. Each relaunch resumes the run from its newest complete
-    checkpoint by the workers' own resume rule (``resume="auto"``: the attempt goes up, the
-    step is the checkpoint's), under the run lock the caller holds throughout."""
+    """``launch(train_args, restarts)``, again after a failed (or hang-aborted) attempt
+    while ``max_restarts`` allows. Each relaunch continues the run (its run id, the next
+    attempt; ``restarts`` tells the workers so) from its newest complete checkpoint by the
+    workers' own resume rule (``resume="auto"``: the step is the checkpoint's), under the run
+    lock the caller holds throughout."""
     restarts = 0
     while True:
         try:
-            result = launch(train_args)
+            result = launch(train_args, restarts)
         except TrainingFailed as exc:
             exc.result.restarts = restarts
             if restarts >= train_args.max_restarts:

@@ -83,9 +83,12 @@ def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
         ) from None
 
 
-def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerConfig:
+def worker_config(
+    args: TrainingArgs, progress: Path | None = None, restart: int = 0
+) -> WorkerConfig:
     """The workers' config: the plain-data args plus the callbacks' names (the callbacks
-    themselves stay in this process), and the paced callbacks' progress file."""
+    themselves stay in this process), the paced callbacks' progress file, and the
+    launcher's relaunches so far."""
     named = {f"on_{k}": [callable_name(cb) for cb in v] for k, v in args.hooks().items()}
     if args.callbacks:
         named["callbacks"] = [callable_name(cb) for cb in args.callbacks]
@@ -95,6 +98,7 @@ def worker_config(args: TrainingArgs, progress: Path | None = None) -> WorkerCon
         args=args,
         callbacks_named=named,
         callback_progress=str(progress) if progress else None,
+        restart=restart,
     )
 
 
@@ -228,6 +232,7 @@ def _busy_message(ckpt_dir: Path) -> str:
 
 def _launch(
     train_args: TrainingArgs,
+    restart: int,
     t: TorchrunArgs,
     ckpt_dir: Path,
     *,
@@ -239,7 +244,7 @@ def _launch(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
     train_args, progress = _foreign_callbacks(train_args, ckpt_dir, t.node_rank)
-    cfg = worker_config(train_args, progress.path if progress else None)
+    cfg = worker_config(train_args, progress.path if progress else None, restart)
     atomic_write(cfg_path, cfg.model_dump_json().encode(), root=ckpt_dir)
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
     journal = journal_path(ckpt_dir)

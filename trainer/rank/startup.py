@@ -88,7 +88,8 @@ def build_run(
     opt, sched = build_optimizer(model, args, total, fused=kernels.fused_adamw)
     state = ckpt.TrainerState()
     if resume_from is not None:
-        state = ckpt.load_checkpoint(resume_from, model, opt, sched)
+        where = Path(args.ckpt_dir)  # a newest one that cannot be loaded: the one before it
+        state, resume_from = ckpt.load_newest_loadable(where, resume_from, model, opt, sched)
         log.info("resumed from %s at step %d", resume_from, state.step)
     return Built(
         device=device,

@@ -94,7 +94,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     try:
         # Rank 0 waits out a previous attempt's workers that are still finishing (after
         # their launcher was killed they save and end within seconds), then decides.
-        resume_from = journal.open(resume=args.resume)
+        resume_from = journal.open(resume=args.resume, relaunch=cfg.restart > 0)
         if rank == 0:
             for partial in remove_partial_saves(ckpt_dir):
                 log.warning("removed %s: a save the previous attempt did not finish", partial)
@@ -112,7 +112,7 @@ def run_worker(cfg: WorkerConfig) -> int:
         trainer = Trainer(args, built, journal, progress)
         begin_step = built.state.step
         ranks = _rank_processes(rank, local_rank, world)  # every rank takes part
-        journal.begin(_config(cfg), **_begin_fields(built), ranks=ranks)
+        journal.begin(_config(cfg), **_begin_fields(built), ranks=ranks, restart=cfg.restart)
         outcome: RunOutcome = trainer.run()
         end = {"status": outcome.status, "reason": outcome.reason}
         end["final_checkpoint"] = outcome.final_checkpoint

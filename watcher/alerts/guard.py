@@ -19,7 +19,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,8 +75,6 @@ class Guard:
         launcher_pids: role -> pid of processes of the launch known to the caller (the
             launcher and its torchrun agent); without, the run lock names the launcher.
         source: who aborts, journaled in the aborted attempt's ``train_end``.
-        on_died: called once a death was raised (``ilab-watch`` stops: no ``train_end``
-            will ever come).
     """
 
     def __init__(
@@ -89,7 +86,6 @@ class Guard:
         start: Cursor = START,
         launcher_pids: dict[str, int] | None = None,
         source: str | None = None,
-        on_died: Callable[[], None] | None = None,
     ) -> None:
         self.dir, self.sink, self.options = run_dir, sink, options
         self.journal = journal_path(run_dir)
@@ -101,7 +97,6 @@ class Guard:
         self.view = ProcessView()
         self.raised: set[tuple[Any, ...]] = set()
         self.launcher_seen = False
-        self.on_died = on_died
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -145,8 +140,6 @@ class Guard:
             if found is not None and ("died", found.run_id, found.attempt) not in self.raised:
                 self.raised.add(("died", found.run_id, found.attempt))
                 self.sink.raise_alert(Alert("died", found.message, found.step, found.attempt))
-                if self.on_died is not None:
-                    self.on_died()
 
     def _read(self) -> None:
         if self.reader is None:

@@ -3,11 +3,13 @@ report|abort``) and the guard they start beside the watcher's hooks (docs/alerts
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from journal.cli.common import Seconds
 from watcher.alerts.alert import AlertSink
 from watcher.alerts.guard import ON_HANG, Guard, GuardOptions
 from watcher.alerts.hang import HangRule, HangSpecError
@@ -35,6 +37,13 @@ GUARD_OPTIONS = [
         "20s. Also alerts when every process of the run is gone without a train_end (died).",
     ),
     click.option(
+        "--first-step-limit",
+        type=Seconds(low_open=True),
+        metavar="SECONDS",
+        help="With --hang-after: an attempt's first step (compile, warm-up, first "
+        "collectives) longer than this is a hang [default: 10x the threshold, at least 600s].",
+    ),
+    click.option(
         "--on-hang",
         "on_hang",
         type=click.Choice(ON_HANG),
@@ -46,11 +55,15 @@ GUARD_OPTIONS = [
 ]
 
 
-def check_on_hang(hang: HangRule | None, on_hang: str, *, remote: bool, replay: bool) -> None:
-    """What can never work is a usage error: ``--on-hang abort`` without ``--hang-after``,
-    and a hang looked for in a run that is not live on this machine."""
-    if on_hang == "abort" and hang is None:
-        raise click.UsageError("--on-hang abort needs --hang-after SECONDS|auto")
+def check_on_hang(
+    hang: HangRule | None, on_hang: str, first_step: float | None, *, remote: bool, replay: bool
+) -> HangRule | None:
+    """The hang rule, with ``--first-step-limit``. What can never work is a usage error:
+    ``--on-hang abort`` or ``--first-step-limit`` without ``--hang-after``, and a hang
+    looked for in a run that is not live on this machine."""
+    if hang is None and (on_hang == "abort" or first_step):
+        name = "--on-hang abort" if on_hang == "abort" else "--first-step-limit"
+        raise click.UsageError(f"{name} needs --hang-after SECONDS|auto")
     if hang is not None and replay:
         raise click.UsageError(
             "--hang-after watches a live run: for a past one, ilab-journal backtest RUN "
@@ -61,6 +74,7 @@ def check_on_hang(hang: HangRule | None, on_hang: str, *, remote: bool, replay: 
             "--hang-after needs the run dir on this machine (its processes and their "
             "stacks are looked at here), not a URI"
         )
+    return hang if hang is None else replace(hang, first_step_s=first_step)
 
 
 def start_guard(
@@ -70,7 +84,6 @@ def start_guard(
     hang: HangRule | None,
     on_hang: str,
     kinds: Collection[str] | None,
-    on_died: Callable[[], None] | None = None,
 ) -> Guard | None:
     """The guard of an ``ilab-watch``, started (None when nothing asks for one): hangs with
     ``--hang-after``; deaths wherever alerts are raised (``kinds``: the ``--notify-on``
@@ -81,6 +94,6 @@ def start_guard(
     options = GuardOptions(
         hang=hang, on_hang="abort" if on_hang == "abort" else "report", deaths=deaths
     )
-    guard = Guard(run_dir, sink, options, on_died=on_died)
+    guard = Guard(run_dir, sink, options)
     guard.start()
     return guard

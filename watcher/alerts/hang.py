@@ -15,7 +15,12 @@ before, less what its own records declare was spent in a phase (a save's ``lease
 ``waited_s`` and ``blocked_s``, an eval's ``duration``); the first step (compile,
 warm-up) is not counted. A declared phase is no hang until it lasts longer than its own
 bound plus the threshold (a lease wait: the pacer's) or, without one,
-:data:`PHASE_FACTOR` times the threshold and at least :data:`PHASE_FLOOR_S`.
+:data:`PHASE_FACTOR` times the threshold and at least :data:`PHASE_FLOOR_S` (the first
+step: ``--first-step-limit`` when given).
+
+A step boundary is ``ilab-train``'s ``step_end``; a bridge's (its ``train_begin`` names
+its ``trainer``) is its first record of a later step: the Accelerate bridge writes no
+``step_end``, only ``log`` records at the loop's step.
 """
 
 from __future__ import annotations
@@ -54,9 +59,11 @@ class HangSpecError(ValueError):
 
 @dataclass(frozen=True)
 class HangRule:
-    """``after_s``: a fixed threshold in seconds; None: ``auto``."""
+    """``after_s``: a fixed threshold in seconds; None: ``auto``. ``first_step_s``: how
+    long an attempt's first step may take (None: as any phase without a bound)."""
 
     after_s: float | None = None
+    first_step_s: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> HangRule:
@@ -79,6 +86,8 @@ class HangRule:
 
     def phase_limit(self, threshold: float, phase: Phase) -> float:
         """How long a declared phase may last before it counts as a hang."""
+        if phase.name == "first_step" and self.first_step_s is not None:
+            return self.first_step_s
         if phase.limit_s is not None:
             return phase.limit_s + threshold
         return max(PHASE_FACTOR * threshold, PHASE_FLOOR_S)
@@ -117,6 +126,7 @@ class AttemptTracker:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=AUTO_WINDOW))
     declared: dict[tuple[str | None, int | None, int], float] = field(default_factory=dict)
     _boundary_ts: float | None = None  # the last step boundary (or train_begin)
+    bridge: bool = False  # a bridge's attempt: a later step's first record is its boundary
     prefilled: bool = False  # declared came from the whole journal (the backtest)
 
     @property
@@ -135,6 +145,7 @@ class AttemptTracker:
             self.run_id, self.attempt = rec.get("run_id"), rec.get("attempt")
             self.begin_ts = self.last_progress_ts = self._boundary_ts = float(ts)
             self.begin = dict(rec.get("data") or {})
+            self.bridge = "trainer" in self.begin
             self.last_step, self.steps, self.ended, self.end = (
                 int(rec.get("step") or 0),
                 0,
@@ -150,12 +161,12 @@ class AttemptTracker:
             return
         if event not in PROGRESS_EVENTS:
             return
+        step = int(rec.get("step") or 0)
         if not self.prefilled and (spent := declared_seconds(rec)):
-            k = self.key(int(rec.get("step") or 0))
+            k = self.key(step)
             self.declared[k] = self.declared.get(k, 0.0) + spent
         self.last_progress_ts = max(self.last_progress_ts or ts, float(ts))
-        if event == "step_end":
-            step = int(rec.get("step") or 0)
+        if step > self.last_step if self.bridge else event == "step_end":
             if self.steps >= 1 and self._boundary_ts is not None:  # not the first: warm-up
                 spent = float(ts) - self._boundary_ts - self.declared.get(self.key(step), 0.0)
                 self.step_times.append(max(spent, 0.0))

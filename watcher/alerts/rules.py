@@ -7,7 +7,9 @@ alerts to their sink, which returns at once). It reads every record (none coales
 so a NaN loss between two log records is never missed.
 
 - ``failed``: a ``train_end`` with status ``failed`` (its error in one line), unless the
-  guard's ``hang`` or ``died`` alert of that attempt said it first.
+  guard's ``hang`` or ``died`` alert of that attempt said it first. The last failure of a
+  launch that relaunched its run (``max_restarts``) and has no restart left is always said,
+  with each of the launch's attempts' causes.
 - ``stopped``: a ``train_end`` with status ``stopped``, naming who stopped it (``status``'s
   ``stop_source`` and the command's sender).
 - ``diverged``: the :class:`~watcher.builtin.steering.DivergenceDetector` fired on a ``log``
@@ -38,6 +40,7 @@ from journal.ask.expect import Expectation
 from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
 from journal.rundir.paths import resolve_journal
+from journal.views.query import restarts_left
 from watcher.alerts.alert import Alert, AlertSink
 from watcher.builtin.steering import DivergenceDetector
 from watcher.hooks.callbacks import Event
@@ -89,6 +92,8 @@ class AlertRules:
         self._warned_metrics: set[str] = set()
         self._reason = ""  # the detector's last reason (a divergence found in the history)
         self._begun: tuple[Any, Any] | None = None  # (run id, attempt) of the last train_begin
+        self._begin: dict[str, Any] = {}  # its payload
+        self._causes: list[tuple[Any, str]] = []  # (attempt, error) per failure of a launch
 
     # -- the callback object's hooks ------------------------------------------------------
 
@@ -151,12 +156,18 @@ class AlertRules:
         self._fold_record(event.record)
 
     def _fold_record(self, rec: dict[str, Any]) -> None:
-        if rec.get("event") == "train_begin":
+        event, data = rec.get("event"), rec.get("data") or {}
+        if event == "train_begin":
             begun = (rec.get("run_id"), rec.get("attempt"))
             if begun != self._begun:  # a new attempt: its own losses judge it
-                self._begun = begun
+                self._begun, self._begin = begun, data
                 self.detector.reset()
+                if not data.get("restart"):  # a launch's first attempt
+                    self._causes = []
         self.folder.add_batch([rec])  # type: ignore[list-item]
+        if event == "train_end" and data.get("status") == "failed":
+            error = self.folder.fold.summary().error or data.get("reason") or "no error recorded"
+            self._causes.append((rec.get("attempt"), _one_line(str(error))))
 
     def _diverged(self, rec: dict[str, Any], *, live: bool) -> bool:
         """Feed the detector; True (and, live, an alert) when it fires."""
@@ -180,15 +191,19 @@ class AlertRules:
         status = data.get("status")
         if status not in ("failed", "stopped", "completed") or status not in self.kinds:
             return
-        summary = self.folder.fold.summary()
-        if status == "failed" and self._said_already(rec, data):
+        restarts = self._begin.get("restart")
+        gave_up = status == "failed" and bool(restarts) and not restarts_left(self._begin)
+        if status == "failed" and not gave_up and self._said_already(rec, data):
             return
-        if status == "failed":
-            error = summary.error or data.get("reason") or "no error recorded"
-            message = f"the run failed: {_one_line(str(error))}"
+        if gave_up:
+            causes = "; ".join(f"attempt {a}: {error}" for a, error in self._causes)
+            message = f"the run failed after {restarts} restart(s), none left: {causes}"
+        elif status == "failed":
+            message = f"the run failed: {self._causes[-1][1]}"
             if data.get("written_by") == "launcher":
                 message += " (its workers wrote no train_end: the launcher did)"
         elif status == "stopped":
+            summary = self.folder.fold.summary()
             who = summary.stop_source or "unknown"
             if summary.stopped_by:
                 who += f" ({summary.stopped_by})"

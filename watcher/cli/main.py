@@ -246,6 +246,7 @@ def main(
     notify_when: tuple[str, ...],
     notify_on: str | None,
     hang_after: HangRule | None,
+    first_step_limit: float | None,
     on_hang: str,
     **on_event: tuple[str, ...],
 ) -> None:
@@ -285,7 +286,9 @@ def main(
     pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
     pairs += lm_eval_pairs(lm_eval_tasks, lm_eval_args, lm_eval_limit, lm_eval_include)
     # --hang-after: a guard beside the hooks, on this machine's live run (docs/alerts.md)
-    check_on_hang(hang_after, on_hang, remote=remote is not None, replay=replay)
+    hang_after = check_on_hang(
+        hang_after, on_hang, first_step_limit, remote=remote is not None, replay=replay
+    )
     # --notify: alerts journaled and sent (watcher/alerts); its rules are one more hook
     label = str(dir) if remote is not None else str(Path(ckpt_dir).absolute())
     alerting = open_alerts(
@@ -341,7 +344,6 @@ def main(
             hang=hang_after,
             on_hang=on_hang,
             kinds=alerting.rules.kinds,
-            on_died=watcher.request_stop,  # no train_end will come
         )
     code, interrupted = _run(watcher, poll, quiet, mirror=mirror, remote=remote)
     if guard is not None:

@@ -204,12 +204,6 @@ class Watcher:
         """What went wrong without stopping delivery (each said once, as a warning)."""
         return self._notices.said
 
-    @property
-    def saw_end(self) -> bool:
-        """The run's ``train_end`` was read (and no ``train_begin`` of a resumed attempt
-        after it)."""
-        return self._run.ended
-
     def claim(self) -> None:
         """Take this cursor's lock (``run()`` does, if not done before): raises
         :class:`~watcher.engine.cursor.CursorBusy` when another watcher process holds it. A state
@@ -298,9 +292,10 @@ class Watcher:
     def _finished(self, final: bool, progressed: bool) -> bool:
         if progressed:
             return False
-        # Nothing new: done once train_end was seen, or the file is final (replay, or the
-        # writer is gone), and every delivery has completed.
-        return (self._run.ended or final) and self._idle()
+        # Nothing new: done once train_end was seen (unless a launcher that still holds the
+        # run dir relaunches it), or the file is final (replay, or the writer is gone), and
+        # every delivery has completed.
+        return (self._run.done(self.journal) or final) and self._idle()
 
     def _idle(self) -> bool:
         return all(q.idle() for q in self._queues)
@@ -320,8 +315,11 @@ class Watcher:
         self._say_new_hooks(state)
         self._remember_done(state)
         self.completions.reset(state)
-        # A restart past the run's train_end (its deliveries all done) has nothing to wait for.
-        self._run.ended = ended_before(self.journal, self._follower.position.offset)
+        # A restart past the run's train_end (its deliveries all done) has nothing to wait
+        # for; a launch's watcher (a start offset, no cursor) waits for its attempt.
+        at = self._follower.position.offset
+        ended = not isinstance(self._start, int) and ended_before(self.journal, at)
+        self._run.set_ended(ended, self.journal)
         history = cast("Callable[[], list[dict[str, Any]]]", self._follower.history)
         restore_states(self.stateful_callbacks, history)
 
@@ -355,7 +353,7 @@ class Watcher:
         state = CursorState(fingerprint=self._follower.fingerprint(), hooks=self._labels)
         self._remember_done(state)
         self.completions.reset(state)
-        self._run.ended = False
+        self._run.set_ended(False, self.journal)
 
     def _dispatch(
         self, read: list[Record], start: Cursor, end: Cursor, patched: bool = True
@@ -371,7 +369,7 @@ class Watcher:
         batch = Batch(start, records[0]["seq"], 0)  # its deliveries are counted below
         routed = self._dispatcher.route(records, batch, events, kinds, whole=not patched)
         if routed.ended is not None:
-            self._run.ended = routed.ended
+            self._run.set_ended(routed.ended, self.journal)
         batch.pending = sum(map(len, routed.deliveries.values()))
         batch.pending += sum(len(recs) for runs in routed.plain.values() for _, recs in runs)
         self.completions.open_batch(batch, end)

@@ -21,6 +21,8 @@ from journal.read.cursor import Cursor
 from journal.read.lines import first_line_fingerprint
 from journal.read.reader import ReadBatch, end_of_complete_lines
 from journal.record.record import Record
+from journal.rundir.lock import run_holder
+from journal.views.query import relaunch_coming
 from watcher.engine.cursor import CursorState
 from watcher.engine.wake import Waker
 
@@ -99,6 +101,15 @@ class RunProgress:
     follow: bool  # False: a replay, the file is all there is
     ended: bool = False  # train_end seen, and no train_begin (a resumed attempt) after it
     writer_gone: threading.Event = field(default_factory=threading.Event)
+    relaunch: bool = False  # that train_end's attempt failed with restarts left
+
+    def set_ended(self, ended: bool, journal: Path) -> None:
+        self.ended, self.relaunch = ended, ended and relaunch_coming(journal)
+
+    def done(self, journal: Path) -> bool:
+        """``train_end`` seen, and no relaunch to come: none is left, or the launcher no
+        longer holds the run dir (it gave up, or is gone)."""
+        return self.ended and not (self.relaunch and run_holder(journal.parent))
 
     @property
     def final(self) -> bool:
