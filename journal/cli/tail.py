@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
 from journal.record.record import Record
 from journal.record.text import printable
+from journal.rundir.lock import writer_gone
 from journal.store import follow as follow_store
 from journal.views import index
 from journal.views.fold import RunFold
@@ -57,31 +59,72 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
-    reader = follow_store(path, folded.cursor)  # across mv and copytruncate
-    summ = folded.fold.summarizer
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
-    if as_json or not sys.stdout.isatty():
-        return _follow_plain(reader, summ, emit, interval)
-    return _follow_live(reader, summ, interval)
+    run = _Following(follow_store(path, folded.cursor), folded.fold.summarizer, interval, path)
+    code = _follow_plain(run, emit) if as_json or not sys.stdout.isatty() else _follow_live(run)
+    if run.died:
+        print(printable(run.died), file=sys.stderr)
+        return STATE_EXIT_CODES["stale"]
+    return code
 
 
-def _follow_plain(reader: RotatingReader, summ: Summarizer, emit: Any, interval: float) -> int:
-    while not summ.ended:
-        reader.check()
-        batch = reader.read()
-        for rec in batch.records:
-            summ.add(rec)
+#: How often a quiet follower asks whether anybody is left to write the journal.
+DEATH_CHECK_S = 1.0
+
+
+class _Following:
+    """What the journal gains, folded into the summary, until ``train_end``, or until the
+    run is known dead: no ``train_end``, and nobody left to write one (the run lock and the
+    journal lock free: :func:`~journal.rundir.lock.writer_gone`); ``died`` says so."""
+
+    def __init__(
+        self, reader: RotatingReader, summ: Summarizer, interval: float, journal: Path
+    ) -> None:
+        self.reader, self.summ, self.interval = reader, summ, interval  # across mv, copytruncate
+        self.run_dir = journal.parent
+        self.died: str | None = None
+
+    def __iter__(self) -> Iterator[list[Record]]:
+        look = time.monotonic() + DEATH_CHECK_S
+        while not self.summ.ended:
+            yield (records := self._read())
+            if records:
+                continue
+            if time.monotonic() >= look:
+                look = time.monotonic() + DEATH_CHECK_S
+                if writer_gone(self.run_dir):  # the last records may have come just before
+                    yield (records := self._read())
+                    if not records and not self.summ.ended:
+                        step = self.summ.summary.last_step
+                        self.died = (
+                            f"{self.run_dir}: the run died at step {step}: no train_end, and "
+                            "nothing holds it to write one"
+                        )
+                        return
+                    continue
+            time.sleep(self.interval)  # a person's view: polling is plenty
+
+    def _read(self) -> list[Record]:
+        self.reader.check()
+        records = self.reader.read().records
+        for rec in records:
+            self.summ.add(rec)
+        return records
+
+
+def _follow_plain(follow: _Following, emit: Any) -> int:
+    for records in follow:
+        for rec in records:
             emit(rec)
         sys.stdout.flush()
-        if not batch.records:
-            time.sleep(interval)  # a person's view: polling is plenty
-    return STATE_EXIT_CODES.get(summ.summary.state, 1)
+    return STATE_EXIT_CODES.get(follow.summ.summary.state, 1)
 
 
-def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> int:
+def _follow_live(follow: _Following) -> int:
+    summ = follow.summ
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -115,11 +158,8 @@ def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> i
         return Text(printable("  ".join(parts)))
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
-        while not summ.ended:
-            reader.check()
-            batch = reader.read()
-            for rec in batch.records:
-                summ.add(rec)
+        for records in follow:
+            for rec in records:
                 ev = rec["event"]
                 if ev == "log":
                     tput["tokens_per_s"] = rec["data"].get("tokens_per_s")
@@ -129,8 +169,8 @@ def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> i
                 task, total=summ.summary.total_steps or None, completed=summ.summary.last_step
             )
             live.update(Group(progress, status_line()))
-            if not batch.records:
-                time.sleep(interval)
+    if follow.died:
+        return 0  # said after the view closes
     reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
     console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))
     return STATE_EXIT_CODES.get(summ.summary.state, 1)

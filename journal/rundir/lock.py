@@ -176,8 +176,9 @@ def _alive_elsewhere(info: dict[str, Any], now: float | None = None) -> bool:
     return (time.time() if now is None else now) - beat < STALE_AFTER_S
 
 
-def holder(path: Path) -> dict[str, Any] | None:
-    """Who holds the lock file ``path`` now (host, pid, role, since), or None when free."""
+def _probe(path: Path) -> tuple[bool, dict[str, Any]] | None:
+    """(whether a process holds the lock file ``path`` now, what the file says), or None
+    when there is no such regular file."""
     try:  # never through a symlink, never blocked by a FIFO planted in its place
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -189,11 +190,32 @@ def holder(path: Path) -> dict[str, Any] | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return info or {"role": "unknown"}
+            return True, info
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-    return info if info and _alive_elsewhere(info) else None
+    return False, info
+
+
+def holder(path: Path) -> dict[str, Any] | None:
+    """Who holds the lock file ``path`` now (host, pid, role, since), or None when free."""
+    got = _probe(path)
+    if got is not None and got[0]:
+        return got[1] or {"role": "unknown"}
+    return got[1] if got and got[1] and _alive_elsewhere(got[1]) else None
+
+
+def writer_gone(ckpt_dir: str | os.PathLike[str]) -> bool:
+    """Whether nobody is left to write this run's journal, as far as this host can tell:
+    a writer took its journal lock once (the file is there), nobody holds it now, its last
+    holder let go cleanly or was on this host (one on another host, where ``flock`` may not
+    reach, says nothing), and no launcher holds the run dir (:func:`run_holder`: its
+    heartbeat is stale when it runs elsewhere). A run dir without a journal lock (a copy,
+    a journal written by hand) is never judged."""
+    got = _probe(lock_path(ckpt_dir))
+    if got is None or got[0] or got[1].get("host") not in (None, os.uname().nodename):
+        return False
+    return run_holder(ckpt_dir) is None
 
 
 def lock_holder(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
