@@ -80,6 +80,9 @@ class FileLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False
             raise
+        if _replaced(fd, self.path):  # removed by its holder as we waited: not the lock now
+            os.close(fd)
+            return False
         previous = _read_info(fd)
         if previous and _alive_elsewhere(previous):
             os.close(fd)  # flock is not shared with that host: trust its heartbeat
@@ -100,7 +103,9 @@ class FileLock:
                 raise self.error(describe_holder(self.path))
             time.sleep(0.05)
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = False) -> None:
+        """Let go; ``remove``: the lock file too (a launch refused before it wrote anything
+        leaves nothing), removed while held, so a waiter on it takes the next one."""
         if self._fd < 0:
             return
         self._stop.set()
@@ -108,7 +113,7 @@ class FileLock:
             self._beat.join(timeout=2)
             self._beat = None
         with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)  # empty: released cleanly
+            os.unlink(self.path) if remove else os.ftruncate(self._fd, 0)  # empty: released
         os.close(self._fd)  # closing the descriptor drops the flock
         self._fd = -1
 
@@ -157,6 +162,14 @@ class RunLock(FileLock):
 
     def __init__(self, ckpt_dir: str | os.PathLike[str], **info: Any) -> None:
         super().__init__(run_lock_path(ckpt_dir), role="launcher", heartbeat_s=HEARTBEAT_S, **info)
+
+
+def _replaced(fd: int, path: Path) -> bool:
+    """Whether ``path`` no longer names the file open as ``fd`` (removed, or another one)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return True
 
 
 def _read_info(fd: int) -> dict[str, Any]:
