@@ -294,14 +294,12 @@ def closed_to_commands(ckpt_dir: str | os.PathLike[str]) -> tuple[str, bool] | N
     before it starts), or the run died (no ``train_end``, and nobody is left to write one:
     :func:`~journal.rundir.lock.writer_gone`). None while an attempt may read it, or
     before there is a journal. Raises ``OSError`` for a journal that cannot be read."""
-    last = last_trainer_record(journal_path(ckpt_dir))
-    if last is None:
-        return None
+    last = last_trainer_record(journal_path(ckpt_dir)) or {}
     step, data = last.get("step"), last.get("data")
     if last.get("event") == "train_end":
         status = data.get("status") if isinstance(data, dict) else None
         return f"the run has ended ({status or 'ended'} at step {step})", True
-    if writer_gone(ckpt_dir):
+    if last and writer_gone(ckpt_dir):
         return f"the run died at step {step} (no train_end, and nothing holds its dir)", False
     return None
 

@@ -63,68 +63,51 @@ def follow_journal(
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
-    run = _Following(follow_store(path, folded.cursor), folded.fold.summarizer, interval, path)
-    code = _follow_plain(run, emit) if as_json or not sys.stdout.isatty() else _follow_live(run)
-    if run.died:
-        print(printable(run.died), file=sys.stderr)
-        return STATE_EXIT_CODES["stale"]
-    return code
+    summ, died = folded.fold.summarizer, list[str]()
+    batches = _batches(follow_store(path, folded.cursor), summ, interval, path.parent, died)
+    if as_json or not sys.stdout.isatty():
+        for records in batches:
+            for rec in records:
+                emit(rec)
+            sys.stdout.flush()
+    else:
+        _live_view(batches, summ)
+    for line in died:
+        print(printable(line), file=sys.stderr)
+    return STATE_EXIT_CODES.get("stale" if died else summ.summary.state, 1)
 
 
 #: How often a quiet follower asks whether anybody is left to write the journal.
 DEATH_CHECK_S = 1.0
 
 
-class _Following:
-    """What the journal gains, folded into the summary, until ``train_end``, or until the
-    run is known dead: no ``train_end``, and nobody left to write one (the run lock and the
-    journal lock free: :func:`~journal.rundir.lock.writer_gone`); ``died`` says so."""
-
-    def __init__(
-        self, reader: RotatingReader, summ: Summarizer, interval: float, journal: Path
-    ) -> None:
-        self.reader, self.summ, self.interval = reader, summ, interval  # across mv, copytruncate
-        self.run_dir = journal.parent
-        self.died: str | None = None
-
-    def __iter__(self) -> Iterator[list[Record]]:
-        look = time.monotonic() + DEATH_CHECK_S
-        while not self.summ.ended:
-            yield (records := self._read())
-            if records:
-                continue
-            if time.monotonic() >= look:
-                look = time.monotonic() + DEATH_CHECK_S
-                if writer_gone(self.run_dir):  # the last records may have come just before
-                    yield (records := self._read())
-                    if not records and not self.summ.ended:
-                        step = self.summ.summary.last_step
-                        self.died = (
-                            f"{self.run_dir}: the run died at step {step}: no train_end, and "
-                            "nothing holds it to write one"
-                        )
-                        return
-                    continue
-            time.sleep(self.interval)  # a person's view: polling is plenty
-
-    def _read(self) -> list[Record]:
-        self.reader.check()
-        records = self.reader.read().records
+def _batches(
+    reader: RotatingReader, summ: Summarizer, interval: float, run_dir: Path, died: list[str]
+) -> Iterator[list[Record]]:
+    """What the journal gains (across mv and copytruncate), folded into ``summ``, until
+    ``train_end``, or until the run is known dead: no ``train_end``, and nobody left to
+    write one (:func:`~journal.rundir.lock.writer_gone`), said in ``died``."""
+    gone, look = False, time.monotonic() + DEATH_CHECK_S
+    while not summ.ended:
+        reader.check()
+        records = reader.read().records
         for rec in records:
-            self.summ.add(rec)
-        return records
+            summ.add(rec)
+        yield records
+        if records:
+            gone = False
+        elif gone:  # nothing came since nobody was left to write: no train_end will
+            step = summ.summary.last_step
+            died.append(f"{run_dir}: the run died at step {step}: no train_end, and nothing "
+                        "holds it to write one")  # fmt: skip
+            return
+        elif time.monotonic() >= look:  # gone: one more read (records just before it let go)
+            gone, look = writer_gone(run_dir), time.monotonic() + DEATH_CHECK_S
+        else:
+            time.sleep(interval)  # a person's view: polling is plenty
 
 
-def _follow_plain(follow: _Following, emit: Any) -> int:
-    for records in follow:
-        for rec in records:
-            emit(rec)
-        sys.stdout.flush()
-    return STATE_EXIT_CODES.get(follow.summ.summary.state, 1)
-
-
-def _follow_live(follow: _Following) -> int:
-    summ = follow.summ
+def _live_view(batches: Iterator[list[Record]], summ: Summarizer) -> None:
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -158,7 +141,7 @@ def _follow_live(follow: _Following) -> int:
         return Text(printable("  ".join(parts)))
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
-        for records in follow:
+        for records in batches:
             for rec in records:
                 ev = rec["event"]
                 if ev == "log":
@@ -169,8 +152,6 @@ def _follow_live(follow: _Following) -> int:
                 task, total=summ.summary.total_steps or None, completed=summ.summary.last_step
             )
             live.update(Group(progress, status_line()))
-    if follow.died:
-        return 0  # said after the view closes
-    reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
-    console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))
-    return STATE_EXIT_CODES.get(summ.summary.state, 1)
+    if summ.ended:
+        reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
+        console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))

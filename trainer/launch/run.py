@@ -25,13 +25,7 @@ from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
 from journal.read.cursor import Cursor
 from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
-from journal.rundir.paths import (
-    RUN_LOCK_NAME,
-    callbacks_progress_path,
-    checkpoints_dir,
-    journal_path,
-    logs_dir,
-)
+from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, make_dir
 from journal.store import guest
@@ -206,7 +200,7 @@ def run_training(
         return launch_with_restarts(launch, train_args)
     finally:
         if run_lock is not None:  # a launch refused before it wrote anything leaves nothing
-            run_lock.release(remove=os.listdir(ckpt_dir) == [RUN_LOCK_NAME])
+            run_lock.release(remove=os.listdir(ckpt_dir) == [run_lock.path.name])
             if fresh:
                 with contextlib.suppress(OSError):  # not empty: the run's
                     ckpt_dir.rmdir()

@@ -62,18 +62,14 @@ def user_callbacks(
 def _journals(runs: tuple[str, ...]) -> list[Path]:
     """Each run's journal. A dir without one (a launch refused, a run not started: ``runs/*``
     holds such dirs) is skipped in one line, unless no run is left to judge."""
-    found, skipped = [], []
+    found = []
     for run in runs:
         try:
             found.append(resolve_journal(run))
         except JournalNotFound as exc:
-            if not Path(run).is_dir():
+            if not Path(run).is_dir() or (run == runs[-1] and not found):
                 raise
-            skipped.append(str(exc))
-    if not found:
-        raise UserError(skipped[0])
-    for why in skipped:
-        click.echo(f"ilab-journal backtest: skipped {why}", err=True)
+            click.echo(f"ilab-journal backtest: skipped {exc}", err=True)
     return found
 
 
