@@ -20,7 +20,9 @@ The issue's bound: backtest at most 3x the plain pass. Then its memory: the peak
 process) on one journal of ``--memory-lines`` records (1M: about 260 MB; the same records
 written straight with orjson, in seconds) with the same sweep and ``--divergence
 metric=loss`` (a logged metric judged too), against the same on a 1k-record journal (the
-interpreter and the imports): the bound (Hardening 4) is 300 MB. Then ``check --wait`` on a finished
+interpreter and the imports): the bound (Hardening 4) is 300 MB; and ``--hang-after auto``
+on ``--memory-lines`` records with an eval (a declared phase) at every step (Hardening 5:
+1.58 GB before). Then ``check --wait`` on a finished
 run with nothing pending (one of the journals: it ended long ago, no job, no lease), a
 subprocess, with the gate's facts (the summary: from the journal index, as ``status``) and
 with ``best(accuracy)`` (the index, then the lines holding it), against ``ilab-journal status`` on the same run
@@ -85,9 +87,11 @@ class FastWriter:
         self.f.close()
 
 
-def write_journal(run: Path, seed: int, steps: int, *, fast: bool = False) -> None:
+def write_journal(
+    run: Path, seed: int, steps: int, *, fast: bool = False, eval_every: int = 20
+) -> None:
     """A step-detail run of about ``3 * steps`` records, ended long ago (``fast``: written
-    by :class:`FastWriter`)."""
+    by :class:`FastWriter`); an eval every ``eval_every`` steps."""
     rng = random.Random(seed)
     t = time.time() - 86400.0
     begin = begin_payload(steps, world_size=2, hostname="bench")
@@ -100,9 +104,10 @@ def write_journal(run: Path, seed: int, steps: int, *, fast: bool = False) -> No
             t += 0.5
             w.append("step_begin", step=s, ts=t)
             w.append("log", log_payload(s), step=s, samples_seen=8 * s, ts=t)
-            if s % 20 == 0:
+            if s % eval_every == 0:
                 val = max(0.05, val * rng.uniform(0.9, 1.04))
-                w.append("evaluate", {"val_loss": val, "val_num_tokens": 372}, step=s, ts=t)
+                ev = {"val_loss": val, "val_num_tokens": 372, "duration": 0.1}
+                w.append("evaluate", ev, step=s, ts=t)
             w.append("step_end", {"loss": val}, step=s, samples_seen=8 * s, ts=t)
             if s % 40 == 0:
                 path = str(run / "checkpoints" / f"step-{s:06d}")
@@ -158,16 +163,23 @@ def peak_rss_mb(argv: list[str]) -> tuple[float, float]:
 
 
 def memory(tmp: Path, lines: int) -> dict[str, Any]:
-    """The backtest's peak RSS on one journal of about ``lines`` records, and on 1k."""
-    argv = [str(BIN / "ilab-journal"), "backtest", "--early-stopping", SWEEP,
-            "--divergence", "metric=loss", "--json"]  # fmt: skip
+    """The backtest's peak RSS on one journal of about ``lines`` records, and on 1k; and
+    ``--hang-after auto`` (issue 58) on ``lines`` records with an eval, a declared phase, at
+    every step."""
+    policies = ["--early-stopping", SWEEP, "--divergence", "metric=loss"]
     out: dict[str, Any] = {}
-    for name, n in (("small", 1000), ("large", lines)):
-        write_journal(tmp / f"mem-{name}", 7, round(n / 3.1), fast=True)
+    for name, n, every, args in (
+        ("small", 1000, 20, policies),
+        ("large", lines, 20, policies),
+        ("hang_auto", lines, 1, ["--hang-after", "auto"]),
+    ):
+        write_journal(tmp / f"mem-{name}", 7, round(n / (3.05 + 1 / every)), fast=True,
+                      eval_every=every)  # fmt: skip
         journal = tmp / f"mem-{name}" / "journal.jsonl"
         with open(journal, "rb") as f:
             records = sum(1 for _ in f)
-        rss, wall = peak_rss_mb([*argv, str(journal)])
+        rss, wall = peak_rss_mb([str(BIN / "ilab-journal"), "backtest", *args, "--json",
+                                 str(journal)])  # fmt: skip
         out[name] = {"records": records, "mb_on_disk": journal.stat().st_size / 1e6,
                      "peak_rss_mb": rss, "wall_s": wall}  # fmt: skip
     return out

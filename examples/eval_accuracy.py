@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from journal import Control, Report, send_command, submit_report
+from journal import CommandRefused, Control, Report, send_command, submit_report
 from trainer.model.builtin import greedy_generate, load_consolidated
 
 
@@ -73,14 +73,18 @@ def main() -> int:
     reason = f"eval accuracy {acc:.3f} >= target {args.target_accuracy}"
     if reached:  # first: the trainer reads the stop at its next step boundary
         # "eval:": status's stop_source says an eval stopped the run, not an operator
-        send_command(run_dir, Control.stop(reason), source="eval:eval_accuracy.py")
+        try:
+            send_command(run_dir, Control.stop(reason), source="eval:eval_accuracy.py")
+            reason += ": asked training to stop"
+        except CommandRefused as exc:  # too late: the run has ended (journaled as rejected)
+            reason += f": {exc}"
     if os.environ.get("ILAB_REPORT") and not reached:  # run by ilab-watch: it journals it
         Path(os.environ["ILAB_REPORT"]).write_text(json.dumps(metrics))
     else:  # straight to the journal; with a stop, at once: journaled by the step that
         # applies it at the latest (before train_end), where a gate and a backtest see it
         submit_report(run_dir, Report(metrics, checkpoint_path=ckpt, step=step), source="eval")
     if reached:
-        print(f"eval: {reason}: asked training to stop")
+        print(f"eval: {reason}")
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
+    "CommandRefused": "journal.channels.control",
     "Control": "journal.channels.control",
     "InvalidCommand": "journal.channels.control",
     "send_command": "journal.channels.control",
@@ -42,6 +43,7 @@ __all__ = [
     "EVENTS",
     "LIFECYCLE_EVENTS",
     "SCHEMA_VERSION",
+    "CommandRefused",
     "Control",
     "InvalidCommand",
     "InvalidLine",
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from journal.channels.control import Control, InvalidCommand, send_command
+    from journal.channels.control import CommandRefused, Control, InvalidCommand, send_command
     from journal.channels.reports import InvalidReport, Report, submit_report
     from journal.read.reader import InvalidLine, JournalReader, ReadBatch, iter_records, read_all
     from journal.record.events import CONTROL_COMMANDS, EVENTS, LIFECYCLE_EVENTS, SCHEMA_VERSION

@@ -379,3 +379,29 @@ def test_retention_with_the_runs_own_settings_is_what_the_run_kept(tmp_path: Pat
     assert Path(got["best_checkpoint"]["checkpoint_path"]).name == "step-000060"
     code, out = backtest(str(run))
     assert "keep_last_n=2 keep_best=acc:max: keeps step-000050, step-000060; removes 4" in out
+
+
+def test_a_refused_launch_leaves_nothing_and_backtest_skips_a_dir_without_a_journal(
+    tmp_path: Path,
+) -> None:
+    """``ilab-train`` refusing a bad ``--notify`` leaves no run dir (was: one holding an
+    empty ``run.lock``); ``backtest runs/*`` skips a dir without a journal in one line and
+    judges the rest (was: exit 2 on it); a lone such dir is still one line, exit 2."""
+    runs = tmp_path / "runs"
+    with JournalWriter(runs / "done") as w:
+        w.append("train_begin", begin_payload(4))
+        w.append("step_end", step=4)
+        w.append("train_end", {"status": "completed"}, step=4)
+    refused = cli("ilab-train", "--demo", "--ckpt-dir", str(runs / "refused"), "--notify", "no://x")
+    assert refused.returncode == 2 and "--notify #1" in refused.stderr, refused.stderr
+    assert os.listdir(runs) == ["done"]
+    (runs / "later").mkdir()  # a run not started yet
+    judged = cli("ilab-journal", "backtest", str(runs / "done"), str(runs / "later"))
+    assert judged.returncode == 0, judged.stderr
+    assert judged.stderr.splitlines() == [
+        f"ilab-journal backtest: skipped {runs / 'later'}: no journal.jsonl in this directory "
+        "(not started yet?)"
+    ]
+    assert f"{runs / 'done' / 'journal.jsonl'}: completed at step 4" in judged.stdout
+    alone = cli("ilab-journal", "backtest", str(runs / "later"))
+    assert alone.returncode == 2 and len(alone.stderr.splitlines()) == 1, alone.stderr

@@ -310,6 +310,20 @@ def test_control_needs_the_flag_the_token_and_the_same_origin(tmp_path: Path) ->
     assert other.get("/api/runs").status_code == 403
 
 
+def test_a_command_to_a_run_whose_journal_cannot_be_read_is_a_409(tmp_path: Path) -> None:
+    """A run whose journal.jsonl is a directory: a press is a 409 in one line (a 500 and a
+    traceback before; the test client raises what escapes the app), nothing written."""
+    run = tmp_path / "run"
+    (run / "journal.jsonl").mkdir(parents=True)
+    c = client(run, allow_control=True, token="t")
+    r = _post(c, {"content-type": "application/json", "x-ilab-token": "t"})
+    assert (r.status_code, r.json()) == (
+        409,
+        {"error": "cannot send a command to this run: Is a directory"},
+    )
+    assert not (run / "control").exists()
+
+
 def test_hostile_journal_is_text_in_the_api_and_the_page_holds_no_record(tmp_path: Path) -> None:
     run = tmp_path / "run"
     story_journal(run, hostile=True)

@@ -28,7 +28,8 @@ from tests.helpers import ROOT
 OURS = {"journal", "watcher", "trainer"}
 #: package -> the project packages it may import (journal is the base).
 ALLOWED = {"journal": {"journal"}, "watcher": {"journal", "watcher"}, "trainer": OURS}
-MAX_MODULE_LINES = 400
+#: An alarm, not a target: a module grows past it only by a concept that should stand alone.
+MAX_MODULE_LINES = 600
 #: Modules directly in trainer/ (``__init__`` and ``cli`` included): the rest live in the
 #: subpackages, whose names say what they hold.
 MAX_TRAINER_TOP_MODULES = 8

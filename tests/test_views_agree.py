@@ -264,3 +264,92 @@ def test_a_late_eval_with_leases_and_a_restart_through_the_installed_cli() -> No
         out = cli("ilab-journal", "backtest", str(run)).stdout
         assert "keeps step-000020, step-000050" in out, out
         assert sorted(os.listdir(run / "checkpoints")) == ["step-000020", "step-000050"]
+
+
+def _page_rows(run: Path) -> list[dict[str, Any]]:
+    page = PageFold(run / "journal.jsonl")
+    page.update()
+    return data.checkpoints(page)
+
+
+def _views(run: Path) -> dict[str, Any]:
+    """What each view says of a run, its dir spelled ``RUN`` (the installed CLI)."""
+
+    def asked(*args: str) -> Any:
+        out = cli("ilab-journal", *args).stdout.replace(str(run), "RUN")
+        return json.loads(out) if out.startswith("{") else out.strip()
+
+    status = asked("status", str(run), "--json")
+    for key in ("records", "last_ts", "started_ts"):  # the lines in the file; when written
+        del status[key]
+    check = asked("check", str(run), "-e", "best(acc) > 0", "-e", "best(loss) > 0", "--json")
+    backtest = asked("backtest", str(run), "--json")
+    return {
+        "status": status,
+        "check": [e["values"] for e in check["expectations"]],
+        "query": asked("query", str(run), "--best", GOAL),
+        "page": [(r["name"], r["state"], r["best"], r["metrics"]) for r in _page_rows(run)],
+        "backtest": (backtest["best_checkpoint"], backtest["retention"]),
+    }
+
+
+def test_a_record_of_another_run_amid_the_run_changes_no_view(tmp_path: Path) -> None:
+    """Records naming another run id in the middle of a run (written by hand or by a
+    foreign writer: every writer of a run journals under its id) are none of the run's:
+    ``check``'s metrics, ``status``, ``query --best``, the page and ``backtest`` say what
+    they say without them, by the fold's one rule (issue 58)."""
+    runs = []
+    for name, foreign in (("plain", False), ("foreign", True)):
+        run = (tmp_path / name).resolve()
+        with JournalWriter(run, run_id="r1") as w:
+            config = {"keep_best": GOAL, "keep_last_n": 1}
+            w.append("train_begin", begin_payload(100, config=config))
+            for step in (10, 20):
+                w.append("log", log_payload(step, 0.5), step=step)
+                path = str(make_checkpoint(run, step, w.run_id))
+                w.append("save", {"checkpoint_path": path}, step=step)
+                report = {"checkpoint_path": path, "step": step, "metrics": {"acc": step / 100}}
+                w.append("report", report, step=step)
+            w.append("train_end", {"status": "completed"}, step=20)
+        if foreign:  # amid the run's records: another run's report, log, eval and save
+            lines = (run / "journal.jsonl").read_text().splitlines()
+            other = {"v": 1, "run_id": "another-run", "attempt": 1, "ts": 1.0, "step": 10}
+            bad = [
+                {"event": "report", "data": {"checkpoint_path": path, "step": 20,
+                                             "metrics": {"acc": 0.99}}},
+                {"event": "log", "data": log_payload(10, 0.001)},
+                {"event": "evaluate", "data": {"loss": 0.002, "acc": 0.98}},
+                {"event": "save", "data": {"checkpoint_path": str(run / "checkpoints/step-000030")}},
+            ]  # fmt: skip
+            make_checkpoint(run, 30, "another-run")  # on disk: folded, it would be a row
+            forged = [json.dumps({**other, "seq": 100 + i, **r}) for i, r in enumerate(bad)]
+            (run / "journal.jsonl").write_text("\n".join([*lines[:4], *forged, *lines[4:]]) + "\n")
+            (run / "journal.index.json").unlink(missing_ok=True)
+        runs.append(_views(run))
+    plain, foreign = runs
+    assert plain["check"] == [{"best(acc)": 0.2}, {"best(loss)": 0.5}]
+    assert plain["query"] == "RUN/checkpoints/step-000020"
+    assert foreign == plain
+
+
+def test_a_save_naming_a_path_outside_the_run_is_no_checkpoint_of_it(tmp_path: Path) -> None:
+    """A save record naming ``/etc`` (or any path outside the run dir) is no checkpoint of
+    the run in any view: not on disk on the page, never the best, not kept by backtest's
+    retention, not held (issue 58)."""
+    run = (tmp_path / "run").resolve()
+    with JournalWriter(run) as w:
+        w.append("train_begin", begin_payload(100, config={"keep_best": GOAL, "keep_last_n": 1}))
+        for step, path in ((10, "/etc"), (20, str(make_checkpoint(run, 20, w.run_id)))):
+            w.append("log", log_payload(step), step=step)
+            w.append("save", {"checkpoint_path": path}, step=step)
+            report = {"checkpoint_path": path, "step": step, "metrics": {"acc": 1 - step / 100}}
+            w.append("report", report, step=step)
+        w.append("train_end", {"status": "completed"}, step=20)
+    views = _views(run)
+    assert views["page"] == [("step-000020", "on_disk", True, {"acc": 0.8})]
+    assert views["query"] == "RUN/checkpoints/step-000020"
+    assert views["status"]["best_checkpoint"]["checkpoint_path"] == "RUN/checkpoints/step-000020"
+    best, [retention] = views["backtest"]
+    assert best == views["status"]["best_checkpoint"]
+    assert (retention["kept"], retention["held"]) == (["step-000020"], [])
+    assert_views_agree(run, GOAL)

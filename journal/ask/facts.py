@@ -10,7 +10,7 @@ from typing import Any
 
 from journal.read.reader import iter_events
 from journal.record.record import Record
-from journal.views.fold import RunFold
+from journal.views.fold import RunFold, of_other_run
 from journal.views.summary import RunSummary
 
 #: Metric fields of trainer records (reported metrics are any name in a report).
@@ -45,8 +45,7 @@ class FactFolder:
     def add_batch(self, records: list[Record]) -> None:
         add, metrics = self.fold.add, self.metrics
         for rec in records:
-            add(rec)
-            if metrics:
+            if add(rec) and metrics:  # the fold's rule: a record of another run counts not
                 self.add_values(rec)
 
     def add_values(self, rec: Record) -> None:
@@ -115,6 +114,8 @@ def known_metrics(path: Path, keep_best: str | None = None) -> set[str]:
         if event == "train_begin":
             if rec["run_id"] != run:  # a new run: its metrics only, as FactFolder
                 run, names = rec["run_id"], set()
+            continue
+        if of_other_run(rec, run):
             continue
         if event == "report":
             data = data.get("metrics") if isinstance(data, dict) else None

@@ -24,7 +24,7 @@ from journal.record.events import CONTROL_COMMANDS
 from journal.record.text import printable
 from journal.rundir.files import atomic_write
 from journal.rundir.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
-from journal.rundir.lock import lock_holder, run_holder
+from journal.rundir.lock import JournalLocked, lock_holder, run_holder, writer_gone
 from journal.rundir.paths import control_dir, journal_path
 
 if TYPE_CHECKING:
@@ -45,6 +45,17 @@ AFTER_END_EVENTS = frozenset(
 
 class InvalidCommand(ValueError):
     """The command is unknown or malformed."""
+
+
+class CommandRefused(RuntimeError):
+    """A command sent to a run that reads no more (see :func:`closed_to_commands`): nothing
+    is left in ``control/``. ``command_id``: the id its refusal was journaled under (an
+    ended run's journal takes the verdict, as the trainer journals one), None when nothing
+    could be journaled (a dead attempt's journal is left as it died)."""
+
+    def __init__(self, message: str, command_id: str | None = None) -> None:
+        super().__init__(message)
+        self.command_id = command_id
 
 
 @dataclass(frozen=True)
@@ -119,17 +130,27 @@ def send_command(
     """Write a command file atomically; return its id. Creates the control dir (0o750).
 
     A ``reason`` over 4096 characters (a ``source`` over 256) is cut, saying so: the
-    command file stays small enough for the trainer to read it (64 KiB at most).
+    command file stays small enough for the trainer to read it (64 KiB at most). A run
+    that reads no more commands (:func:`closed_to_commands`) gets none: its verdict is
+    :class:`CommandRefused` (journaled as rejected when the run ended), so ``control/``
+    holds only what an attempt may still apply.
     """
     if isinstance(command, Control):
         reason = command.reason if reason is None else reason
         command = command.command
     Control(command, reason)  # validate
     cid = check_command_id(command_id) if command_id is not None else new_command_id()
+    source = clip(source or f"{os.uname().nodename}:{os.getpid()}", MAX_NAME_CHARS)
+    if closed := closed_to_commands(ckpt_dir):
+        why, ended = closed
+        if not ended:
+            raise CommandRefused(f"{command} refused: {why}: no trainer reads commands")
+        if refuse(ckpt_dir, command, cid, source, why):
+            raise CommandRefused(f"{command} rejected: {why}", cid)
     body: dict[str, Any] = {
         "command": command,
         "id": cid,
-        "source": clip(source or f"{os.uname().nodename}:{os.getpid()}", MAX_NAME_CHARS),
+        "source": source,
         "reason": None if reason is None else clip(reason),
         "ts": time.time(),
     }
@@ -258,6 +279,45 @@ def last_trainer_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
+#: How long a refusal waits for the journal lock (the trainer lets go of it right after
+#: ``train_end``); busy longer, an attempt writes: the command is its to judge.
+REFUSAL_LOCK_WAIT_S = 10.0
+
+
+def closed_to_commands(ckpt_dir: str | os.PathLike[str]) -> tuple[str, bool] | None:
+    """Why no attempt will apply a command sent to this run now, and whether the run ended
+    (its journal can take the verdict): its last trainer record is ``train_end`` (late
+    reports aside: a next attempt would reject the command as stale, its file there
+    before it starts), or the run died (no ``train_end``, and nobody is left to write one:
+    :func:`~journal.rundir.lock.writer_gone`). None while an attempt may read it, or
+    before there is a journal. Raises ``OSError`` for a journal that cannot be read."""
+    last = last_trainer_record(journal_path(ckpt_dir)) or {}
+    step, data = last.get("step"), last.get("data")
+    if last.get("event") == "train_end":
+        status = data.get("status") if isinstance(data, dict) else None
+        return f"the run has ended ({status or 'ended'} at step {step})", True
+    if last and writer_gone(ckpt_dir):
+        return f"the run died at step {step} (no train_end, and nothing holds its dir)", False
+    return None
+
+
+def refuse(ckpt_dir: str | os.PathLike[str], command: str, cid: str, source: str, why: str) -> bool:
+    """Journal a command's rejection as the trainer journals one (a ``control`` record, a
+    guest's under the journal lock), if the run has still ended once the lock is held;
+    whether it was (not: an attempt began meanwhile, and judges the command itself)."""
+    from journal.store import guest  # the writer loads only for a refusal
+
+    verdict = {"command": command, "id": cid, "source": source, "accepted": False}
+    try:
+        with guest(ckpt_dir, role="refusal", timeout=REFUSAL_LOCK_WAIT_S) as w:
+            if run_end(journal_path(ckpt_dir)) is None:
+                return False
+            w.append("control", {**verdict, "reason": why, "applied_at_step": None})
+    except JournalLocked:
+        return False
+    return True
+
+
 def run_end(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The ``train_end`` that ended the journal's run, wherever it is (late reports may
     follow it); None while an attempt runs, or with no journal."""
@@ -290,9 +350,10 @@ def unapplied_commands(
     :data:`AFTER_END_EVENTS`, such as late reports, after it), no attempt reads ``control/`` any more (the
     trainer's last look came before that record, and a resumed attempt writes
     ``train_begin`` first): the command files still there were not applied and will not be.
-    Nothing is moved or journaled: the journal has one writer, and a record after
-    ``train_end`` would make the next attempt continue this run. A later attempt rejects
-    them as stale (their files are there when it starts), with a ``control`` record each.
+    :func:`send_command` writes none to an ended run (it journals the verdict): these came
+    otherwise (a file dropped by hand or by an older client, a command that raced the end).
+    Nothing is moved or journaled here; a later attempt rejects them as stale (their files
+    are there when it starts), with a ``control`` record each.
     Returns ``(None, [])`` while the run goes on (or has no journal)."""
     end = run_end(journal_path(ckpt_dir))
     if end is None:

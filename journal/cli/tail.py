@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
 from journal.record.record import Record
 from journal.record.text import printable
+from journal.rundir.lock import writer_gone
 from journal.store import follow as follow_store
 from journal.views import index
 from journal.views.fold import RunFold
@@ -57,31 +59,55 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
-    reader = follow_store(path, folded.cursor)  # across mv and copytruncate
-    summ = folded.fold.summarizer
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
+    summ, died = folded.fold.summarizer, list[str]()
+    batches = _batches(follow_store(path, folded.cursor), summ, interval, path.parent, died)
     if as_json or not sys.stdout.isatty():
-        return _follow_plain(reader, summ, emit, interval)
-    return _follow_live(reader, summ, interval)
+        for records in batches:
+            for rec in records:
+                emit(rec)
+            sys.stdout.flush()
+    else:
+        _live_view(batches, summ)
+    for line in died:
+        print(printable(line), file=sys.stderr)
+    return STATE_EXIT_CODES.get("stale" if died else summ.summary.state, 1)
 
 
-def _follow_plain(reader: RotatingReader, summ: Summarizer, emit: Any, interval: float) -> int:
+#: How often a quiet follower asks whether anybody is left to write the journal.
+DEATH_CHECK_S = 1.0
+
+
+def _batches(
+    reader: RotatingReader, summ: Summarizer, interval: float, run_dir: Path, died: list[str]
+) -> Iterator[list[Record]]:
+    """What the journal gains (across mv and copytruncate), folded into ``summ``, until
+    ``train_end``, or until the run is known dead: no ``train_end``, and nobody left to
+    write one (:func:`~journal.rundir.lock.writer_gone`), said in ``died``."""
+    gone, look = False, time.monotonic() + DEATH_CHECK_S
     while not summ.ended:
         reader.check()
-        batch = reader.read()
-        for rec in batch.records:
+        records = reader.read().records
+        for rec in records:
             summ.add(rec)
-            emit(rec)
-        sys.stdout.flush()
-        if not batch.records:
+        yield records
+        if records:
+            gone = False
+        elif gone:  # nothing came since nobody was left to write: no train_end will
+            step = summ.summary.last_step
+            died.append(f"{run_dir}: the run died at step {step}: no train_end, and nothing "
+                        "holds it to write one")  # fmt: skip
+            return
+        elif time.monotonic() >= look:  # gone: one more read (records just before it let go)
+            gone, look = writer_gone(run_dir), time.monotonic() + DEATH_CHECK_S
+        else:
             time.sleep(interval)  # a person's view: polling is plenty
-    return STATE_EXIT_CODES.get(summ.summary.state, 1)
 
 
-def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> int:
+def _live_view(batches: Iterator[list[Record]], summ: Summarizer) -> None:
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -115,11 +141,8 @@ def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> i
         return Text(printable("  ".join(parts)))
 
     with Live(Group(progress, status_line()), console=console, refresh_per_second=8) as live:
-        while not summ.ended:
-            reader.check()
-            batch = reader.read()
-            for rec in batch.records:
-                summ.add(rec)
+        for records in batches:
+            for rec in records:
                 ev = rec["event"]
                 if ev == "log":
                     tput["tokens_per_s"] = rec["data"].get("tokens_per_s")
@@ -129,8 +152,6 @@ def _follow_live(reader: RotatingReader, summ: Summarizer, interval: float) -> i
                 task, total=summ.summary.total_steps or None, completed=summ.summary.last_step
             )
             live.update(Group(progress, status_line()))
-            if not batch.records:
-                time.sleep(interval)
-    reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
-    console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))
-    return STATE_EXIT_CODES.get(summ.summary.state, 1)
+    if summ.ended:
+        reason = f" ({summ.summary.reason})" if summ.summary.reason else ""
+        console.print(Text(printable(f"run ended: {summ.summary.state}{reason}")))

@@ -70,8 +70,11 @@ def control(
     DIR is the checkpoint directory. Inside a watcher callback use "$ILAB_CKPT_DIR".
     The outcome appears in the journal as a "control" record (accepted or rejected).
     With --wait, print that outcome instead of the id, in one line, when it comes.
+    A run that has ended or died reads no more commands: refused in one line, exit 1
+    (journaled as rejected when it ended), nothing left in control/.
     """
     from journal.channels.control import (
+        CommandRefused,
         InvalidCommand,
         check_command_id,
         journal_end,
@@ -87,7 +90,6 @@ def control(
     p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
-    _refuse_ended(p, dir)
     if command_id is not None:
         _refuse_used_id(p, command_id)
     since = journal_end(p)
@@ -99,6 +101,8 @@ def control(
         cid = send_command(p, command, reason=reason, source=source, command_id=command_id)
     except InvalidCommand as exc:
         raise UserError(str(exc)) from None
+    except CommandRefused as exc:  # the run reads no more: journaled so when it ended
+        raise _Refused(printable(f"{exc.command_id or dir}: {exc}")) from None
     except OSError as exc:
         raise UserError(f"cannot write command in {p}: {exc.strerror or exc}") from None
     if wait is None:
@@ -113,25 +117,6 @@ class _Refused(UserError):
     """A command refused for what the run is (not a usage mistake): one line, exit 1."""
 
     exit_code = 1
-
-
-def _refuse_ended(run_dir: Path, given: str) -> None:
-    """A run whose last attempt has ended (``train_end``, late reports aside) and that
-    nobody holds (no trainer, no launcher about to resume it) reads no more commands: a
-    file left in ``control/`` would never be applied and ``status`` would count it."""
-    from journal.channels.control import run_end
-    from journal.rundir.lock import lock_holder, run_holder
-
-    end = run_end(run_dir / JOURNAL_NAME)
-    if end is None or lock_holder(run_dir) is not None or run_holder(run_dir) is not None:
-        return
-    status = end["data"].get("status") if isinstance(end.get("data"), dict) else None
-    raise _Refused(
-        printable(
-            f"{given}: the run has ended ({status or 'ended'} at step {end.get('step')}): "
-            "no trainer reads commands, nothing sent"
-        )
-    )
 
 
 def _refuse_used_id(run_dir: Path, command_id: str) -> None:

@@ -81,6 +81,9 @@ class FileLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False
             raise
+        if _replaced(fd, self.path):  # removed by its holder as we waited: not the lock now
+            os.close(fd)
+            return False
         previous = _read_info(fd)
         if previous and _alive_elsewhere(previous):
             os.close(fd)  # flock is not shared with that host: trust its heartbeat
@@ -101,7 +104,9 @@ class FileLock:
                 raise self.error(describe_holder(self.path))
             time.sleep(0.05)
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = False) -> None:
+        """Let go; ``remove``: the lock file too (a launch refused before it wrote anything
+        leaves nothing), removed while held, so a waiter on it takes the next one."""
         if self._fd < 0:
             return
         self._stop.set()
@@ -109,7 +114,7 @@ class FileLock:
             self._beat.join(timeout=2)
             self._beat = None
         with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)  # empty: released cleanly
+            os.unlink(self.path) if remove else os.ftruncate(self._fd, 0)  # empty: released
         os.close(self._fd)  # closing the descriptor drops the flock
         self._fd = -1
 
@@ -161,6 +166,14 @@ class RunLock(FileLock):
         super().__init__(path, root=ckpt_dir, role="launcher", heartbeat_s=HEARTBEAT_S, **info)
 
 
+def _replaced(fd: int, path: Path) -> bool:
+    """Whether ``path`` no longer names the file open as ``fd`` (removed, or another one)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return True
+
+
 def _read_info(fd: int) -> dict[str, Any]:
     try:
         raw = os.pread(fd, 4096, 0)
@@ -178,8 +191,9 @@ def _alive_elsewhere(info: dict[str, Any], now: float | None = None) -> bool:
     return (time.time() if now is None else now) - beat < STALE_AFTER_S
 
 
-def holder(path: Path) -> dict[str, Any] | None:
-    """Who holds the lock file ``path`` now (host, pid, role, since), or None when free."""
+def _probe(path: Path) -> tuple[bool, dict[str, Any]] | None:
+    """(whether a process holds the lock file ``path`` now, what the file says), or None
+    when there is no such regular file."""
     try:  # never through a symlink, never blocked by a FIFO planted in its place
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -191,11 +205,32 @@ def holder(path: Path) -> dict[str, Any] | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return info or {"role": "unknown"}
+            return True, info
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-    return info if info and _alive_elsewhere(info) else None
+    return False, info
+
+
+def holder(path: Path) -> dict[str, Any] | None:
+    """Who holds the lock file ``path`` now (host, pid, role, since), or None when free."""
+    got = _probe(path)
+    if got is not None and got[0]:
+        return got[1] or {"role": "unknown"}
+    return got[1] if got and got[1] and _alive_elsewhere(got[1]) else None
+
+
+def writer_gone(ckpt_dir: str | os.PathLike[str]) -> bool:
+    """Whether nobody is left to write this run's journal, as far as this host can tell:
+    a writer took its journal lock once (the file is there), nobody holds it now, its last
+    holder let go cleanly or was on this host (one on another host, where ``flock`` may not
+    reach, says nothing), and no launcher holds the run dir (:func:`run_holder`: its
+    heartbeat is stale when it runs elsewhere). A run dir without a journal lock (a copy,
+    a journal written by hand) is never judged."""
+    got = _probe(lock_path(ckpt_dir))
+    if got is None or got[0] or got[1].get("host") not in (None, os.uname().nodename):
+        return False
+    return run_holder(ckpt_dir) is None
 
 
 def lock_holder(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

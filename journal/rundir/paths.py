@@ -73,6 +73,18 @@ def canonical_checkpoint(ckpt_dir: str | os.PathLike[str] | None, path: str) -> 
     return os.path.realpath(path) if os.path.isabs(path) else os.path.normpath(path)
 
 
+def in_run_dir(ckpt_dir: str | os.PathLike[str], path: str) -> bool:
+    """Whether a journaled checkpoint path can be one of the run dir's: a ``step-NNNNNN``
+    (``checkpoint-N``) is, by its name (see :func:`canonical_checkpoint`); any other when it
+    lies inside the run dir or its ``checkpoints/`` (which may link to other storage), links
+    resolved. A path elsewhere (``/etc``) never is, whatever a record says."""
+    if checkpoint_step(Path(path).name) is not None:
+        return True
+    real = os.path.realpath(path)
+    roots = (ckpt_dir, checkpoints_dir(ckpt_dir))
+    return any(real.startswith(os.path.join(os.path.realpath(r), "")) for r in roots)
+
+
 def checkpoint_root(ckpt_dir: str | os.PathLike[str], name: str) -> Path:
     """The directory that holds a checkpoint of this name: ``checkpoints/`` for ilab-train's,
     the run dir itself for HF Trainer's ``checkpoint-N``."""

@@ -24,7 +24,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from journal.channels.control import InvalidCommand, run_end, send_command
+from journal.channels.control import CommandRefused, InvalidCommand, send_command
 from journal.serve import data
 from journal.serve.marks import style_table
 from journal.serve.runs import RunSet
@@ -182,13 +182,15 @@ def build_app(cfg: ServeConfig) -> Starlette:
             return _error(400, f"command must be one of {', '.join(WEB_COMMANDS)}")
         if reason is not None and not isinstance(reason, str):
             return _error(400, "reason must be text")
-        if run_end(run.journal) is not None:
-            return _error(409, "the run has ended: a command would never be applied")
         client = request.client.host if request.client else "unknown"
         try:
             cid = send_command(run.dir, command, reason=reason or None, source=f"web:{client}")
         except InvalidCommand as exc:
             return _error(400, str(exc))
+        except CommandRefused as exc:  # ended (journaled as rejected) or died
+            return _error(409, str(exc))
+        except OSError as exc:  # e.g. a journal.jsonl that is a directory
+            return _error(409, f"cannot send a command to this run: {exc.strerror or exc}")
         return _json({"id": cid, "command": command, "source": f"web:{client}"})
 
     routes = [

@@ -179,9 +179,8 @@ class RunFold:
 
     def _add(self, rec: Record) -> None:
         self.count += 1
-        self.run.add(rec)
         event = rec["event"]
-        if event in _PLAIN:
+        if not self.run.add(rec) or event in _PLAIN:  # not the run's, or no curve or mark
             return
         if event in CheckpointLedger.EVENTS:  # the table (or which is the best) may change
             self.ck_changed_at = self.count

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from journal.rundir.paths import checkpoint_root, checkpoint_step
+from journal.rundir.paths import checkpoint_root, checkpoint_step, in_run_dir
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,11 @@ class BestCheckpoint:
 
 
 def on_disk(run_dir: str | os.PathLike[str], path: str) -> bool:
-    """Whether the checkpoint a record names exists: at its path, or, for a ``step-NNNNNN``
-    (``checkpoint-N``), by its name in ``run_dir`` (a record may spell the run dir another
-    way, e.g. relative to the trainer's working directory)."""
-    if os.path.exists(path):
-        return True
+    """Whether the checkpoint a record names is one of the run's on disk: a ``step-NNNNNN``
+    (``checkpoint-N``) by its name where ``run_dir`` keeps it (a record may spell the run dir
+    another way, e.g. relative to the trainer's working directory); any other at its path,
+    only inside the run dir (:func:`~journal.rundir.paths.in_run_dir`: never ``/etc``)."""
     name = Path(path).name
-    return checkpoint_step(name) is not None and (checkpoint_root(run_dir, name) / name).exists()
+    if checkpoint_step(name) is not None:
+        return (checkpoint_root(run_dir, name) / name).exists()
+    return in_run_dir(run_dir, path) and os.path.exists(path)

@@ -183,8 +183,12 @@ class RunFold:
 
     # -- folding ----------------------------------------------------------------------------
 
-    def add(self, rec: Record) -> None:
-        """Fold one record (any event), in journal order."""
+    def add(self, rec: Record) -> bool:
+        """Fold one record (any event), in journal order; False for a record of another run
+        amid this one's (see :func:`of_other_run`): no view folds it (it is only counted)."""
+        if of_other_run(rec, self.summarizer.summary.run_id):
+            self.summarizer.summary.records += 1
+            return False
         self.summarizer.add(rec)
         event = rec["event"]
         if event in CheckpointLedger.EVENTS:
@@ -207,6 +211,7 @@ class RunFold:
                 if self.attempts:
                     self.attempts[-1].status = str_or_none(data.get("status")) or "failed"
                     self.attempts[-1].reason = str_or_none(data.get("reason"))
+        return True
 
     def add_batch(self, records: list[Record]) -> None:
         for rec in records:
@@ -376,6 +381,16 @@ class RunFold:
         fold.alerts = [AlertSeen(**a) for a in state["alerts"]]
         fold.alert_count = int(state["alert_count"])
         return fold
+
+
+def of_other_run(rec: Record, run_id: str | None) -> bool:
+    """Whether ``rec`` is a record of another run amid the run ``run_id``'s: not a
+    ``train_begin`` (which starts a run) and naming another run id. Every writer of a run
+    (its attempts, the guests that join them) journals under its id: such a record was put
+    there by hand or by a foreign writer, and counts for no view (``check`` reads the fold's
+    rule too)."""
+    other = rec["run_id"]
+    return other != run_id and None not in (other, run_id) and rec["event"] != "train_begin"
 
 
 def _texts(value: Any) -> list[str]:

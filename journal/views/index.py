@@ -31,8 +31,9 @@ from journal.views.fold import RunFold
 #: 2: folded only records of the right field types (journal/record/fields.py); 3: a new run
 #: forgets the last run's checkpoint; 4: refused reports are counted; 5: the run's whole fold
 #: (checkpoints with their fates, commands, attempts); 6: and every scheduler job's state;
-#: 7: and the alerts (journal/channels/alerts.py)
-VERSION = 7
+#: 7: and the alerts (journal/channels/alerts.py); 8: no record of another run amid the run's,
+#: no checkpoint outside the run dir (journal/views/fold.py)
+VERSION = 8
 MAX_INDEX_BYTES = 16 << 20  # a real index is a few KB; anything else is not ours
 
 

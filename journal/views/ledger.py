@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journal.rundir.paths import canonical_checkpoint, checkpoint_key
+from journal.rundir.paths import canonical_checkpoint, checkpoint_key, in_run_dir
 from journal.views.best import BestCheckpoint, MetricGoal, on_disk
 
 #: How many reports one checkpoint keeps (the latest; the metrics keep every name's latest).
@@ -147,7 +147,7 @@ class CheckpointLedger:
     def _fate(self, path: Any, step: int | None) -> CheckpointFate | None:
         """The checkpoint a record names (created on first sight: a report or a removal may
         name one whose save this reader never saw, e.g. a journal rotated since)."""
-        if not isinstance(path, str) or not path:
+        if not isinstance(path, str) or not path or self.outside(path):
             return None
         key = checkpoint_key(path)
         fate = self._fates.get(key)
@@ -157,11 +157,17 @@ class CheckpointLedger:
             )
         return fate
 
+    def outside(self, path: Any) -> bool:
+        """Whether a record names a path outside the run dir (when known): no checkpoint
+        of this run (a save naming ``/etc``), for every view."""
+        run = self.run_dir
+        return isinstance(path, str) and run is not None and not in_run_dir(run, path)
+
     def _save(self, rec: Mapping[str, Any], data: Mapping[str, Any], step: int | None) -> None:
         path = data.get("checkpoint_path")
         if step is None:
             return
-        if isinstance(path, str) and path:
+        if isinstance(path, str) and path and not self.outside(path):
             key = checkpoint_key(path)
             # a fresh checkpoint of that name: what was known of an older one is not its own
             fate = self._fates[key] = CheckpointFate(

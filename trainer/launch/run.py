@@ -172,6 +172,7 @@ def run_training(
         check_run_dir(train_args.ckpt_dir)
     for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
         print(f"ilab-train: warning: {warning}", file=sys.stderr)
+    fresh = not os.path.lexists(train_args.ckpt_dir)
     with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
         make_dir(train_args.ckpt_dir)
     ckpt_dir = Path(train_args.ckpt_dir).resolve()
@@ -203,8 +204,11 @@ def run_training(
         launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env)
         return launch_with_restarts(launch, train_args)
     finally:
-        if run_lock is not None:
-            run_lock.release()
+        if run_lock is not None:  # a launch refused before it wrote anything leaves nothing
+            run_lock.release(remove=os.listdir(ckpt_dir) == [run_lock.path.name])
+            if fresh:
+                with contextlib.suppress(OSError):  # not empty: the run's
+                    ckpt_dir.rmdir()
 
 
 def _refuse_another_runs_checkpoints(ckpt_dir: Path) -> None:

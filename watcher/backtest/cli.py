@@ -13,7 +13,7 @@ import click
 from journal.cli.common import UserError, dumps, user_errors
 from journal.record.events import EVENTS
 from journal.remote.readers import RUN_DIR_OR_URI
-from journal.rundir.paths import resolve_journal
+from journal.rundir.paths import JournalNotFound, resolve_journal
 from journal.views.best import MetricGoal
 from watcher.alerts.hang import HangRule, HangSpecError
 from watcher.backtest.hangs import backtest_hangs
@@ -57,6 +57,20 @@ def user_callbacks(
 
     make()  # a callback that cannot be made: one line now, before any journal is read
     return make
+
+
+def _journals(runs: tuple[str, ...]) -> list[Path]:
+    """Each run's journal. A dir without one (a launch refused, a run not started: ``runs/*``
+    holds such dirs) is skipped in one line, unless no run is left to judge."""
+    found = []
+    for run in runs:
+        try:
+            found.append(resolve_journal(run))
+        except JournalNotFound as exc:
+            if not Path(run).is_dir() or (run == runs[-1] and not found):
+                raise
+            click.echo(f"ilab-journal backtest: skipped {exc}", err=True)
+    return found
 
 
 def _hangs(journals: list[Path], hang_after: str, as_json: bool) -> None:
@@ -162,7 +176,7 @@ def backtest(
 
     With --hang-after alone, only the hang alarms: where the guard would have raised them.
     """
-    journals = [resolve_journal(run) for run in runs]
+    journals = _journals(runs)
     if hang_after is not None:
         _hangs(journals, hang_after, as_json)
         policies_given = (early_stopping, divergence, target, callbacks, on_pairs, on_evaluate)

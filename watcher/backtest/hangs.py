@@ -18,12 +18,13 @@ every other alarm is a false one.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import bisect
+from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journal.read.reader import iter_records
+from journal.read.reader import iter_events, iter_records
 from journal.record.record import Record
 from journal.rundir.phase import Phase
 from watcher.alerts.hang import (
@@ -77,25 +78,74 @@ class HangBacktest:
         return out
 
 
-def _declared(journal: Path) -> tuple[dict[Key, float], dict[Key, set[str]]]:
-    """Seconds spent in declared phases per ``(run_id, attempt, step)`` of a boundary, and
-    which phases (read whole first: an asynchronous save's record comes steps later)."""
-    spent: dict[Key, float] = defaultdict(float)
-    names: dict[Key, set[str]] = defaultdict(set)
-    for rec in iter_records(journal):
-        if (s := declared_seconds(rec)) > 0:
-            key = (rec["run_id"], rec["attempt"], rec["step"])
-            spent[key] += s
-            names[key].add("save" if rec["event"] == "save" else "eval")
-    return dict(spent), dict(names)
+class Declared:
+    """Seconds spent in declared phases at each step boundary of each attempt, and which
+    phases, read whole first (an asynchronous save's record comes steps later): per
+    attempt, three arrays in step order (17 bytes a boundary, not a dict entry keyed by a
+    tuple: a journal may declare a phase at every step), and the seconds not yet taken
+    out of a gap."""
+
+    def __init__(self, journal: Path) -> None:
+        self._cols: dict[tuple[str | None, int | None], list[array[Any]]] = {}
+        for rec in iter_events(journal, {"save", "evaluate"}):
+            if (s := declared_seconds(rec)) > 0:
+                cols = self._cols.setdefault((rec["run_id"], rec["attempt"]), _columns())
+                _add(cols, rec["step"], s, 1 if rec["event"] == "save" else 2)
+        for attempt, (steps, secs, kinds) in self._cols.items():
+            if any(steps[i] > steps[i + 1] for i in range(len(steps) - 1)):  # a later record
+                merged = self._cols[attempt] = _columns()  # of an earlier step: in step order
+                for i in sorted(range(len(steps)), key=steps.__getitem__):
+                    _add(merged, steps[i], secs[i], kinds[i])
+        self._left = {a: array("d", c[1]) for a, c in self._cols.items()}
+
+    def _at(self, key: Key) -> int | None:
+        col = self._cols.get(key[:2])
+        if col is None:
+            return None
+        i = bisect.bisect_left(col[0], key[2])
+        return i if i < len(col[0]) and col[0][i] == key[2] else None
+
+    def spent(self, key: Key) -> float:
+        """The seconds that step boundary declared in all."""
+        i = self._at(key)
+        return 0.0 if i is None else self._cols[key[:2]][1][i]
+
+    def take(self, key: Key, gap: float) -> float:
+        """Up to ``gap`` of the seconds not yet taken out of a gap at that boundary."""
+        i = self._at(key)
+        if i is None:
+            return 0.0
+        left = self._left[key[:2]]
+        taken = min(gap, left[i])
+        left[i] -= taken
+        return taken
+
+    def names(self, key: Key) -> str:
+        """``save``, ``eval``, ``eval+save``, or ``phase`` (none declared there)."""
+        i = self._at(key)
+        kinds = 0 if i is None else self._cols[key[:2]][2][i]
+        return "+".join(n for n, bit in (("eval", 2), ("save", 1)) if kinds & bit) or "phase"
+
+
+def _columns() -> list[array[Any]]:
+    return [array("q"), array("d"), array("b")]  # step, seconds, phases (1 save, 2 eval)
+
+
+def _add(cols: list[array[Any]], step: int, seconds: float, kinds: int) -> None:
+    """One record's declared seconds, added to its step's (the last entry) or a new one."""
+    if cols[0] and cols[0][-1] == step:
+        cols[1][-1] += seconds
+        cols[2][-1] |= kinds
+    else:
+        for col, value in zip(cols, (step, seconds, kinds), strict=True):
+            col.append(value)
 
 
 def backtest_hangs(journal: Path, rule: HangRule) -> HangBacktest:
     """The alarms ``rule`` would have raised on ``journal`` (see the module doc)."""
-    spent, names = _declared(journal)
+    declared = Declared(journal)
     out = HangBacktest(str(journal), rule.describe())
-    tracker = AttemptTracker(declared=dict(spent), prefilled=True)
-    left: dict[Key, float] = dict(spent)  # declared seconds not yet taken out of a gap
+    tracker = AttemptTracker(prefilled=True)
     held: list[Record] = []  # deferred records: they arrive with the next one
     attempt_alarms: list[HangAlarm] = []
     for rec in iter_records(journal):
@@ -109,13 +159,16 @@ def backtest_hangs(journal: Path, rule: HangRule) -> HangBacktest:
                 held.append(rec)
                 continue
             step = max([tracker.last_step, rec["step"], *(r["step"] for r in held)])
-            found = _look(tracker, rule, ts, tracker.key(step), left, names)
+            found = _look(tracker, rule, ts, tracker.key(step), declared)
             if event == "train_end" and _abnormal(rec["data"]):
                 for a in found:  # the gap the attempt ended on: its ending, seen early
                     a.at_end = True
             attempt_alarms += found
             out.alarms += found
         for r in (*held, rec):
+            if r["event"] == "step_end":  # the step's time, less its declared phases
+                k = tracker.key(r["step"])
+                tracker.declared = {k: declared.spent(k)}
             tracker.observe(r)
         held = []
         if event == "step_end" and tracker.active:
@@ -140,24 +193,20 @@ def _look(
     rule: HangRule,
     now: float,
     key: Key,
-    left: dict[Key, float],
-    names: dict[Key, set[str]],
+    declared: Declared,
 ) -> list[HangAlarm]:
     """The alarms of the gap from the last progress to ``now`` (a record arriving)."""
     start = tracker.last_progress_ts
     if start is None or now <= start:
         return []
     gap = now - start
-    declared = min(gap, left.get(key, 0.0))
-    if declared:
-        left[key] -= declared
+    taken = declared.take(key, gap)
     found = []
-    phase_name = "+".join(sorted(names.get(key, ()))) or "phase"
-    if declared and tracker.steps:  # the phase itself, at its end, against its limit
-        phase = Phase(phase_name, start, tracker.run_id, tracker.attempt)
-        if f := check(tracker, phase, start + declared, rule):
+    if taken and tracker.steps:  # the phase itself, at its end, against its limit
+        phase = Phase(declared.names(key), start, tracker.run_id, tracker.attempt)
+        if f := check(tracker, phase, start + taken, rule):
             found.append(f)
-    f = check(tracker, Phase(None, start + declared, tracker.run_id, tracker.attempt), now, rule)
+    f = check(tracker, Phase(None, start + taken, tracker.run_id, tracker.attempt), now, rule)
     if f is not None:
         found.append(f)
     return [

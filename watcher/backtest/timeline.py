@@ -24,7 +24,7 @@ import orjson
 from journal.read.lines import LongLine, lines_backwards
 from journal.read.reader import iter_batches, record_problem
 from journal.record.record import Record
-from journal.views.fold import RunFold
+from journal.views.fold import RunFold, of_other_run
 from journal.views.ledger import finite_number
 
 #: Records kept whole: what the best checkpoint, reported metrics and retention come from.
@@ -149,6 +149,8 @@ def read_run(
                 if rec["run_id"] != run_id:
                     continue
                 started = True
+            if of_other_run(rec, run_id):  # the fold's rule: no view counts it
+                continue
             ev = rec["event"]
             if ev == "step_end":
                 ends.add(_ts(rec), rec["seq"], rec["step"], rec["samples_seen"])
@@ -167,7 +169,7 @@ def read_run(
                         col.add(ts, seq, step, float(v))
             elif ev in _FOLDED:
                 fold.add(rec)
-                if ev in _KEPT:
+                if ev in _KEPT and not fold.ledger.outside(rec["data"].get("checkpoint_path")):
                     kept.append(rec)
                     if ev not in ("report", "checkpoint_removed") and rec["step"] > last:
                         last = rec["step"]

@@ -15,20 +15,21 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from journal.channels.control import Control, new_command_id, send_command
+from journal.channels.control import (
+    CommandRefused,
+    Control,
+    new_command_id,
+    refuse,
+    send_command,
+)
 from journal.channels.reports import InvalidReport, Report, refused_report, submit_report
 from journal.rundir.inbox import MAX_NAME_CHARS, clip
-from journal.rundir.lock import JournalLocked
-from journal.store import guest
 from watcher.hooks.callbacks import BadReturn, returned_actions
 from watcher.hooks.delivery import Delivery, DeliveryResult
 
 #: Reports sent and not yet seen in the journal (journaled or refused), remembered to say
 #: a refusal to whoever made the report; the oldest are forgotten beyond this.
 REPORTS_AWAITED = 65_536
-#: How long a command returned at ``train_end`` waits for the journal lock to journal its
-#: rejection (the trainer lets go of it right after ``train_end``).
-LATE_LOCK_WAIT_S = 10.0
 
 
 class HandBack:
@@ -64,7 +65,11 @@ class HandBack:
                     cid = self._reject_late(item, d, source)
                     out.control = [*(out.control or []), f"{item.command}:{cid}:rejected"]
                     continue
-                cid = send_command(self.ckpt_dir, item, source=source)
+                try:
+                    cid = send_command(self.ckpt_dir, item, source=source)
+                except CommandRefused as exc:  # the run reads no more: nothing in control/
+                    self.notice(f"control from {source}: {exc}")
+                    cid = f"{exc.command_id or 'none'}:rejected"
                 out.control = [*(out.control or []), f"{item.command}:{cid}"]
             else:
                 try:
@@ -83,19 +88,7 @@ class HandBack:
             f"control {item.command} (id {cid}) from {source} on train_end rejected: {why}; "
             "a command returned at train_end cannot be applied"
         )
-        verdict = {
-            "command": item.command,
-            "id": cid,
-            "source": source,
-            "accepted": False,
-            "reason": why,
-            "applied_at_step": None,
-        }
-        try:
-            with guest(self.ckpt_dir, role="watcher", timeout=LATE_LOCK_WAIT_S) as w:
-                w.append("control", verdict)
-        except JournalLocked:  # a new attempt writes: it has its own commands to judge
-            pass
+        refuse(self.ckpt_dir, item.command, cid, source, why)
         return cid
 
     def submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
