@@ -476,6 +476,7 @@ BAD_INPUT = [
         [],
         r"ILAB_NOTIFY #2 \(foo://...\): apprise [\d.]+ has no",
     ),
+    ({}, ["--notify", "slack://T000AAAA/B000BBBB"], r"--notify #1 \(slack://...\): apprise cannot"),
 ]
 
 
