@@ -16,6 +16,9 @@ from tests.helpers import REAL_CUDA_VISIBLE_DEVICES, hide_gpus, no_gpu_reason
 # it can initialise CUDA and before module- or session-scoped fixtures start their runs
 # (see tests/helpers.py). Tests marked gpu get the machine's real value back.
 hide_gpus()
+# A developer's own alert targets (docs/alerts.md) must hear nothing of the suite's runs:
+# every ilab-watch and ilab-train here would fall back on them.
+os.environ.pop("ILAB_NOTIFY", None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import importlib.util
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from journal import JournalWriter
@@ -24,13 +26,18 @@ from journal.rundir.lock import JournalLock
 from journal.store import guest
 from tests.helpers import (
     BIN,
+    begin_payload,
     cli,
     free_port,
+    kill_tree,
     log_payload,
     records,
     train,
+    train_argv,
+    train_env,
     wait_for,
     write_run,
+    write_steps,
 )
 
 #: --notify sends through apprise (the alerts extra, which `make` installs)
@@ -178,7 +185,7 @@ def test_an_unreachable_target_is_retried_reported_and_hooks_go_on(
     ("args", "said"),
     [
         (["--notify", "slack://"], "Error: --notify #1 (slack://...): apprise cannot read"),
-        (["--notify", "nosuch://x"], "Error: --notify #1 (nosuch://...): apprise knows no"),
+        (["--notify", "nosuch://x"], "Error: --notify #1 (nosuch://...): apprise "),
         (["--notify", "json://h/", "--notify", "no url"], "Error: --notify #2: not a URL"),
         (["--notify", "json://127.0.0.1:99999/"], "(json://...): port 99999 is out of range"),
         (["--notify", "json://127.0.0.1:-1/"], "(json://...): port -1 is out of range"),
@@ -414,29 +421,155 @@ def test_notify_added_to_a_watcher_keeps_its_cursor_and_judges_the_run(
 
 
 @needs_apprise
-def test_ilab_train_notifies_by_itself_and_keeps_the_url_out_of_the_journal(
+def test_ilab_train_notifies_with_urls_that_no_command_line_shows(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    """``ilab-train --notify``: the launcher's embedded watcher runs the rules (a condition
-    and, asked with --notify-on all, completed); the URL, which may hold a token, reaches
-    neither the workers' config nor train_begin's. A bad one is refused before training."""
-    ckpt = tmp_path / "run"
-    result = train(ckpt, "--max-steps", "4", "--notify", receiver.url,
-                   "--notify-when", "steps >= 2", "--notify-on", "all")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    kinds = sorted(a["kind"] for a in _alerts(ckpt))
-    assert kinds == ["completed", "condition"]
-    titles = wait_for(lambda: len(receiver.bodies) == 2 and receiver.bodies, 10, "2 messages")
-    assert sorted(t["title"].split(":")[0] for t in titles) == [
-        "[ilab] completed",
-        "[ilab] condition",
+    """The URLs, which hold secrets, come from $ILAB_NOTIFY (ilab-train) and a file
+    (``ilab-watch --notify @FILE`` beside it), and both targets are told: the launcher's
+    embedded watcher runs the rules (a condition; completed, asked with --notify-on all).
+    While the run is live no process of it (launcher, torchrun agent, ranks, the watcher)
+    has the secret on its command line, which ``ps`` shows every user, and the agent and
+    ranks do not have $ILAB_NOTIFY; nor do the workers' config, the journal, the console."""
+    ckpt, secret = tmp_path / "run", "hunter2secret"
+    with_user = receiver.url.replace("//", f"//alice:{secret}@")
+    urls = tmp_path / "urls.txt"
+    urls.write_text(f"# the watcher's target\n{with_user}-watch\n")
+    job = subprocess.Popen(
+        train_argv(ckpt, "--max-steps", "12", "--notify-when", "steps >= 2", "--notify-on", "all"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**train_env(step_delay=0.2), "ILAB_NOTIFY": f"{with_user}-train"},
+    )  # fmt: skip
+    watch = None
+    try:
+        begin = wait_for(lambda: [r for r in records(ckpt) if r["event"] == "train_begin"], 240)
+        watch = subprocess.Popen(
+            [str(BIN / "ilab-watch"), str(ckpt), "--notify", f"@{urls}", "--notify-when",
+             "steps >= 3", "-q"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        ranks = [psutil.Process(r["pid"]) for r in begin[0]["data"]["ranks"]]
+        agent = ranks[0].parent()
+        assert agent is not None and b"trainer.launch.agent" in _argv(agent.pid)
+        for pid in (job.pid, agent.pid, watch.pid, *(r.pid for r in ranks)):
+            argv = _argv(pid)
+            assert argv and secret.encode() not in argv, argv  # empty: it was not live
+        for proc in (agent, *ranks):
+            assert b"trainer." in _argv(proc.pid)  # still live: ...
+            assert b"ILAB_NOTIFY" not in Path(f"/proc/{proc.pid}/environ").read_bytes()
+        out, err = job.communicate(timeout=240)
+        _, watch_err = watch.communicate(timeout=60)
+    finally:
+        kill_tree(job.pid)
+        if watch is not None:
+            watch.kill()
+    assert job.returncode == 0 and watch.returncode == 0, err + watch_err
+    kinds = sorted((a["kind"], a.get("condition")) for a in _alerts(ckpt))
+    assert kinds == [("completed", None), ("condition", "steps >= 2"), ("condition", "steps >= 3")]
+    bodies = wait_for(lambda: len(receiver.bodies) == 3 and receiver.bodies, 10, "3 messages")
+    assert sorted((b["path"], b["title"].split(":")[0]) for b in bodies) == [
+        ("/hook-train", "[ilab] completed"),
+        ("/hook-train", "[ilab] condition"),
+        ("/hook-watch", "[ilab] condition"),
     ]
-    port = receiver.url.split(":")[2].split("/")[0]
-    assert port not in json.dumps(records(ckpt)[0]["data"]["config"])
-    assert not any(port in p.read_text() for p in (ckpt / "logs").glob("worker-config-*.json"))
+    configs = [p.read_text() for p in (ckpt / "logs").glob("worker-config-*.json")]
+    assert configs and not any(secret in text for text in configs)
+    assert secret not in (ckpt / "journal.jsonl").read_text() + out + err + watch_err
 
-    for url in ("nope://x", "json://127.0.0.1:99999/"):
-        bad = train(tmp_path / "bad", "--max-steps", "4", "--notify", url)
-        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-        assert len(bad.stderr.strip().splitlines()) == 1 and "--notify" in bad.stderr
-        assert not (tmp_path / "bad" / "journal.jsonl").exists()
+
+def _argv(pid: int) -> bytes:
+    """A process's command line as ``ps`` shows it to every user."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+#: Bad --notify input, given in the environment or as options: (environment, options,
+#: a pattern of the one line that says so).
+BAD_INPUT = [
+    ({"ILAB_NOTIFY": " "}, [], r"ILAB_NOTIFY is set but holds no URL \(unset it"),
+    ({}, ["--notify", "@missing.txt"], r"--notify @missing.txt: cannot read the file of URLs"),
+    ({}, ["--notify", "@comments.txt"], r"--notify @comments.txt: the file holds no URL"),
+    (
+        {},
+        ["--notify", "@slack.txt"],
+        r"--notify @slack.txt #1 \(slack://...\): apprise cannot read this slack URL: An invalid",
+    ),
+    (
+        {"ILAB_NOTIFY": "json://h/,msteams://a/b"},
+        [],
+        r"ILAB_NOTIFY #2 \(msteams://...\): apprise [\d.]+ has no msteams:// notifier; did you "
+        r"mean workflow:// or workflows://\?",
+    ),
+    (
+        {"ILAB_NOTIFY": "json://h/ foo://x"},
+        [],
+        r"ILAB_NOTIFY #2 \(foo://...\): apprise [\d.]+ has no",
+    ),
+    ({}, ["--notify", "slack://T000AAAA/B000BBBB"], r"--notify #1 \(slack://...\): apprise cannot"),
+]
+
+
+@needs_apprise
+@pytest.mark.parametrize(("env", "args", "said"), BAD_INPUT)
+def test_bad_notify_input_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, env: dict[str, str], args: list[str], said: str
+) -> None:
+    """An empty $ILAB_NOTIFY, a file of URLs that cannot be read or holds none, a URL apprise
+    cannot read or has no notifier for: ilab-train and ilab-watch say so in one line and exit
+    2; ilab-train leaves no run dir. A malformed Slack URL's tokens are shown nowhere (not in
+    apprise's own words either); a scheme refused is never one suggested instead."""
+    (tmp_path / "comments.txt").write_text("# nobody yet\n\n")
+    (tmp_path / "slack.txt").write_text("slack://T000AAAA/B000BBBB\n")
+    write_run(tmp_path / "old", steps=2, save_every=0)
+    bad = tmp_path / "bad"
+    trained = subprocess.run(
+        train_argv(bad, "--max-steps", "2", *args), capture_output=True, text=True,
+        cwd=tmp_path, env={**train_env(), **env}, timeout=120,
+    )  # fmt: skip
+    watched = cli("ilab-watch", str(tmp_path / "old"), "--replay", *args, cwd=tmp_path, env=env)
+    for proc, prefix in ((trained, "ilab-train: "), (watched, "Error: ")):
+        assert proc.returncode == 2, proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith(prefix)]
+        assert re.search(said, line) and "Traceback" not in proc.stderr, proc.stderr
+        assert "T000AAAA" not in proc.stderr and "B000BBBB" not in proc.stderr
+        meant = set(re.findall(r"(\w+)://", line.partition("did you mean")[2]))
+        assert meant <= _apprise_schemes() - set(re.findall(r"no (\w+)://", line)), line
+    assert len(trained.stderr.strip().splitlines()) == 1 and not bad.exists()
+    assert not (tmp_path / "old" / "reports").exists()
+
+
+def _apprise_schemes() -> set[str]:
+    from apprise.manager_plugins import NotificationManager
+
+    return {str(s) for s in NotificationManager().schemas()}
+
+
+@needs_apprise
+def test_each_message_says_what_to_act_on(tmp_path: Path, receiver: Receiver) -> None:
+    """A condition names the checkpoint its metric was reported for (else the newest); a
+    divergence says whether training goes on; no message repeats its kind."""
+    ckpt, stopped = tmp_path / "run", tmp_path / "stopped"
+    for run in (ckpt, stopped):
+        with JournalWriter(run) as w:
+            w.append("train_begin", begin_payload(20))
+            write_steps(w, 1, 12)  # a report of accuracy 0.12 for /c/checkpoints/step-000012
+            w.append("log", {**log_payload(13), "loss": None, "loss_finite": False}, step=13)
+    conditions = ["--notify-when", "best(accuracy) >= 0.1", "--notify-when", "steps >= 2"]
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--notify", receiver.url, *conditions)
+    assert proc.returncode == 0, proc.stderr
+    said = {(a["kind"], a.get("condition")): a["message"] for a in _alerts(ckpt)}
+    assert said[("condition", "best(accuracy) >= 0.1")].endswith(
+        "; reported for checkpoint /c/checkpoints/step-000012"
+    )
+    newest = r"; newest checkpoint (\(none yet\)|/c/checkpoints/step-0000(04|08|12))$"
+    assert re.search(newest, said[("condition", "steps >= 2")])
+    assert said[("diverged", None)] == (
+        "loss is NaN/Inf; training goes on: an alert stops nothing (ilab-watch --divergence would)"
+    )
+    for (kind, _), message in said.items():
+        assert not message.startswith(kind)
+    assert all(f"seen: {said[k]}" in " ".join(b["message"] for b in receiver.bodies) for k in said)
+    # with --divergence, its detector stops the run: the alert says so
+    stop = ["--divergence", "action=stop", "--notify-on", "diverged"]
+    proc = cli("ilab-watch", str(stopped), "--replay", *stop)
+    assert proc.returncode == 0, proc.stderr
+    (alert,) = _alerts(stopped)
+    assert alert["message"] == "loss is NaN/Inf; --divergence ends the run (action=stop)"

@@ -119,6 +119,12 @@ def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     assert "hang" in err and alert_id in err  # said on the console
     [alert] = _alerts(run)
     assert alert["data"]["kind"] == "hang" and alert["data"]["id"] == alert_id
+    said = alert["data"]["message"]  # the stuck rank, and what follows
+    assert said.startswith("no step progress for ") and f"; stuck: rank 1 (pid {ranks[1]}) " in said
+    assert said.endswith(
+        "; aborting the attempt (--on-hang abort); no relaunch follows (--max-restarts 0)"
+    )
+    assert f"alert: hang at step {alert['step']}: no step progress" in err  # kind said once
     assert f"alerts/{alert_id}/rank-0.txt" in alert["data"]["evidence"]
     assert alert["seq"] < end["seq"]
     status = cli("ilab-journal", "status", str(run), "--json")
@@ -157,8 +163,8 @@ def test_a_dead_run_is_reported_and_its_relaunch_is_watched(tmp_path: Path) -> N
     [died] = _alerts(run)
     assert died["data"]["kind"] == "died" and died["attempt"] == 1, died
     assert died["data"]["raised_at"] - killed_at <= 30.0
-    assert "every process of attempt 1 is gone" in died["data"]["message"]
-    assert any("died" in x for x in lines)
+    assert died["data"]["message"].startswith("every process of attempt 1 is gone")
+    assert any(f"alert: died at step {died['step']}: every process" in x for x in lines)
     begins = [r for r in records(run) if r["event"] == "train_begin"]
     assert [(b["run_id"], b["attempt"]) for b in begins] == [
         (begins[0]["run_id"], 1),
@@ -272,6 +278,10 @@ def test_an_aborted_attempt_is_relaunched_and_resumes(tmp_path: Path) -> None:
         kill_tree(job.pid)
     assert job.returncode == 0, err[-3000:]
     assert "restart 1 of 1" in err
+    [alert] = _alerts(run)
+    assert alert["data"]["message"].endswith(
+        "; a relaunch from the newest checkpoint follows (restart 1 of 1)"
+    )
     first, second = _ends(run)
     assert first["data"]["aborted_for"] == "hang" and second["data"]["status"] == "completed"
     begins = [r for r in records(run) if r["event"] == "train_begin"]

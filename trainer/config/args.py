@@ -271,9 +271,11 @@ class TrainingArgs(Settings):
     # SecretStr: a webhook's token never reaches the workers' config or train_begin's
     notify: list[SecretStr] = Field(
         default_factory=list,
-        description="Tell this apprise URL (slack://, mailto://, ntfy://, pagerduty://, "
-        "json://HOST:PORT/...) when the run goes wrong: a hang, a death, a failure, a "
-        "divergence, a stop (docs/alerts.md). Repeatable.",
+        description="Tell this apprise URL (slack://, workflows:// for Teams, mailto://, "
+        "ntfy://, pagerduty://, json://HOST:PORT/...) when the run goes wrong: a hang, a death, "
+        "a failure, a divergence, a stop (docs/alerts.md). Repeatable. @FILE: the URLs in "
+        "FILE; none given: those in $ILAB_NOTIFY. A URL holds secrets and every local user "
+        "sees a command line (ps): prefer @FILE or $ILAB_NOTIFY.",
     )
     notify_when: list[str] = Field(
         default_factory=list,

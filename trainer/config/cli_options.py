@@ -52,7 +52,7 @@ OVERRIDES: dict[str, Override] = {
     "pg_timeout_s": Override("--pg-timeout", click.FloatRange(min=0, min_open=True)),
     "hang_after": Override(metavar="SECONDS|auto"),
     "hang_action": Override("--on-hang"),  # as ilab-watch's (an on_<event> name is a hook's)
-    "notify": Override(type=click.STRING, metavar="URL", multiple=True),
+    "notify": Override(type=click.STRING, metavar="URL|@FILE", multiple=True),
     "notify_when": Override(type=click.STRING, metavar="EXPR", multiple=True),
     "notify_on": Override(metavar="KIND,..."),
 }

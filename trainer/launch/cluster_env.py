@@ -37,6 +37,7 @@ from typing import Any
 
 from trainer.config import TorchrunArgs
 from trainer.launch.slurm_env import slurm_torchrun
+from watcher.alerts.notify import NOTIFY_ENV
 
 DEFAULT_MASTER_PORT = 29500
 _PET = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
@@ -171,5 +172,6 @@ def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
     defaults, behind the flags we did not pass (or a switch such as ``PET_STANDALONE``).
     ``TORCHELASTIC_*`` are an enclosing elastic agent's (its run id, restart count, error
     file, timer file): our agent sets its own, and an inherited one would make our workers
-    write their errors into, or be timed by, another job's files."""
-    return {k: v for k, v in env.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    write their errors into, or be timed by, another job's files. ``ILAB_NOTIFY``'s URLs
+    stay with the launcher, which sends the alerts (docs/alerts.md)."""
+    return {k: v for k, v in env.items() if not k.startswith(("PET_", "TORCHELASTIC_", NOTIFY_ENV))}

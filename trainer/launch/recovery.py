@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from journal.read.cursor import Cursor
 from trainer.config import ConfigError, TrainingArgs
 from trainer.launch.result import TrainingFailed, TrainingResult
@@ -48,6 +50,20 @@ def launch_with_restarts(
         return result
 
 
+def resolve_notify(train_args: TrainingArgs) -> TrainingArgs:
+    """``notify`` as the URLs to tell, each judged by apprise: a ``@FILE``'s read, and with
+    none given, ``ILAB_NOTIFY``'s (docs/alerts.md). A bad one is a :class:`ConfigError` (one
+    line) before anything is created or launched."""
+    from watcher.alerts.notify import BadTarget, notify_urls, parse_targets
+
+    try:
+        urls = notify_urls(url.get_secret_value() for url in train_args.notify)
+        parse_targets(urls)
+    except BadTarget as exc:
+        raise ConfigError(exc.format_message()) from None
+    return train_args.model_copy(update={"notify": [SecretStr(url) for _, url in urls]})
+
+
 def open_launch_alerts(train_args: TrainingArgs, ckpt_dir: Path) -> Any:
     """``notify``'s alerts for this launch (``watcher.alerts.options.Alerting``: the sink
     and the journal's rules, one more callback of the embedded watcher), or None when no
@@ -73,12 +89,13 @@ def open_launch_alerts(train_args: TrainingArgs, ckpt_dir: Path) -> Any:
 
 
 def start_guard(
-    train_args: TrainingArgs, ckpt_dir: Path, start_offset: int, sink: Any = None
+    train_args: TrainingArgs, ckpt_dir: Path, start_offset: int, sink: Any = None, restarts: int = 0
 ) -> Any:
     """The launcher's hang guard over this launch's records (from ``start_offset``),
     started; None without ``hang_after`` (or without a journal to read). Its alerts go to
     ``sink`` (``notify``'s, which the caller closes), else to a sink of its own that only
-    journals them."""
+    journals them; a hang alert says whether a relaunch follows (``restarts``: those
+    made before this launch)."""
     if train_args.hang_after is None or train_args.journal_detail == "off":
         return None
     from watcher.alerts.guard import Guard, GuardOptions
@@ -87,8 +104,14 @@ def start_guard(
 
     if sink is None:
         sink = AlertDispatcher(ckpt_dir, run_label=str(ckpt_dir), source="run_training")
+    most = train_args.max_restarts
+    relaunch = f"no relaunch follows (--max-restarts {most}{' used up' if most else ''})"
+    if restarts < most:
+        relaunch = (
+            f"a relaunch from the newest checkpoint follows (restart {restarts + 1} of {most})"
+        )
     options = GuardOptions(
-        hang=HangRule.parse(train_args.hang_after), on_hang=train_args.hang_action
+        HangRule.parse(train_args.hang_after), train_args.hang_action, relaunch=relaunch
     )
     guard = Guard(
         ckpt_dir,

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from functools import partial
+from itertools import count
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,6 +43,7 @@ from trainer.launch.recovery import (
     hang_end,
     launch_with_restarts,
     open_launch_alerts,
+    resolve_notify,
     start_guard,
 )
 from trainer.launch.restore import check_restore_uri, restore_if_empty
@@ -166,6 +168,7 @@ def run_training(
     """
     t = torchrun_args or TorchrunArgs()
     preflight(train_args, t, env)  # before the lock, the directory or any worker
+    train_args = resolve_notify(train_args)  # @FILE, $ILAB_NOTIFY: never on a command line
     check_restore_uri(train_args)
     # a dir someone else could steer: refused before anything is read or written there
     with _checkpoint_dir_errors(train_args.ckpt_dir):
@@ -201,7 +204,7 @@ def run_training(
 
             converted = convert_gguf(Path(model_path), ckpt_dir / "model")
             train_args = train_args.model_copy(update={"model_path": converted})
-        launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env)
+        launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env, launches=count())
         return launch_with_restarts(launch, train_args)
     finally:
         if run_lock is not None:  # a launch refused before it wrote anything leaves nothing
@@ -242,7 +245,9 @@ def _launch(
     *,
     echo: bool,
     env: dict[str, str] | None,
+    launches: Iterator[int],
 ) -> TrainingResult:
+    restarts = next(launches)  # the nth launch follows n restarts: its guard says what follows
     alerting = open_launch_alerts(train_args, ckpt_dir)  # a bad target: refused here
     logs = logs_dir(ckpt_dir)  # the workers read their config from here: ours alone
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -293,7 +298,7 @@ def _launch(
 
         proc_env.update(flight_recorder_env(ckpt_dir, proc_env))
     # each node guards its ranks
-    guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink)
+    guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink, restarts)
     try:
         with open(open_no_follow(log_path, APPEND, root=ckpt_dir), "ab") as log_file:
             proc = subprocess.Popen(

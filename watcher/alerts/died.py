@@ -69,6 +69,6 @@ def check_died(
         tracker.run_id,
         tracker.attempt,
         step,
-        f"died: {what}, and no train_end was written (last step {step}; nothing holds the "
+        f"{what}, and no train_end was written (last step {step}; nothing holds the "
         "run dir to write it)",
     )

@@ -55,11 +55,14 @@ ABORT_FILE = "abort.json"
 @dataclass(frozen=True)
 class GuardOptions:
     """``hang``: the rule (None: no hang detection); ``on_hang``: what a hang does;
-    ``deaths``: report attempts whose processes are all gone without a ``train_end``."""
+    ``deaths``: report attempts whose processes are all gone without a ``train_end``;
+    ``relaunch``: what the launcher does once the attempt failed, as a hang alert says it
+    (None: not known here, an ``ilab-watch``)."""
 
     hang: HangRule | None = None
     on_hang: OnHang = "report"
     deaths: bool = False
+    relaunch: str | None = None
     tick_s: float = TICK_S
     term_grace_s: float = TERM_GRACE_S
 
@@ -185,10 +188,12 @@ class Guard:
         nccl = begin.get("backend") == "nccl" and begin.get("device_type") == "cuda"
         ev = collect(self.dir, where, self.view, summary=found.message, nccl=nccl)
         why_not = self._unverified(found) if abort else None
-        message = found.message
-        if abort:
-            message += f"; not aborted: {why_not}" if why_not else "; aborting the attempt"
-            message += " (--on-hang abort)"
+        ending, follows = abort and why_not is None, self.options.relaunch  # what comes next
+        done = "aborting the attempt" if ending else f"not aborted: {why_not}"
+        done = done if abort else "left as it is"
+        message = f"{found.message}; {self.view.stuck()}; {done} (--on-hang {self.options.on_hang})"
+        wait = "" if ending else "once its collectives time out (--pg-timeout): "
+        message += f"; {wait}{follows}" if follows else ""
         alert = Alert(
             "hang",
             message,
@@ -199,7 +204,7 @@ class Guard:
             id=alert_id,
         )
         self.sink.raise_alert(alert)  # it says it on the console
-        if abort and why_not is None:
+        if ending:
             self.abort(alert, found)
 
     def _unverified(self, found: HangFinding) -> str | None:
@@ -284,7 +289,7 @@ def hang_end_payload(
     journal/views/stops.py) and the alert that holds the evidence."""
     exit_code = f" (workers exited with code {rc})" if rc is not None else ""
     reason = (
-        f"{marker.get('message', 'hang')}; aborted by the hang guard{exit_code}: evidence in "
+        f"hang: {marker.get('message')}; aborted by the hang guard{exit_code}: evidence in "
         f"alerts/{marker.get('alert_id')}"
     )
     return {

@@ -193,11 +193,11 @@ class HangFinding:
         where = f"step {self.step}" if self.step else "before the first step"
         if self.phase is not None:
             return (
-                f"hang: in {self.phase} for {self.quiet_s:.0f}s at {where} (a {self.phase} "
+                f"in {self.phase} for {self.quiet_s:.0f}s at {where} (a {self.phase} "
                 f"longer than {self.threshold_s:.0f}s counts as a hang)"
             )
         return (
-            f"hang: no step progress for {self.quiet_s:.0f}s after {where} (threshold "
+            f"no step progress for {self.quiet_s:.0f}s after {where} (threshold "
             f"{self.threshold_s:.0f}s, no declared phase)"
         )
 

@@ -21,10 +21,12 @@ NOTIFY_OPTIONS = [
         "--notify",
         "notify",
         multiple=True,
-        metavar="URL",
+        metavar="URL|@FILE",
         help="Tell URL of each alert (repeatable): an apprise URL, e.g. json://host:port/path, "
-        "slack://..., msteams://..., discord://..., mailto://..., ntfy://..., pagerduty://... "
-        "Alerts (journaled as alert records, shown by ilab-journal status): the run failed, "
+        "slack://..., workflows://... (Teams), discord://..., mailto://..., ntfy://..., "
+        "pagerduty://...; @FILE: the URLs in FILE; none given: those in $ILAB_NOTIFY. A URL "
+        "holds secrets and every local user sees a command line (ps): prefer @FILE or "
+        "$ILAB_NOTIFY. Alerts (journaled as alert records, shown by ilab-journal status): the run failed, "
         "diverged (NaN/Inf loss or --divergence's rule), was stopped, hung or died "
         "(--hang-after), a --notify-when condition holds; once per condition per attempt. "
         "Docs: docs/alerts.md.",
@@ -90,13 +92,14 @@ def open_alerts(
 ) -> Alerting | None:
     """The alerts the options ask for (None: none of them given, and not ``always``: a
     watcher with other detectors passes it to have a sink anyway). Raises
-    ``click.UsageError`` (one line) for what can never work."""
+    ``click.UsageError`` (one line) for what can never work (a bad target: ``BadTarget``)."""
     from journal.ask.expect import ExpectError, parse
-    from watcher.alerts.notify import BadTarget
+    from watcher.alerts.notify import notify_urls
     from watcher.builtin.steering import DivergenceDetector, parse_builtin
     from watcher.hooks.callbacks import CallbackSpecError
 
-    if not (notify or notify_when or notify_on is not None or always):
+    urls = notify_urls(notify)  # @FILE read; none given: $ILAB_NOTIFY's
+    if not (urls or notify_when or notify_on is not None or always):
         return None
     kinds = parse_kinds(notify_on)
     try:
@@ -109,10 +112,7 @@ def open_alerts(
             detector = parse_builtin("divergence", divergence)
         except CallbackSpecError as exc:
             raise click.UsageError(str(exc)) from None
-    try:
-        sink = AlertDispatcher(run_dir, targets=list(notify), run_label=run_label, source=source)
-    except BadTarget as exc:
-        raise click.UsageError(str(exc)) from None
+    sink = AlertDispatcher(run_dir, targets=urls, run_label=run_label, source=source)
     rules = AlertRules(
         sink,
         conditions=conditions,

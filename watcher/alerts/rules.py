@@ -84,6 +84,7 @@ class AlertRules:
         self.conditions = list(conditions)
         self.kinds = frozenset(kinds)
         self.detector = divergence if divergence is not None else DivergenceDetector()
+        self.steers = divergence is not None
         self.folder = FactFolder(set().union(*(c.metrics for c in self.conditions)), run_dir)
         self.subscribed_events: tuple[str, ...] = EVENTS if self.conditions else _RULE_EVENTS
         # left out of ilab-watch's default cursor name: adding --notify to a watcher must
@@ -184,7 +185,10 @@ class AlertRules:
         return True
 
     def _raise_diverged(self, rec: dict[str, Any], reason: str) -> None:
-        self._raise("diverged", rec, reason)
+        ends = f"--divergence ends the run (action={self.detector.action})"  # its detector acts
+        goes_on = "training goes on: an alert stops nothing (ilab-watch --divergence would)"
+        what = f"{reason.removeprefix('divergence: ')}; {ends if self.steers else goes_on}"
+        self._raise("diverged", rec, what)
 
     def _ended(self, rec: dict[str, Any]) -> None:
         data = rec.get("data") or {}
@@ -237,9 +241,14 @@ class AlertRules:
             if not cond.holds(facts):
                 continue
             values = ", ".join(f"{k} = {_show(v)}" for k, v in cond.values(facts).items())
+            report = summary.last_report or {}  # the checkpoint its metrics are about
+            if cond.metrics & set(report.get("metrics") or {}):
+                where = f"reported for checkpoint {report.get('checkpoint_path')}"
+            else:
+                where = f"newest checkpoint {summary.last_checkpoint or '(none yet)'}"
             alert = Alert(
                 kind="condition",
-                message=f"{cond.text} holds ({values})",
+                message=f"{cond.text} holds ({values}); {where}",
                 step=summary.last_step,
                 attempt=summary.attempt,
                 condition=cond.text,

@@ -91,7 +91,7 @@ class AlertDispatcher:
 
     Args:
         run_dir: the run's directory (where its journal and ``reports/`` are).
-        targets: ``--notify`` URLs; a malformed one raises
+        targets: ``--notify`` URLs (or ``notify_urls``' pairs); a malformed one raises
             :class:`~watcher.alerts.notify.BadTarget` here, before anything starts.
         run_label: the run as messages name it: its dir or URI.
         source: who raises the alerts, as journaled (``ilab-watch``, ``run_training``).
@@ -102,7 +102,7 @@ class AlertDispatcher:
         self,
         run_dir: Path,
         *,
-        targets: Sequence[str] = (),
+        targets: Sequence[str | tuple[str, str]] = (),
         run_label: str,
         source: str = "ilab-watch",
         tries: int = TRIES,
@@ -255,13 +255,9 @@ class AlertDispatcher:
             return
         send.error = error
         if send.tries >= self.tries:
+            said = f"{name} not told after {send.tries} tries ({error}); given up"
             log.warning(
-                "alert %s: %s not told after %d tries (%s); given up, see ilab-journal status %s",
-                alert.kind,
-                name,
-                send.tries,
-                error,
-                self.run_label,
+                "alert %s: %s, see ilab-journal status %s", alert.kind, said, self.run_label
             )
             self._settle(alert, failed={"target": name, "tries": send.tries, "error": error})
             return
@@ -270,15 +266,8 @@ class AlertDispatcher:
             send.due = time.monotonic() + delay
             heapq.heappush(self._sends[send.target], send)
             self._cond.notify_all()
-        log.warning(
-            "alert %s: %s not told (try %d of %d: %s); trying again in %gs",
-            alert.kind,
-            name,
-            send.tries,
-            self.tries,
-            error,
-            delay,
-        )
+        said = f"{name} not told (try {send.tries} of {self.tries}: {error})"
+        log.warning("alert %s: %s; trying again in %gs", alert.kind, said, delay)
 
     def _give_up_late(self, now: float, sends: list[_Send]) -> None:
         """Closing, past the deadline: every one of ``sends`` left is given up (called
