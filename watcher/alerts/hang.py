@@ -136,7 +136,7 @@ class AttemptTracker:
             self.begin_ts = self.last_progress_ts = self._boundary_ts = float(ts)
             self.begin = dict(rec.get("data") or {})
             self.last_step, self.steps, self.ended, self.end = (
-                int(rec.get("step") or 0),
+                rec["step"],
                 0,
                 False,
                 None,
@@ -151,11 +151,11 @@ class AttemptTracker:
         if event not in PROGRESS_EVENTS:
             return
         if not self.prefilled and (spent := declared_seconds(rec)):
-            k = self.key(int(rec.get("step") or 0))
+            k = self.key(rec["step"])
             self.declared[k] = self.declared.get(k, 0.0) + spent
         self.last_progress_ts = max(self.last_progress_ts or ts, float(ts))
         if event == "step_end":
-            step = int(rec.get("step") or 0)
+            step = rec["step"]
             if self.steps >= 1 and self._boundary_ts is not None:  # not the first: warm-up
                 spent = float(ts) - self._boundary_ts - self.declared.get(self.key(step), 0.0)
                 self.step_times.append(max(spent, 0.0))
