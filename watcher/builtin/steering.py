@@ -121,17 +121,16 @@ class _MetricCallback(TrainerCallback):
         if begin is not None and self.event == "evaluate":  # the newest run's settings
             self._check_config(begin["run_id"], begin["data"].get("config"))
 
-    def _check_config(self, run_id: Any, config: Any) -> None:
+    def _check_config(self, run_id: str | None, config: Any) -> None:
         """Warn once per run when its configuration means the metric will not come: no
         validation data (never), or no ``eval_every`` (only on ``control evaluate``). Only
         ilab-train's configuration is judged (it always has both keys): a bridge's run
         (HF Trainer, Accelerate) evaluates by settings of its own."""
-        key = run_id if isinstance(run_id, str) else None
-        if not isinstance(config, dict) or key in self.config_checked:
+        if not isinstance(config, dict) or run_id in self.config_checked:
             return
         if "eval_every" not in config or "val_data_path" not in config:
             return
-        self.config_checked.add(key)
+        self.config_checked.add(run_id)
         name = type(self).__name__
         if not (config.get("val_data_path") or config.get("demo")):
             log.warning(

@@ -203,12 +203,6 @@ class Watcher:
         """What went wrong without stopping delivery (each said once, as a warning)."""
         return self._notices.said
 
-    @property
-    def saw_end(self) -> bool:
-        """The run's ``train_end`` was read (and no ``train_begin`` of a resumed attempt
-        after it)."""
-        return self._run.ended
-
     def claim(self) -> None:
         """Take this cursor's lock (``run()`` does, if not done before): raises
         :class:`~watcher.engine.cursor.CursorBusy` when another watcher process holds it. A state

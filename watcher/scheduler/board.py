@@ -133,7 +133,7 @@ class JobBoard:
         """A hook on ``train_end`` (``--cancel-on-abort``): an aborted attempt's queued jobs
         are cancelled, and its deliveries not yet submitted are skipped."""
         if self.cancel_on_abort and data.get("command") == "abort":
-            self.abort((str(event.run_id), int(event.attempt)), int(event.seq))
+            self.abort((event.run_id, event.attempt), event.seq)
 
     def abort(self, attempt: AttemptKey, seq: int) -> None:
         """The ``train_end`` at ``seq`` aborted ``attempt``: cancel its queued jobs."""
