@@ -18,8 +18,8 @@ the step a save's background write slowed) so that one odd step does not slow de
 for the next hundred. A step's time is the time between its step boundary and the one
 before (the first step's from ``train_begin``: while few steps are known, that warm-up is
 the longest and the one counted), less what its own records declare was spent in a phase
-(a save's ``lease_wait_s``, ``waited_s`` and ``blocked_s``, an eval's ``duration``). A
-declared phase is no hang until it lasts longer than its own bound plus the threshold (a
+(a save's ``lease_wait_s``, ``waited_s`` and ``blocked_s``, an eval's ``duration``, a
+profile's ``profile_s``). A declared phase is no hang until it lasts longer than its own bound plus the threshold (a
 lease wait: the pacer's) or, without one, :data:`PHASE_FACTOR` times the threshold and at
 least :data:`PHASE_FLOOR_S` (the first step: ``--first-step-limit`` when given).
 

@@ -5,12 +5,12 @@ The same rule as the live guard's (:func:`watcher.alerts.hang.check`), asked at 
 moments a watcher would have looked: just before each record that brings progress to a
 reader (one of the trainer's own, or any other the records ``ilab-train`` holds back
 arrive with: a hang alert journaled mid-step brings the step's records written after the
-hang), with the tracker as it stood then. The trainer's phases are not in the journal (journal/rundir/phase.py): the
-seconds a step boundary's records say were spent in them (a save's ``lease_wait_s``,
-``waited_s`` and ``blocked_s``, an eval's ``duration``) are taken out of the gaps of that
-boundary, and a gap that holds them is also judged as a phase. Taken out whole, from the
-first gaps on: the quiet left is never less than the live guard saw (a gap split by a
-phase counts as one), so the backtest errs towards alarms, never away from them.
+hang), with the tracker as it stood then. The trainer's phases are not in the journal
+(journal/rundir/phase.py): the seconds a step boundary's records say were spent in them
+(:func:`watcher.alerts.hang.declared_seconds`) are taken out of the gaps of that boundary,
+and a gap that holds them is also judged as a phase. Taken out whole, from the first gaps
+on: the quiet left is never less than the live guard saw (a gap split by a phase counts as
+one), so the backtest errs towards alarms, never away from them.
 
 An alarm on the gap that ends an attempt the guard aborted, or one whose workers died
 (its ``train_end`` written by the launcher or a watcher), is that ending seen early; one
