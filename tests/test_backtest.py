@@ -405,3 +405,39 @@ def test_a_refused_launch_leaves_nothing_and_backtest_skips_a_dir_without_a_jour
     assert f"{runs / 'done' / 'journal.jsonl'}: completed at step 4" in judged.stdout
     alone = cli("ilab-journal", "backtest", str(runs / "later"))
     assert alone.returncode == 2 and len(alone.stderr.splitlines()) == 1, alone.stderr
+
+
+@pytest.mark.parametrize(
+    ("raised_s", "says"),
+    [(4.0, "1 alarm(s), 0 false"), (None, "1 alarm(s), 1 false"), (-3.0, "1 alarm(s), 1 false")],
+    ids=["alerted-in-the-gap", "no-alert", "alerted-before-the-gap"],
+)
+def test_a_hang_the_live_guard_alerted_is_found_and_counted_real(
+    tmp_path: Path, raised_s: float | None, says: str
+) -> None:
+    """As ilab-train writes it: rank 0 holds a step's records back, and step 6 sat 20 s in
+    its collective; at its boundary the trainer journals the guard's hang alert, which
+    brings the step's records written after the hang with it. The backtest finds the gap
+    (it looks before every record that brings progress), and counts it real when a hang
+    alert of the attempt was raised during it; without one, or with one raised before it
+    (another incident), it is a false alarm."""
+    run = tmp_path / "run"
+    t0 = time.time() - 1000.0
+    with JournalWriter(run) as w:
+        w.append("train_begin", BEGIN, ts=t0)
+        t = t0
+        for step in range(1, 11):
+            w.append("step_begin", step=step, ts=t + 0.01, defer=True)
+            t += 20.0 if step == 6 else 1.0
+            w.append("after_optimizer_step", step=step, ts=t, defer=True)
+            if step == 6 and raised_s is not None:  # raised_s after step 5's end
+                alert = {"id": "a1", "kind": "hang", "message": "hang: no step progress",
+                         "step": 5, "attempt": 1, "raised_at": t0 + 5.2 + raised_s}  # fmt: skip
+                w.append("alert", alert, step=step, ts=t + 0.1)
+            w.append("step_end", {"loss": 1.0}, step=step, ts=t + 0.2)
+        w.append(
+            "train_end", {"status": "completed", "reason": "reached step 10"}, step=10, ts=t + 1
+        )
+    code, out = backtest(str(run), "--hang-after", "3")
+    assert code == 0 and says in out, out
+    assert ("(alerted live)" in out) == (says.endswith("0 false")), out

@@ -93,7 +93,7 @@ def test_a_bridge_ends_its_first_step_with_its_first_record_of_a_later_step() ->
     for i in range(1, 5):
         bridge.observe(_rec("log", T0 + 2.0 * i, i, loss=1.0))
         bridge.observe(_rec("save", T0 + 2.0 * i + 0.1, i))  # same step: no boundary
-    assert bridge.steps == 4 and bridge.last_step == 4 and list(bridge.step_times) == [2.0] * 3
+    assert bridge.steps == 4 and bridge.last_step == 4 and list(bridge.step_times) == [2.0] * 4
     assert check(bridge, None, T0 + 30.0, rule) is None  # past the first-step limit: fine
     found = check(bridge, None, T0 + 8.0 + 31.0, rule)
     assert found is not None and found.phase is None and found.step == 4
@@ -110,12 +110,24 @@ def test_a_phase_file_of_another_attempt_says_nothing() -> None:
     assert check(t, other, T0 + 20.0, HangRule(5.0)) is not None
 
 
-def test_auto_is_ten_times_the_longest_step_with_a_floor() -> None:
+def test_auto_is_a_high_quantile_of_the_step_times_times_3_plus_a_floor() -> None:
+    """auto: 3x the 90th percentile of the last 100 step times plus 4 s: the warm-up and a
+    step a save slowed are left out once 10 steps are known, and count until then."""
     rule = HangRule(None)
-    assert rule.threshold(_tracker(step_s=0.5).step_times) == AUTO_FLOOR_S
-    slow = _tracker(step_s=4.0)
-    assert rule.threshold(slow.step_times) == pytest.approx(40.0)
-    # the first step (warm-up) is in a phase of its own and not a step time
+    assert rule.threshold(_tracker(step_s=0.5).step_times) == pytest.approx(1.5 + AUTO_FLOOR_S)
+    assert rule.threshold(_tracker(step_s=4.0).step_times) == pytest.approx(16.0)
+    t = AttemptTracker()
+    t.observe(_rec("train_begin", T0, 0))
+    now = T0
+    for step, took in enumerate([3.0] + [0.5] * 19 + [2.5] + [0.5] * 8, start=1):
+        now += took
+        t.observe(_rec("step_end", now, step))
+        if step == 2:  # the warm-up is the longest known: it counts
+            assert rule.threshold(t.step_times) == pytest.approx(9.0 + AUTO_FLOOR_S)
+    assert rule.threshold(t.step_times) == pytest.approx(1.5 + AUTO_FLOOR_S)
+    assert check(t, None, now + 5.4, rule) is None
+    assert check(t, None, now + 5.6, rule) is not None
+    # the first step (warm-up) is in a phase of its own
     t = AttemptTracker()
     t.observe(_rec("train_begin", T0, 0))
     assert check(t, None, T0 + 500.0, rule) is None  # first step: at least 600 s

@@ -90,11 +90,11 @@ def _watch(run: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
 def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     tmp_path: Path,
 ) -> None:
-    """ilab-train --hang-after 3 --on-hang abort: rank 1 stopped; rank 0 blocks in a
+    """ilab-train --hang-after auto --on-hang abort: rank 1 stopped; rank 0 blocks in a
     collective; the alert carries both stacks and the launcher's view of the processes;
     the attempt is ended and journaled as a hang (status, check, backtest agree)."""
     run = tmp_path / "run"
-    job = _start(run, "--hang-after", "3", "--on-hang", "abort", "--save-every", "10")
+    job = _start(run, "--hang-after", "auto", "--on-hang", "abort", "--save-every", "10")
     try:
         ranks = {r["rank"]: r["pid"] for r in _begin(run)["data"]["ranks"]}
         assert sorted(ranks) == [0, 1] and all(isinstance(p, int) for p in ranks.values())
@@ -131,10 +131,43 @@ def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     assert json.loads(status.stdout)["stop_source"] == "hang", status.stdout
     gate = cli("ilab-journal", "check", str(run), "-e", "stop_source == hang")
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    back = cli("ilab-journal", "backtest", str(run), "--hang-after", "3")
+    back = cli("ilab-journal", "backtest", str(run), "--hang-after", "auto")
     assert back.returncode == 0 and "1 alarm(s), 0 false" in back.stdout, back.stdout
     # gloo keeps no NCCL flight recorder: its directory is made only by a rank that does
     assert all(p.is_file() for p in (run / "logs").iterdir())
+
+
+@pytest.mark.extended
+def test_a_hang_that_clears_is_found_by_the_backtest_and_counted_real(tmp_path: Path) -> None:
+    """ilab-train --hang-after auto (report): rank 1 stopped until the guard's alert, then
+    continued, and the run completes. The trainer journals the alert at the stuck step's
+    boundary, with the records it held back: the backtest with the same rule finds that
+    hang and counts it real (alerted live), not false."""
+    run = tmp_path / "run"
+    argv = train_argv(run, "--max-steps", "24", "--hang-after", "auto")
+    job = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=train_env(0.05)
+    )
+    lines: list[str] = []
+    threading.Thread(
+        target=lambda: lines.extend(iter(job.stderr.readline, "")), daemon=True
+    ).start()  # type: ignore[union-attr]
+    try:
+        ranks = {r["rank"]: r["pid"] for r in _begin(run)["data"]["ranks"]}
+        wait_for(lambda: _steps(run) >= 12, timeout=240, what="12 steps")
+        os.kill(ranks[1], signal.SIGSTOP)
+        wait_for(lambda: any("alert: hang" in x for x in lines), 120, "the hang alert")
+        os.kill(ranks[1], signal.SIGCONT)
+        job.wait(timeout=240)
+    finally:
+        kill_tree(job.pid)
+    assert job.returncode == 0, "".join(lines)[-3000:]
+    [alert] = _alerts(run)
+    assert alert["data"]["kind"] == "hang" and "left as it is" in alert["data"]["message"]
+    assert _ends(run)[0]["data"]["status"] == "completed"
+    back = cli("ilab-journal", "backtest", str(run), "--hang-after", "auto")
+    assert back.returncode == 0 and "1 alarm(s), 0 false" in back.stdout, back.stdout
+    assert "(alerted live)" in back.stdout, back.stdout
 
 
 def test_a_dead_run_is_reported_and_its_relaunch_is_watched(tmp_path: Path) -> None:

@@ -254,8 +254,8 @@ class TrainingArgs(Settings):
         None,
         description="Raise a hang alert (with every local rank's py-spy stack) after this "
         "many seconds without step progress outside a declared phase (a lease wait, a save, "
-        "an eval, the first step); auto: 10x this attempt's longest step, at least 20s "
-        "(default: no hang detection).",
+        "an eval, a profile's trace, the first step); auto: 3x the 90th percentile of this attempt's last 100 "
+        "step times, plus 4s (default: no hang detection).",
     )
     hang_action: Literal["report", "abort"] = Field(
         "report",

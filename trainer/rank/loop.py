@@ -99,7 +99,8 @@ class Trainer:
         self.precision_checked = False
         self.saver = AsyncCheckpointer() if args.async_save else None
         steps = parse_profile_steps(args.profile_steps) if args.profile_steps else None
-        self.profiler = StepProfiler(steps, logs_dir(args.ckpt_dir) / "profile", self.rank, device)
+        out = logs_dir(args.ckpt_dir) / "profile"
+        self.profiler = StepProfiler(steps, out, self.rank, device, self.phases)
         # rank 0 alone paces saves (the others wait in the all-reduce)
         poller, interrupted = self.inbox.poller, lambda: bool(journal.interrupted)
         self.pacer = LeasePacer.for_run(args, poller.watch, interrupted) if poller else None
@@ -179,8 +180,10 @@ class Trainer:
             self.save(act.save, ending=act.end)
         elif self.saver is not None:  # the background write done on every rank: journal it
             self._journal_save(self.saver.poll())
-        self.journal.emit("step_end", {"loss": m.loss})
-        self.profiler.step_end(st.step)
+        profiled = self.profiler.step_end(st.step)  # writing the trace: a declared phase
+        self.journal.emit(
+            "step_end", {"loss": m.loss, **({"profile_s": profiled} if profiled else {})}
+        )
         return self._ending(act.end, applied) if act.end else None
 
     # -- the parts of a step ---------------------------------------------------------------

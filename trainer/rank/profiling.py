@@ -11,7 +11,9 @@ Every rank records steps A to B (CPU ops, and the CUDA kernels on a GPU) and wri
 The headline says how long the steps took and, on a GPU, how much of that time the device
 ran kernels: a step whose device is busy well under 100 % is bound by the host (Python,
 launch and framework overhead), not by the GPU's arithmetic. The profiler slows the steps it
-records, so their ``log`` records are not throughput figures.
+records, so their ``log`` records are not throughput figures. Writing the trace (seconds on
+a busy machine) is a declared phase, and its seconds are in step B's ``step_end``
+(``profile_s``): no hang, live or backtested (docs/alerts.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from journal.rundir.files import atomic_write
+from journal.rundir.phase import PhaseMarker
 
 if TYPE_CHECKING:  # torch is imported where a profile is taken: the launcher parses the
     import torch  # option (trainer.config.fields.parse_profile_steps) without torch
@@ -40,9 +43,15 @@ class StepProfiler:
     what was recorded when the run ends inside the range (a stop command, an interrupt)."""
 
     def __init__(
-        self, steps: tuple[int, int] | None, out_dir: Path, rank: int, device: torch.device
+        self,
+        steps: tuple[int, int] | None,
+        out_dir: Path,
+        rank: int,
+        device: torch.device,
+        phases: PhaseMarker,
     ) -> None:
         self.steps, self.out_dir, self.rank, self.device = steps, out_dir, rank, device
+        self.phases = phases
         self._prof: profile | None = None
         self._first_recorded = 0
         self._last_recorded = 0
@@ -65,18 +74,27 @@ class StepProfiler:
         self._first_recorded = step
         self._t0 = time.perf_counter()
 
-    def step_end(self, step: int) -> None:
+    def step_end(self, step: int) -> float:
+        """After the step's work, before its ``step_end``: the seconds :meth:`close` took."""
         if self._prof is None:
-            return
+            return 0.0
         self._last_recorded = step
         if self.steps is not None and step >= self.steps[1]:
-            self.close()
+            return self.close()
+        return 0.0
 
-    def close(self) -> None:
-        """Stop recording and write the trace and the summary (no-op when not recording)."""
+    def close(self) -> float:
+        """Stop recording and write the trace and the summary, in a declared phase; the
+        seconds that took (0: not recording)."""
         prof, self._prof = self._prof, None
         if prof is None:
-            return
+            return 0.0
+        began = time.perf_counter()
+        with self.phases("profile"):
+            self._write(prof)
+        return time.perf_counter() - began
+
+    def _write(self, prof: profile) -> None:
         import torch
 
         if self.device.type == "cuda":

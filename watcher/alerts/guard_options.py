@@ -32,9 +32,10 @@ GUARD_OPTIONS = [
         metavar="SECONDS|auto",
         callback=_hang_after,
         help="Alert when the run makes no step progress for this long outside a phase the "
-        "trainer declares (lease wait, save, eval, first step), with every local rank's "
-        "py-spy stack under RUN/alerts/<id>/; auto: 10x the attempt's longest step, at least "
-        "20s. Also alerts when every process of the run is gone without a train_end (died).",
+        "trainer declares (lease wait, save, eval, profile, first step), with every local "
+        "rank's py-spy stack under RUN/alerts/<id>/; auto: 3x the 90th percentile of the "
+        "attempt's last 100 step times, plus 4s. Also alerts when every process of the run "
+        "is gone without a train_end (died).",
     ),
     click.option(
         "--first-step-limit",

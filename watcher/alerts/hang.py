@@ -8,15 +8,20 @@ Pure: :class:`AttemptTracker` folds records (what an attempt has done, when), an
 (:mod:`watcher.backtest.hangs`) calls it at the moments of past journals. One rule, two
 clocks.
 
-The threshold is ``--hang-after SECONDS`` or ``auto``: :data:`AUTO_FACTOR` times the
-longest step of this attempt so far (of its last :data:`AUTO_WINDOW`), never below
-:data:`AUTO_FLOOR_S`. A step's time is the time between its step boundary and the one
-before, less what its own records declare was spent in a phase (a save's ``lease_wait_s``,
-``waited_s`` and ``blocked_s``, an eval's ``duration``); the first step (compile,
-warm-up) is not counted. A declared phase is no hang until it lasts longer than its own
-bound plus the threshold (a lease wait: the pacer's) or, without one,
-:data:`PHASE_FACTOR` times the threshold and at least :data:`PHASE_FLOOR_S` (the first
-step: ``--first-step-limit`` when given).
+The threshold is ``--hang-after SECONDS`` or ``auto``: :data:`AUTO_FACTOR` times a high
+quantile of this attempt's last :data:`AUTO_WINDOW` step times (their longest
+:data:`AUTO_LEFT_OUT` left out: the 90th percentile),
+plus :data:`AUTO_FLOOR_S` for the scheduling jitter of a busy machine. A reader sees a
+step's records when it ends, so between healthy steps a guard sees one step time of quiet:
+the quantile says how long a healthy gap is, and leaves out the few longest (the warm-up,
+the step a save's background write slowed) so that one odd step does not slow detection
+for the next hundred. A step's time is the time between its step boundary and the one
+before (the first step's from ``train_begin``: while few steps are known, that warm-up is
+the longest and the one counted), less what its own records declare was spent in a phase
+(a save's ``lease_wait_s``, ``waited_s`` and ``blocked_s``, an eval's ``duration``, a
+profile's ``profile_s``). A declared phase is no hang until it lasts longer than its own bound plus the threshold (a
+lease wait: the pacer's) or, without one, :data:`PHASE_FACTOR` times the threshold and at
+least :data:`PHASE_FLOOR_S` (the first step: ``--first-step-limit`` when given).
 
 A step boundary is ``ilab-train``'s ``step_end``; a bridge's (its ``train_begin`` names
 its ``trainer``) is its first record of a later step: the Accelerate bridge writes no
@@ -35,8 +40,9 @@ from journal.record.events import LIFECYCLE_EVENTS, RESULT_EVENTS
 from journal.record.numbers import seconds_or_auto
 from journal.rundir.phase import Phase
 
-AUTO_FLOOR_S = 20.0
-AUTO_FACTOR = 10.0
+AUTO_FACTOR = 3.0
+AUTO_LEFT_OUT = 0.1  # a share of the longest, not a quantile: 0.9 * 70 > 63 in floats
+AUTO_FLOOR_S = 4.0
 AUTO_WINDOW = 100
 PHASE_FACTOR = 10.0
 PHASE_FLOOR_S = 600.0
@@ -81,8 +87,9 @@ class HangRule:
         """The threshold in seconds, given this attempt's step times (for ``auto``)."""
         if self.after_s is not None:
             return self.after_s
-        longest = max(step_times, default=0.0)
-        return max(AUTO_FLOOR_S, AUTO_FACTOR * longest)
+        ranked = sorted(step_times)
+        high = ranked[len(ranked) - 1 - int(AUTO_LEFT_OUT * len(ranked))] if ranked else 0.0
+        return AUTO_FACTOR * high + AUTO_FLOOR_S
 
     def phase_limit(self, threshold: float, phase: Phase) -> float:
         """How long a declared phase may last before it counts as a hang."""
@@ -95,9 +102,14 @@ class HangRule:
 
 def declared_seconds(rec: Mapping[str, Any]) -> float:
     """What a record says was spent in declared phases at its step's boundary: a save's
-    lease wait, wait for the previous save and blocking part; an eval's duration."""
+    lease wait, wait for the previous save and blocking part; an eval's duration; a
+    profile's writing (``profile_s`` of a ``step_end``)."""
     data = rec.get("data") or {}
-    keys = {"save": ("lease_wait_s", "waited_s", "blocked_s"), "evaluate": ("duration",)}
+    keys = {
+        "save": ("lease_wait_s", "waited_s", "blocked_s"),
+        "evaluate": ("duration",),
+        "step_end": ("profile_s",),
+    }
     total = 0.0
     for key in keys.get(rec.get("event", ""), ()):
         v = data.get(key)
@@ -167,7 +179,7 @@ class AttemptTracker:
             self.declared[k] = self.declared.get(k, 0.0) + spent
         self.last_progress_ts = max(self.last_progress_ts or ts, float(ts))
         if step > self.last_step if self.bridge else event == "step_end":
-            if self.steps >= 1 and self._boundary_ts is not None:  # not the first: warm-up
+            if self._boundary_ts is not None:
                 spent = float(ts) - self._boundary_ts - self.declared.get(self.key(step), 0.0)
                 self.step_times.append(max(spent, 0.0))
             self.steps += 1

@@ -2,18 +2,20 @@
 would have raised on a past journal.
 
 The same rule as the live guard's (:func:`watcher.alerts.hang.check`), asked at the
-moments a watcher would have looked: just before each record that reaches a reader on its
-own (the records ``ilab-train`` holds back arrive with the next one), with the tracker as
-it stood then. The trainer's phases are not in the journal (journal/rundir/phase.py): the
-seconds a step boundary's records say were spent in them (a save's ``lease_wait_s``,
-``waited_s`` and ``blocked_s``, an eval's ``duration``) are taken out of the gaps of that
-boundary, and a gap that holds them is also judged as a phase. Taken out whole, from the
-first gaps on: the quiet left is never less than the live guard saw (a gap split by a
-phase counts as one), so the backtest errs towards alarms, never away from them.
+moments a watcher would have looked: just before each record that brings progress to a
+reader (one of the trainer's own, or any other the records ``ilab-train`` holds back
+arrive with: a hang alert journaled mid-step brings the step's records written after the
+hang), with the tracker as it stood then. The trainer's phases are not in the journal
+(journal/rundir/phase.py): the seconds a step boundary's records say were spent in them
+(:func:`watcher.alerts.hang.declared_seconds`) are taken out of the gaps of that boundary,
+and a gap that holds them is also judged as a phase. Taken out whole, from the first gaps
+on: the quiet left is never less than the live guard saw (a gap split by a phase counts as
+one), so the backtest errs towards alarms, never away from them.
 
 An alarm on the gap that ends an attempt the guard aborted, or one whose workers died
-(its ``train_end`` written by the launcher or a watcher), is that ending seen early;
-every other alarm is a false one.
+(its ``train_end`` written by the launcher or a watcher), is that ending seen early; one
+whose gap holds the ``raised_at`` of a hang alert journaled for its attempt is a hang the
+live guard alerted on; every other alarm is a false one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from journal.read.reader import iter_events, iter_records
 from journal.record.record import Record
 from journal.rundir.phase import Phase
+from journal.views.ledger import finite_number
 from watcher.alerts.hang import (
     DEFERRED_EVENTS,
     PROGRESS_EVENTS,
@@ -52,10 +55,11 @@ class HangAlarm:
     phase: str | None
     at_end: bool = False  # on the gap before an abnormal end: the ending, seen early
     ended: str | None = None  # how the attempt ended (status, and "hang" when aborted)
+    alerted: bool = False  # a hang alert of its attempt was raised during its gap
 
     @property
     def false(self) -> bool:
-        return not self.at_end
+        return not (self.at_end or self.alerted)
 
 
 @dataclass
@@ -87,10 +91,10 @@ class Declared:
 
     def __init__(self, journal: Path) -> None:
         self._cols: dict[tuple[str | None, int | None], list[array[Any]]] = {}
-        for rec in iter_events(journal, {"save", "evaluate"}):
+        for rec in iter_events(journal, {"save", "evaluate"}, holding=("profile_s",)):
             if (s := declared_seconds(rec)) > 0:
                 cols = self._cols.setdefault((rec["run_id"], rec["attempt"]), _columns())
-                _add(cols, rec["step"], s, 1 if rec["event"] == "save" else 2)
+                _add(cols, rec["step"], s, {"save": 1, "evaluate": 2}.get(rec["event"], 4))
         for attempt, (steps, secs, kinds) in self._cols.items():
             if any(steps[i] > steps[i + 1] for i in range(len(steps) - 1)):  # a later record
                 merged = self._cols[attempt] = _columns()  # of an earlier step: in step order
@@ -121,14 +125,17 @@ class Declared:
         return taken
 
     def names(self, key: Key) -> str:
-        """``save``, ``eval``, ``eval+save``, or ``phase`` (none declared there)."""
+        """``save``, ``eval``, ``profile``, ``eval+save``..., or ``phase`` (none declared there)."""
         i = self._at(key)
         kinds = 0 if i is None else self._cols[key[:2]][2][i]
-        return "+".join(n for n, bit in (("eval", 2), ("save", 1)) if kinds & bit) or "phase"
+        return (
+            "+".join(n for n, bit in (("eval", 2), ("save", 1), ("profile", 4)) if kinds & bit)
+            or "phase"
+        )
 
 
 def _columns() -> list[array[Any]]:
-    return [array("q"), array("d"), array("b")]  # step, seconds, phases (1 save, 2 eval)
+    return [array("q"), array("d"), array("b")]  # step, seconds, phases (1 save, 2 eval, 4 profile)
 
 
 def _add(cols: list[array[Any]], step: int, seconds: float, kinds: int) -> None:
@@ -148,23 +155,29 @@ def backtest_hangs(journal: Path, rule: HangRule) -> HangBacktest:
     tracker = AttemptTracker(prefilled=True)
     held: list[Record] = []  # deferred records: they arrive with the next one
     attempt_alarms: list[HangAlarm] = []
+    gaps: list[tuple[HangAlarm, float]] = []  # each alarm, and when its gap ended
+    raised: list[tuple[Any, Any, float]] = []  # the journaled hang alerts: run, attempt, when
     for rec in iter_records(journal):
-        event = rec["event"]
+        event, data = rec["event"], rec["data"]
         if event == "train_begin":
             out.attempts += 1
             attempt_alarms = []
+        if event == "alert" and data.get("kind") == "hang" and finite_number(data.get("raised_at")):
+            raised.append((rec["run_id"], data.get("attempt", rec["attempt"]), data["raised_at"]))
         ts = rec["ts"]
-        if tracker.active and ts is not None and (event in PROGRESS_EVENTS or event == "train_end"):
+        arrives = event in PROGRESS_EVENTS or event == "train_end" or held
+        if tracker.active and ts is not None and arrives:
             if event in DEFERRED_EVENTS:
                 held.append(rec)
                 continue
             step = max([tracker.last_step, rec["step"], *(r["step"] for r in held)])
             found = _look(tracker, rule, ts, tracker.key(step), declared)
-            if event == "train_end" and _abnormal(rec["data"]):
+            if event == "train_end" and _abnormal(data):
                 for a in found:  # the gap the attempt ended on: its ending, seen early
                     a.at_end = True
             attempt_alarms += found
             out.alarms += found
+            gaps += [(a, ts) for a in found]
         for r in (*held, rec):
             if r["event"] == "step_end":  # the step's time, less its declared phases
                 k = tracker.key(r["step"])
@@ -174,11 +187,14 @@ def backtest_hangs(journal: Path, rule: HangRule) -> HangBacktest:
         if event == "step_end" and tracker.active:
             out.steps += 1
         if event == "train_end":
-            ended = (
-                "hang" if rec["data"].get("aborted_for") == "hang" else rec["data"].get("status")
-            )
+            ended = "hang" if data.get("aborted_for") == "hang" else data.get("status")
             for a in attempt_alarms:
                 a.ended = str(ended)
+    for a, until in gaps:  # an alert may be journaled after its gap (by the launcher, say)
+        a.alerted = any(
+            (run, attempt) == (a.run_id, a.attempt) and a.ts - a.threshold_s <= at <= until
+            for run, attempt, at in raised
+        )
     return out
 
 
@@ -236,6 +252,8 @@ def table(results: list[HangBacktest]) -> str:
             why = (
                 " (the attempt's end, seen early)"
                 if a.at_end
+                else " (alerted live)"
+                if a.alerted
                 else f" FALSE ALARM (attempt ended {a.ended or 'not'})"
             )
             lines.append(
