@@ -7,6 +7,10 @@
   and no resume;
 - a 25 s lease wait (``--max-leased-checkpoints 1``, a lease held by hand) under
   ``--hang-after 5``: alerts raised (goal 0);
+- a crash loop: ``kill -9`` of rank 1 of every attempt as soon as it began, under
+  ``--max-restarts 10`` (``--max-no-progress-attempts`` at its default, 3): attempts
+  launched (goal 3, not 11), from the first kill to the launcher's no-progress stop
+  (exit 4), and the longest relaunch (from a kill to the next attempt's ``train_begin``);
 - false alarms: every journal of a real trainer under the roots given (default: ``runs/``,
   where ``make demo`` writes, the test suite's pytest temp dirs, and this benchmark's own
   runs) backtested with ``--hang-after auto`` (goal 0), alarms that end an attempt the
@@ -143,6 +147,40 @@ def lease_wait_case(run: Path, pause_s: float = 25.0) -> dict[str, Any]:
     return {"lease_wait_s": waited, "lease_wait_alerts": alerts}
 
 
+def crash_loop_case(run: Path, most: int = 10) -> dict[str, Any]:
+    """A crash loop: rank 1 of each attempt killed at its ``train_begin`` (nothing saved),
+    under ``--max-restarts most``; until the launcher stops relaunching."""
+    argv = _train(run, "--max-steps", "100", "--max-restarts", str(most), "--notify-on", "failed")
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    killed: dict[int, float] = {}  # attempt -> when its rank 1 was killed
+    try:
+        while job.poll() is None:
+            begins = [r for r in _records(run) if r["event"] == "train_begin"]
+            for begin in (b for b in begins if b["attempt"] not in killed):
+                rank1 = next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1)
+                os.kill(rank1, signal.SIGKILL)
+                killed[begin["attempt"]] = time.time()
+            time.sleep(0.1)  # a poll of the journal, not a synchronisation
+        stopped_at = time.time()
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    if job.returncode != 4:
+        raise SystemExit(
+            f"bench_guard: the crash loop ended {job.returncode}:\n{err.decode()[-3000:]}"
+        )
+    begins = {r["attempt"]: r["ts"] for r in _records(run) if r["event"] == "train_begin"}
+    return {
+        "crash_loop_max_restarts": most,
+        "crash_loop_attempts": len(begins),
+        "crash_loop_first_kill_to_stop_s": stopped_at - killed[1],
+        "crash_loop_relaunch_to_begin_s": max(
+            begins[a] - killed[a - 1] for a in begins if a > 1 and a - 1 in killed
+        ),
+    }
+
+
 def _real(journal: Path) -> bool:
     """A journal a real trainer wrote (its train_begin names the versions it ran)."""
     try:
@@ -196,12 +234,14 @@ def main() -> None:
         try:
             cases = [hang_case(Path(d) / f"hang-{i}") for i in range(repeats)]
             lease = lease_wait_case(Path(d) / "lease")
+            crash_loop = crash_loop_case(Path(d) / "crash-loop")
         except AssertionError as exc:  # wait_for's deadline: one line
             raise SystemExit(f"bench_guard: {exc}") from None
         for key in cases[0]:
             values = [c[key] for c in cases if c[key] is not None]
             result[key] = max(values) if values else None  # the worst of the repeats
         result.update(lease)
+        result.update(crash_loop)
         roots = [r for r in args.roots if r.is_dir()] + [Path(d)]
         for name, rule in (("auto", HangRule(None)),):
             for k, v in false_alarms(roots, rule).items():
@@ -211,6 +251,7 @@ def main() -> None:
         and result["alert_to_abort_s"] <= 5
         and result["abort_to_resumed_step_s"] <= 60
         and result["lease_wait_alerts"] == 0
+        and result["crash_loop_attempts"] == 3
         and result["backtest_auto_false_alarms"] == 0
     )
     emit("bench_guard", result, args.json)
