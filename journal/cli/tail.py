@@ -59,12 +59,13 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
+    reader = follow_store(path, folded.cursor)  # holds the file now: a rotation loses nothing
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
     summ, died = folded.fold.summarizer, list[str]()
-    batches = _batches(follow_store(path, folded.cursor), summ, interval, path.parent, died)
+    batches = _batches(reader, summ, interval, path.parent, died)
     if as_json or not sys.stdout.isatty():
         for records in batches:
             for rec in records:

@@ -41,6 +41,7 @@ from typing import Any
 from journal.ask.expect import Expectation
 from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
+from journal.record.record import Record
 from journal.rundir.paths import resolve_journal
 from watcher.alerts.alert import Alert, AlertSink
 from watcher.builtin.steering import DivergenceDetector
@@ -131,11 +132,11 @@ class AlertRules:
         """After each batch of records: the ``--notify-when`` conditions."""
         self._conditions()
 
-    def restore_state(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[Record]) -> None:
         """The records before the watcher's start: folded, then the last attempt judged once
         (its end, its divergence, the conditions); the sink drops what alerted already."""
-        end: dict[str, Any] | None = None
-        diverged: dict[str, Any] | None = None
+        end: Record | None = None
+        diverged: Record | None = None
         for rec in records:
             self._fold_record(rec)
             event = rec.get("event")
@@ -156,21 +157,21 @@ class AlertRules:
     def _fold(self, event: Event) -> None:
         self._fold_record(event.record)
 
-    def _fold_record(self, rec: dict[str, Any]) -> None:
+    def _fold_record(self, rec: Record) -> None:
         event, data = rec.get("event"), rec.get("data") or {}
         if event == "train_begin":
             begun = (rec.get("run_id"), rec.get("attempt"))
             if begun != self._begun:  # a new attempt: its own losses judge it
                 self._begun = begun
                 self.detector.reset()
-        self.folder.add_batch([rec])  # type: ignore[list-item]
+        self.folder.add_batch([rec])
         if event == "train_end" and data.get("status") == "failed":
             if not data.get("restart"):  # a launch's first attempt (or one never relaunched)
                 self._causes = []
             error = self.folder.fold.summary().error or data.get("reason") or "no error recorded"
             self._causes.append((rec.get("attempt"), _one_line(str(error))))
 
-    def _diverged(self, rec: dict[str, Any], *, live: bool) -> bool:
+    def _diverged(self, rec: Record, *, live: bool) -> bool:
         """Feed the detector; True (and, live, an alert) when it fires."""
         if "diverged" not in self.kinds:
             return False
@@ -184,13 +185,13 @@ class AlertRules:
             self._raise_diverged(rec, reason)
         return True
 
-    def _raise_diverged(self, rec: dict[str, Any], reason: str) -> None:
+    def _raise_diverged(self, rec: Record, reason: str) -> None:
         ends = f"--divergence ends the run (action={self.detector.action})"  # its detector acts
         goes_on = "training goes on: an alert stops nothing (ilab-watch --divergence would)"
         what = f"{reason.removeprefix('divergence: ')}; {ends if self.steers else goes_on}"
         self._raise("diverged", rec, what)
 
-    def _ended(self, rec: dict[str, Any]) -> None:
+    def _ended(self, rec: Record) -> None:
         data = rec.get("data") or {}
         status = data.get("status")
         if status not in ("failed", "stopped", "completed") or status not in self.kinds:
@@ -219,7 +220,7 @@ class AlertRules:
             if data.get("reason"):
                 message += f": {_one_line(str(data['reason']))}"
         else:
-            message = f"the run completed at step {rec.get('step')}"
+            message = f"the run completed at step {rec['step']}"
             if data.get("final_checkpoint"):
                 message += f"; final checkpoint {data['final_checkpoint']}"
         if quoted:
@@ -227,7 +228,7 @@ class AlertRules:
             message = f"{message}\n{lines}".rstrip()
         self._raise(str(status), rec, message, (log,) if isinstance(log, str) else ())
 
-    def _said_already(self, rec: dict[str, Any], data: dict[str, Any]) -> bool:
+    def _said_already(self, rec: Record, data: dict[str, Any]) -> bool:
         """A failed end the guard's alert said first: an attempt it aborted as hung, or one
         whose processes it found dead (the launcher's ``train_end`` follows its alert)."""
         if data.get("aborted_for") == "hang":
@@ -262,10 +263,8 @@ class AlertRules:
             )
             self.sink.raise_alert(alert)
 
-    def _raise(
-        self, kind: Any, rec: dict[str, Any], message: str, evidence: tuple[str, ...] = ()
-    ) -> None:
-        step, attempt = rec.get("step"), rec.get("attempt")
+    def _raise(self, kind: Any, rec: Record, message: str, evidence: tuple[str, ...] = ()) -> None:
+        step, attempt = rec["step"], rec["attempt"]
         self.sink.raise_alert(Alert(kind, message, step, attempt, evidence=evidence))
 
     def _warn_unknown_metrics(self) -> None:
