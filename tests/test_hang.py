@@ -281,7 +281,7 @@ def test_an_aborted_attempt_is_relaunched_and_resumes(tmp_path: Path) -> None:
     assert "restart 1 of 1" in err
     [alert] = _alerts(run)
     assert alert["data"]["message"].endswith(
-        "; a relaunch from the newest checkpoint follows (restart 1 of 1)"
+        "; a relaunch from the newest checkpoint follows (restart 1 of 1, the last)"
     )
     first, second = _ends(run)
     assert first["data"]["aborted_for"] == "hang" and second["data"]["status"] == "completed"
@@ -326,7 +326,8 @@ def test_relaunches_stay_one_run_a_watcher_follows_them_and_the_last_failure_is_
             what="the relaunch",
         )
         wait_for(lambda: seen.exists(), timeout=240, what="the relaunch's save delivered")
-        os.kill({r["rank"]: r["pid"] for r in second["data"]["ranks"]}[1], signal.SIGKILL)
+        rank1 = {r["rank"]: r["pid"] for r in second["data"]["ranks"]}[1]
+        os.kill(rank1, signal.SIGKILL)
         _, err = job.communicate(timeout=240)
         assert watch.wait(timeout=60) == 0, "".join(lines)[-3000:]
     finally:
@@ -346,9 +347,11 @@ def test_relaunches_stay_one_run_a_watcher_follows_them_and_the_last_failure_is_
     assert (hang["attempt"], hang["data"]["kind"]) == (1, "hang"), hang
     assert failed["attempt"] == 2, failed
     message = failed["data"]["message"]
-    assert message.startswith("the run failed after 1 restart(s), none left: attempt 1: ")
+    used_up = "no relaunch follows (--max-restarts 1 used up)"
+    assert message.startswith(f"the run failed after 1 restart(s); {used_up}: attempt 1: ")
     assert "attempt 1: Hang: hang: no step progress" in message, message
-    assert "; attempt 2: RuntimeError: " in message, message
+    killed = f"; attempt 2: WorkerExit: rank 1 (pid {rank1}) was killed by SIGKILL, the first"
+    assert killed in message, message
     status = json.loads(cli("ilab-journal", "status", str(run), "--json").stdout)
     assert status["alerts"] == len(alerts) and status["attempt"] == 2, status
     assert cli("ilab-journal", "check", str(run), "-e", "alerts == 0").returncode == 1
