@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.record.record import Record
 from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.stops import ending
@@ -130,6 +131,7 @@ class Summarizer:
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
             s.stop_source = s.stopped_by = None
+            self._enders.clear()  # an attempt is ended by its own commands
             s.total_steps = data.get("total_steps", s.total_steps)
             s.started_ts = rec["ts"]
             s.hostname, s.pid = data.get("hostname"), data.get("pid")
@@ -152,7 +154,7 @@ class Summarizer:
             refused = refused_file(data)  # a report file refused: its metrics are lost
             if refused is not None and refused.inbox == REPORTS_DIR_NAME:
                 s.refused_reports += 1
-        elif event == "control" and data.get("accepted") and data.get("command") in _ENDERS:
+        elif event == "control" and accepted(data) and data.get("command") in _ENDERS:
             src = data.get("source")
             self._enders[str(data.get("id"))] = src if isinstance(src, str) else None
             if len(self._enders) > 64:  # a flood of stops: the ending one is among the last

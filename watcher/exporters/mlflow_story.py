@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.views.best import BestCheckpoint
 from journal.views.fold import CheckpointFate
 from journal.views.stops import stop_kind
+from journal.views.summary import RunSummary
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
 _MAX_KEY = 250
@@ -62,15 +64,15 @@ def control_tags(data: dict[str, Any]) -> dict[str, str]:
     command, cid = data.get("command"), data.get("id")
     if command is None:  # an inbox file refused (journal/rundir/inbox.py): said as such
         return {"ilab.refused_file": str(data.get("reason"))}
-    if data.get("accepted") is False:
+    if not accepted(data):
         verdict = f"{command} refused: {data.get('error') or data.get('reason') or ''}".rstrip()
     else:
         verdict = f"{command} applied at step {data.get('applied_at_step')}"
     verdict += f" from {data.get('source') or '?'}"
-    if data.get("reason") and data.get("accepted") is not False:
+    if data.get("reason") and accepted(data):
         verdict += f": {data['reason']}"
     tags = {f"control.{cid}"[:_MAX_KEY]: verdict}
-    if command == "stop" and data.get("accepted") is not False:
+    if command == "stop" and accepted(data):
         tags.update(stop_tags(data.get("source")))
     return tags
 
@@ -81,10 +83,13 @@ def stop_tags(source: str | None) -> dict[str, str]:
     return {"ilab.stop_source": stop_kind(source), "ilab.stopped_by": str(source or "?")}
 
 
-def end_tags(data: dict[str, Any]) -> dict[str, str]:
-    """``train_end``: who stopped the run (the best and the description: :func:`best_tags`,
-    :func:`note`, from the run's fold)."""
-    return stop_tags(data["command_source"]) if data.get("command_source") else {}
+def end_tags(summary: RunSummary) -> dict[str, str]:
+    """``train_end``: who stopped the run, as the fold says it (``status``'s stop source: a
+    hang abort, an eval's stop, ...); the best and the description: :func:`best_tags`,
+    :func:`note`, from the same fold."""
+    if summary.stop_source is None:
+        return {}
+    return {"ilab.stop_source": summary.stop_source, "ilab.stopped_by": summary.stopped_by or "?"}
 
 
 def best_tags(best: BestCheckpoint | None) -> dict[str, str]:
