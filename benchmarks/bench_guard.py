@@ -10,6 +10,10 @@
   the launch to the end: STOP to alert, and alerts before the STOP (goal 0);
 - a 25 s lease wait (``--max-leased-checkpoints 1``, a lease held by hand) under
   ``--hang-after auto``: alerts raised (goal 0);
+- a crash loop: ``kill -9`` of rank 1 of every attempt as soon as it began, under
+  ``--max-restarts 10`` (``--max-no-progress-attempts`` at its default, 3): attempts
+  launched (goal 3, not 11), from the first kill to the launcher's no-progress stop
+  (exit 4), and the longest relaunch (from a kill to the next attempt's ``train_begin``);
 - false alarms: every journal of a real trainer under the roots given (default: ``runs/``,
   where ``make demo`` writes, the test suite's pytest temp dirs, and this benchmark's own
   runs, the busy one included) backtested with ``--hang-after auto`` (goal 0), alarms that
@@ -165,6 +169,40 @@ def lease_wait_case(run: Path, pause_s: float = 25.0) -> dict[str, Any]:
     return {"lease_wait_s": waited, "lease_wait_alerts": alerts}
 
 
+def crash_loop_case(run: Path, most: int = 10) -> dict[str, Any]:
+    """A crash loop: rank 1 of each attempt killed at its ``train_begin`` (nothing saved),
+    under ``--max-restarts most``; until the launcher stops relaunching."""
+    argv = _train(run, "--max-steps", "100", "--max-restarts", str(most), "--notify-on", "failed")
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    killed: dict[int, float] = {}  # attempt -> when its rank 1 was killed
+    try:
+        while job.poll() is None:
+            begins = [r for r in _records(run) if r["event"] == "train_begin"]
+            for begin in (b for b in begins if b["attempt"] not in killed):
+                rank1 = next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1)
+                os.kill(rank1, signal.SIGKILL)
+                killed[begin["attempt"]] = time.time()
+            time.sleep(0.1)  # a poll of the journal, not a synchronisation
+        stopped_at = time.time()
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    if job.returncode != 4:
+        raise SystemExit(
+            f"bench_guard: the crash loop ended {job.returncode}:\n{err.decode()[-3000:]}"
+        )
+    begins = {r["attempt"]: r["ts"] for r in _records(run) if r["event"] == "train_begin"}
+    return {
+        "crash_loop_max_restarts": most,
+        "crash_loop_attempts": len(begins),
+        "crash_loop_first_kill_to_stop_s": stopped_at - killed[1],
+        "crash_loop_relaunch_to_begin_s": max(
+            begins[a] - killed[a - 1] for a in begins if a > 1 and a - 1 in killed
+        ),
+    }
+
+
 def _real(journal: Path) -> bool:
     """A journal a real trainer wrote: its first train_begin names the Python it ran (the
     tests' made-up journals name a torch alone). Judged by its first MiB: the tests leave
@@ -230,8 +268,9 @@ def main() -> None:
                 result[key] = max(values) if values else None  # the worst of the repeats
             result.update(busy_hang_case(Path(d) / "busy"))
             result.update(lease_wait_case(Path(d) / "lease"))
+            result.update(crash_loop_case(Path(d) / "crash-loop"))
             # the cases of issue 59's other parts come here: three notifiers on one run
-            # (POSTs per incident), a hang cleared then repeated, a crash loop
+            # (POSTs per incident), a hang cleared then repeated
         except AssertionError as exc:  # wait_for's deadline: one line
             raise SystemExit(f"bench_guard: {exc}") from None
         roots = [r for r in args.roots if r.is_dir()] + [Path(d)]
@@ -246,6 +285,7 @@ def main() -> None:
         and result["alerts_before_stop"] == 0
         and result["busy_alerts_before_stop"] == 0
         and result["lease_wait_alerts"] == 0
+        and result["crash_loop_attempts"] == 3
         and result["backtest_auto_false_alarms"] == 0
     )
     emit("bench_guard", result, args.json)

@@ -249,25 +249,93 @@ def test_the_failure_that_leaves_no_restart_is_alerted_with_each_attempts_cause(
     """An ``ilab-train --max-restarts 2`` launch whose 3 attempts all failed, the last one
     aborted as hung (its hang alert said that attempt's end): the last failure is still
     alerted, once, with every attempt's cause; a failure with restarts left is alerted
-    as itself."""
+    as itself, with what its train_end says follows."""
     ckpt = tmp_path / "run"
     hang = {"status": "failed", "error_type": "Hang", "error_message": "hang: quiet"}
     ends = [{**hang, "aborted_for": "hang"}, {"status": "failed", "error_type": "E"}, hang]
     ends[1]["error_message"], ends[2]["aborted_for"] = "boom", "hang"
+    follows = [
+        "a relaunch from the newest checkpoint follows (restart 1 of 2)",
+        "a relaunch from the newest checkpoint follows (restart 2 of 2, the last)",
+        "no relaunch follows (--max-restarts 2 used up)",
+    ]
     for restart, end in enumerate(ends):
+        end.update(restart=restart, restarts_left=2 - restart, relaunch=follows[restart])
         with JournalWriter(ckpt, resume=restart > 0) as w:
             w.append("train_begin", {"config": {"max_restarts": 2}, "restart": restart})
             w.append("train_end", end, step=3)
     proc = cli("ilab-watch", str(ckpt), "--replay", "--notify-on", "failed")
     assert proc.returncode == 0, proc.stderr
     assert [(a["attempt"], a["message"]) for a in _alerts(ckpt)] == [
-        (2, "the run failed: E: boom"),
+        (2, f"the run failed: E: boom; {follows[1]}"),
         (
             3,
-            "the run failed after 2 restart(s), none left: attempt 1: Hang: hang: quiet; "
-            "attempt 2: E: boom; attempt 3: Hang: hang: quiet",
+            "the run failed after 2 restart(s); no relaunch follows (--max-restarts 2 used up): "
+            "attempt 1: Hang: hang: quiet; attempt 2: E: boom; attempt 3: Hang: hang: quiet",
         ),
     ]
+
+
+@needs_apprise
+def test_a_killed_rank_is_named_with_its_signal_and_log_and_no_progress_ends_the_launch(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """``kill -9`` of rank 1 of a real 2-rank run, before its first save, under
+    ``--max-restarts 2 --max-no-progress-attempts 1`` and ``ILAB_NOTIFY`` (a real receiver):
+    train_end, the message sent, the journaled alert and ``status`` name rank 1, SIGKILL,
+    its log and the log's last lines (the notify URL's secrets scrubbed), never rank 0's
+    gloo error; the attempt saved nothing, so no relaunch follows: exit 4, "no progress"."""
+    run, secret = tmp_path / "run", "pw-s3cret-42"
+    (run / "logs").mkdir(parents=True, mode=0o750)
+    run.chmod(0o750)  # a line of an earlier attempt's, in the log the alert quotes
+    (run / "logs" / "rank-1.log").write_text(f"rank1 INFO posting to {secret}@127.0.0.1\n")
+    env = {
+        **train_env(step_delay=0.05),
+        "ILAB_NOTIFY": receiver.url.replace("//", f"//zq:{secret}@"),
+    }
+    argv = ["--num-epochs", "50", "--max-steps", "3000", "--max-restarts", "2"]
+    job = subprocess.Popen(
+        train_argv(run, *argv, "--max-no-progress-attempts", "1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        begin = wait_for(
+            lambda: next((r for r in records(run) if r["event"] == "train_begin"), None),
+            timeout=240,
+            what="train_begin",
+        )
+        pid = next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1)
+        wait_for(lambda: any(r["event"] == "step_end" for r in records(run)), 240, "a step")
+        psutil.Process(pid).kill()
+        _, err = job.communicate(timeout=240)
+    finally:
+        kill_tree(job.pid)
+    log = run / "logs" / "rank-1.log"
+    killed = f"rank 1 (pid {pid}) was killed by SIGKILL, the first rank to end; its log: {log}"
+    stop = "no relaunch follows: no progress, 1 attempt(s) in a row saved no new checkpoint"
+    assert job.returncode == 4 and killed in err and stop in err, err[-3000:]
+    [end] = [r["data"] for r in records(run) if r["event"] == "train_end"]
+    assert end["first_failure"] == {
+        "rank": 1,
+        "pid": pid,
+        "exitcode": -9,
+        "signal": "SIGKILL",
+        "log": "logs/rank-1.log",
+    }
+    assert (end["restarts_left"], end["reason"]) == (0, killed)
+    (msg,) = receiver.bodies
+    (alert,) = _alerts(run)
+    tail = log.read_text().splitlines()[-1]  # the killed rank's own last line
+    for said in (msg["message"], alert["message"]):
+        assert f"the run failed: WorkerExit: {killed}; {stop}" in said, said
+        assert tail in said and "posting to …@127.0.0.1" in said and secret not in said
+        assert "Connection reset" not in said and "gloo" not in said
+    assert f"evidence: {log}" in msg["message"] and alert["evidence"] == ["logs/rank-1.log"]
+    status = cli("ilab-journal", "status", str(run))
+    assert killed in status.stdout and f"evidence: {log}" in status.stdout, status.stdout
 
 
 def test_an_alert_waits_for_the_journals_holder(tmp_path: Path) -> None:

@@ -121,6 +121,7 @@ def test_a_stopped_rank_raises_a_hang_alert_with_stacks_then_is_aborted(
     assert alert["data"]["kind"] == "hang" and alert["data"]["id"] == alert_id
     said = alert["data"]["message"]  # the stuck rank, and what follows
     assert said.startswith("no step progress for ") and f"; stuck: rank 1 (pid {ranks[1]}) " in said
+    assert re.search(r" \(rank 0 waits in (all_reduce|all_gather\w*|broadcast\w*)\); ", said)
     assert said.endswith(
         "; aborting the attempt (--on-hang abort); no relaunch follows (--max-restarts 0)"
     )
@@ -313,7 +314,7 @@ def test_an_aborted_attempt_is_relaunched_and_resumes(tmp_path: Path) -> None:
     assert "restart 1 of 1" in err
     [alert] = _alerts(run)
     assert alert["data"]["message"].endswith(
-        "; a relaunch from the newest checkpoint follows (restart 1 of 1)"
+        "; a relaunch from the newest checkpoint follows (restart 1 of 1, the last)"
     )
     first, second = _ends(run)
     assert first["data"]["aborted_for"] == "hang" and second["data"]["status"] == "completed"
@@ -358,7 +359,8 @@ def test_relaunches_stay_one_run_a_watcher_follows_them_and_the_last_failure_is_
             what="the relaunch",
         )
         wait_for(lambda: seen.exists(), timeout=240, what="the relaunch's save delivered")
-        os.kill({r["rank"]: r["pid"] for r in second["data"]["ranks"]}[1], signal.SIGKILL)
+        rank1 = {r["rank"]: r["pid"] for r in second["data"]["ranks"]}[1]
+        os.kill(rank1, signal.SIGKILL)
         _, err = job.communicate(timeout=240)
         assert watch.wait(timeout=60) == 0, "".join(lines)[-3000:]
     finally:
@@ -378,12 +380,72 @@ def test_relaunches_stay_one_run_a_watcher_follows_them_and_the_last_failure_is_
     assert (hang["attempt"], hang["data"]["kind"]) == (1, "hang"), hang
     assert failed["attempt"] == 2, failed
     message = failed["data"]["message"]
-    assert message.startswith("the run failed after 1 restart(s), none left: attempt 1: ")
+    used_up = "no relaunch follows (--max-restarts 1 used up)"
+    assert message.startswith(f"the run failed after 1 restart(s); {used_up}: attempt 1: ")
     assert "attempt 1: Hang: hang: no step progress" in message, message
-    assert "; attempt 2: RuntimeError: " in message, message
+    killed = f"; attempt 2: WorkerExit: rank 1 (pid {rank1}) was killed by SIGKILL, the first"
+    assert killed in message, message
     status = json.loads(cli("ilab-journal", "status", str(run), "--json").stdout)
     assert status["alerts"] == len(alerts) and status["attempt"] == 2, status
     assert cli("ilab-journal", "check", str(run), "-e", "alerts == 0").returncode == 1
+
+
+@pytest.mark.extended
+def test_a_crash_loop_stops_after_three_attempts_without_a_new_checkpoint(tmp_path: Path) -> None:
+    """--max-restarts 5 (--max-no-progress-attempts at its default, 3): rank 1 of attempt 1
+    is killed after its first save, then rank 1 of each relaunch before it saves. Attempts
+    2 to 4 make no progress, so the launcher relaunches no more: exit 4 after 3 restarts,
+    not 5. Each failure's train_end and alert say what follows (the one before the last:
+    the last unless it saves); the last alert says "no progress" with every attempt's cause,
+    each naming the killed rank."""
+    run = tmp_path / "run"
+    argv = ["--max-steps", "3000", "--save-every", "5", "--max-restarts", "5"]
+    job = subprocess.Popen(
+        train_argv(run, *argv, "--notify-on", "failed"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=train_env(step_delay=0.05),
+    )
+    killed = []
+    try:
+        for attempt in (1, 2, 3, 4):
+            begin = wait_for(
+                lambda n=attempt: next(
+                    (r for r in records(run) if r["event"] == "train_begin" and r["attempt"] == n),
+                    None,
+                ),
+                timeout=240,
+                what=f"attempt {attempt}",
+            )
+            if attempt == 1:
+                wait_for(lambda: any(r["event"] == "save" for r in records(run)), 240, "a save")
+            killed.append(next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1))
+            os.kill(killed[-1], signal.SIGKILL)
+        _, err = job.communicate(timeout=240)
+    finally:
+        kill_tree(job.pid)
+    stop = "no relaunch follows: no progress, 3 attempt(s) in a row saved no new checkpoint"
+    assert job.returncode == 4 and f"ilab-train: training failed; {stop}" in err, err[-3000:]
+    assert [b["attempt"] for b in records(run) if b["event"] == "train_begin"] == [1, 2, 3, 4]
+    follows = "a relaunch from the newest checkpoint follows (restart {} of 5{})"
+    last = ", the last unless it saves a checkpoint (--max-no-progress-attempts 3)"
+    assert [e["data"]["relaunch"] for e in _ends(run)] == [
+        follows.format(1, ""),
+        follows.format(2, ""),
+        follows.format(3, last),
+        f"{stop} (--max-no-progress-attempts 3)",
+    ]
+    said = [a["data"]["message"] for a in _alerts(run)]
+    first = [f"rank 1 (pid {pid}) was killed by SIGKILL, the first rank to end" for pid in killed]
+    assert [m.split("\n")[0] for m in said[:3]] == [
+        f"the run failed: WorkerExit: {first[n - 1]}; its log: {run}/logs/rank-1.log; "
+        + follows.format(n, last if n == 3 else "")
+        for n in (1, 2, 3)
+    ], said
+    assert said[3].startswith(f"the run failed after 3 restart(s); {stop}"), said[3]
+    causes = re.split(r"[:;] attempt \d: ", said[3].split("\n")[0])[1:]
+    assert causes == [f"WorkerExit: {f}; its log: {run}/logs/rank-1.log" for f in first], said[3]
 
 
 @pytest.mark.extended

@@ -465,10 +465,12 @@ def test_follow_keeps_going_through_an_earlier_attempts_train_end(
 
 
 def _attempt(w: JournalWriter, restart: int, step: int, end: str = "failed") -> None:
-    """One attempt of an ``ilab-train --max-restarts 2`` launch: its ``restart``, a save."""
+    """One attempt of an ``ilab-train --max-restarts 2`` launch: its ``restart``, a save, its
+    end (a failed one says the relaunches left, as its launcher's rule counts them)."""
     w.append("train_begin", {"config": {"max_restarts": 2}, "restart": restart}, step=step)
     w.append("save", save_payload(f"/attempt/step-{step + 2}"), step=step + 2)
-    w.append("train_end", {"status": end, "reason": "boom"}, step=step + 2)
+    left = {"restart": restart, "restarts_left": 2 - restart} if end == "failed" else {}
+    w.append("train_end", {"status": end, "reason": "boom", **left}, step=step + 2)
 
 
 def test_a_failed_attempt_with_restarts_left_is_followed_while_its_launcher_holds_the_run(

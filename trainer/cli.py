@@ -70,11 +70,13 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     `ilab-watch runs/demo --on-save eval.py`.
 
     Exit codes: 0 completed or stopped, 1 failed, 2 bad options, 3 the checkpoint dir is in
-    use by another launch (the message names it), 5 interrupted, 130 Ctrl-C twice.
+    use by another launch (the message names it), 4 relaunched no more for want of
+    progress (--max-no-progress-attempts), 5 interrupted, 130 Ctrl-C twice.
     """
     from trainer.launch import RunDirBusy, TrainingFailed, run_training
     from trainer.launch.cluster_env import cluster_torchrun
     from trainer.launch.interrupts import StoppedNow
+    from trainer.launch.result import NoProgress
 
     base: dict[str, Any] = {}
     if instructlab_config is not None:
@@ -116,7 +118,7 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
         sys.exit(1)
     except TrainingFailed as exc:
         click.echo(f"ilab-train: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(4 if isinstance(exc, NoProgress) else 1)
     except StoppedNow:  # Ctrl-C twice: said in one line when it came
         sys.exit(130)
     except KeyboardInterrupt:  # before the workers started, or while ending: no traceback

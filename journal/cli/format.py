@@ -215,8 +215,8 @@ def _alert_row(count: int, a: dict[str, Any], path: Path) -> str:
     step = f" at step {a['step']}" if a.get("step") is not None else ""
     text = f"{count}, latest: {a.get('kind')}{step} ({fmt_ts(a.get('ts'))}): "
     text += error_line(str(a.get("message") or ""), 120)
-    if a.get("evidence"):
-        text += f"; evidence: {path.parent / 'alerts' / str(a.get('id'))}"
+    if evidence := [str(e) for e in a.get("evidence") or []]:  # a failure's log, a hang's dir
+        text += f"; evidence: {path.parent / (evidence[0] if len(evidence) == 1 else Path(evidence[0]).parent)}"
     targets, told = a.get("targets") or [], a.get("told")
     if told:
         text += f"; told {', '.join(told)}"

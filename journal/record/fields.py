@@ -72,6 +72,10 @@ PAYLOAD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "error_type": _STR,
         "error_message": _STR,
         "best_checkpoint": _DICT,
+        "restart": _INT,
+        "restarts_left": _INT,
+        "relaunch": _STR,
+        "first_failure": _DICT,
     },
     "control": {
         "command": _STR,

@@ -121,6 +121,16 @@ class TrainEndData(_Open):
     best_checkpoint: BestCheckpointData | None = Field(
         None, description="with keep_best: the best checkpoint at the end and its value"
     )
+    restart: int | None = Field(None, description="max_restarts: the relaunches before it")
+    restarts_left: int | None = Field(
+        None, description="max_restarts, failed: relaunches left after it (0: none follows)"
+    )
+    relaunch: str | None = Field(None, description="max_restarts, failed: what follows, in words")
+    first_failure: dict[str, Any] | None = Field(
+        None,
+        description="workers ended without train_end: the rank torchrun saw end first (rank, "
+        "pid, exitcode, signal, log); error_message then ends with its log's last lines",
+    )
 
 
 class ControlData(_Open):

@@ -117,6 +117,11 @@ def logs_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     return Path(ckpt_dir) / LOGS_DIR_NAME
 
 
+def rank_log_path(ckpt_dir: str | os.PathLike[str], rank: int) -> Path:
+    """What one rank logs (every attempt's, appended): what a failure alert quotes."""
+    return logs_dir(ckpt_dir) / f"rank-{rank}.log"
+
+
 def watch_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     """Default state directory of watchers (cursors, results, delivery logs)."""
     return Path(ckpt_dir) / WATCH_DIR_NAME

@@ -7,7 +7,6 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -192,21 +191,13 @@ def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
     return False
 
 
-def restarts_left(begin: Mapping[str, Any]) -> int:
-    """How many more times its launcher relaunches the attempt a ``train_begin`` payload
-    began, should it fail: its config's ``max_restarts`` less its ``restart`` (``ilab-train``
-    records both; a trainer that records neither is not relaunched: 0)."""
-    most, done = (begin.get("config") or {}).get("max_restarts"), begin.get("restart")
-    return max(0, most - done) if type(most) is int and type(done) is int else 0
-
-
 def relaunch_coming(path: str | os.PathLike[str]) -> bool:
-    """Whether the journal's last attempt ended ``failed`` with restarts left: its launcher
+    """Whether the journal's last attempt ended ``failed`` with restarts left, as its
+    ``train_end`` says (``restarts_left``, by its launcher's relaunch rule): its launcher
     launches it again (while it still holds the run dir)."""
-    end, begin = find_last(path, "train_end"), find_last(path, "train_begin")
-    if end is None or begin is None or end["data"].get("status") != "failed":
-        return False
-    return begin["seq"] < end["seq"] and restarts_left(begin["data"]) > 0
+    end = find_last(path, "train_end")
+    data = end["data"] if end is not None else {}
+    return data.get("status") == "failed" and (data.get("restarts_left") or 0) > 0
 
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:

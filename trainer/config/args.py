@@ -268,6 +268,12 @@ class TrainingArgs(Settings):
         description="Relaunch a failed or aborted attempt up to N times; each resumes from "
         "the run's newest checkpoint.",
     )
+    max_no_progress_attempts: int = Field(
+        3,
+        ge=1,
+        description="With --max-restarts: relaunch no more (exit 4) once this many attempts "
+        "in a row failed without saving a new checkpoint, a crash loop (docs/alerts.md).",
+    )
     # SecretStr: a webhook's token never reaches the workers' config or train_begin's
     notify: list[SecretStr] = Field(
         default_factory=list,

@@ -128,6 +128,7 @@ class RunJournal:
         self._run_id: str | None = None  # set by open()
         self.interrupted: list[str] = []  # the signal seen on this rank
         self.ended = False
+        self.saved = False  # a checkpoint saved by this attempt (a relaunch's progress)
         self.t0 = time.perf_counter()
 
     # -- opening ---------------------------------------------------------------------------
@@ -235,6 +236,7 @@ class RunJournal:
     def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
         """Append a record (the main rank; nothing elsewhere) and fold it into the best."""
         self.emitter.emit(event, data)
+        self.saved = self.saved or event == "save"
         if self.ledger is not None and event in CheckpointLedger.EVENTS:
             step = self.emitter.position.step
             self.ledger.add({"event": event, "data": data or {}, "step": step})
@@ -289,12 +291,17 @@ class RunJournal:
         )
         self.ended = True
 
-    def fail(self, exc: BaseException, reason: str | None = None) -> None:
-        """``train_end`` failed, unless the run's ``train_end`` is written already."""
+    def fail(
+        self, exc: BaseException, reason: str | None = None, facts: Mapping[str, Any] | None = None
+    ) -> None:
+        """``train_end`` failed (with ``facts``: what follows it, the launcher's relaunch),
+        unless the run's ``train_end`` is written already."""
         if self.ended:
             return
         self.ended = True
-        self.emit("train_end", {**failure_payload(exc, reason), "journal": self.cost()})
+        self.emit(
+            "train_end", {**failure_payload(exc, reason), **(facts or {}), "journal": self.cost()}
+        )
 
     def close(self) -> None:
         """Stop reading the inbox, close the writer, release the lock, then journal the

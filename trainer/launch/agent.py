@@ -9,21 +9,32 @@ beside the relaunch with its dead workers. Here a thread watches the launcher; o
 gone and the workers have ended (they watch the launcher too, and leave within
 ``ORPHAN_GRACE_S``), the agent gets ``AGENT_EXIT_S`` to leave by itself, then it is ended.
 
+Only the agent learns how each worker ended (torchrun reaps them): when they failed, it
+writes torchrun's first observed failure (its rank, pid, exit code or signal) to the file
+``FIRST_FAILURE_ENV`` names, which the launcher journals (trainer/launch/recovery.py).
+
 Run as ``python -m trainer.launch.agent <torchrun arguments>``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
+from journal.rundir.files import atomic_write
 from journal.rundir.procs import ORPHAN_GRACE_S, running_children, watch_parent
 
 AGENT_EXIT_S = 5.0  # torchrun's own shutdown, once its workers have ended
 _POLL_S = 0.2
+FIRST_FAILURE_ENV = "ILAB_FIRST_FAILURE_FILE"
 
 
 def end_when_orphaned(grace_s: float = ORPHAN_GRACE_S + AGENT_EXIT_S) -> None:
@@ -39,14 +50,36 @@ def end_when_orphaned(grace_s: float = ORPHAN_GRACE_S + AGENT_EXIT_S) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def main(run: Callable[[], object] | None = None) -> None:
-    """Run torchrun (or ``run``) with the bounded end installed."""
+def main(run: Callable[[], object] | None = None) -> NoReturn:
+    """Run torchrun (or ``run``) with the bounded end installed; exit 1 when it raised."""
     watch_parent(end_when_orphaned)
     if run is None:
         from torch.distributed.run import main as torchrun
 
         run = torchrun
-    run()
+    code = 0
+    try:
+        run()
+    except Exception as exc:
+        if hasattr(exc, "get_first_failure"):  # torchrun's ChildFailedError: workers failed
+            _write_first_failure(exc)
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: collecting torch's objects takes seconds
+
+
+def _write_first_failure(exc: Any) -> None:
+    """torchrun's first observed failure into the launcher's file (none named: nothing)."""
+    path = os.environ.get(FIRST_FAILURE_ENV)
+    if not path:
+        return
+    rank, failure = exc.get_first_failure()
+    signal_name = failure.signal_name() if failure.exitcode < 0 else None
+    data = {"rank": rank, "pid": failure.pid, "exitcode": failure.exitcode, "signal": signal_name}
+    with contextlib.suppress(OSError):  # the launcher then says what it knows without it
+        atomic_write(path, json.dumps(data).encode(), root=Path(path).parent, durable=False)
 
 
 if __name__ == "__main__":

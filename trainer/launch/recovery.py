@@ -1,6 +1,7 @@
 """A launch that goes wrong: the launcher's hang guard (``hang_after``, ``hang_action``), the
 ``train_end`` of an attempt it aborted, and relaunching failed attempts
-(``max_restarts``). docs/alerts.md, "Abort and restart".
+(``max_restarts``) until they make no progress; which rank ended first, and how, when the
+workers wrote no ``train_end``. docs/alerts.md, "Abort and restart".
 
 The guard and its rules are the watcher's (:mod:`watcher.alerts`), run here on a thread of
 the launching process, which knows its torchrun agent and outlives its workers.
@@ -8,40 +9,54 @@ the launching process, which knows its torchrun agent and outlives its workers.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
 from journal.read.cursor import Cursor
+from journal.rundir.paths import rank_log_path
 from trainer.config import ConfigError, TrainingArgs
-from trainer.launch.result import TrainingFailed, TrainingResult
+from trainer.config.worker_config import relaunch
+from trainer.launch.result import NoProgress, TrainingFailed, TrainingResult
+
+#: What a failure's alert quotes of the log of the rank that ended first, at most.
+LOG_TAIL_CHARS = 2000
 
 
 def launch_with_restarts(
-    launch: Callable[[TrainingArgs, int], TrainingResult], train_args: TrainingArgs
+    launch: Callable[[TrainingArgs, int, int], TrainingResult], train_args: TrainingArgs
 ) -> TrainingResult:
-    """``launch(train_args, restarts)``, again after a failed (or hang-aborted) attempt
-    while ``max_restarts`` allows. Each relaunch continues the run (its run id, the next
-    attempt; ``restarts`` tells the workers so) from its newest complete checkpoint by the
-    workers' own resume rule (``resume="auto"``: the step is the checkpoint's), under the run
-    lock the caller holds throughout."""
-    restarts = 0
+    """``launch(train_args, restarts, stalled)``, again after a failed (or hang-aborted)
+    attempt while the relaunch rule (:func:`trainer.config.worker_config.relaunch`)
+    allows. Each relaunch continues the run (its run id, the next attempt; ``restarts``
+    tells the workers so) from its newest complete checkpoint by the workers' own resume
+    rule (``resume="auto"``: the step is the checkpoint's), under the run lock the caller
+    holds throughout. Failed attempts that saved nothing, ``max_no_progress_attempts`` in a
+    row, end it: :class:`NoProgress`, with each attempt's cause."""
+    restarts = stalled = 0
+    causes: list[str] = []
     while True:
         try:
-            result = launch(train_args, restarts)
+            result = launch(train_args, restarts, stalled)
         except TrainingFailed as exc:
-            exc.result.restarts = restarts
-            if restarts >= train_args.max_restarts:
+            got = exc.result
+            got.restarts = restarts
+            attempt, reason = got.attempt or "?", got.reason or "unknown error"
+            causes.append(f"attempt {attempt}: {reason}")
+            after = relaunch(train_args, restarts, stalled, got.last_checkpoint is not None)
+            if not after.left and restarts < train_args.max_restarts:  # no progress
+                why = f"{after.says}: {'; '.join(causes)} (log: {got.log_path})"
+                raise NoProgress(f"training failed; {why}", got) from None
+            if not after.left:
                 raise
-            restarts += 1
+            restarts, stalled = restarts + 1, after.stalled
             print(
-                f"ilab-train: attempt {exc.result.attempt or '?'} ended "
-                f"{exc.result.status}: {exc.result.reason or 'unknown error'}; relaunching "
-                f"from the newest checkpoint (restart {restarts} of {train_args.max_restarts})",
+                f"ilab-train: attempt {attempt} ended {got.status}: {reason}; {after.says}",
                 file=sys.stderr,
             )
             train_args = train_args.model_copy(update={"resume": "auto"})
@@ -89,13 +104,18 @@ def open_launch_alerts(train_args: TrainingArgs, ckpt_dir: Path) -> Any:
 
 
 def start_guard(
-    train_args: TrainingArgs, ckpt_dir: Path, start_offset: int, sink: Any = None, restarts: int = 0
+    train_args: TrainingArgs,
+    ckpt_dir: Path,
+    start_offset: int,
+    sink: Any = None,
+    restarts: int = 0,
+    stalled: int = 0,
 ) -> Any:
     """The launcher's hang guard over this launch's records (from ``start_offset``),
     started; None without ``hang_after`` (or without a journal to read). Its alerts go to
     ``sink`` (``notify``'s, which the caller closes), else to a sink of its own that only
-    journals them; a hang alert says whether a relaunch follows (``restarts``: those
-    made before this launch)."""
+    journals them; a hang alert says what follows by the relaunch rule (``restarts`` and
+    ``stalled``: this launch's, as :func:`launch_with_restarts` counts them)."""
     if train_args.hang_after is None or train_args.journal_detail == "off":
         return None
     from watcher.alerts.guard import Guard, GuardOptions
@@ -104,14 +124,10 @@ def start_guard(
 
     if sink is None:
         sink = AlertDispatcher(ckpt_dir, run_label=str(ckpt_dir), source="run_training")
-    most = train_args.max_restarts
-    relaunch = f"no relaunch follows (--max-restarts {most}{' used up' if most else ''})"
-    if restarts < most:
-        relaunch = (
-            f"a relaunch from the newest checkpoint follows (restart {restarts + 1} of {most})"
-        )
     options = GuardOptions(
-        HangRule.parse(train_args.hang_after), train_args.hang_action, relaunch=relaunch
+        HangRule.parse(train_args.hang_after),
+        train_args.hang_action,
+        relaunch=lambda saved: relaunch(train_args, restarts, stalled, saved).says,
     )
     guard = Guard(
         ckpt_dir,
@@ -133,6 +149,45 @@ def abort_marker(ckpt_dir: Path, begin: Mapping[str, Any] | None) -> dict[str, A
     from watcher.alerts.guard import find_abort
 
     return find_abort(ckpt_dir, begin["run_id"], begin["attempt"])
+
+
+def first_failure(ckpt_dir: Path, found: Path, targets: Sequence[Any]) -> dict[str, Any]:
+    """The ``train_end`` fields of workers that ended without one, when torchrun's agent
+    wrote which rank it saw end first (``found``, trainer/launch/agent.py): that rank, how
+    it ended (a signal or an exit code) and its log, whose last lines follow the first
+    line of ``error_message`` (indented, scrubbed of ``targets``' secrets as alerts are,
+    at most :data:`LOG_TAIL_CHARS`); {} without."""
+    try:
+        first = json.loads(found.read_text())
+        rank, pid, code = first["rank"], first["pid"], int(first["exitcode"])
+        log = rank_log_path(ckpt_dir, int(rank))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    how = f"was killed by {first.get('signal')}" if code < 0 else f"exited with code {code}"
+    reason = f"rank {rank} (pid {pid}) {how}, the first rank to end; its log: {log}"
+    tail = _last_lines(log, targets)
+    first["log"] = str(log.relative_to(ckpt_dir))
+    return {"reason": reason, "error_message": f"{reason}\n{tail}".rstrip(), "first_failure": first}
+
+
+def _last_lines(log: Path, targets: Sequence[Any], limit: int = LOG_TAIL_CHARS) -> str:
+    """The last lines of ``log`` in at most ``limit`` characters, each indented, without
+    any secret of ``targets``' URLs ('' when it cannot be read; never through a link)."""
+    from watcher.alerts.notify import scrub
+    from watcher.hooks.command import read_tail
+
+    try:
+        with open(os.open(log, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            text = scrub(read_tail(f, 4 * limit).data.decode(errors="replace"), targets)
+    except OSError:
+        return ""
+    lines, size = [], 0
+    for line in reversed(text.splitlines()):
+        size += len(line) + 3  # its indent and newline
+        if size > limit:
+            break
+        lines.append(f"  {line}")
+    return "\n".join(reversed(lines))
 
 
 def hang_end(marker: dict[str, Any], rc: int) -> dict[str, Any]:

@@ -19,6 +19,12 @@ class TrainingFailed(RuntimeError):
         self.result = result
 
 
+class NoProgress(TrainingFailed):
+    """``max_no_progress_attempts`` failed attempts in a row saved no new checkpoint: a crash
+    loop, relaunched no more (``ilab-train`` exits 4); the message gives each attempt's
+    cause."""
+
+
 @dataclass
 class TrainingResult:
     status: str  # completed | stopped | failed | interrupted

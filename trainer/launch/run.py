@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from functools import partial
-from itertools import count
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +32,7 @@ from journal.rundir.safety import APPEND, UnsafeRunDir, check_run_dir, make_dir,
 from journal.store import guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
+from trainer.launch.agent import FIRST_FAILURE_ENV
 from trainer.launch.cluster_env import torchrun_command, torchrun_env
 from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
@@ -40,6 +40,7 @@ from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight, resolve_backend, visible_gpus
 from trainer.launch.recovery import (
     abort_marker,
+    first_failure,
     hang_end,
     launch_with_restarts,
     open_launch_alerts,
@@ -86,11 +87,11 @@ def _checkpoint_dir_errors(ckpt_dir: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def worker_config(
-    args: TrainingArgs, progress: Path | None = None, restart: int = 0
+    args: TrainingArgs, progress: Path | None = None, restart: int = 0, stalled: int = 0
 ) -> WorkerConfig:
     """The workers' config: the plain-data args plus the callbacks' names (the callbacks
     themselves stay in this process), the paced callbacks' progress file, and the
-    launcher's relaunches so far."""
+    launcher's relaunches so far (``stalled``: the last of them that saved nothing)."""
     named = {f"on_{k}": [callable_name(cb) for cb in v] for k, v in args.hooks().items()}
     if args.callbacks:
         named["callbacks"] = [callable_name(cb) for cb in args.callbacks]
@@ -101,6 +102,7 @@ def worker_config(
         callbacks_named=named,
         callback_progress=str(progress) if progress else None,
         restart=restart,
+        stalled=stalled,
     )
 
 
@@ -204,7 +206,7 @@ def run_training(
 
             converted = convert_gguf(Path(model_path), ckpt_dir / "model")
             train_args = train_args.model_copy(update={"model_path": converted})
-        launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env, launches=count())
+        launch = partial(_launch, t=t, ckpt_dir=ckpt_dir, echo=echo, env=env)
         return launch_with_restarts(launch, train_args)
     finally:
         if run_lock is not None:  # a launch refused before it wrote anything leaves nothing
@@ -240,22 +242,22 @@ def _busy_message(ckpt_dir: Path) -> str:
 def _launch(
     train_args: TrainingArgs,
     restart: int,
+    stalled: int,
     t: TorchrunArgs,
     ckpt_dir: Path,
     *,
     echo: bool,
     env: dict[str, str] | None,
-    launches: Iterator[int],
 ) -> TrainingResult:
-    restarts = next(launches)  # the nth launch follows n restarts: its guard says what follows
     alerting = open_launch_alerts(train_args, ckpt_dir)  # a bad target: refused here
     logs = logs_dir(ckpt_dir)  # the workers read their config from here: ours alone
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg_path = logs / f"worker-config-{stamp}-{os.getpid()}.json"
     train_args, progress = _foreign_callbacks(train_args, ckpt_dir, t.node_rank)
-    cfg = worker_config(train_args, progress.path if progress else None, restart)
+    cfg = worker_config(train_args, progress.path if progress else None, restart, stalled)
     atomic_write(cfg_path, cfg.model_dump_json().encode(), root=ckpt_dir)
     log_path = logs / f"launch-{stamp}-{os.getpid()}.log"
+    first_path = log_path.with_suffix(".first-failure.json")  # which rank ended first: the agent's
     journal = journal_path(ckpt_dir)
     before = journal.stat() if journal.exists() else None
     start_offset = before.st_size if before else 0
@@ -291,6 +293,7 @@ def _launch(
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
     proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
+    proc_env[FIRST_FAILURE_ENV] = str(first_path)
     # NCCL keeps a flight recorder a hang alert can dump; gloo only warns about its variable
     gpus = visible_gpus(proc_env) if train_args.backend == "auto" else 0
     if resolve_backend(train_args.backend, gpus) == "nccl":
@@ -298,7 +301,8 @@ def _launch(
 
         proc_env.update(flight_recorder_env(ckpt_dir, proc_env))
     # each node guards its ranks
-    guard = start_guard(train_args, ckpt_dir, start_offset, alerting and alerting.sink, restarts)
+    sink = alerting and alerting.sink
+    guard = start_guard(train_args, ckpt_dir, start_offset, sink, restart, stalled)
     try:
         with open(open_no_follow(log_path, APPEND, root=ckpt_dir), "ab") as log_file:
             proc = subprocess.Popen(
@@ -334,19 +338,25 @@ def _launch(
     end: Mapping[str, Any] | None = next(
         (r for r in reversed(records) if r["event"] == "train_end"), None
     )
+    last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
     if end is None and train_args.journal_detail != "off":
-        # The workers are gone and wrote no train_end (killed, OOM, ...). They were the only
-        # writer; now that they have exited, record the ending so watchers and status see it.
+        # The workers are gone and wrote no train_end (killed, OOM, a collective that failed
+        # when another rank ended). They were the only writer; now that they have exited,
+        # record the ending so watchers and status see it: the rank torchrun saw end first.
         # A hang guard (ours or an ilab-watch's) that aborted them left a marker: a hang.
         begin = next((r for r in reversed(records) if r["event"] == "train_begin"), None)
         hang = abort_marker(ckpt_dir, begin)
-        end = _write_fallback_end(ckpt_dir, rc, log_path, interrupted=stopped_now, hang=hang)
+        facts = cfg.relaunch_facts(last_save is not None)
+        if hang is None:
+            facts |= first_failure(ckpt_dir, first_path, sink.targets if sink else [])
+        end = _write_fallback_end(
+            ckpt_dir, rc, log_path, interrupted=stopped_now, hang=hang, facts=facts
+        )
     callbacks = watcher.finish(train_args.callback_grace_s) if watcher is not None else []
     if alerting is not None:  # the rules saw train_end: what they raised is sent, or given up
         alerting.close()
     data = end["data"] if end is not None else {}
     last_log = next((r for r in reversed(records) if r["event"] == "log"), None)
-    last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
     result = TrainingResult(
         status=data.get("status", "completed" if rc == 0 else "failed"),
         reason=data.get("reason"),
@@ -377,11 +387,13 @@ def _write_fallback_end(
     *,
     interrupted: bool = False,
     hang: dict[str, Any] | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> Mapping[str, Any]:
     """Close the workers' attempt with a ``train_end`` (they exited without one) and return
     the record as read back (``interrupted``: Ctrl-C twice ended them; ``hang``: the hang
-    guard's abort marker, the attempt was aborted as hung), or, when it could not be
-    written, its event, seq and payload (no envelope)."""
+    guard's abort marker, the attempt was aborted as hung; ``facts``: a failure's, which
+    rank ended first and what follows), or, when it could not be written, its event, seq
+    and payload (no envelope)."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
     signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
     status = "interrupted" if interrupted or signalled else "failed"
@@ -396,6 +408,8 @@ def _write_fallback_end(
     }
     if hang is not None and not interrupted:  # the hang guard aborted them
         payload = hang_end(hang, rc)
+    if payload["status"] == "failed":
+        payload.update(facts or {})
     seq = None
     try:
         with guest(ckpt_dir, role="launcher", timeout=10) as w:

@@ -22,8 +22,15 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from journal.rundir.lock import JournalLocked
-from journal.rundir.paths import logs_dir
-from journal.rundir.procs import ORPHAN_GRACE_S, boot_id, die_with_parent, start_time, watch_parent
+from journal.rundir.paths import rank_log_path
+from journal.rundir.procs import (
+    LAUNCHER_PID_ENV,
+    ORPHAN_GRACE_S,
+    boot_id,
+    die_with_parent,
+    start_time,
+    watch_parent,
+)
 from journal.rundir.safety import APPEND, UnsafeRunDir, open_no_follow
 from trainer.checkpoint.async_save import CheckpointWriteError
 from trainer.checkpoint.fit import CheckpointMismatch
@@ -36,6 +43,7 @@ from trainer.rank.startup import Built, build_run, peak_rss_mb
 
 log = logging.getLogger("trainer")
 FULL_DISK_BYTES = 1 << 20  # less free space than this after a failure: the disk is full
+PEER_WAIT_S = 5.0  # a rank whose collective failed waits this long for torchrun's SIGTERM
 
 
 def _setup_logging(ckpt_dir: Path, rank: int) -> None:
@@ -47,7 +55,7 @@ def _setup_logging(ckpt_dir: Path, rank: int) -> None:
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line
     root.handlers[:] = [sh]
     try:  # never through a symlink planted in logs/: said once, the run goes on
-        fd = open_no_follow(logs_dir(ckpt_dir) / f"rank-{rank}.log", APPEND, root=ckpt_dir)
+        fd = open_no_follow(rank_log_path(ckpt_dir, rank), APPEND, root=ckpt_dir)
     except UnsafeRunDir as exc:
         return log.warning("no log file: %s", exc)
     fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
@@ -127,6 +135,16 @@ def run_worker(cfg: WorkerConfig) -> int:
         )
         return 0
     except BaseException as exc:
+        if _collective_failed(exc) and os.environ.get(LAUNCHER_PID_ENV):
+            # Most often another rank ended first (killed, out of memory, its own error):
+            # only torchrun learns which and how, and the launcher journals the ending
+            # from it (trainer/launch/recovery.py). Torchrun's SIGTERM comes once it saw a
+            # rank end: waiting for it, this rank is never taken for the first.
+            log.exception("a collective failed: the launcher names the rank that ended first")
+            deadline = time.monotonic() + PEER_WAIT_S
+            while not journal.interrupted and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return 1
         why = None
         if isinstance(exc, DataError):
             log.error("data error: %s", exc)
@@ -138,7 +156,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             log.error("training failed: %s", why)
         else:
             log.exception("training failed")
-        journal.fail(exc, why)
+        journal.fail(exc, why, cfg.relaunch_facts(journal.saved))
         return 1
     finally:
         journal.close()
@@ -179,6 +197,12 @@ def _rank_processes(rank: int, local_rank: int, world: int) -> list[dict[str, An
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
     return [g for g in gathered if isinstance(g, dict)]
+
+
+def _collective_failed(exc: BaseException) -> bool:
+    """Whether a process group's collective failed: torch.distributed's errors (NCCL's, the
+    store's, the network's) or gloo's, whose message names its source file."""
+    return isinstance(exc, dist.DistError) or "/gloo/" in str(exc)
 
 
 def _disk_full(exc: BaseException, ckpt_dir: Path) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from journal.rundir.files import atomic_write
 from journal.rundir.paths import logs_dir
 from journal.rundir.safety import FIFO, UnsafeRunDir, open_no_follow
-from watcher.alerts.processes import Proc, ProcessView
+from watcher.alerts.processes import GONE, STATES, Proc, ProcessView
 
 #: Seconds one ``py-spy dump`` may take (it pauses the process meanwhile).
 PYSPY_TIMEOUT_S = 20.0
@@ -64,6 +65,7 @@ class Evidence:
 
     files: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)  # rank -> its py-spy dump
 
 
 def _py_spy_error(text: str) -> str:
@@ -143,8 +145,9 @@ def stacks(run_dir: Path, where: Path, view: ProcessView, ev: Evidence) -> None:
         outs = {p.pid: where / f"rank-{p.rank}.txt" for p in local}
         results = list(pool.map(lambda p: (p, _dump_stack(exe, p, outs[p.pid])), local))
     for p, why in results:
-        if why is None:
+        if why is None and p.rank is not None:
             ev.files.append(str(outs[p.pid].relative_to(run_dir)))
+            ev.stacks[p.rank] = outs[p.pid].read_text(encoding="utf-8", errors="replace")
         else:
             ev.missing.append(f"stack of rank {p.rank} (pid {p.pid}) not captured: {why}")
 
@@ -219,3 +222,24 @@ def collect(
     if nccl:
         flight_recorder(run_dir, where, view, ev)
     return ev
+
+
+def stuck(view: ProcessView, stacks: dict[int, str]) -> str:
+    """The local ranks a hang is about, in words, and why: stopped, in uninterruptible
+    wait, zombie or gone (``/proc``), or, by their stacks (``stacks``: rank -> py-spy
+    dump), with a main thread outside any torch.distributed call. A rank whose main thread
+    is in one waits in a collective for those: it is named as waiting, not stuck."""
+    odd, waiting = [], []
+    for p in view.ranks():
+        frame = re.search(r'"MainThread"\n\s+(\S.*)', stacks.get(p.rank or 0, ""))
+        state = f"rank {p.rank} (pid {p.pid}) {STATES.get(p.state or '', p.state)}"
+        if p.local and p.state in ("T", "t", "D", "Z", "X", GONE):
+            odd.append(state)
+        elif frame and "(torch/distributed/" in frame[1]:
+            waiting.append(f"rank {p.rank} waits in {frame[1].split(' (')[0]}")
+        elif frame:
+            odd.append(f"{state} outside any collective, in {frame[1]}")
+    waits = f" ({', '.join(waiting)})" if waiting else ""
+    if odd:
+        return f"stuck: {'; '.join(odd)}{waits}"
+    return f"no rank here is stopped, gone or outside a collective{waits}: see the stacks"

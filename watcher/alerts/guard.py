@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +36,7 @@ from journal.rundir.procs import start_time, stat_fields
 from journal.views.query import find_last
 from watcher.alerts.alert import Alert, AlertSink, evidence_dir, new_alert_id
 from watcher.alerts.died import check_died
-from watcher.alerts.evidence import collect
+from watcher.alerts.evidence import collect, stuck
 from watcher.alerts.hang import AttemptTracker, HangFinding, HangRule, check
 from watcher.alerts.processes import Proc, ProcessView
 
@@ -56,13 +57,13 @@ ABORT_FILE = "abort.json"
 class GuardOptions:
     """``hang``: the rule (None: no hang detection); ``on_hang``: what a hang does;
     ``deaths``: report attempts whose processes are all gone without a ``train_end``;
-    ``relaunch``: what the launcher does once the attempt failed, as a hang alert says it
-    (None: not known here, an ``ilab-watch``)."""
+    ``relaunch``: what the launcher does once the attempt failed, as a hang alert says it,
+    given whether the attempt saved a checkpoint (None: not known here, an ``ilab-watch``)."""
 
     hang: HangRule | None = None
     on_hang: OnHang = "report"
     deaths: bool = False
-    relaunch: str | None = None
+    relaunch: Callable[[bool], str] | None = None
     tick_s: float = TICK_S
     term_grace_s: float = TERM_GRACE_S
 
@@ -100,6 +101,7 @@ class Guard:
         self.view = ProcessView()
         self.raised: set[tuple[Any, ...]] = set()
         self.launcher_seen = False
+        self.saved = False  # the current attempt saved a checkpoint (what follows a hang)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -154,6 +156,9 @@ class Guard:
             batch = self.reader.read(max_bytes=8 << 20)
             for rec in batch.records:
                 self.tracker.observe(rec)
+                self.saved = rec["event"] == "save" or (
+                    self.saved and rec["event"] != "train_begin"
+                )
                 if rec["event"] == "train_begin":
                     self.view.set_attempt(self.tracker.begin, dict(self.launcher_pids or {}))
                     if self.launcher_pids is None:
@@ -188,10 +193,12 @@ class Guard:
         nccl = begin.get("backend") == "nccl" and begin.get("device_type") == "cuda"
         ev = collect(self.dir, where, self.view, summary=found.message, nccl=nccl)
         why_not = self._unverified(found) if abort else None
-        ending, follows = abort and why_not is None, self.options.relaunch  # what comes next
+        ending, relaunch = abort and why_not is None, self.options.relaunch  # what comes next
+        follows = relaunch(self.saved) if relaunch else None
         done = "aborting the attempt" if ending else f"not aborted: {why_not}"
         done = done if abort else "left as it is"
-        message = f"{found.message}; {self.view.stuck()}; {done} (--on-hang {self.options.on_hang})"
+        said = stuck(self.view, {} if nccl else ev.stacks)  # NCCL waits in CUDA, not in its calls
+        message = f"{found.message}; {said}; {done} (--on-hang {self.options.on_hang})"
         wait = "" if ending else "once its collectives time out (--pg-timeout): "
         message += f"; {wait}{follows}" if follows else ""
         alert = Alert(

@@ -140,6 +140,12 @@ def _redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+def scrub(text: str, targets: Iterable[Target]) -> str:
+    """``text`` (a log's lines an alert quotes) without any secret part of the targets'
+    URLs: the scrubbing every line of apprise's goes through."""
+    return _redact(text, sorted({s for t in targets for s in t.secrets}, key=len, reverse=True))
+
+
 def _why(lines: list[tuple[int, str]]) -> str:
     """The cause of a failed send from apprise's log: an OS error (``[Errno 111]
     Connection refused``), an HTTP status, else its last warning."""

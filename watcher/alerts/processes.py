@@ -168,18 +168,6 @@ class ProcessView:
             (p for p in self.procs.values() if p.rank is not None), key=lambda p: p.rank or 0
         )
 
-    def stuck(self) -> str:
-        """The local ranks a hang is about by their state, in words: stopped, in
-        uninterruptible wait, zombie or gone (the others wait for them in a collective)."""
-        odd = [
-            f"rank {p.rank} (pid {p.pid}) {STATES.get(p.state or '', p.state)}"
-            for p in self.ranks()
-            if p.local and p.state in ("T", "t", "D", "Z", "X", GONE)
-        ]
-        return (
-            f"stuck: {', '.join(odd)}" if odd else "no rank here is stopped or gone: see the stacks"
-        )
-
     def describe(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
         order = sorted(self.procs.values(), key=lambda p: (p.rank is not None, p.rank or 0, p.pid))

@@ -6,10 +6,12 @@ on a queue of its own (a slow target never holds other hooks back: the rules onl
 alerts to their sink, which returns at once). It reads every record (none coalesced away),
 so a NaN loss between two log records is never missed.
 
-- ``failed``: a ``train_end`` with status ``failed`` (its error in one line), unless the
-  guard's ``hang`` or ``died`` alert of that attempt said it first. The last failure of a
-  launch that relaunched its run (``max_restarts``) and has no restart left is always said,
-  with each of the launch's attempts' causes.
+- ``failed``: a ``train_end`` with status ``failed`` (its error in one line, what follows
+  it as its launcher's relaunch rule says, and for workers that ended without one, the
+  last lines of the log of the rank that ended first: the log is its evidence), unless
+  the guard's ``hang`` or ``died`` alert of that attempt said it first. The last failure
+  of a launch that relaunched its run (``max_restarts``) and relaunches it no more is
+  always said, with each of the launch's attempts' causes.
 - ``stopped``: a ``train_end`` with status ``stopped``, naming who stopped it (``status``'s
   ``stop_source`` and the command's sender).
 - ``diverged``: the :class:`~watcher.builtin.steering.DivergenceDetector` fired on a ``log``
@@ -41,7 +43,6 @@ from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
 from journal.record.record import Record
 from journal.rundir.paths import resolve_journal
-from journal.views.query import restarts_left
 from watcher.alerts.alert import Alert, AlertSink
 from watcher.builtin.steering import DivergenceDetector
 from watcher.hooks.callbacks import Event
@@ -94,7 +95,6 @@ class AlertRules:
         self._warned_metrics: set[str] = set()
         self._reason = ""  # the detector's last reason (a divergence found in the history)
         self._begun: tuple[Any, Any] | None = None  # (run id, attempt) of the last train_begin
-        self._begin: dict[str, Any] = {}  # its payload
         self._causes: list[tuple[Any, str]] = []  # (attempt, error) per failure of a launch
 
     # -- the callback object's hooks ------------------------------------------------------
@@ -162,12 +162,12 @@ class AlertRules:
         if event == "train_begin":
             begun = (rec.get("run_id"), rec.get("attempt"))
             if begun != self._begun:  # a new attempt: its own losses judge it
-                self._begun, self._begin = begun, data
+                self._begun = begun
                 self.detector.reset()
-                if not data.get("restart"):  # a launch's first attempt
-                    self._causes = []
         self.folder.add_batch([rec])
         if event == "train_end" and data.get("status") == "failed":
+            if not data.get("restart"):  # a launch's first attempt (or one never relaunched)
+                self._causes = []
             error = self.folder.fold.summary().error or data.get("reason") or "no error recorded"
             self._causes.append((rec.get("attempt"), _one_line(str(error))))
 
@@ -196,17 +196,21 @@ class AlertRules:
         status = data.get("status")
         if status not in ("failed", "stopped", "completed") or status not in self.kinds:
             return
-        restarts = self._begin.get("restart")
-        gave_up = status == "failed" and bool(restarts) and not restarts_left(self._begin)
+        restarts, follows = data.get("restart"), data.get("relaunch")  # the launcher's rule
+        gave_up = status == "failed" and bool(restarts) and data.get("restarts_left") == 0
         if status == "failed" and not gave_up and self._said_already(rec, data):
             return
+        first = data.get("first_failure")  # the rank that ended first: its log's last lines
+        log = first.get("log") if status == "failed" and isinstance(first, dict) else None
+        quoted = isinstance(log, str)
         if gave_up:
             causes = "; ".join(f"attempt {a}: {error}" for a, error in self._causes)
-            message = f"the run failed after {restarts} restart(s), none left: {causes}"
+            message = f"the run failed after {restarts} restart(s); {follows}: {causes}"
         elif status == "failed":
             message = f"the run failed: {self._causes[-1][1]}"
-            if data.get("written_by") == "launcher":
+            if data.get("written_by") == "launcher" and not quoted:
                 message += " (its workers wrote no train_end: the launcher did)"
+            message += f"; {follows}" if follows else ""
         elif status == "stopped":
             summary = self.folder.fold.summary()
             who = summary.stop_source or "unknown"
@@ -219,7 +223,10 @@ class AlertRules:
             message = f"the run completed at step {rec['step']}"
             if data.get("final_checkpoint"):
                 message += f"; final checkpoint {data['final_checkpoint']}"
-        self._raise(str(status), rec, message)
+        if quoted:
+            lines = str(data.get("error_message") or "").partition("\n")[2]
+            message = f"{message}\n{lines}".rstrip()
+        self._raise(str(status), rec, message, (log,) if isinstance(log, str) else ())
 
     def _said_already(self, rec: Record, data: dict[str, Any]) -> bool:
         """A failed end the guard's alert said first: an attempt it aborted as hung, or one
@@ -256,10 +263,9 @@ class AlertRules:
             )
             self.sink.raise_alert(alert)
 
-    def _raise(self, kind: Any, rec: Record, message: str) -> None:
-        self.sink.raise_alert(
-            Alert(kind=kind, message=message, step=rec["step"], attempt=rec["attempt"])
-        )
+    def _raise(self, kind: Any, rec: Record, message: str, evidence: tuple[str, ...] = ()) -> None:
+        step, attempt = rec["step"], rec["attempt"]
+        self.sink.raise_alert(Alert(kind, message, step, attempt, evidence=evidence))
 
     def _warn_unknown_metrics(self) -> None:
         """At the run's end: a ``--notify-when`` metric it never had is likely a typo (one
