@@ -23,8 +23,8 @@ so a NaN loss between two log records is never missed.
   attempt's ``train_end`` and before the next attempt's ``train_begin``, so every attempt
   is judged on its own however a replay batches them.
 
-One alert per condition per attempt: the sink drops repeats (journal/channels/alerts.py
-says how it knows). On a restart the records before the watcher's cursor only rebuild
+One alert per condition per attempt: the sink drops repeats (their identities are claimed
+in the run's ledger, journal/rundir/ledger.py, by whichever process raised them first). On a restart the records before the watcher's cursor only rebuild
 state; the last attempt's state is then judged once, so an alert the previous watcher
 never raised is raised now and one it raised is not raised again.
 """
@@ -39,6 +39,7 @@ from typing import Any
 from journal.ask.expect import Expectation
 from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
+from journal.rundir.ledger import claims
 from journal.rundir.paths import resolve_journal
 from journal.views.query import restarts_left
 from watcher.alerts.alert import Alert, AlertSink
@@ -48,8 +49,18 @@ from watcher.hooks.callbacks import Event
 log = logging.getLogger("watcher")
 
 #: The kinds ``--notify-on`` chooses from, and those on by default (all but completed: a
-#: run that ends well is news only to whoever asks for it).
-NOTIFY_KINDS: tuple[str, ...] = ("hang", "died", "failed", "diverged", "stopped", "completed")
+#: run that ends well is news only to whoever asks for it). ``recovered`` (a hang cleared)
+#: and ``guard_stopped`` are raised by the guard: without them, journaled but not told.
+NOTIFY_KINDS: tuple[str, ...] = (
+    "hang",
+    "recovered",
+    "died",
+    "failed",
+    "diverged",
+    "stopped",
+    "completed",
+    "guard_stopped",
+)
 DEFAULT_KINDS: frozenset[str] = frozenset(NOTIFY_KINDS) - {"completed"}
 #: What the rules read without ``--notify-when`` (with it: every event, for its facts).
 _RULE_EVENTS = ("train_begin", "log", "evaluate", "report", "control", "train_end", "alert")
@@ -225,10 +236,12 @@ class AlertRules:
         whose processes it found dead (the launcher's ``train_end`` follows its alert)."""
         if data.get("aborted_for") == "hang":
             return True
-        attempt = rec.get("attempt")
-        # journaled, or raised by this watcher and not journaled yet (its file waits)
-        seen = [*self.folder.fold.alerts, *getattr(self.sink, "raised", ())]
-        return any(a.kind in ("hang", "died") and a.attempt == attempt for a in seen)
+        attempt, run_dir = rec.get("attempt"), self.folder.fold.run_dir
+        # claimed by any guard (journaled or not yet), or journaled by an older one
+        seen: list[tuple[Any, Any]] = [(a.kind, a.attempt) for a in self.folder.fold.alerts]
+        if run_dir is not None:
+            seen += [(c.get("alert"), c.get("attempt")) for c in claims(run_dir, rec.get("run_id"))]
+        return any(kind in ("hang", "died") and at == attempt for kind, at in seen)
 
     def _conditions(self) -> None:
         if not self.conditions or self._begun is None:
@@ -252,13 +265,13 @@ class AlertRules:
                 step=summary.last_step,
                 attempt=summary.attempt,
                 condition=cond.text,
+                run_id=summary.run_id,
             )
             self.sink.raise_alert(alert)
 
     def _raise(self, kind: Any, rec: dict[str, Any], message: str) -> None:
-        self.sink.raise_alert(
-            Alert(kind=kind, message=message, step=rec.get("step"), attempt=rec.get("attempt"))
-        )
+        at = rec.get
+        self.sink.raise_alert(Alert(kind, message, at("step"), at("attempt"), run_id=at("run_id")))
 
     def _warn_unknown_metrics(self) -> None:
         """At the run's end: a ``--notify-when`` metric it never had is likely a typo (one
