@@ -152,18 +152,19 @@ def test_bad_settings_are_clear_errors(kind: str, spec: str, message: str) -> No
 
 
 def test_ilab_watch_early_stopping_keeps_patience_across_restarts(ckpt: Path) -> None:
-    w = JournalWriter(ckpt)
+    w = JournalWriter(ckpt)  # open: the run is live, so a stop is for an attempt to apply
     for i, v in enumerate([1.0, 0.8, 0.85]):
         w.append(
             "evaluate", {"val_loss": v, "val_num_tokens": 10, "duration": 0.1}, step=(i + 1) * 10
         )
-    args = ("--early-stopping", "metric=val_loss,patience=2", "--name", "es", "--poll", "0.05")
-    first = cli("ilab-watch", str(ckpt), "--replay", *args)
+    w.flush()
+    args = ("--replay", "--early-stopping", "metric=val_loss,patience=2", "--name", "es")
+    first = cli("ilab-watch", str(ckpt), *args)
     assert first.returncode == 0 and not (ckpt / "control").exists()  # one bad eval: no action yet
     w.append("evaluate", {"val_loss": 0.9, "val_num_tokens": 10, "duration": 0.1}, step=40)
-    w.append("train_end", {"status": "completed"}, step=40)
-    w.close()
+    w.flush()
     second = cli("ilab-watch", str(ckpt), *args)  # a new process, same cursor name
+    w.close()
     assert second.returncode == 0, second.stderr
     cmds = [json.loads(p.read_text()) for p in (ckpt / "control").glob("*.json")]
     assert (

@@ -383,8 +383,13 @@ def test_class_callback_from_a_file_with_control(ckpt: Path, tmp_path: Path) -> 
                     return Control.stop("two saves are enough")
     """)
     )
-    write_run(ckpt, steps=6, save_every=2)
-    proc = watch(str(ckpt), "--replay", "--callback", f"{mod}:StopOnSecondSave")
+    write_run(ckpt, steps=6, save_every=2, end=None)
+    launcher = RunLock(ckpt)  # its launcher holds the run: the stop is for an attempt to apply
+    launcher.acquire(timeout=5)
+    try:
+        proc = watch(str(ckpt), "--replay", "--callback", f"{mod}:StopOnSecondSave")
+    finally:
+        launcher.release()
     assert proc.returncode == 0, proc.stderr
     assert len((tmp_path / "seen.txt").read_text().splitlines()) == 3
     cmds = [orjson.loads(p.read_bytes()) for p in (ckpt / "control").glob("*.json")]

@@ -60,13 +60,13 @@ def follow_journal(
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
     folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
+    reader = follow_store(path, folded.cursor)  # holds the file now: a rotation loses nothing
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:
             emit(rec)
     sys.stdout.flush()
     summ, died = folded.fold.summarizer, list[str]()
     shown = {a.id for a in folded.fold.alerts}  # journaled: a raised one is said once
-    reader = follow_store(path, folded.cursor)
     batches = _batches(reader, summ, interval, path.parent, died, shown)
     if as_json or not sys.stdout.isatty():
         for records in batches:
