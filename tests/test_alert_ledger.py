@@ -32,25 +32,28 @@ from tests.helpers import (
 from tests.receiver import Receiver
 from tests.test_alerts_notify import needs_apprise
 from tests.test_guard import _as_rank, _quiet_run, _sleeps
+from watcher.alerts.processes import this_host
 
 #: A long demo run: it is stopped long before its end.
 LONG = ("--num-epochs", "50", "--max-steps", "3000")
 
 
-def _watch(run: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """``ilab-watch RUN ARGS...`` started, once it follows; its stderr lines as they come."""
+def _watch(run: Path, *args: str, wait: bool = True) -> tuple[subprocess.Popen[str], list[str]]:
+    """``ilab-watch RUN ARGS...`` started (``wait``: once it follows); its stderr lines as
+    they come."""
     proc = subprocess.Popen(
         [str(BIN / "ilab-watch"), str(run), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=train_env(),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     lines: list[str] = []
     threading.Thread(
         target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True
     ).start()  # type: ignore[union-attr]
-    wait_for(lambda: any("hook(s) on" in x for x in lines), timeout=60, what="the watcher")
+    if wait:
+        wait_for(lambda: any("hook(s) on" in x for x in lines), timeout=60, what="the watcher")
     return proc, lines
 
 
@@ -79,6 +82,71 @@ def _ranks(run: Path) -> dict[int, int]:
         what="train_begin",
     )
     return {r["rank"]: r["pid"] for r in begin["data"]["ranks"]}
+
+
+@needs_apprise
+def test_a_hang_two_guards_see_pages_once_shows_while_it_lasts_and_its_recovery_is_told(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Two ilab-watch --hang-after 3 --notify beside a run whose writer holds its journal,
+    as a stuck trainer does, and whose rank (a real process) is stopped with SIGSTOP: one
+    hang message; while it lasts status says hung (exit 8) with the alert the journal has
+    not got, check judges it and tail -f says it. A step: one recovered message, status
+    running again with one alert. The run fails: one failed message. Each journaled once."""
+    [rank] = _sleeps(1)
+    run = tmp_path / "run"
+    who = {"ranks": [_as_rank(0, rank.pid)], "hostname": this_host(), "pid": rank.pid}
+    writer = _quiet_run(run, who, quiet_s=0.0)
+    os.kill(rank.pid, signal.SIGSTOP)
+    args = ("--hang-after", "3", "--notify", receiver.url)
+    watchers = [_watch(run, *args, "--name", f"w{i}", wait=False) for i in range(2)]
+    tail = subprocess.Popen(
+        [str(BIN / "ilab-journal"), "tail", "-f", "-n", "0", str(run)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+    threading.Thread(
+        target=lambda: said.extend(iter(tail.stderr.readline, "")), daemon=True
+    ).start()  # type: ignore[union-attr]
+    try:
+        with guest(run, role="trainer"):  # held, as a stuck trainer holds it
+            wait_for(lambda: len(_status(run)[1]["guards"]) == 2, 60, "both guards' heartbeats")
+            wait_for(lambda: _posts(receiver, "hang"), 60, "the hang message")
+            code, status = _status(run)
+            assert (code, status["state"], status["alerts"]) == (8, "hung", 1), status
+            assert status["last_alert"]["kind"] == "hang"
+            assert not status["last_alert"]["journaled"]
+            assert (
+                "state  hung (still running, but a hang alert at step 5"
+                in cli("ilab-journal", "status", str(run)).stdout
+            )
+            gate = cli("ilab-journal", "check", str(run), "-e", "alerts == 0")
+            assert gate.returncode == 1 and "FAIL  alerts == 0  (alerts = 1)" in gate.stdout
+            wait_for(lambda: any("(not in the journal yet) kind=hang" in x for x in said), 10)
+            os.kill(rank.pid, signal.SIGCONT)
+            writer.append("step_end", step=6)
+            wait_for(lambda: _posts(receiver, "recovered"), 30, "the recovered message")
+            code, status = _status(run)
+            assert (code, status["state"], status["alerts"]) == (3, "running", 1), status
+            assert status["last_alert"]["recovered_at"], status
+            end = {"status": "failed", "error_type": "E", "error_message": "x"}
+            writer.append("train_end", end)
+            writer.close()
+        for proc, lines in watchers:
+            assert proc.wait(timeout=60) == 0, "".join(lines)[-3000:]
+    finally:
+        writer.close()
+        for p in [rank, tail, *(w for w, _ in watchers)]:
+            p.kill()
+            p.wait()
+    titles = sorted(b["title"].split(":")[0] for b in receiver.bodies)
+    assert titles == ["[ilab] failed", "[ilab] hang", "[ilab] recovered"], titles
+    alerts = wait_for(lambda: len(a := _alerts(run)) == 3 and a, 30, "3 alerts journaled")
+    [hang] = [a for a in alerts if a["kind"] == "hang"]
+    assert [a["resolves"] for a in alerts if a["kind"] == "recovered"] == [hang["id"]]
+    assert _status(run)[1]["alerts"] == 2  # a recovery is no alert of its own
 
 
 @needs_apprise
@@ -149,6 +217,7 @@ def test_a_guard_stopped_while_its_run_goes_on_says_so_and_status_lists_the_guar
 
 @needs_apprise
 @pytest.mark.dist
+@pytest.mark.extended
 def test_a_hang_pages_once_shows_while_it_lasts_and_its_recovery_is_told(
     tmp_path: Path, receiver: Receiver
 ) -> None:

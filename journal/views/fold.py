@@ -368,7 +368,7 @@ class RunFold:
         hang = next((a for a in reversed(problems) if a.kind == "hang"), None)
         hung = None  # its attempt's, not recovered, and no step has ended since
         if hang and hang.attempt == attempt and hang.id not in over and (hang.step or 0) >= step:
-            hung = f"a hang alert at step {hang.step} and no step since"
+            hung = f"still running, but a hang alert at step {hang.step} and no step since"
         s = self.summarizer.result(stale_after=stale_after, now=now, hung=hung)
         goal = self.keep_best()
         best = self.ledger.best(goal, run_dir) if goal else None

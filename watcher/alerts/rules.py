@@ -24,14 +24,16 @@ so a NaN loss between two log records is never missed.
   is judged on its own however a replay batches them.
 
 One alert per condition per attempt: the sink drops repeats (their identities are claimed
-in the run's ledger, journal/rundir/ledger.py, by whichever process raised them first). On a restart the records before the watcher's cursor only rebuild
-state; the last attempt's state is then judged once, so an alert the previous watcher
-never raised is raised now and one it raised is not raised again.
+in the run's ledger, journal/rundir/ledger.py, by whichever process raised them first). On
+a restart the records before the watcher's cursor only rebuild state; the last attempt's
+state is then judged once, so an alert the previous watcher never raised is raised now and
+one it raised is not raised again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,6 @@ from typing import Any
 from journal.ask.expect import Expectation
 from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
-from journal.rundir.ledger import claims
 from journal.rundir.paths import resolve_journal
 from journal.views.query import restarts_left
 from watcher.alerts.alert import Alert, AlertSink
@@ -233,15 +234,17 @@ class AlertRules:
 
     def _said_already(self, rec: dict[str, Any], data: dict[str, Any]) -> bool:
         """A failed end the guard's alert said first: an attempt it aborted as hung, or one
-        whose processes it found dead (the launcher's ``train_end`` follows its alert)."""
+        whose processes it found dead or hung (the launcher's ``train_end`` follows its
+        alert); a hang that recovered said nothing of this end."""
         if data.get("aborted_for") == "hang":
             return True
-        attempt, run_dir = rec.get("attempt"), self.folder.fold.run_dir
-        # claimed by any guard (journaled or not yet), or journaled by an older one
-        seen: list[tuple[Any, Any]] = [(a.kind, a.attempt) for a in self.folder.fold.alerts]
-        if run_dir is not None:
-            seen += [(c.get("alert"), c.get("attempt")) for c in claims(run_dir, rec.get("run_id"))]
-        return any(kind in ("hang", "died") and at == attempt for kind, at in seen)
+        fold = self.folder.fold  # journaled, or claimed by any guard and not journaled yet
+        seen = fold.alerts_now(fold.run_dir, time.time())[0]
+        over = {a.resolves for a in seen}
+        return any(
+            a.kind in ("hang", "died") and a.attempt == rec.get("attempt") and a.id not in over
+            for a in seen
+        )
 
     def _conditions(self) -> None:
         if not self.conditions or self._begun is None:
