@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,11 @@ from tests.helpers import (
 from tests.receiver import Receiver
 from tests.test_alerts_notify import needs_apprise
 from tests.test_guard import _as_rank, _quiet_run, _sleeps
+from watcher.alerts.guard import Guard, GuardOptions
+from watcher.alerts.hang import HangRule
 from watcher.alerts.processes import this_host
+from watcher.alerts.rules import DEFAULT_KINDS
+from watcher.alerts.sink import AlertDispatcher
 
 #: A long demo run: it is stopped long before its end.
 LONG = ("--num-epochs", "50", "--max-steps", "3000")
@@ -91,8 +96,9 @@ def test_a_hang_two_guards_see_pages_once_shows_while_it_lasts_and_its_recovery_
     """Two ilab-watch --hang-after 3 --notify beside a run whose writer holds its journal,
     as a stuck trainer does, and whose rank (a real process) is stopped with SIGSTOP: one
     hang message; while it lasts status says hung (exit 8) with the alert the journal has
-    not got, check judges it and tail -f says it. A step: one recovered message, status
-    running again with one alert. The run fails: one failed message. Each journaled once."""
+    not got, check judges it, tail -f says it and the page marks the run hung, with both
+    guards. A step: one recovered message, status
+    running again with one alert (the page: the same). The run fails: one failed message. Each journaled once."""
     [rank] = _sleeps(1)
     run = tmp_path / "run"
     who = {"ranks": [_as_rank(0, rank.pid)], "hostname": this_host(), "pid": rank.pid}
@@ -125,6 +131,11 @@ def test_a_hang_two_guards_see_pages_once_shows_while_it_lasts_and_its_recovery_
             gate = cli("ilab-journal", "check", str(run), "-e", "alerts == 0")
             assert gate.returncode == 1 and "FAIL  alerts == 0  (alerts = 1)" in gate.stdout
             wait_for(lambda: any("(not in the journal yet) kind=hang" in x for x in said), 10)
+            from tests.test_serve import client  # the serve extra (skips without it)
+
+            page = client(run).get("/api/runs/run?width=100").json()["summary"]
+            assert (page["state"], page["stuck"], page["alert_kinds"]) == ("hung", True, ["hang"])
+            assert sorted(g["pid"] for g in page["guards"]) == sorted(w.pid for w, _ in watchers)
             os.kill(rank.pid, signal.SIGCONT)
             writer.append("step_end", step=6)
             wait_for(lambda: _posts(receiver, "recovered"), 30, "the recovered message")
@@ -329,3 +340,30 @@ def test_a_hang_that_clears_then_comes_back_pages_again_after_the_minute(
         "[ilab] recovered",
         "[ilab] hang",
     ]
+
+
+@needs_apprise
+def test_notify_on_without_recovered_journals_a_recovery_and_tells_only_the_hang(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """--notify-on left recovered out: a hang that clears is told as a hang only, and its
+    recovery is still raised and journaled (status needs the hang's end)."""
+    [sleep] = _sleeps(1)
+    run = tmp_path / "run"
+    kinds = DEFAULT_KINDS - {"recovered"}
+    sink = AlertDispatcher(run, targets=[receiver.url], run_label=str(run), kinds=kinds)
+    try:
+        with _quiet_run(run, {"ranks": [_as_rank(0, sleep.pid)]}, quiet_s=0.0) as w:
+            guard = Guard(run, sink, GuardOptions(hang=HangRule(1.0)))
+            now = time.time() + 2.0
+            guard.tick(now)  # on the guard's clock: 2 s of quiet
+            w.append("step_end", step=6, ts=now + 0.5)
+            guard.tick(now + 1.0)
+    finally:
+        sink.close(10.0)
+        sleep.kill()
+        sleep.wait()
+    assert [a.kind for a in sink.raised] == ["hang", "recovered"]
+    assert [b["title"].split(":")[0] for b in receiver.bodies] == ["[ilab] hang"]
+    alerts = wait_for(lambda: len(a := _alerts(run)) == 2 and a, 30, "both journaled")
+    assert [bool(a["targets"]) for a in alerts] == [True, False]  # the recovery: told nobody
