@@ -13,6 +13,7 @@ import pytest
 
 from journal import read_all
 from journal.read.cursor import START
+from journal.record.record import complete as record_of
 from journal.rundir.paths import journal_path
 from tests.helpers import COUNT_CALLBACK, cli, wait_for, write_log_journal
 from watcher.engine.engine import Watcher
@@ -175,7 +176,7 @@ def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
     batch = Batch(START, 0, 99)
 
     def submit(hook: Hook, name: str) -> None:
-        q.submit(Delivery(hook, {"seq": len(done) + len(ran)}, batch, name))
+        q.submit(Delivery(hook, record_of({"seq": len(done) + len(ran)}), batch, name))
 
     submit(log_h, "log1")
     assert started.wait(30)  # log1 runs; the rest queue behind it
@@ -210,10 +211,10 @@ def test_a_lone_hook_keeps_its_policy(policy: str) -> None:
 
     q = HookQueue([hook], deliver, lambda finished, started: None)
     batch = Batch(START, 0, 9)
-    q.submit(Delivery(hook, {"seq": 1}, batch, "a"))
+    q.submit(Delivery(hook, record_of({"seq": 1}), batch, "a"))
     assert started.wait(30)
     for i, name in enumerate("bcd", start=2):
-        q.submit(Delivery(hook, {"seq": i}, batch, name))
+        q.submit(Delivery(hook, record_of({"seq": i}), batch, name))
     release.set()
     wait_for(q.idle, timeout=30, what="the queue to drain")
     q.close()

@@ -110,7 +110,7 @@ def test_the_type_rules_reject_only_what_the_schema_rejects() -> None:
     from pydantic import ValidationError
 
     from journal.record.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, record_problem
-    from journal.record.schema import PAYLOAD_MODELS, Record
+    from journal.record.schema import PAYLOAD_MODELS, RecordModel
 
     valid = {
         "train_begin": {
@@ -144,7 +144,7 @@ def test_the_type_rules_reject_only_what_the_schema_rejects() -> None:
 
     def schema_accepts(rec: dict[str, Any]) -> bool:
         try:
-            Record.model_validate(rec, strict=True)
+            RecordModel.model_validate(rec, strict=True)
             PAYLOAD_MODELS[rec["event"]].model_validate(rec["data"], strict=True)
         except ValidationError:
             return False
@@ -171,15 +171,14 @@ def test_the_envelope_is_named_alike_everywhere_and_what_hooks_need_is_required(
     without are ones the schema requires."""
     from journal.record.events import ENVELOPE_FIELDS
     from journal.record.fields import ENVELOPE_TYPES, NEEDED, UNDEFAULTED
-    from journal.record.record import ENVELOPE_DEFAULTS
-    from journal.record.record import Record as Typed
-    from journal.record.schema import PAYLOAD_MODELS, Record
+    from journal.record.record import ENVELOPE_DEFAULTS, Record
+    from journal.record.schema import PAYLOAD_MODELS, RecordModel
 
     envelope = {"seq", "event", "data", *ENVELOPE_TYPES}
-    assert envelope == set(ENVELOPE_FIELDS) == set(Record.model_fields)
-    assert envelope == set(Typed.__annotations__)
+    assert envelope == set(ENVELOPE_FIELDS) == set(RecordModel.model_fields)
+    assert envelope == set(Record.__annotations__)
     assert set(ENVELOPE_DEFAULTS) == set(ENVELOPE_TYPES)
-    required = {n for n, info in Record.model_fields.items() if info.is_required()}
+    required = {n for n, info in RecordModel.model_fields.items() if info.is_required()}
     assert set(UNDEFAULTED) <= required
     for event, names in NEEDED.items():
         fields = PAYLOAD_MODELS[event].model_fields

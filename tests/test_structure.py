@@ -22,7 +22,7 @@ import pytest
 
 from journal import JournalWriter, read_all
 from journal.record.events import CALLBACK_EVENTS, ENVELOPE_FIELDS, EVENTS
-from journal.record.schema import Record
+from journal.record.schema import RecordModel
 from tests.helpers import ROOT
 
 OURS = {"journal", "watcher", "trainer"}
@@ -572,7 +572,7 @@ def test_one_envelope(tmp_path: Path) -> None:
         w.append("log", {"loss": 1.0})
     rec = read_all(tmp_path / "journal.jsonl").records[0]
     assert tuple(rec) == ENVELOPE_FIELDS
-    assert tuple(Record.model_fields) == ENVELOPE_FIELDS
+    assert tuple(RecordModel.model_fields) == ENVELOPE_FIELDS
 
 
 @pytest.mark.parametrize("package", sorted(OURS))

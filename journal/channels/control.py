@@ -21,6 +21,7 @@ import orjson
 from journal.read.cursor import Cursor
 from journal.read.reader import end_of_complete_lines, lines_backwards
 from journal.record.events import CONTROL_COMMANDS
+from journal.record.fields import accepted
 from journal.record.text import printable
 from journal.rundir.files import atomic_write
 from journal.rundir.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
@@ -257,7 +258,7 @@ class _Seen:
             data = rec["data"]
             if event == "control" and data.get("id") == self.command_id:
                 outcome: Literal["applied", "rejected"] = (
-                    "applied" if data.get("accepted") is True else "rejected"
+                    "applied" if accepted(data) else "rejected"
                 )
                 return Verdict(outcome, data, rec["step"])
         return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.rundir.paths import checkpoint_key
 from journal.serve.fold import REPORTED, RunFold
 from journal.views.fold import CheckpointView
@@ -91,7 +92,7 @@ def story(path: Path) -> PlotStory:
             kind = fates.get(checkpoint_key(saved), "kept")
             out.marks.append(Mark(step, kind, f"{kind} {Path(saved).name}"))
         elif m["kind"] == "control" and d.get("command"):
-            verdict = "refused" if d.get("accepted") is False else "applied"
+            verdict = "applied" if accepted(d) else "refused"
             out.marks.append(Mark(step, "command", f"{d['command']} {verdict} ({d.get('source')})"))
         elif m["kind"] == "attempt" and d.get("resumed_from"):
             out.marks.append(Mark(step, "attempt", f"attempt {d.get('attempt')} resumed"))

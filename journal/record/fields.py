@@ -128,6 +128,13 @@ UNDEFAULTED: tuple[str, ...] = tuple(n for n, v in ENVELOPE_DEFAULTS.items() if 
 NEEDED: dict[str, tuple[str, ...]] = {"save": ("checkpoint_path",)}
 
 
+def accepted(data: Mapping[str, Any]) -> bool:
+    """A ``control`` verdict's one rule, for every view: the command was applied only when
+    ``accepted`` is true (the schema requires the field; a record without it applied
+    nothing)."""
+    return data.get("accepted") is True
+
+
 def missing_fields(rec: Mapping[str, Any]) -> list[str]:
     """What a record (valid, completed or not) lacks to be acted on: the :data:`UNDEFAULTED`
     envelope fields absent or None, then ``data.<field>`` for each :data:`NEEDED` one of its

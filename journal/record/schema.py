@@ -247,8 +247,9 @@ PAYLOAD_MODELS: dict[str, type[_Open]] = {
 }
 
 
-class Record(_Open):
-    """One journal line: the envelope around an event payload."""
+class RecordModel(_Open):
+    """One journal line as the schema holds it: the envelope around an event payload (what
+    the readers hand out is :class:`journal.record.record.Record`)."""
 
     v: int = Field(ge=1, description="record format version")
     seq: int = Field(ge=0, description="0-based, strictly increasing over the whole file")
@@ -265,20 +266,20 @@ class Record(_Open):
 class ParsedRecord(BaseModel):
     """A validated record with its payload parsed into the event's model."""
 
-    record: Record
+    record: RecordModel
     payload: _Open
 
 
 def parse_record(obj: Mapping[str, Any]) -> ParsedRecord:
     """Validate a raw record dict; raises ``pydantic.ValidationError`` on a bad record."""
-    record = Record.model_validate(obj)
+    record = RecordModel.model_validate(obj)
     model = PAYLOAD_MODELS.get(record.event, Payload)
     return ParsedRecord(record=record, payload=model.model_validate(record.data))
 
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of one journal record, with per-event payload rules."""
-    schema = Record.model_json_schema()
+    schema = RecordModel.model_json_schema()
     defs: dict[str, Any] = schema.setdefault("$defs", {})
     rules = []
     for event, model in PAYLOAD_MODELS.items():

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.record.record import Record
 from journal.rundir.ledger import claims, guards
 from journal.rundir.paths import checkpoint_key
@@ -272,7 +273,7 @@ class RunFold:
             CommandSeen(
                 str(data.get("id")),
                 command,
-                data.get("accepted") is not False,
+                accepted(data),
                 int_or_none(data.get("applied_at_step")),
                 str_or_none(data.get("source")),
                 str_or_none(data.get("reason")),

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.record.record import Record
 from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.stops import ending
@@ -156,7 +157,7 @@ class Summarizer:
             refused = refused_file(data)  # a report file refused: its metrics are lost
             if refused is not None and refused.inbox == REPORTS_DIR_NAME:
                 s.refused_reports += 1
-        elif event == "control" and data.get("accepted") and data.get("command") in _ENDERS:
+        elif event == "control" and accepted(data) and data.get("command") in _ENDERS:
             src = data.get("source")
             self._enders[str(data.get("id"))] = src if isinstance(src, str) else None
             if len(self._enders) > 64:  # a flood of stops: the ending one is among the last

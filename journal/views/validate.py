@@ -64,9 +64,9 @@ class BatchValidator:
     def __init__(self) -> None:
         from pydantic_core import SchemaValidator, core_schema
 
-        from journal.record.schema import EVENTS, PAYLOAD_MODELS, Record
+        from journal.record.schema import EVENTS, PAYLOAD_MODELS, RecordModel
 
-        envelope = _as_typed_dict(Record.__pydantic_core_schema__)["fields"]
+        envelope = _as_typed_dict(RecordModel.__pydantic_core_schema__)["fields"]
 
         def record(data: Any) -> Any:
             # "data" required here: an absent one is checked by parse_record (it defaults

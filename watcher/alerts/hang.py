@@ -147,7 +147,7 @@ class AttemptTracker:
             self.begin = dict(rec.get("data") or {})
             self.bridge = "trainer" in self.begin
             self.last_step, self.steps, self.ended, self.end = (
-                int(rec.get("step") or 0),
+                rec["step"],
                 0,
                 False,
                 None,
@@ -161,7 +161,7 @@ class AttemptTracker:
             return
         if event not in PROGRESS_EVENTS:
             return
-        step = int(rec.get("step") or 0)
+        step = rec["step"]
         if not self.prefilled and (spent := declared_seconds(rec)):
             k = self.key(step)
             self.declared[k] = self.declared.get(k, 0.0) + spent

@@ -41,6 +41,7 @@ from typing import Any
 from journal.ask.expect import Expectation
 from journal.ask.facts import FactFolder
 from journal.record.events import EVENTS
+from journal.record.record import Record
 from journal.rundir.paths import resolve_journal
 from journal.views.query import restarts_left
 from watcher.alerts.alert import Alert, AlertSink
@@ -143,11 +144,11 @@ class AlertRules:
         """After each batch of records: the ``--notify-when`` conditions."""
         self._conditions()
 
-    def restore_state(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[Record]) -> None:
         """The records before the watcher's start: folded, then the last attempt judged once
         (its end, its divergence, the conditions); the sink drops what alerted already."""
-        end: dict[str, Any] | None = None
-        diverged: dict[str, Any] | None = None
+        end: Record | None = None
+        diverged: Record | None = None
         for rec in records:
             self._fold_record(rec)
             event = rec.get("event")
@@ -168,7 +169,7 @@ class AlertRules:
     def _fold(self, event: Event) -> None:
         self._fold_record(event.record)
 
-    def _fold_record(self, rec: dict[str, Any]) -> None:
+    def _fold_record(self, rec: Record) -> None:
         event, data = rec.get("event"), rec.get("data") or {}
         if event == "train_begin":
             begun = (rec.get("run_id"), rec.get("attempt"))
@@ -177,12 +178,12 @@ class AlertRules:
                 self.detector.reset()
                 if not data.get("restart"):  # a launch's first attempt
                     self._causes = []
-        self.folder.add_batch([rec])  # type: ignore[list-item]
+        self.folder.add_batch([rec])
         if event == "train_end" and data.get("status") == "failed":
             error = self.folder.fold.summary().error or data.get("reason") or "no error recorded"
             self._causes.append((rec.get("attempt"), _one_line(str(error))))
 
-    def _diverged(self, rec: dict[str, Any], *, live: bool) -> bool:
+    def _diverged(self, rec: Record, *, live: bool) -> bool:
         """Feed the detector; True (and, live, an alert) when it fires."""
         if "diverged" not in self.kinds:
             return False
@@ -196,13 +197,13 @@ class AlertRules:
             self._raise_diverged(rec, reason)
         return True
 
-    def _raise_diverged(self, rec: dict[str, Any], reason: str) -> None:
+    def _raise_diverged(self, rec: Record, reason: str) -> None:
         ends = f"--divergence ends the run (action={self.detector.action})"  # its detector acts
         goes_on = "training goes on: an alert stops nothing (ilab-watch --divergence would)"
         what = f"{reason.removeprefix('divergence: ')}; {ends if self.steers else goes_on}"
         self._raise("diverged", rec, what)
 
-    def _ended(self, rec: dict[str, Any]) -> None:
+    def _ended(self, rec: Record) -> None:
         data = rec.get("data") or {}
         status = data.get("status")
         if status not in ("failed", "stopped", "completed") or status not in self.kinds:
@@ -227,12 +228,12 @@ class AlertRules:
             if data.get("reason"):
                 message += f": {_one_line(str(data['reason']))}"
         else:
-            message = f"the run completed at step {rec.get('step')}"
+            message = f"the run completed at step {rec['step']}"
             if data.get("final_checkpoint"):
                 message += f"; final checkpoint {data['final_checkpoint']}"
         self._raise(str(status), rec, message)
 
-    def _said_already(self, rec: dict[str, Any], data: dict[str, Any]) -> bool:
+    def _said_already(self, rec: Record, data: dict[str, Any]) -> bool:
         """A failed end the guard's alert said first: an attempt it aborted as hung, or one
         whose processes it found dead or hung (the launcher's ``train_end`` follows its
         alert); a hang that recovered said nothing of this end."""
@@ -242,7 +243,7 @@ class AlertRules:
         seen = fold.alerts_now(fold.run_dir, time.time())[0]
         over = {a.resolves for a in seen}
         return any(
-            a.kind in ("hang", "died") and a.attempt == rec.get("attempt") and a.id not in over
+            a.kind in ("hang", "died") and a.attempt == rec["attempt"] and a.id not in over
             for a in seen
         )
 
@@ -272,9 +273,9 @@ class AlertRules:
             )
             self.sink.raise_alert(alert)
 
-    def _raise(self, kind: Any, rec: dict[str, Any], message: str) -> None:
-        at = rec.get
-        self.sink.raise_alert(Alert(kind, message, at("step"), at("attempt"), run_id=at("run_id")))
+    def _raise(self, kind: Any, rec: Record, message: str) -> None:
+        alert = Alert(kind, message, rec["step"], rec["attempt"], run_id=rec["run_id"])
+        self.sink.raise_alert(alert)
 
     def _warn_unknown_metrics(self) -> None:
         """At the run's end: a ``--notify-when`` metric it never had is likely a typo (one

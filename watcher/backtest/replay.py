@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from journal.channels.control import Control
 from journal.read.cursor import START
@@ -153,8 +153,7 @@ class Replayer:
     def __call__(self, rec: Record) -> None:
         if rec["event"] not in self._events:
             return  # most records: no policy hooks their event
-        # (the dispatcher's records are typed as plain dicts still: watcher/engine/)
-        routed = self.dispatch.route([cast("dict[str, Any]", rec)], self._batch)
+        routed = self.dispatch.route([rec], self._batch)
         for lane, todo in routed.deliveries.items():
             run = self._runs[lane]
             for d in todo:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.channels.control import Control
+from journal.record.record import Record
 from journal.rundir.files import atomic_write
 from watcher.hooks.callbacks import ACTIONS, Event, forgot_call
 
@@ -292,7 +293,7 @@ class ForeignCallback:
         items = list(returned) if isinstance(returned, (list, tuple)) else [returned]
         return [x for x in items if isinstance(x, ACTIONS) or forgot_call(x) is not None]
 
-    def restore_state(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[Record]) -> None:
         """The context as it stood before the first delivered record."""
         for rec in records:
             self.state.fold(Event.from_record(rec, "", ""))

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from journal.channels.control import Control
 from journal.record.numbers import parse_number, shown_value
+from journal.record.record import Record
 from watcher.hooks.callbacks import CallbackSpecError, Event, TrainerCallback
 
 log = logging.getLogger("watcher")
@@ -109,29 +110,27 @@ class _MetricCallback(TrainerCallback):
             return None
         return self._on(event.run_id, _values("report", data), live=True)
 
-    def restore_state(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[Record]) -> None:
         # A condition already met in history counts as acted upon: no second command.
-        begin: dict[str, Any] | None = None
+        begin: Record | None = None
         for rec in records:
-            if rec.get("event") == self.event:
-                data = _values(self.event, rec.get("data") or {})
-                self._on(rec.get("run_id"), data, live=False)
-            elif rec.get("event") == "train_begin":
+            if rec["event"] == self.event:
+                self._on(rec["run_id"], _values(self.event, rec["data"]), live=False)
+            elif rec["event"] == "train_begin":
                 begin = rec
         if begin is not None and self.event == "evaluate":  # the newest run's settings
-            self._check_config(begin.get("run_id"), (begin.get("data") or {}).get("config"))
+            self._check_config(begin["run_id"], begin["data"].get("config"))
 
-    def _check_config(self, run_id: Any, config: Any) -> None:
+    def _check_config(self, run_id: str | None, config: Any) -> None:
         """Warn once per run when its configuration means the metric will not come: no
         validation data (never), or no ``eval_every`` (only on ``control evaluate``). Only
         ilab-train's configuration is judged (it always has both keys): a bridge's run
         (HF Trainer, Accelerate) evaluates by settings of its own."""
-        key = run_id if isinstance(run_id, str) else None
-        if not isinstance(config, dict) or key in self.config_checked:
+        if not isinstance(config, dict) or run_id in self.config_checked:
             return
         if "eval_every" not in config or "val_data_path" not in config:
             return
-        self.config_checked.add(key)
+        self.config_checked.add(run_id)
         name = type(self).__name__
         if not (config.get("val_data_path") or config.get("demo")):
             log.warning(

@@ -79,7 +79,7 @@ class Retries:
         1)`` only judges it."""
         opts = d.hook.options
         if self.checkpoints.removed(d):
-            path = (d.record.get("data") or {}).get("checkpoint_path")
+            path = d.record["data"].get("checkpoint_path")
             return DeliveryResult.of(d, "skipped", error=f"checkpoint {path} was removed")
         started = time.time()
         out = DeliveryResult.of(d, "failed", start_ts=started)

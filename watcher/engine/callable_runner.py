@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from journal.record.record import Record
 from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Lane, Retries
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import Event
@@ -62,7 +63,7 @@ class CallableRunner:
             return self.retries.run(d, self._attempt)
         t0 = time.perf_counter()
         rec = d.record
-        data = rec.get("data") or {}
+        data = rec["data"]
         event = Event.of(rec, self.ckpt_dir, data, d)
         try:
             returned = hook.target(event, **_keywords(data))  # type: ignore[operator]
@@ -94,7 +95,7 @@ class CallableRunner:
                 continue
             t0 = perf_counter()
             rec = d.record
-            data = rec.get("data") or {}
+            data = rec["data"]
             kwargs = data if plain(data) else _keywords(data)
             try:
                 returned = target(event_of(rec, ckpt_dir, data, d), **kwargs)
@@ -122,7 +123,7 @@ class CallableRunner:
                 finished += _abandoned(h, recs, batch)
                 continue
             target: Any = h.target
-            acted: list[dict[str, Any]] = []  # not a plain success: in ``finished``
+            acted: list[Record] = []  # not a plain success: in ``finished``
             ran = len(recs)
             for start in range(0, len(recs), _STOP_EVERY):
                 if stop.is_set():  # the watcher stops: the rest is abandoned
@@ -130,7 +131,7 @@ class CallableRunner:
                     finished += _abandoned(h, recs[start:], batch)
                     break
                 for rec in recs[start : start + _STOP_EVERY]:
-                    data = rec["data"]  # a read record has its data, {} at least
+                    data = rec["data"]
                     t0 = perf_counter()
                     try:
                         returned = target(
@@ -181,7 +182,7 @@ class CallableRunner:
         """One call, on a thread we stop waiting for after the hook's timeout (if any)."""
         fn: Callable[..., Any] = d.hook.target  # type: ignore[assignment]
         rec = d.record
-        data = rec.get("data") or {}
+        data = rec["data"]
         event = Event.of(rec, self.ckpt_dir, data, d)
         kwargs = _keywords(data)
         result: list[Any] = []
@@ -266,7 +267,7 @@ def _keywords(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k.isidentifier()}
 
 
-def _abandoned(hook: Hook, recs: list[dict[str, Any]], batch: Batch) -> list[Finished]:
+def _abandoned(hook: Hook, recs: list[Record], batch: Batch) -> list[Finished]:
     """``hook``'s deliveries of ``recs``, never started: the watcher stops."""
     ds = [Delivery(hook, rec, batch) for rec in recs]
     return [(d, DeliveryResult.of(d, "abandoned", error=_STOPPED)) for d in ds]

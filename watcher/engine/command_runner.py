@@ -69,7 +69,7 @@ class CommandRunner:
     def values(self, d: Delivery) -> dict[str, Any]:
         """What ``{name}`` placeholders can name: payload, envelope and a few extras."""
         rec = d.record
-        values: dict[str, Any] = dict(rec.get("data") or {})
+        values: dict[str, Any] = dict(rec["data"])
         values.update({k: v for k, v in rec.items() if k != "data"})
         values.update(ckpt_dir=self.ckpt_dir, delivery_id=d.delivery_id, journal=str(self.journal))
         return values

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from journal.read.cursor import START, Cursor
+from journal.record.record import Record
 from journal.rundir.safety import APPEND, open_no_follow
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
@@ -213,7 +214,7 @@ class Completions:
         of one hook's records, in order): one results line per hook, as
         :meth:`complete_many` writes for them, with no :class:`Delivery` per record."""
         n = sum(len(recs) for _, recs in succeeded)
-        lines: dict[int, tuple[Hook, dict[str, Any], dict[str, Any], int]] = {}
+        lines: dict[int, tuple[Hook, Record, Record, int]] = {}
         for hook, recs in succeeded:  # per hook: its first and last record, how many
             had = lines.get(id(hook))
             first, count = (recs[0], 0) if had is None else (had[1], had[3])

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
+from journal.record.record import Record
 from watcher.hooks.delivery import Batch, Delivery, Plain, undeliverable
 from watcher.hooks.hook import Hook
 
 #: Leases a save record's checkpoint for one delivery: the lease's name, or None.
-LeaseFor = Callable[[dict[str, Any]], str | None]
+LeaseFor = Callable[[Record], str | None]
 
 
 class Routed(NamedTuple):
@@ -90,7 +91,7 @@ class Dispatcher:
 
     def route(
         self,
-        records: list[dict[str, Any]],
+        records: list[Record],
         batch: Batch,
         events: list[Any] | None = None,
         kinds: set[str] | None = None,
@@ -151,7 +152,7 @@ class Dispatcher:
 
     def _route_plain(
         self,
-        records: list[dict[str, Any]],
+        records: list[Record],
         events: list[Any],
         kinds: set[str] | None,
         whole: bool,
@@ -174,7 +175,7 @@ class Dispatcher:
             return [(hook_of[ev], [r for r, e in zip(records, events, strict=True) if e == ev])]
         runs: list[Plain] = []
         last: Any = None
-        recs: list[dict[str, Any]] = []
+        recs: list[Record] = []
         for rec, ev in zip(records, events, strict=True):
             hook = hook_of.get(ev)
             if hook is None:
@@ -186,7 +187,7 @@ class Dispatcher:
         return runs
 
 
-def events_of(records: list[dict[str, Any]]) -> tuple[list[Any], set[str] | None]:
+def events_of(records: list[Record]) -> tuple[list[Any], set[str] | None]:
     """The ``event`` of each record (None where it is not a string), and the set of them
     (None: not made), in C: the engine and :meth:`Dispatcher.route` ask these of every
     record of a batch, and most batches hold a few kinds of records."""

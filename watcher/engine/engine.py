@@ -24,9 +24,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
@@ -320,8 +319,7 @@ class Watcher:
         at = self._follower.position.offset
         ended = not isinstance(self._start, int) and ended_before(self.journal, at)
         self._run.set_ended(ended, self.journal)
-        history = cast("Callable[[], list[dict[str, Any]]]", self._follower.history)
-        restore_states(self.stateful_callbacks, history)
+        restore_states(self.stateful_callbacks, self._follower.history)
 
     def _say_new_hooks(self, state: CursorState) -> None:
         """A hook the saved cursor did not deliver to starts where the cursor is, not at the
@@ -356,11 +354,10 @@ class Watcher:
         self._run.set_ended(False, self.journal)
 
     def _dispatch(
-        self, read: list[Record], start: Cursor, end: Cursor, patched: bool = True
+        self, records: list[Record], start: Cursor, end: Cursor, patched: bool = True
     ) -> None:
         """Turn the records read together into deliveries, handed to each queue at once
         (``patched``: the reader's ``ReadBatch.patched``)."""
-        records = cast("list[dict[str, Any]]", read)  # deliveries hold plain dicts still
         events, kinds = events_of(records)  # one pass in C, for the checks and the routing
         # which checkpoints are gone (none in a batch without save or checkpoint_removed)
         gone = kinds is None or not kinds.isdisjoint(_CHECKPOINT_EVENTS)

@@ -15,8 +15,8 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from journal.record.record import Record
 from watcher.engine.attempts import Checkpoints, Retries, Runner
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.command_runner import CommandRunner
@@ -100,7 +100,7 @@ class Executor:
             raise ValueError(f"the hooks of {lane[0].label} are not of one kind")
         return runner
 
-    def note_records(self, records: list[dict[str, Any]]) -> None:
+    def note_records(self, records: list[Record]) -> None:
         """Records just read: see :meth:`HandBack.note_records`."""
         self.handback.note_records(records)
 

@@ -23,6 +23,7 @@ from journal.channels.control import (
     send_command,
 )
 from journal.channels.reports import InvalidReport, Report, refused_report, submit_report
+from journal.record.record import Record
 from journal.rundir.inbox import MAX_NAME_CHARS, clip
 from watcher.hooks.callbacks import BadReturn, returned_actions
 from watcher.hooks.delivery import Delivery, DeliveryResult
@@ -61,7 +62,7 @@ class HandBack:
         source = self.source(d)
         for item in items:
             if isinstance(item, Control):
-                if d.record.get("event") == "train_end":  # nothing will ever apply it
+                if d.record["event"] == "train_end":  # nothing will ever apply it
                     cid = self._reject_late(item, d, source)
                     out.control = [*(out.control or []), f"{item.command}:{cid}:rejected"]
                     continue
@@ -83,7 +84,7 @@ class HandBack:
         record, rejected, as the trainer journals one (taken as a reporter takes the journal
         after training), and one line; no file is left in ``control/``. Returns its id."""
         cid = new_command_id()
-        why = f"the run had ended (train_end at step {d.record.get('step', 0)})"
+        why = f"the run had ended (train_end at step {d.record['step']})"
         self.notice(
             f"control {item.command} (id {cid}) from {source} on train_end rejected: {why}; "
             "a command returned at train_end cannot be applied"
@@ -93,12 +94,12 @@ class HandBack:
 
     def submit(self, report: Report, d: Delivery, out: DeliveryResult) -> None:
         """A report for the delivered event's checkpoint unless it names another one."""
-        data = d.record.get("data") or {}
+        data = d.record["data"]
         if report.checkpoint_path is None and isinstance(data.get("checkpoint_path"), str):
             report.checkpoint_path = data["checkpoint_path"]
         if report.step is None:
-            report.step = d.record.get("step", 0)
-        who = f"{clip(d.hook.label, 200)} ({d.hook.event} step {d.record.get('step', 0)})"
+            report.step = d.record["step"]
+        who = f"{clip(d.hook.label, 200)} ({d.hook.event} step {d.record['step']})"
 
         def written(rid: str) -> None:  # before any writer can journal it (note_records)
             with self._awaited_lock:
@@ -115,17 +116,17 @@ class HandBack:
         )
         out.reports = [*(out.reports or []), rid]
 
-    def note_records(self, records: list[dict[str, Any]]) -> None:
+    def note_records(self, records: list[Record]) -> None:
         """Records just read: a ``report`` of ours is in the journal; a refusal of one is
         said in one line naming its hook and the reason (the delivery said "ok" when it
         handed the report in: the journal's writer judges it later)."""
         if not self._awaited:  # the common case: one attribute read per batch
             return
         for rec in records:
-            event = rec.get("event")
+            event = rec["event"]
             if event != "report" and event != "control":
                 continue
-            data = rec.get("data") or {}
+            data = rec["data"]
             refused = refused_report(data) if event == "control" else None
             rid = refused.stem if refused is not None else data.get("id")
             with self._awaited_lock:

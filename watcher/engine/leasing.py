@@ -25,6 +25,7 @@ from typing import Any
 from journal.checkpoints import leases
 from journal.checkpoints.leases import Lease, LeaseError
 from journal.checkpoints.rotation import prune_finished_run
+from journal.record.record import Record
 from journal.rundir.paths import checkpoint_key
 from watcher.engine.follow import RunProgress
 from watcher.hooks.delivery import Delivery
@@ -241,26 +242,26 @@ class CheckpointGuard:
         save claimed holds a checkpoint nobody needs any more."""
         self.leases.release_adopted()
 
-    def note_removals(self, records: list[dict[str, Any]]) -> None:
+    def note_removals(self, records: list[Record]) -> None:
         """Remember which checkpoints are gone before the batch's saves are dispatched (a
         later save of the same step brings one back)."""
         with self._removed_cond:
             for rec in records:
-                if rec.get("event") not in ("save", "checkpoint_removed"):
+                if rec["event"] not in ("save", "checkpoint_removed"):
                     continue
-                path = (rec.get("data") or {}).get("checkpoint_path")
+                path = rec["data"].get("checkpoint_path")
                 if not isinstance(path, str):
                     continue
-                if rec.get("event") == "checkpoint_removed":
+                if rec["event"] == "checkpoint_removed":
                     self._removed.add(checkpoint_key(path))
-                elif rec.get("event") == "save":
+                elif rec["event"] == "save":
                     self._removed.discard(checkpoint_key(path))
             self._removed_cond.notify_all()
 
-    def lease_for(self, rec: dict[str, Any]) -> str | None:
+    def lease_for(self, rec: Record) -> str | None:
         """A save whose checkpoint is still there is leased until its delivery completes."""
-        path = (rec.get("data") or {}).get("checkpoint_path")
-        if rec.get("event") != "save" or not isinstance(path, str):
+        path = rec["data"].get("checkpoint_path")
+        if rec["event"] != "save" or not isinstance(path, str):
             return None
         with self._removed_cond:
             if checkpoint_key(path) in self._removed:
@@ -275,7 +276,7 @@ class CheckpointGuard:
         checkpoint to come back: rotation puts back one that got leased meanwhile)."""
         if d.hook.event != "save":
             return False
-        path = (d.record.get("data") or {}).get("checkpoint_path")
+        path = d.record["data"].get("checkpoint_path")
         if not isinstance(path, str):
             return False
         key = checkpoint_key(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal.record.fields import accepted
 from journal.views.best import BestCheckpoint
 from journal.views.fold import CheckpointFate
 from journal.views.stops import stop_kind
@@ -62,15 +63,15 @@ def control_tags(data: dict[str, Any]) -> dict[str, str]:
     command, cid = data.get("command"), data.get("id")
     if command is None:  # an inbox file refused (journal/rundir/inbox.py): said as such
         return {"ilab.refused_file": str(data.get("reason"))}
-    if data.get("accepted") is False:
+    if not accepted(data):
         verdict = f"{command} refused: {data.get('error') or data.get('reason') or ''}".rstrip()
     else:
         verdict = f"{command} applied at step {data.get('applied_at_step')}"
     verdict += f" from {data.get('source') or '?'}"
-    if data.get("reason") and data.get("accepted") is not False:
+    if data.get("reason") and accepted(data):
         verdict += f": {data['reason']}"
     tags = {f"control.{cid}"[:_MAX_KEY]: verdict}
-    if command == "stop" and data.get("accepted") is not False:
+    if command == "stop" and accepted(data):
         tags.update(stop_tags(data.get("source")))
     return tags
 

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from journal.record.fields import accepted
 from watcher.exporters.base import MetricsExport, destination_digest
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
@@ -83,7 +84,7 @@ class TensorBoardExport(MetricsExport):
         self._text("events/save", event, f"{data.get('checkpoint_path')}{why}")
 
     def on_control(self, event: Event, **data: Any) -> None:
-        verdict = "applied" if data.get("accepted") else "rejected"
+        verdict = "applied" if accepted(data) else "rejected"
         reason = f": {data['reason']}" if data.get("reason") else ""
         self._text("events/control", event, f"{data.get('command')} {verdict}{reason}")
 

@@ -14,6 +14,7 @@ import reprlib
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from journal.channels.control import Control
 from journal.channels.reports import Report
 from journal.record.events import ENVELOPE_FIELDS
+from journal.record.record import Record, complete
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Names a placeholder may use besides the envelope and the event's payload fields.
@@ -31,19 +33,16 @@ class CallbackSpecError(ValueError):
     """A hook specification is unusable (reported as a usage error before tailing starts)."""
 
 
-#: Where an event made by :meth:`Event.of` reads each field of its record, on first use:
-#: the key and its default (``...``: none, the key is always there).
-_FROM_RECORD: dict[str, tuple[str, Any]] = dict(
-    name=("event", ...), seq=("seq", ...), step=("step", 0), epoch=("epoch", 0),
-    samples_seen=("samples_seen", 0), run_id=("run_id", ""), attempt=("attempt", 1),
-    ts=("ts", 0.0), data=("data", None),
-)  # fmt: skip
+#: The key of its record that an event made by :meth:`Event.of` reads each field from, on
+#: first use (a reader's record has every one: journal/record/record.py).
+_FROM_RECORD = {f: f for f in ENVELOPE_FIELDS if f not in ("v", "event", "data")}
+_FROM_RECORD["name"] = "event"
 
 
-def delivery_id_for(rec: dict[str, Any], short_id: str) -> str:
+def delivery_id_for(rec: Record, short_id: str) -> str:
     """A delivery's id, stable across restarts: the record's run id and seq, and its hook's
     ``short_id`` (watcher.hooks.hook.Hook)."""
-    return f"{rec.get('run_id', '')}-{rec['seq']}-{short_id}"
+    return f"{rec['run_id']}-{rec['seq']}-{short_id}"
 
 
 @dataclass(frozen=True)
@@ -60,27 +59,29 @@ class Event:
     step: int
     epoch: int
     samples_seen: int
-    run_id: str
+    run_id: str  # a delivered record always has its run id and time (delivery.undeliverable)
     attempt: int
     ts: float
     data: dict[str, Any]
     ckpt_dir: str
     delivery_id: str
-    record: dict[str, Any] = field(repr=False)
+    record: Record = field(repr=False)
 
     def __str__(self) -> str:
         return self.name
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any], ckpt_dir: str, delivery_id: str) -> Event:
-        """The event of record ``rec`` for the delivery ``delivery_id`` (as :meth:`of`)."""
-        event = cls.of(rec, ckpt_dir, rec.get("data") or {}, None)
+    def from_record(cls, rec: Mapping[str, Any], ckpt_dir: str, delivery_id: str) -> Event:
+        """The event of record ``rec`` for the delivery ``delivery_id`` (as :meth:`of`); an
+        envelope field ``rec`` lacks (one made by hand) gets its default, as a reader's would."""
+        record = complete(dict(rec))
+        event = cls.of(record, ckpt_dir, record["data"], None)
         event.__dict__["delivery_id"] = delivery_id
         del event.__dict__["_delivery"]
         return event
 
     @classmethod
-    def of_hook(cls, rec: dict[str, Any], ckpt_dir: str, data: dict[str, Any], hook: Any) -> Event:
+    def of_hook(cls, rec: Record, ckpt_dir: str, data: dict[str, Any], hook: Any) -> Event:
         """As :meth:`of`, for a delivery that has no object of its own (a replay's plain
         callable, run in the batch it was read in): ``delivery_id`` is made from ``hook``'s
         ``short_id`` on first use."""
@@ -93,7 +94,7 @@ class Event:
         return event
 
     @classmethod
-    def of(cls, rec: dict[str, Any], ckpt_dir: str, data: dict[str, Any], delivery: Any) -> Event:
+    def of(cls, rec: Record, ckpt_dir: str, data: dict[str, Any], delivery: Any) -> Event:
         """The event the watcher hands a callable (once per delivery: a replay makes
         millions): it holds the record and reads the other fields from it on first use
         (:meth:`__getattr__`), ``delivery_id`` from ``delivery`` (anything with that
@@ -112,10 +113,8 @@ class Event:
         d = self.__dict__
         rec = d.get("record")
         if rec is not None:
-            if (where := _FROM_RECORD.get(name)) is not None:
-                key, default = where
-                value = rec[key] if default is ... else rec.get(key, default)
-                value = d[name] = {} if name == "data" and not value else value
+            if (key := _FROM_RECORD.get(name)) is not None:
+                value = d[name] = rec[key]
                 return value
             if name == "delivery_id" and "_delivery" in d:
                 value = d[name] = d["_delivery"].delivery_id
@@ -214,7 +213,7 @@ class TrainerCallback:
     def on_checkpoint_removed(self, event: Event, **data: Any) -> Any:
         """Fires when rotation deleted a checkpoint (``checkpoint_path``, ``reason``)."""
 
-    def restore_state(self, records: list[dict[str, Any]]) -> None:
+    def restore_state(self, records: list[Record]) -> None:
         """Called once, before live delivery, with the journal's records before the start
         position (not a delivery: no hook runs for them).
 

@@ -19,10 +19,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
+from journal.record.record import Record
 from journal.rundir.files import json_files
 from journal.rundir.procs import spawn_dying_with_us, start_time
 
@@ -63,7 +64,7 @@ def _fits(value: str) -> bool:
 
 
 def command_env(
-    rec: dict[str, Any],
+    rec: Record,
     payload: bytes,
     event_file: Path,
     *,
@@ -76,19 +77,19 @@ def command_env(
     whose names cannot be variable names are left out: they are in the event file."""
     env = dict(os.environ)
     budget = PAYLOAD_ENV_BUDGET
-    for k, v in (rec.get("data") or {}).items():
+    for k, v in rec["data"].items():
         if isinstance(v, (str, int, float, bool)) or v is None:
             value = "" if v is None else str(v)
             if _ENV_NAME.fullmatch(k) and _fits(value) and len(value) <= budget:
                 env[f"ILAB_{k.upper()}"] = value
                 budget -= len(value)
     envelope = {
-        "ILAB_EVENT": rec.get("event"),
-        "ILAB_STEP": rec.get("step", 0),
-        "ILAB_EPOCH": rec.get("epoch", 0),
-        "ILAB_RUN_ID": rec.get("run_id", ""),
+        "ILAB_EVENT": rec["event"],
+        "ILAB_STEP": rec["step"],
+        "ILAB_EPOCH": rec["epoch"],
+        "ILAB_RUN_ID": rec["run_id"],
         "ILAB_SEQ": rec["seq"],
-        "ILAB_ATTEMPT": rec.get("attempt", 1),
+        "ILAB_ATTEMPT": rec["attempt"],
     }
     env.update({k: str(v) for k, v in envelope.items() if _fits(str(v))})
     env.update(

@@ -17,12 +17,13 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from journal.record.events import EVENTS
+from journal.record.record import Record
 from watcher.hooks.callbacks import TrainerCallback, callable_name
 
 log = logging.getLogger("watcher")
 
-#: A record of the journal, as ``restore_state`` receives the history.
-Records = list[dict[str, Any]]
+#: The journal's records, as ``restore_state`` receives the history.
+Records = list[Record]
 
 
 class CallbackObject(Protocol):
@@ -104,9 +105,7 @@ def _method(obj: Any, name: str) -> Callable[..., Any] | None:
     return member if callable(member) else None
 
 
-def restore_states(
-    shapes: list[CallbackShape], history: Callable[[], list[dict[str, Any]]]
-) -> None:
+def restore_states(shapes: list[CallbackShape], history: Callable[[], Records]) -> None:
     """Each stateful callback's ``restore_state(records)``, with the records before the
     watcher's start (``history()``, read once and only when one of them asks), so it
     rebuilds counters and best values; one that raises is logged, the others go on."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from journal.read.cursor import Cursor
 from journal.record.fields import missing_fields
+from journal.record.record import Record
 from watcher.hooks.callbacks import CommandTarget, delivery_id_for
 from watcher.hooks.hook import Hook
 
@@ -27,7 +28,7 @@ class Batch:
 #: A run of an inline lane's deliveries (watcher.engine.dispatch ``Dispatcher``'s
 #: ``inline``): one hook and its records in journal order, with no :class:`Delivery` object
 #: per record (a replay into a callable makes millions).
-Plain = tuple[Hook, list[dict[str, Any]]]
+Plain = tuple[Hook, list[Record]]
 
 
 class Delivery:
@@ -39,7 +40,7 @@ class Delivery:
     def __init__(
         self,
         hook: Hook,
-        record: dict[str, Any],
+        record: Record,
         batch: Batch,
         delivery_id: str | None = None,
         lease: str | None = None,  # the checkpoint lease held while a save is queued or running
@@ -134,7 +135,7 @@ class DeliveryResult:
             d.hook.label,
             d.hook.event,
             d.record["seq"],
-            d.record.get("step", 0),
+            d.record["step"],
             status,
             kind,
             **fields,

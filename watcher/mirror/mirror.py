@@ -35,6 +35,7 @@ from journal.channels.reports import InvalidReport, Report, submit_report
 from journal.checkpoints.leases import DEFAULT_TTL_S
 from journal.checkpoints.rotation import prune_finished_run
 from journal.read.cursor import START
+from journal.record.record import Record
 from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
 from journal.rundir.paths import checkpoint_root, journal_path
@@ -68,7 +69,7 @@ class _Job:
     kind: str  # "upload" or "remove"
     name: str  # checkpoints/step-000010
     local: Path
-    record: Mapping[str, Any]
+    record: Mapping[str, Any]  # a Record; {} for the end of the jobs
     lease: str | None = None
     not_before: float = 0.0
 
@@ -102,7 +103,6 @@ class Mirror:
         self.follow = follow
         self.interval = interval
         self.uploaded: list[Uploaded] = []
-        self.segments_sent = 0
         #: 0; REFUSED (another run's prefix, a replaced journal) or STORE_REFUSES once stopped
         self.code = 0
         #: its leases on the checkpoints it has still to send (MirrorRun takes a dead
@@ -203,7 +203,7 @@ class Mirror:
             fresh = end > self._parsed  # its records may have queued work: not done yet
             if fresh:
                 for rec in read.records:
-                    ev = rec.get("event")
+                    ev = rec["event"]
                     ended = (ended or ev == "train_end") and ev != "train_begin"
                     if ev in ("save", "train_end"):
                         urgent_to = end
@@ -259,15 +259,14 @@ class Mirror:
             return
         while self._sent < self._parsed:
             self._sent = upload_segment(self.store, self.journal, self._sent, self._parsed)
-            self.segments_sent += 1
 
     def _bring_in(self) -> None:
         bring_in(self.store, self.ckpt_dir)
 
-    def _note(self, rec: Mapping[str, Any]) -> None:
+    def _note(self, rec: Record) -> None:
         """Queue the work a record asks for: a save's upload (leased now), a removal."""
-        ev = rec.get("event")
-        path = (rec.get("data") or {}).get("checkpoint_path")
+        ev = rec["event"]
+        path = rec["data"].get("checkpoint_path")
         if ev not in ("save", "checkpoint_removed") or not isinstance(path, str):
             return
         local = self._local(path)
@@ -332,7 +331,7 @@ class Mirror:
             self._release(job)
             return  # removed before it could be leased: nothing to upload
         rec = job.record
-        about = {k: rec.get(k) for k in ("run_id", "seq", "step", "attempt")}
+        about = {k: rec[k] for k in ("run_id", "seq", "step", "attempt")}
         up = upload_checkpoint(self.store, job.local, job.name, about=about)
         if up is not None:
             self.uploaded.append(up)
@@ -344,10 +343,10 @@ class Mirror:
                 up.seconds,
             )
             # before the lease ends: a report on a checkpoint rotated away is refused
-            self._journal_upload(up, job.local, rec.get("step"))
+            self._journal_upload(up, job.local, rec["step"])
         self._release(job)
 
-    def _journal_upload(self, up: Uploaded, local: Path, step: Any) -> None:
+    def _journal_upload(self, up: Uploaded, local: Path, step: int) -> None:
         metrics = {
             "mirror_bytes": up.bytes,
             "mirror_files": up.files,
@@ -356,11 +355,7 @@ class Mirror:
         try:
             submit_report(
                 self.ckpt_dir,
-                Report(
-                    metrics,
-                    checkpoint_path=str(local),
-                    step=step if isinstance(step, int) else None,
-                ),
+                Report(metrics, checkpoint_path=str(local), step=step),
                 source="mirror",
             )
         except (InvalidReport, OSError) as exc:

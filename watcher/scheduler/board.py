@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from journal.record.record import Record
 from watcher.hooks.callbacks import Event
 from watcher.scheduler import QUEUED_STATES, JobState, Scheduler, SchedulerError
 from watcher.scheduler.markers import forget_finished
@@ -26,9 +27,9 @@ DEFAULT_POLL_S = 1.0
 AttemptKey = tuple[str, int]
 
 
-def attempt_of(record: Mapping[str, Any]) -> AttemptKey:
+def attempt_of(record: Record) -> AttemptKey:
     """The attempt a journal record belongs to."""
-    return str(record.get("run_id", "")), int(record.get("attempt", 1))
+    return str(record["run_id"]), record["attempt"]
 
 
 class JobBoard:
@@ -112,14 +113,14 @@ class JobBoard:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def aborted(self, record: Mapping[str, Any]) -> bool:
+    def aborted(self, record: Record) -> bool:
         """Whether ``record`` (a save) belongs to an attempt aborted after it: its job is
         not submitted, or cancelled while queued. A resumed attempt is a new one."""
         with self._cond:
             seq = self._aborted.get(attempt_of(record))
-        return seq is not None and int(record.get("seq", -1)) < seq
+        return seq is not None and record["seq"] < seq
 
-    def skips(self, record: Mapping[str, Any]) -> bool:
+    def skips(self, record: Record) -> bool:
         """:meth:`aborted`, for a delivery of ``record`` that is then skipped: counted for
         the watcher's summary (``skipped (run aborted)``)."""
         if not self.aborted(record):
@@ -132,7 +133,7 @@ class JobBoard:
         """A hook on ``train_end`` (``--cancel-on-abort``): an aborted attempt's queued jobs
         are cancelled, and its deliveries not yet submitted are skipped."""
         if self.cancel_on_abort and data.get("command") == "abort":
-            self.abort((str(event.run_id), int(event.attempt)), int(event.seq))
+            self.abort((event.run_id, event.attempt), event.seq)
 
     def abort(self, attempt: AttemptKey, seq: int) -> None:
         """The ``train_end`` at ``seq`` aborted ``attempt``: cancel its queued jobs."""

@@ -34,8 +34,7 @@ class JobRecords:
         """A state change: into the result's ``job``, and into the journal as a ``job`` record."""
         job["states"].append({"state": st.state, "at": time.time()})
         job["node"] = st.node or job["node"]
-        data = d.record.get("data") or {}
-        path = data.get("checkpoint_path")
+        path = d.record["data"].get("checkpoint_path")
         payload = job_payload(
             job_id=job["id"],
             scheduler=job["scheduler"],
@@ -44,7 +43,7 @@ class JobRecords:
             exit_code=st.exit_code if st.final else None,
             log_path=marker.get("log") if st.final else None,
             checkpoint_path=path if isinstance(path, str) else None,
-            step=d.record.get("step"),
+            step=d.record["step"],
             delivery_id=d.delivery_id,
             hook=d.hook.label[:200],
             attempt=int(marker["attempt"]),

@@ -350,5 +350,5 @@ class JobRunner:
 
 def _what(d: Delivery) -> str:
     """What a delivery's job is for, in a console line: its checkpoint, or its record."""
-    path = (d.record.get("data") or {}).get("checkpoint_path")
+    path = d.record["data"].get("checkpoint_path")
     return Path(path).name if isinstance(path, str) else f"{d.hook.event} seq {d.record['seq']}"
