@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from journal.rundir.ledger import beat
 from journal.store import guest
 from tests.helpers import (
     BIN,
@@ -224,6 +225,9 @@ def test_a_guard_stopped_while_its_run_goes_on_says_so_and_status_lists_the_guar
     assert alert["kind"] == "guard_stopped"
     [left] = _status(run)[1]["guards"]  # the killed one's heartbeat stays, and ages
     assert left["pid"] == killed.pid
+    beat(run, left["host"], left["pid"], {**left, "looked_at": left["looked_at"] - 95})
+    assert f"(pid {killed.pid}; hangs" in (text := cli("ilab-journal", "status", str(run)).stdout)
+    assert "s ago: gone?" in text  # as it reads 95 s on
 
 
 @needs_apprise
