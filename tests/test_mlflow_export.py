@@ -6,6 +6,7 @@ duplicate step after a watcher is killed and restarted, reports, checkpoints, st
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -479,3 +480,24 @@ def test_the_best_and_the_description_come_from_the_fold_not_train_ends_snapshot
     assert tags["ilab.best_checkpoint"] == best["checkpoint_path"]
     assert tags["ilab.best"] == "accuracy=0.06 at step 60"
     assert tags["mlflow.note.content"].endswith(f"({tags['ilab.best']})")
+
+
+def test_a_hang_aborted_attempt_is_tagged_as_status_says_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Who stopped a run comes from the fold: a hang abort (no stop command) is
+    ``ilab.stop_source`` ``hang``, by the guard that aborted it, as ``status`` says."""
+    from watcher.alerts.guard import hang_end_payload
+
+    ckpt, store = tmp_path / "run", tmp_path / "mlruns"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+        marker = {"message": "rank 1 stuck", "alert_id": "a1", "source": "ilab-watch:guard"}
+        w.append("train_end", hang_end_payload(marker, written_by="launcher"), step=3)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--mlflow", store.as_uri(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    tags = only_run(mlflow_tracking.MlflowClient(store.as_uri()), "ilab-journal").data.tags
+    status = cli("ilab-journal", "status", str(ckpt), "--json")
+    assert json.loads(status.stdout)["stop_source"] == "hang"
+    assert tags["ilab.stop_source"] == "hang" and tags["ilab.stopped_by"] == "ilab-watch:guard"

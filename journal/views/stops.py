@@ -90,8 +90,9 @@ def hook_source(env: dict[str, str]) -> str | None:
 def ending(data: dict[str, Any], sources: dict[str, str | None]) -> tuple[str | None, str | None]:
     """``(stop_source, stopped_by)`` of a ``train_end`` payload: the kind and the source
     string of what ended the run (``sources``: applied stop/abort commands' id -> source,
-    for journals whose ``train_end`` has no ``command_source``); ``(None, None)`` for a run
-    that completed or failed on its own. An attempt the hang guard aborted is ``hang``."""
+    for journals whose ``train_end`` has no ``command_source``, and for a stopped attempt
+    whose ``train_end`` names no command: the last applied); ``(None, None)`` for a run that
+    completed or failed on its own. An attempt the hang guard aborted is ``hang``."""
     status = data.get("status")
     if data.get("aborted_for") == "hang":
         by = data.get("aborted_by")
@@ -100,6 +101,9 @@ def ending(data: dict[str, Any], sources: dict[str, str | None]) -> tuple[str | 
         by = data.get("command_source")
         if not isinstance(by, str):
             by = sources.get(str(data.get("command_id")))
+        return stop_kind(by), by
+    if status == "stopped" and sources:
+        by = list(sources.values())[-1]
         return stop_kind(by), by
     if status == "stopped":
         return "trainer", None

@@ -135,6 +135,7 @@ class Summarizer:
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
             s.stop_source = s.stopped_by = None
+            self._enders.clear()  # an attempt is ended by its own commands
             s.total_steps = data.get("total_steps", s.total_steps)
             s.started_ts = rec["ts"]
             s.hostname, s.pid = data.get("hostname"), data.get("pid")

@@ -183,7 +183,7 @@ class MlflowExport(MetricsExport):
             reason = str(data["reason"]) if data.get("reason") else None
             if reason:
                 self._tag(run, "ilab.reason", reason[:_MAX_VALUE])
-            self._tags(run, story.end_tags(data))
+            self._tags(run, story.end_tags(fold.summary()))
             # the best and the description from the fold, not train_end's best_checkpoint:
             # reports still on their way when it was written land after it
             self._best(run, fold, ending=(status, reason))

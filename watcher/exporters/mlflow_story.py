@@ -23,6 +23,7 @@ from journal.record.fields import accepted
 from journal.views.best import BestCheckpoint
 from journal.views.fold import CheckpointFate
 from journal.views.stops import stop_kind
+from journal.views.summary import RunSummary
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
 _MAX_KEY = 250
@@ -82,10 +83,13 @@ def stop_tags(source: str | None) -> dict[str, str]:
     return {"ilab.stop_source": stop_kind(source), "ilab.stopped_by": str(source or "?")}
 
 
-def end_tags(data: dict[str, Any]) -> dict[str, str]:
-    """``train_end``: who stopped the run (the best and the description: :func:`best_tags`,
-    :func:`note`, from the run's fold)."""
-    return stop_tags(data["command_source"]) if data.get("command_source") else {}
+def end_tags(summary: RunSummary) -> dict[str, str]:
+    """``train_end``: who stopped the run, as the fold says it (``status``'s stop source: a
+    hang abort, an eval's stop, ...); the best and the description: :func:`best_tags`,
+    :func:`note`, from the same fold."""
+    if summary.stop_source is None:
+        return {}
+    return {"ilab.stop_source": summary.stop_source, "ilab.stopped_by": summary.stopped_by or "?"}
 
 
 def best_tags(best: BestCheckpoint | None) -> dict[str, str]:
