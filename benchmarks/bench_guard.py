@@ -14,6 +14,12 @@
   ``--max-restarts 10`` (``--max-no-progress-attempts`` at its default, 3): attempts
   launched (goal 3, not 11), from the first kill to the launcher's no-progress stop
   (exit 4), and the longest relaunch (from a kill to the next attempt's ``train_begin``);
+- three notifiers on one run (issue 59): ``ilab-train --hang-after 5 --notify URL`` beside two
+  ``ilab-watch --hang-after 5 --notify URL``, a real webhook on 127.0.0.1; rank 1 stopped,
+  continued, then the run stopped: POSTs per incident (goal 1) and ``alert`` records;
+- a hang cleared then repeated: rank 1 stopped, continued, stopped again at once: the
+  recovery told, the second hang paged again (goal: 2 hang POSTs), no sooner than a minute
+  after the first (the page limit of a flapping rank);
 - false alarms: every journal of a real trainer under the roots given (default: ``runs/``,
   where ``make demo`` writes, the test suite's pytest temp dirs, and this benchmark's own
   runs, the busy one included) backtested with ``--hang-after auto`` (goal 0), alarms that
@@ -23,6 +29,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -42,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import bench_parser, emit  # noqa: E402
 from journal.read.reader import iter_records  # noqa: E402
 from journal.rundir.phase import read_phase  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from tests.helpers import kill_tree, wait_for  # noqa: E402
+from tests.receiver import Receiver, serve  # noqa: E402
 from watcher.alerts.hang import HangRule  # noqa: E402
 from watcher.backtest.hangs import backtest_hangs  # noqa: E402
 
@@ -203,6 +211,120 @@ def crash_loop_case(run: Path, most: int = 10) -> dict[str, Any]:
     }
 
 
+def _posts(got: Receiver, kind: str) -> list[dict[str, Any]]:
+    """The messages the webhook got about alerts of ``kind`` (their title names it)."""
+    return [b for b in got.bodies if b["title"].startswith(f"[ilab] {kind}: ")]
+
+
+def _notified_run(run: Path, url: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A long demo run under ``--hang-after 5 --notify URL`` at step 10; rank 1's pid."""
+    argv = _train(run, "--max-steps", "3000", "--num-epochs", "50", "--hang-after", "5")
+    job = subprocess.Popen(
+        [*argv, "--notify", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()
+    )
+    begin = wait_for(
+        lambda: next((r for r in _records(run) if r["event"] == "train_begin"), None),
+        300,
+        "train_begin",
+    )
+    wait_for(
+        lambda: any(r["event"] == "step_end" and r["step"] >= 10 for r in _records(run)),
+        300,
+        "step 10",
+    )
+    return job, next(r["pid"] for r in begin["data"]["ranks"] if r["rank"] == 1)
+
+
+def _stop_run(run: Path, job: subprocess.Popen[bytes]) -> None:
+    stop = [str(BIN / "ilab-journal"), "control", "stop", str(run)]
+    subprocess.run(stop, check=True, capture_output=True, env=_env())
+    _, err = job.communicate(timeout=300)
+    if job.returncode != 0:
+        raise SystemExit(f"bench_guard: {err.decode()[-2000:]}")
+
+
+def _all_looked_since(run: Path, since: float, n: int) -> bool:
+    """Each of the ``n`` guards' heartbeats (alerts/guards/) says it looked after ``since``."""
+    beats = [orjson.loads(p.read_bytes()) for p in (run / "alerts" / "guards").glob("*.json")]
+    return len(beats) == n and all(b["looked_at"] > since for b in beats)
+
+
+def notifiers_case(run: Path) -> dict[str, Any]:
+    """Three notifiers on one run: the launcher's guard and two ilab-watch guards, each with
+    --hang-after 5 and the same webhook. Rank 1 stopped (a hang), continued (its recovery),
+    the run stopped: how many POSTs each incident made, and the ``alert`` records."""
+    with serve() as got:
+        job, rank1 = _notified_run(run, got.url)
+        argv = [str(BIN / "ilab-watch"), str(run), "--hang-after", "5", "--notify", got.url]
+        watchers = [  # each its own --name: a cursor of its own
+            subprocess.Popen([*argv, "--name", n], stderr=subprocess.DEVNULL, env=_env())
+            for n in ("bench-a", "bench-b")
+        ]
+        try:
+            started = time.time()
+            wait_for(lambda: _all_looked_since(run, started, 3), 120, "three guards")
+            stopped_at = time.time()
+            os.kill(rank1, signal.SIGSTOP)
+            wait_for(lambda: _posts(got, "hang"), 120, "the hang's POST")
+            posted_at = time.time()
+            wait_for(lambda: _all_looked_since(run, posted_at + 6, 3), 60, "every guard's look")
+            os.kill(rank1, signal.SIGCONT)
+            wait_for(lambda: _posts(got, "recovered"), 120, "the recovery's POST")
+            told = time.time()
+            wait_for(lambda: _all_looked_since(run, told + 6, 3), 60, "every guard's look")
+            _stop_run(run, job)
+            for w in watchers:
+                w.wait(timeout=60)
+        finally:
+            if job.poll() is None:
+                kill_tree(job.pid)
+            for w in watchers:
+                w.kill()
+        posts = {k: len(_posts(got, k)) for k in ("hang", "recovered", "stopped")}
+    alerts = [r["data"]["kind"] for r in _records(run) if r["event"] == "alert"]
+    return {
+        "notifiers": 3,
+        "notifiers_stop_to_hang_post_s": posted_at - stopped_at,
+        **{f"notifiers_{k}_posts": v for k, v in posts.items()},
+        "notifiers_posts_per_incident": max(posts.values()),
+        "notifiers_alert_records": len(alerts),
+    }
+
+
+def hang_repeat_case(run: Path) -> dict[str, Any]:
+    """A hang cleared then repeated: ``ilab-train --hang-after 5 --notify URL``; rank 1
+    stopped, continued once its hang was paged, stopped again as soon as its recovery was:
+    when each was told, and the second hang's page after the first."""
+    with serve() as got:
+        job, rank1 = _notified_run(run, got.url)
+        try:
+            first_stop = time.time()
+            os.kill(rank1, signal.SIGSTOP)
+            wait_for(lambda: _posts(got, "hang"), 120, "the first hang's POST")
+            first_post = time.time()
+            os.kill(rank1, signal.SIGCONT)
+            wait_for(lambda: _posts(got, "recovered"), 120, "the recovery's POST")
+            recovered = time.time()
+            os.kill(rank1, signal.SIGSTOP)
+            wait_for(lambda: len(_posts(got, "hang")) == 2, 180, "the second hang's POST")
+            second_post = time.time()
+            os.kill(rank1, signal.SIGCONT)
+            _stop_run(run, job)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank1, signal.SIGCONT)
+            if job.poll() is None:
+                kill_tree(job.pid)
+        hangs, recoveries = len(_posts(got, "hang")), len(_posts(got, "recovered"))
+    return {
+        "repeat_stop_to_hang_post_s": first_post - first_stop,
+        "repeat_cont_to_recovered_post_s": recovered - first_post,
+        "repeat_second_hang_post_after_first_s": second_post - first_post,
+        "repeat_hang_posts": hangs,
+        "repeat_recovered_posts": recoveries,
+    }
+
+
 def _real(journal: Path) -> bool:
     """A journal a real trainer wrote: its first train_begin names the Python it ran (the
     tests' made-up journals name a torch alone). Judged by its first MiB: the tests leave
@@ -269,8 +391,8 @@ def main() -> None:
             result.update(busy_hang_case(Path(d) / "busy"))
             result.update(lease_wait_case(Path(d) / "lease"))
             result.update(crash_loop_case(Path(d) / "crash-loop"))
-            # the cases of issue 59's other parts come here: three notifiers on one run
-            # (POSTs per incident), a hang cleared then repeated
+            result.update(notifiers_case(Path(d) / "notifiers"))
+            result.update(hang_repeat_case(Path(d) / "repeat"))
         except AssertionError as exc:  # wait_for's deadline: one line
             raise SystemExit(f"bench_guard: {exc}") from None
         roots = [r for r in args.roots if r.is_dir()] + [Path(d)]
@@ -287,6 +409,9 @@ def main() -> None:
         and result["lease_wait_alerts"] == 0
         and result["crash_loop_attempts"] == 3
         and result["backtest_auto_false_alarms"] == 0
+        and result["notifiers_posts_per_incident"] == 1
+        and result["repeat_hang_posts"] == 2
+        and result["repeat_second_hang_post_after_first_s"] >= 60
     )
     emit("bench_guard", result, args.json)
 

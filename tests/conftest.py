@@ -76,6 +76,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"  {row['scenario']:<58} {figures}")
 
 
+@pytest.fixture
+def receiver() -> Any:
+    """A webhook on 127.0.0.1 that keeps what is POSTed to it (tests/receiver.py): the
+    alert tests' ``--notify json://127.0.0.1:PORT/hook`` target."""
+    from tests.receiver import serve
+
+    with serve() as got:
+        yield got
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A one-node Slurm cluster for the session (tests/slurm_cluster.py), started once,

@@ -13,8 +13,6 @@ import json
 import re
 import subprocess
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,44 +37,13 @@ from tests.helpers import (
     write_run,
     write_steps,
 )
+from tests.receiver import Receiver
 
 #: --notify sends through apprise (the alerts extra, which `make` installs)
 needs_apprise = pytest.mark.skipif(
     importlib.util.find_spec("apprise") is None,
     reason="apprise is not installed (the alerts extra)",
 )
-
-
-@dataclass
-class Receiver:
-    """An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it."""
-
-    url: str
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    got: list[dict[str, Any]] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            got.append({"path": self.path, **json.loads(body)})
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Receiver(f"json://127.0.0.1:{server.server_address[1]}/hook", got)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _end(ckpt: Path, data: dict[str, Any]) -> None:

@@ -294,11 +294,13 @@ def test_a_journal_never_chooses_what_is_killed(
     assert not [r for r in records(run) if r["event"] == "train_end"]
 
 
-def test_a_hang_seen_again_gathers_no_evidence_for_an_alert_never_raised(
+def test_a_flapping_rank_pages_once_a_minute_and_evidence_is_gathered_for_raised_hangs(
     tmp_path: Path,
 ) -> None:
-    """--hang-after 1 with 2 s steps: each step's quiet is a hang to the rule, but the sink
-    raises one hang alert per attempt; evidence is gathered for that one alert only."""
+    """--hang-after 1 with 2 s steps: each step's quiet is a hang to the rule. The first is
+    raised, the step that ends it tells its recovery, and the hangs that follow within a
+    minute wait (no alert, no evidence); one that lasts past the minute is raised: a new
+    incident, with evidence of its own."""
     [sleep] = _sleeps(1)
     run = tmp_path / "run"
     sink = AlertDispatcher(run, run_label=str(run))
@@ -310,12 +312,16 @@ def test_a_hang_seen_again_gathers_no_evidence_for_an_alert_never_raised(
                 now += 2.0
                 guard.tick(now)  # on the guard's clock: 2 s of quiet
                 w.append("step_end", step=step, ts=now)
+            guard.tick(now + 61.0)  # a quiet that outlasts the minute
     finally:
         sink.close(1.0)
         sleep.kill()
         sleep.wait()
-    assert [a.kind for a in sink.raised] == ["hang"]
-    assert [d.name for d in (run / "alerts").iterdir()] == [sink.raised[0].id]
+    assert [(a.kind, a.step) for a in sink.raised] == [("hang", 5), ("recovered", 6), ("hang", 15)]
+    first, recovered, second = sink.raised
+    assert recovered.resolves == first.id and recovered.incident == first.incident
+    evidence = {d.name for d in (run / "alerts").iterdir()} - {"claims", "guards"}
+    assert evidence == {first.id, second.id}
 
 
 def test_a_stack_is_captured_whatever_the_watchers_locale(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ KINDS: tuple[str, ...] = (
     "stopped",
     "completed",
     "condition",
+    "recovered",
+    "guard_stopped",
 )
 #: At most this many evidence paths, missing lines and targets per record.
 MAX_ITEMS = 64
@@ -65,6 +67,7 @@ def alert_payload(
     run: str | None = None,
     host: str | None = None,
     source: str | None = None,
+    resolves: str | None = None,
     raised_at: float,
 ) -> dict[str, Any]:
     """The JSON object of an alert file (its ``alert`` record, less ``kind`` renamed):
@@ -83,6 +86,7 @@ def alert_payload(
         "run": None if run is None else clip(run, MAX_NAME_CHARS * 4),
         "host": None if host is None else clip(host, MAX_NAME_CHARS),
         "source": None if source is None else clip(source, MAX_NAME_CHARS),
+        "resolves": resolves,
         "raised_at": raised_at,
     }
 
@@ -150,7 +154,7 @@ def check_alert(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         out[key] = value
     for key in ("evidence", "missing", "targets"):
         out[key] = _texts(obj, key)
-    for key in ("condition", "run", "host", "source"):
+    for key in ("condition", "run", "host", "source", "resolves"):
         value = obj.get(key)
         if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT_CHARS):
             raise InvalidAlert(f"{key} must be a string or null")

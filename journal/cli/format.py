@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from journal.record.events import EVENTS
 from journal.record.record import Record
 from journal.record.text import printable
+from journal.rundir.ledger import GUARD_STALE_S
 from journal.rundir.lock import describe
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ def status_text(s: RunSummary, path: Path) -> str:
         ]
     if s.alerts and s.last_alert:  # what went wrong, said by a watcher (docs/alerts.md)
         rows.append(("alerts", _alert_row(s.alerts, s.last_alert, path)))
+    if s.guards:  # who watches the run for hangs and deaths, and when each last looked
+        rows.append(("guards", "; ".join(map(_guard_text, s.guards))))
     if s.unapplied_commands:  # sent too late: the run had ended (journal.channels.control)
         n = s.unapplied_commands
         rows.append(("control", f"{n} control command(s) arrived after the run ended: not applied"))
@@ -225,9 +228,23 @@ def _alert_row(count: int, a: dict[str, Any], path: Path) -> str:
         text += f"; not told {', '.join(failed)}"
     if targets and told is None:
         text += f"; telling {', '.join(targets)}"
+    if a.get("recovered_at"):
+        text += f"; recovered {fmt_ts(a['recovered_at'])}"
+    if a.get("journaled") is False:  # its claim in the ledger: the journal's writer is stuck
+        text += "; not in the journal yet"
     if count > 1:
         text += f"  (all: ilab-journal show {path.parent} -e alert)"
     return text
+
+
+def _guard_text(g: dict[str, Any]) -> str:
+    """``ilab-watch on host-a (pid 4242; hangs, deaths): looked 2s ago``; a heartbeat
+    that aged says the guard stopped looking."""
+    ago = time.time() - (g.get("looked_at") or 0.0)
+    text = f"{g.get('source')} on {g.get('host')} (pid {g.get('pid')}; {g.get('watches')}): "
+    if ago >= GUARD_STALE_S:
+        return text + f"last looked {fmt_ts(g.get('looked_at'))}, {ago:.0f}s ago: gone?"
+    return text + f"looked {max(ago, 0):.0f}s ago"
 
 
 def holder_text(info: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from journal.cli.format import fmt_ts, summarize_data
 from journal.read.tailing import RotatingReader
 from journal.record.record import Record
 from journal.record.text import printable
+from journal.rundir.ledger import claims
 from journal.rundir.lock import writer_gone
 from journal.store import follow as follow_store
 from journal.views import index
@@ -65,7 +66,8 @@ def follow_journal(
             emit(rec)
     sys.stdout.flush()
     summ, died = folded.fold.summarizer, list[str]()
-    batches = _batches(reader, summ, interval, path.parent, died)
+    shown = {a.id for a in folded.fold.alerts}  # journaled: a raised one is said once
+    batches = _batches(reader, summ, interval, path.parent, died, shown)
     if as_json or not sys.stdout.isatty():
         for records in batches:
             for rec in records:
@@ -83,17 +85,26 @@ DEATH_CHECK_S = 1.0
 
 
 def _batches(
-    reader: RotatingReader, summ: Summarizer, interval: float, run_dir: Path, died: list[str]
+    reader: RotatingReader,
+    summ: Summarizer,
+    interval: float,
+    run_dir: Path,
+    died: list[str],
+    shown: set[Any],
 ) -> Iterator[list[Record]]:
     """What the journal gains (across mv and copytruncate), folded into ``summ``, until
     ``train_end``, or until the run is known dead: no ``train_end``, and nobody left to
-    write one (:func:`~journal.rundir.lock.writer_gone`), said in ``died``."""
+    write one (:func:`~journal.rundir.lock.writer_gone`), said in ``died``. While it is
+    quiet, an alert raised that the journal has not got (``shown``: the ids said) is one
+    line on stderr: a trainer hung holding the journal journals its hang alert never."""
     gone, look = False, time.monotonic() + DEATH_CHECK_S
     while not summ.ended:
         reader.check()
         records = reader.read().records
         for rec in records:
             summ.add(rec)
+            if rec["event"] == "alert":
+                shown.add(rec["data"].get("id"))
         yield records
         if records:
             gone = False
@@ -104,6 +115,12 @@ def _batches(
             return
         elif time.monotonic() >= look:  # gone: one more read (records just before it let go)
             gone, look = writer_gone(run_dir), time.monotonic() + DEATH_CHECK_S
+            for c in claims(run_dir, summ.summary.run_id):
+                if c.get("id") not in shown:  # a raised alert the journal has not got yet
+                    shown.add(c.get("id"))
+                    what = summarize_data("alert", {**c, "kind": c.get("alert")}, 200)
+                    line = f"{fmt_ts(c.get('raised_at'))} alert (not in the journal yet) {what}"
+                    print(printable(line), file=sys.stderr)
         else:
             time.sleep(interval)  # a person's view: polling is plenty
 

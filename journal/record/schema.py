@@ -174,7 +174,17 @@ class AlertData(_Open):
     whether or not its targets answer; what became of telling them is ``alert_told``."""
 
     id: str = Field(description="unique per alert; its evidence lies in alerts/<id>/")
-    kind: Literal["hang", "died", "failed", "diverged", "stopped", "completed", "condition"]
+    kind: Literal[
+        "hang",
+        "died",
+        "failed",
+        "diverged",
+        "stopped",
+        "completed",
+        "condition",
+        "recovered",
+        "guard_stopped",
+    ]
     step: int | None = Field(description="the step the alert is about (null: unknown)")
     attempt: int | None = Field(None, description="the attempt it is about")
     message: str = Field(description="what was seen, one line")
@@ -192,6 +202,7 @@ class AlertData(_Open):
     run: str | None = Field(None, description="the run as the watcher names it (dir or URI)")
     host: str | None = Field(None, description="the host of the watcher that raised it")
     source: str | None = Field(None, description="who raised it, e.g. ilab-watch")
+    resolves: str | None = Field(None, description="kind recovered: the hang alert's id")
     raised_at: float = Field(description="Unix time it was raised")
 
 

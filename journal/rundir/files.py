@@ -30,7 +30,13 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def atomic_write(
-    path: StrPath, data: bytes, *, root: StrPath, mode: int = 0o640, durable: bool = True
+    path: StrPath,
+    data: bytes,
+    *,
+    root: StrPath,
+    mode: int = 0o640,
+    durable: bool = True,
+    exclusive: bool = False,
 ) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
@@ -38,7 +44,10 @@ def atomic_write(
     renamed over ``path`` (a symlink there is replaced, never followed); then the directory
     is fsynced. Its directories below ``root`` are made, and refused when one is a symlink
     (:func:`journal.rundir.safety.safe_dir`). ``durable=False`` skips both fsyncs, for
-    state that means nothing after a reboot (e.g. which processes run).
+    state that means nothing after a reboot (e.g. which processes run). ``exclusive``: a
+    claim: the file is linked into place only where nothing is (``FileExistsError``
+    otherwise), so of any number of processes on any hosts sharing the directory exactly
+    one creates it, and it appears whole.
     """
     final = Path(path)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -48,11 +57,10 @@ def atomic_write(
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
+        os.link(tmp, final) if exclusive else os.replace(tmp, final)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
     if durable:
         fsync_dir(final.parent)
 

@@ -20,7 +20,7 @@ import orjson
 from journal.checkpoints.leases import Lease, active
 from journal.serve.fold import RunFold, Series, scalar
 from journal.views.fold import RunFold as RunTruth
-from journal.views.summary import STATE_EXIT_CODES
+from journal.views.summary import STATE_EXIT_CODES, RunSummary
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
 STATE_MEANING: dict[str, str] = {
@@ -32,6 +32,7 @@ STATE_MEANING: dict[str, str] = {
     "interrupted": "exit 5: interrupted",
     "stale": "exit 6: stale (no record, no train_end)",
     "empty": "exit 7: no record yet",
+    "hung": "exit 8: running, but hung (a hang alert and no step since)",
     "error": "the journal cannot be read: see the reason",
 }
 #: Points per curve on the first paint (two per pixel bucket: its min and its max).
@@ -66,15 +67,15 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
-def alert_marks(truth: RunTruth, last_step: int | None) -> dict[str, Any]:
-    """What the page marks a run with: its alerts' kinds (hang, diverged, ...), the newest,
-    and ``stuck``: that one is a hang or a death that no step has ended since (no ETA)."""
-    last = truth.alerts[-1] if truth.alerts else None
-    stuck = (
-        last is not None and last.kind in ("hang", "died") and (last.step or 0) >= (last_step or 0)
-    )
-    kinds = sorted({a.kind for a in truth.alerts})
-    return {"alert_kinds": kinds, "stuck": stuck, "last_alert": last.to_dict() if last else None}
+def alert_marks(truth: RunTruth, s: RunSummary, now: float) -> dict[str, Any]:
+    """What the page marks a run with: its alerts' kinds (hang, diverged, ...; raised and
+    not journaled yet too), the newest, and ``stuck``: the run is hung, or that one is a
+    death that no step has ended since (no ETA)."""
+    alerts = truth.alerts_now(truth.run_dir, now)[0]
+    last = s.last_alert
+    died = last is not None and last["kind"] == "died" and (last["step"] or 0) >= s.last_step
+    kinds = sorted({a.kind for a in alerts} - {"recovered"})
+    return {"alert_kinds": kinds, "stuck": s.state == "hung" or died, "last_alert": last}
 
 
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     run stale or stuck), best and alerts."""
     now = time.time() if now is None else now
     s = fold.run.summary(stale_after=stale_after, now=now)
-    marks = alert_marks(fold.run, s.last_step)
+    marks = alert_marks(fold.run, s, now)
     prev, last = fold.prev_log, fold.last_log
     log = last["data"] if last is not None else {}
     eta = None
@@ -115,6 +116,7 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
         "records": fold.count,
         "invalid_lines": fold.invalid,
         "error": s.error,
+        "guards": [{**g, "age_s": now - g["looked_at"]} for g in s.guards],
         **marks,
     }
 

@@ -4,6 +4,7 @@ folds its journal once and then reads on; the runs list reads each journal's ind
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journal.rundir.ledger import claims_dir
 from journal.rundir.paths import JOURNAL_NAME
 from journal.serve.data import STATE_MEANING, alert_marks
 from journal.serve.fold import RunFold
@@ -30,7 +32,7 @@ class Run:
     source: str  # as given (a dir or a store URI)
     remote: bool = False  # a mirrored run: its copy here takes no commands
     fold: RunFold | None = None
-    _row: tuple[tuple[int, int], dict[str, Any]] | None = None
+    _row: tuple[tuple[int, int, int | None], dict[str, Any]] | None = None
 
     @property
     def journal(self) -> Path:
@@ -105,7 +107,7 @@ class RunSet:
             st = run.journal.stat()
         except FileNotFoundError:
             return {"key": run.key, "source": run.source, "state": "empty", "records": 0}
-        ident = (st.st_size, st.st_mtime_ns)
+        ident = (st.st_size, st.st_mtime_ns, _mtime(claims_dir(run.dir)))  # a hang: no record
         if run.fold is not None:
             fold = run.opened()
             if fold.unreadable:
@@ -118,7 +120,7 @@ class RunSet:
         s = truth.summary(stale_after=None, now=now, run_dir=run.dir)
         last_log = find_last(run.journal, "log")
         log = last_log["data"] if last_log is not None else {}
-        marks = alert_marks(truth, s.last_step)
+        marks = alert_marks(truth, s, now)
         per_step = None if marks["stuck"] else log.get("elapsed_time")  # stuck: no ETA
         eta = None
         if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):
@@ -144,6 +146,13 @@ class RunSet:
         }
         run._row = (ident, row)
         return _aged(row, now, self.stale_after)
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def unreadable(run: Run, exc: BaseException) -> str:

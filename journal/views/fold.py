@@ -17,10 +17,13 @@ What it holds, for the journal's current run (its last ``run_id``) and every att
   checkpoints that are still there, never from a snapshot some record carries;
 - the control commands with their verdicts and senders, and the attempts;
 - the alerts a watcher raised (``alert`` records, joined by id with their ``alert_told``:
-  which ``--notify`` targets were told), of every attempt of the run.
+  which ``--notify`` targets were told), of every attempt of the run; a ``recovered`` one
+  resolves a hang (it is no alert of its own in the count).
 
-What the disk says at the moment of asking (a checkpoint deleted by hand, the leases held)
-is added by :meth:`RunFold.checkpoints` and :meth:`RunFold.best`, given the run dir.
+What the disk says at the moment of asking (a checkpoint deleted by hand, the leases held,
+the alerts raised that the journal has not got yet and the guards watching the run: the
+alert ledger, journal/rundir/ledger.py) is added by :meth:`RunFold.checkpoints`,
+:meth:`RunFold.best` and :meth:`RunFold.summary`, given the run dir.
 
 A checkpoint is known by :func:`~journal.rundir.paths.checkpoint_key` (its ``step-NNNNNN``
 name), so the same checkpoint journaled once with an absolute path (the trainer's save) and
@@ -31,12 +34,14 @@ shown at its canonical path (:func:`~journal.rundir.paths.canonical_checkpoint`)
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from journal.record.fields import accepted
 from journal.record.record import Record
+from journal.rundir.ledger import claims, guards
 from journal.rundir.paths import checkpoint_key
 from journal.views.best import BestCheckpoint, MetricGoal, on_disk
 from journal.views.ledger import (
@@ -74,7 +79,8 @@ class CommandSeen:
 class AlertSeen:
     """An ``alert`` record, with what its ``alert_told`` said once it came: ``told``, the
     targets that took it; ``failed``, those given up (``{target, tries, error}``);
-    ``targets``, every target it was sent to (None in ``told``: no outcome journaled yet)."""
+    ``targets``, every target it was sent to (None in ``told``: no outcome journaled yet);
+    ``resolves``: a recovery's hang; ``journaled``: False for one only the ledger holds yet."""
 
     id: str
     kind: str
@@ -88,6 +94,28 @@ class AlertSeen:
     ts: float | None
     told: list[str] | None = None
     failed: list[dict[str, Any]] = field(default_factory=list)
+    resolves: str | None = None
+    journaled: bool = True
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any], ts: Any, kind: Any) -> AlertSeen | None:
+        """An ``alert`` record's payload (or a ledger claim's) as seen; None without an id."""
+        aid = data.get("id")
+        if not isinstance(aid, str):
+            return None
+        return cls(
+            aid,
+            str_or_none(kind) or "?",
+            int_or_none(data.get("step")),
+            int_or_none(data.get("attempt")),
+            str_or_none(data.get("message")) or "",
+            _texts(data.get("evidence")),
+            _texts(data.get("missing")),
+            str_or_none(data.get("condition")),
+            _texts(data.get("targets")),
+            finite_number(ts),
+            resolves=str_or_none(data.get("resolves")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,24 +286,11 @@ class RunFold:
             del self.commands[0]
 
     def _alert(self, rec: Record, data: Mapping[str, Any]) -> None:
-        aid = data.get("id")
-        if not isinstance(aid, str) or any(a.id == aid for a in self.alerts[-8:]):
+        seen = AlertSeen.of(data, rec["ts"], data.get("kind"))
+        if seen is None or any(a.id == seen.id for a in self.alerts[-8:]):
             return  # a file journaled twice (a crash before it was archived): one alert
-        self.alert_count += 1
-        self.alerts.append(
-            AlertSeen(
-                aid,
-                str_or_none(data.get("kind")) or "?",
-                int_or_none(data.get("step")),
-                int_or_none(data.get("attempt")),
-                str_or_none(data.get("message")) or "",
-                _texts(data.get("evidence")),
-                _texts(data.get("missing")),
-                str_or_none(data.get("condition")),
-                _texts(data.get("targets")),
-                finite_number(rec["ts"]),
-            )
-        )
+        self.alert_count += seen.kind != "recovered"  # a recovery resolves its hang
+        self.alerts.append(seen)
         if len(self.alerts) > MAX_ALERTS:
             del self.alerts[0]
 
@@ -342,17 +357,47 @@ class RunFold:
         run_dir: str | os.PathLike[str] | None = None,
     ) -> RunSummary:
         """``status``'s answer: the summarizer's, with the best checkpoint by the run's
-        ``keep_best`` from this fold's ledger (a copy: asking changes nothing)."""
+        ``keep_best`` from this fold's ledger, and the alerts and guards with what the alert
+        ledger holds now: a running run with a hang alert and no step since is ``hung``
+        (a copy: asking changes nothing)."""
         run_dir = run_dir if run_dir is not None else self.run_dir
-        s = self.summarizer.result(stale_after=stale_after, now=now)
+        now = time.time() if now is None else now
+        alerts, count = self.alerts_now(run_dir, now)
+        problems = [a for a in alerts if a.kind != "recovered"]
+        over = {a.resolves: a.ts for a in alerts if a.resolves}
+        step, attempt = self.summarizer.summary.last_step, self.summarizer.summary.attempt
+        hang = next((a for a in reversed(problems) if a.kind == "hang"), None)
+        hung = None  # its attempt's, not recovered, and no step has ended since
+        if hang and hang.attempt == attempt and hang.id not in over and (hang.step or 0) >= step:
+            hung = f"still running, but a hang alert at step {hang.step} and no step since"
+        s = self.summarizer.result(stale_after=stale_after, now=now, hung=hung)
         goal = self.keep_best()
         best = self.ledger.best(goal, run_dir) if goal else None
+        last = problems[-1].to_dict() if problems else None
         return replace(
             s,
             best_checkpoint=best.to_dict() if best else None,
-            alerts=self.alert_count,
-            last_alert=self.alerts[-1].to_dict() if self.alerts else None,
+            alerts=count,
+            last_alert=last and {**last, "recovered_at": over.get(last["id"])},
+            guards=guards(run_dir, s.run_id) if run_dir is not None else [],
         )
+
+    def alerts_now(
+        self, run_dir: str | os.PathLike[str] | None, now: float
+    ) -> tuple[list[AlertSeen], int]:
+        """The run's alerts and their count with those raised by ``now`` that the journal
+        has not got yet (journaled=False): a trainer hung holding the journal journals
+        nothing while its hang lasts; the alert ledger (journal/rundir/ledger.py) holds them."""
+        if run_dir is None or self.run_id is None:
+            return self.alerts, self.alert_count
+        known = {a.id for a in self.alerts}
+        pending = [
+            replace(seen, journaled=False)
+            for c in claims(run_dir, self.run_id)
+            if (c.get("raised_at") or 0.0) <= now and c.get("id") not in known
+            if (seen := AlertSeen.of(c, c.get("raised_at"), c.get("alert"))) is not None
+        ]
+        return self.alerts + pending, self.alert_count + sum(a.kind != "recovered" for a in pending)
 
     def to_state(self) -> dict[str, Any]:
         """Everything folded so far, as JSON types (the journal index stores it)."""

@@ -23,6 +23,7 @@ STATE_EXIT_CODES: dict[str, int] = {
     "interrupted": 5,
     "stale": 6,
     "empty": 7,
+    "hung": 8,  # running, but a hang alert and no step since (docs/alerts.md)
 }
 
 
@@ -70,6 +71,8 @@ class RunSummary:
     #: step, message, evidence, told, ... (filled by the run's fold, journal/views/fold.py)
     alerts: int = 0
     last_alert: dict[str, Any] | None = None
+    #: the guards watching the run (their heartbeats: journal/rundir/ledger.py)
+    guards: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +96,7 @@ _ENDERS = frozenset({"stop", "abort"})
 #: RunSummary fields computed when a result is asked for, never folded.
 _DERIVED = frozenset(
     {"best_checkpoint", "holder", "prunable_checkpoints", "expired_leases", "alerts", "last_alert"}
+    | {"guards"}
 )
 
 
@@ -193,15 +197,20 @@ class Summarizer:
         *,
         stale_after: float | None = None,
         now: float | None = None,
+        hung: str | None = None,
     ) -> RunSummary:
         """The summary so far, without the best checkpoint (the run's fold adds it).
+        ``hung``: why a running run is hung (a hang alert and no step since), which a quiet
+        run's staleness does not hide (a trainer process gone does).
 
         A copy: judging a quiet run stale must not stick to the summary this keeps folding
         (a long-lived reader, such as ``serve``, sees the run running again when it writes)."""
         s = replace(self.summary)
         if s.state == "running" and s.last_ts is not None:
             now = time.time() if now is None else now
-            if stale_after is not None and now - s.last_ts > stale_after:
+            if hung is not None and not _pid_gone(s.hostname, s.pid):
+                s.state, s.reason = "hung", hung
+            elif stale_after is not None and now - s.last_ts > stale_after:
                 s.state, s.reason = (
                     "stale",
                     f"no record for {now - s.last_ts:.0f}s and no train_end",

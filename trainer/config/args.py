@@ -290,8 +290,8 @@ class TrainingArgs(Settings):
     )
     notify_on: str | None = Field(
         None,
-        description="The kinds that alert: a comma list of hang, died, failed, diverged, "
-        "stopped, completed, or all (default: all but completed).",
+        description="The kinds that alert: a comma list of hang, recovered, died, failed, "
+        "diverged, stopped, completed, guard_stopped, or all (default: all but completed).",
     )
 
     # -- flat callback API (never sent to the workers) --------------------------------------

@@ -4,20 +4,35 @@ Detectors (a hang, a death, a failed or diverged run, a user's ``--notify-when``
 condition) make an :class:`Alert` and hand it to an :class:`AlertSink`; the sink journals
 it as an ``alert`` record and tells the ``--notify`` targets. Evidence files go under
 ``<run>/alerts/<alert-id>/`` (:func:`evidence_dir`), written before the alert is raised.
+An alert's :attr:`~Alert.identity` is claimed in the run's ledger (journal/rundir/ledger.py)
+before anything is sent: one notification and one record per incident, whoever raises it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from journal.rundir.ledger import identity
 from journal.rundir.paths import ALERTS_DIR_NAME
 
-#: What an alert is about. ``condition``: a user's ``--notify-when`` expression held.
-AlertKind = Literal["hang", "died", "failed", "diverged", "stopped", "completed", "condition"]
+#: What an alert is about. ``condition``: a user's ``--notify-when`` expression held;
+#: ``recovered``: a hang cleared (steps go on); ``guard_stopped``: a guard ended before its run.
+AlertKind = Literal[
+    "hang",
+    "died",
+    "failed",
+    "diverged",
+    "stopped",
+    "completed",
+    "condition",
+    "recovered",
+    "guard_stopped",
+]
 ALERT_KINDS: tuple[str, ...] = AlertKind.__args__  # type: ignore[attr-defined]
 
 
@@ -35,7 +50,9 @@ def evidence_dir(run_dir: Path, alert_id: str) -> Path:
 class Alert:
     """One alert. ``evidence``: paths relative to the run dir; ``missing``: one line per
     piece of evidence that could not be captured (ptrace refused, a rank on another
-    host), said in the alert rather than holding it back."""
+    host), said in the alert rather than holding it back. ``incident``: which one of its
+    kind in the attempt (a hang: when its quiet began; a stopped guard: its host and pid);
+    ``resolves``: a recovery's hang alert id."""
 
     kind: AlertKind
     message: str
@@ -45,6 +62,18 @@ class Alert:
     missing: tuple[str, ...] = ()
     condition: str | None = None
     id: str = field(default_factory=new_alert_id)
+    run_id: str | None = None
+    incident: str | None = None
+    resolves: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """What makes two alerts the same: its run, attempt, kind and incident (a
+        ``--notify-when`` condition's text is one), as its claim's name in the ledger."""
+        incident = self.incident
+        if self.condition is not None:
+            incident = hashlib.blake2s(self.condition.encode(), digest_size=8).hexdigest()
+        return identity(self.run_id, self.attempt, self.kind, incident)
 
 
 class AlertSink(Protocol):

@@ -9,6 +9,12 @@ the pure rules :func:`watcher.alerts.hang.check` and
 hooks; ``run_training`` (``ilab-train --hang-after``) runs one in the launcher, which
 knows its torchrun agent and writes the aborted attempt's ``train_end``
 (:func:`hang_end_payload`, found through :func:`find_abort`).
+
+Each hang is an incident of its own (its identity: when its quiet began), claimed once
+whoever sees it (journal/rundir/ledger.py); one that steps end is told as ``recovered``,
+and a new one less than :data:`PAGE_EVERY_S` after the attempt's last waits, so a flapping
+rank pages at most once a minute. The guard's heartbeat in the ledger says when it last
+looked; an ``ilab-watch``'s guard that stops while its run goes on says so in one alert.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +35,7 @@ import orjson
 from journal import store
 from journal.read.cursor import START, Cursor
 from journal.rundir.files import atomic_write
+from journal.rundir.ledger import GUARD_STALE_S, beat, claims, guards, unbeat
 from journal.rundir.lock import JournalLocked, run_holder
 from journal.rundir.paths import journal_path
 from journal.rundir.phase import read_phase
@@ -51,6 +58,10 @@ TICK_S = 1.0
 TERM_GRACE_S = 2.0
 KILL_WAIT_S = 10.0
 ABORT_FILE = "abort.json"
+#: A new hang of an attempt waits this long after its last one (a flapping rank).
+PAGE_EVERY_S = 60.0
+#: Seconds between two heartbeats of a guard (journal/rundir/ledger.py).
+BEAT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,12 +107,15 @@ class Guard:
         self.reader: Any = None
         self.start_cursor = start
         self.launcher_pids = launcher_pids  # the caller may fill it later (its agent's pid)
-        self.source = source or f"watcher:{os.uname().nodename}:{os.getpid()}"
+        self.host, self.pid = os.uname().nodename, os.getpid()
+        self.source = source or f"watcher:{self.host}:{self.pid}"
         self.tracker = AttemptTracker()
         self.view = ProcessView()
-        self.raised: set[tuple[Any, ...]] = set()
+        self.raised: set[tuple[Any, ...]] = set()  # the attempts it tried to abort
         self.launcher_seen = False
         self.saved = False  # the current attempt saved a checkpoint (what follows a hang)
+        self.started_at, self._beat_at = time.time(), 0.0
+        self._progress_seen: float | None = -1.0  # the progress the last recovery look saw
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -112,10 +126,14 @@ class Guard:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop looking (an alert being raised or an abort under way finishes first)."""
+        """Stop looking (an alert being raised or an abort under way finishes first); its
+        heartbeat goes, and an ``ilab-watch``'s guard whose run goes on says so."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            unbeat(self.dir, self.host, self.pid)
+            if self.launcher_pids is None:  # a launcher's guard stops with its launch
+                self._say_stopped()
         if self.reader is not None:
             self.reader.close()
 
@@ -125,7 +143,39 @@ class Guard:
                 self.tick()
             except Exception:  # the guard must outlive a bad tick: say it, look again
                 log.exception("hang/death guard: a look at the run failed")
+            if time.time() - self._beat_at >= BEAT_S:
+                self._beat()
             self._stop.wait(self.options.tick_s)
+
+    def _beat(self) -> None:
+        """This guard's heartbeat: who it is, what it watches, when it last looked."""
+        self._beat_at, hang = time.time(), self.options.hang
+        info: dict[str, Any] = {"source": getattr(self.sink, "source", self.source)}
+        watches = [f"hangs (--hang-after {hang.describe()})"] if hang is not None else []
+        info["watches"] = ", ".join(watches + ["deaths"] * self.options.deaths)
+        info |= {"run_id": self.tracker.run_id, "attempt": self.tracker.attempt}
+        info |= {"started_at": self.started_at, "looked_at": self._beat_at}
+        beat(self.dir, self.host, self.pid, info)
+
+    def _say_stopped(self) -> None:
+        """One ``guard_stopped`` alert when this guard ends while its run goes on: its
+        attempt has not ended and a rank here is alive (or, ranks elsewhere, a launcher
+        holds the run dir)."""
+        with contextlib.suppress(Exception):  # a last look; a failed one says nothing
+            self._read()
+        t, now = self.tracker, time.time()
+        self.view.update(now)
+        ranks = self.view.ranks()
+        if not t.active or not (any(p.alive for p in ranks) or run_holder(self.dir)):
+            return
+        others = [
+            g for g in guards(self.dir, t.run_id) if now - (g.get("looked_at") or 0) < GUARD_STALE_S
+        ]
+        left = f"{len(others)} other guard(s) still watch it" if others else "no guard watches it"
+        said = f"the guard of {self.source} stopped while attempt {t.attempt} goes on: {left}"
+        incident = f"{self.host}-{self.pid}"
+        alert = Alert("guard_stopped", said, t.last_step, t.attempt, incident=incident)
+        self.sink.raise_alert(replace(alert, run_id=t.run_id))
 
     # -- one look ------------------------------------------------------------------------
 
@@ -142,9 +192,9 @@ class Guard:
             found = check_died(
                 self.tracker, self.view, holder, now, launcher_seen=self.launcher_seen
             )
-            if found is not None and ("died", found.run_id, found.attempt) not in self.raised:
-                self.raised.add(("died", found.run_id, found.attempt))
-                self.sink.raise_alert(Alert("died", found.message, found.step, found.attempt))
+            if found is not None:  # once: its identity is claimed (the sink drops repeats)
+                died = Alert("died", found.message, found.step, found.attempt, run_id=found.run_id)
+                self.sink.raise_alert(died)
 
     def _read(self) -> None:
         if self.reader is None:
@@ -172,19 +222,48 @@ class Guard:
             return  # every rank is gone: a death (or an ending on its way), not a hang
         assert self.options.hang is not None
         found = check(self.tracker, read_phase(self.dir), now, self.options.hang)
+        self._recovered(found, now)
         if found is None:
             return
-        key = ("hang", found.run_id, found.attempt, round(found.since, 3), found.phase)
-        if key in self.raised:
-            return
-        self.raised.add(key)
         tried = ("abort", found.run_id, found.attempt)  # one abort per attempt, verified or not
         abort = self.options.on_hang == "abort" and tried not in self.raised
         if abort:
             self.raised.add(tried)
-        elif self.sink.repeats(Alert("hang", found.message, found.step, found.attempt)):
+        elif self.sink.repeats(_hang(found, "")) or self._paged_lately(found, now):
             return  # the sink would drop it: no evidence for an alert never raised
         self._hang_alert(found, abort)
+
+    def _paged_lately(self, found: HangFinding, now: float) -> bool:
+        """A hang of this attempt was raised less than PAGE_EVERY_S ago: a new one waits
+        (it is raised once the minute is up, if it lasts)."""
+        return any(
+            c.get("alert") == "hang"
+            and c.get("attempt") == found.attempt
+            and now - (c.get("raised_at") or 0.0) < PAGE_EVERY_S
+            for c in claims(self.dir, found.run_id)
+        )
+
+    def _recovered(self, found: HangFinding | None, now: float) -> None:
+        """Each hang of this attempt that steps have ended since (progress after its
+        start, and not the hang found now) is told as recovered, once. Looked at when the
+        guard sees new progress."""
+        t = self.tracker
+        if not t.active or t.last_progress_ts == self._progress_seen:
+            return
+        self._progress_seen = t.last_progress_ts
+        now_incident = found is not None and _incident(found)
+        for c in claims(self.dir, t.run_id):
+            incident = c.get("incident")
+            if c.get("alert") != "hang" or c.get("attempt") != t.attempt or not incident:
+                continue
+            if incident == now_incident or (t.last_progress_ts or 0) <= float(incident):
+                continue  # still the hang found now, or no step since it began
+            took = f"{now - c.get('raised_at', now):.0f}s after its alert {c.get('id')}"
+            said = f"the hang at step {c.get('step')} is over: steps go on (step {t.last_step})"
+            ids = {"run_id": t.run_id, "incident": incident, "resolves": c.get("id")}
+            self.sink.raise_alert(
+                Alert("recovered", f"{said}, {took}", t.last_step, t.attempt, **ids)
+            )
 
     def _hang_alert(self, found: HangFinding, abort: bool) -> None:
         alert_id = new_alert_id()
@@ -201,14 +280,8 @@ class Guard:
         message = f"{found.message}; {said}; {done} (--on-hang {self.options.on_hang})"
         wait = "" if ending else "once its collectives time out (--pg-timeout): "
         message += f"; {wait}{follows}" if follows else ""
-        alert = Alert(
-            "hang",
-            message,
-            found.step,
-            found.attempt,
-            evidence=tuple(ev.files),
-            missing=tuple(ev.missing),
-            id=alert_id,
+        alert = replace(
+            _hang(found, message), evidence=tuple(ev.files), missing=tuple(ev.missing), id=alert_id
         )
         self.sink.raise_alert(alert)  # it says it on the console
         if ending:
@@ -268,6 +341,16 @@ class Guard:
                 w.append("train_end", hang_end_payload(marker, written_by="watcher"))
         except JournalLocked as exc:
             log.error("cannot journal the aborted attempt's end: %s", exc)
+
+
+def _incident(found: HangFinding) -> str:
+    """A hang's incident: when its quiet (or its phase) began, as every guard reads it."""
+    return f"{found.since:.3f}"
+
+
+def _hang(found: HangFinding, message: str) -> Alert:
+    alert = Alert("hang", message, found.step, found.attempt, run_id=found.run_id)
+    return replace(alert, incident=_incident(found))
 
 
 def _signal_all(procs: list[Proc], sig: int) -> None:

@@ -1,24 +1,18 @@
 """An alert's way into the journal: its file in ``reports/``, journaled by the journal's
 holder (the trainer, at its next step boundary) or, when nobody holds the journal, by a
 thread of ours (journal/channels/alerts.py). A trainer hung holding the journal journals
-nothing: our files wait for its next holder, tried again every :data:`RETRY_S`.
-
-Which alerts a run has (to drop repeats) is read here too: those journaled, and those whose
-files still wait in ``reports/``."""
+nothing: our files wait for its next holder, tried again every :data:`RETRY_S`."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from journal.channels.alerts import ALERT_KIND, submit
-from journal.channels.reports import drain, pending
-from journal.rundir.inbox import read_json_object
-from journal.rundir.paths import resolve_journal
+from journal.channels.alerts import submit
+from journal.channels.reports import drain
 
 log = logging.getLogger("watcher")
 
@@ -27,14 +21,6 @@ RETRY_S = 2.0
 #: At the end: how long the last files may wait for the journal (a trainer that has just
 #: ended lets go of it within moments).
 FINAL_WAIT_S = 3.0
-
-#: What makes two alerts the same: kind, --notify-when text, attempt.
-Key = tuple[str, str | None, int | None]
-
-
-def alert_key(kind: Any, condition: Any, attempt: Any) -> Key:
-    attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
-    return (str(kind), condition if isinstance(condition, str) else None, attempt)
 
 
 class AlertInbox:
@@ -49,26 +35,6 @@ class AlertInbox:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="ilab-alert-journal", daemon=True)
         self._thread.start()
-
-    def known(self) -> tuple[set[Key], str | None]:
-        """The keys of the alerts the run has (journaled, or waiting in ``reports/``), and
-        its run id; what can be read (a journal not there yet has none)."""
-        from journal.views.index import summarize
-
-        keys: set[Key] = set()
-        run_id = None
-        try:
-            fold = summarize(resolve_journal(self.run_dir)).fold
-            run_id = fold.run_id or fold.summarizer.summary.run_id
-            keys = {alert_key(a.kind, a.condition, a.attempt) for a in fold.alerts}
-        except (OSError, ValueError) as exc:
-            log.debug("cannot read %s for its alerts: %s", self.run_dir, exc)
-        for path in pending(self.run_dir):
-            with contextlib.suppress(Exception):  # not ours to judge: its reader refuses it
-                obj = read_json_object(path)
-                if obj.get("kind") == ALERT_KIND:
-                    keys.add(alert_key(obj.get("alert"), obj.get("condition"), obj.get("attempt")))
-        return keys, run_id
 
     def put(self, payload: dict[str, Any], name: str, what: str) -> None:
         """Write one file (``name``: its time-ordered stem) and have it journaled; one line

@@ -112,7 +112,8 @@ def open_alerts(
             detector = parse_builtin("divergence", divergence)
         except CallbackSpecError as exc:
             raise click.UsageError(str(exc)) from None
-    sink = AlertDispatcher(run_dir, targets=urls, run_label=run_label, source=source)
+    told = kinds | {"condition"}  # the guard's kinds left out are journaled, not told
+    sink = AlertDispatcher(run_dir, targets=urls, run_label=run_label, source=source, kinds=told)
     rules = AlertRules(
         sink,
         conditions=conditions,

@@ -25,15 +25,17 @@ so a NaN loss between two log records is never missed.
   attempt's ``train_end`` and before the next attempt's ``train_begin``, so every attempt
   is judged on its own however a replay batches them.
 
-One alert per condition per attempt: the sink drops repeats (journal/channels/alerts.py
-says how it knows). On a restart the records before the watcher's cursor only rebuild
-state; the last attempt's state is then judged once, so an alert the previous watcher
-never raised is raised now and one it raised is not raised again.
+One alert per condition per attempt: the sink drops repeats (their identities are claimed
+in the run's ledger, journal/rundir/ledger.py, by whichever process raised them first). On
+a restart the records before the watcher's cursor only rebuild state; the last attempt's
+state is then judged once, so an alert the previous watcher never raised is raised now and
+one it raised is not raised again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,18 @@ from watcher.hooks.callbacks import Event
 log = logging.getLogger("watcher")
 
 #: The kinds ``--notify-on`` chooses from, and those on by default (all but completed: a
-#: run that ends well is news only to whoever asks for it).
-NOTIFY_KINDS: tuple[str, ...] = ("hang", "died", "failed", "diverged", "stopped", "completed")
+#: run that ends well is news only to whoever asks for it). ``recovered`` (a hang cleared)
+#: and ``guard_stopped`` are raised by the guard: without them, journaled but not told.
+NOTIFY_KINDS: tuple[str, ...] = (
+    "hang",
+    "recovered",
+    "died",
+    "failed",
+    "diverged",
+    "stopped",
+    "completed",
+    "guard_stopped",
+)
 DEFAULT_KINDS: frozenset[str] = frozenset(NOTIFY_KINDS) - {"completed"}
 #: What the rules read without ``--notify-when`` (with it: every event, for its facts).
 _RULE_EVENTS = ("train_begin", "log", "evaluate", "report", "control", "train_end", "alert")
@@ -230,13 +242,17 @@ class AlertRules:
 
     def _said_already(self, rec: Record, data: dict[str, Any]) -> bool:
         """A failed end the guard's alert said first: an attempt it aborted as hung, or one
-        whose processes it found dead (the launcher's ``train_end`` follows its alert)."""
+        whose processes it found dead or hung (the launcher's ``train_end`` follows its
+        alert); a hang that recovered said nothing of this end."""
         if data.get("aborted_for") == "hang":
             return True
-        attempt = rec.get("attempt")
-        # journaled, or raised by this watcher and not journaled yet (its file waits)
-        seen = [*self.folder.fold.alerts, *getattr(self.sink, "raised", ())]
-        return any(a.kind in ("hang", "died") and a.attempt == attempt for a in seen)
+        fold = self.folder.fold  # journaled, or claimed by any guard and not journaled yet
+        seen = fold.alerts_now(fold.run_dir, time.time())[0]
+        over = {a.resolves for a in seen}
+        return any(
+            a.kind in ("hang", "died") and a.attempt == rec["attempt"] and a.id not in over
+            for a in seen
+        )
 
     def _conditions(self) -> None:
         if not self.conditions or self._begun is None:
@@ -260,12 +276,15 @@ class AlertRules:
                 step=summary.last_step,
                 attempt=summary.attempt,
                 condition=cond.text,
+                run_id=summary.run_id,
             )
             self.sink.raise_alert(alert)
 
     def _raise(self, kind: Any, rec: Record, message: str, evidence: tuple[str, ...] = ()) -> None:
-        step, attempt = rec["step"], rec["attempt"]
-        self.sink.raise_alert(Alert(kind, message, step, attempt, evidence=evidence))
+        alert = Alert(
+            kind, message, rec["step"], rec["attempt"], run_id=rec["run_id"], evidence=evidence
+        )
+        self.sink.raise_alert(alert)
 
     def _warn_unknown_metrics(self) -> None:
         """At the run's end: a ``--notify-when`` metric it never had is likely a typo (one

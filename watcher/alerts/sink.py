@@ -3,13 +3,14 @@
 :class:`AlertDispatcher` is the :class:`~watcher.alerts.alert.AlertSink` of a watcher. For
 each alert, :meth:`~AlertDispatcher.raise_alert`:
 
-1. drops it when the same condition of the same attempt alerted already (its kind, its
-   ``--notify-when`` text and its attempt: in this process, in the journal, or waiting in
-   ``reports/``), so a restarted watcher or a second one does not page twice;
+1. claims its identity in the run's ledger (journal/rundir/ledger.py: its run, attempt,
+   kind and incident), and drops it when any process claimed it first, so any number of
+   watchers and guards on a run, on any host, page once and journal once;
 2. writes its ``alert`` record's file into ``reports/`` (journal/channels/alerts.py): the
    trainer journals it at its next step boundary, or this dispatcher's journaling thread
    does when nobody holds the journal; a trainer hung holding it journals nothing, and the
-   file waits for the journal's next holder (it is retried every few seconds);
+   file waits for the journal's next holder (it is retried every few seconds), while the
+   claim shows it to ``status``;
 3. says it in one console line, and queues one message per target.
 
 Each target has a sending thread of its own, so a target that accepts and never answers
@@ -33,14 +34,15 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from journal.channels.alerts import alert_payload, told_payload
+from journal.rundir.ledger import claim, claimed, claims
 from watcher.alerts.alert import ALERT_KINDS, Alert, new_alert_id
-from watcher.alerts.inbox import AlertInbox, Key, alert_key
+from watcher.alerts.inbox import AlertInbox
 from watcher.alerts.notify import Target, compose, names, parse_targets
 
 log = logging.getLogger("watcher")
@@ -95,6 +97,8 @@ class AlertDispatcher:
             :class:`~watcher.alerts.notify.BadTarget` here, before anything starts.
         run_label: the run as messages name it: its dir or URI.
         source: who raises the alerts, as journaled (``ilab-watch``, ``run_training``).
+        kinds: the kinds it tells (``--notify-on``'s); the others are journaled only. A
+            recovery is told where its hang was.
         tries, backoff, per_minute, try_timeout: the retry and rate rules (defaults above).
     """
 
@@ -105,6 +109,7 @@ class AlertDispatcher:
         targets: Sequence[str | tuple[str, str]] = (),
         run_label: str,
         source: str = "ilab-watch",
+        kinds: Collection[str] = ALERT_KINDS,
         tries: int = TRIES,
         backoff: float = BACKOFF_S,
         per_minute: int = PER_MINUTE,
@@ -112,13 +117,13 @@ class AlertDispatcher:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_label = run_label
-        self.source = source
+        self.source, self.kinds = source, frozenset(kinds)
         self.targets: list[Target] = parse_targets(targets)
         self.tries, self.backoff, self.per_minute = max(1, tries), backoff, max(1, per_minute)
         self.try_timeout = try_timeout
         #: every alert raised (not dropped as a repeat) by this dispatcher, in order
         self.raised: list[Alert] = []
-        self._keys: set[Key] = set()
+        self._claimed: set[str] = set()  # here (a ledger that cannot be written: said once)
         self._cond = threading.Condition()
         self._sends: dict[Target, list[_Send]] = {t: [] for t in self.targets}  # per target
         self._seq = itertools.count()
@@ -137,28 +142,21 @@ class AlertDispatcher:
     # -- raising ------------------------------------------------------------------------------
 
     def repeats(self, alert: Alert) -> bool:
-        """Whether :meth:`raise_alert` would drop ``alert``: the same condition of the same
-        attempt alerted already (here, in the journal, or waiting in ``reports/``), or this
-        sink is closing."""
-        key = alert_key(alert.kind, alert.condition, alert.attempt)
-        with self._cond:
-            here = key in self._keys or self._closing
-        return here or key in self.inbox.known()[0]
+        """Whether :meth:`raise_alert` would drop ``alert``: its identity (run, attempt,
+        kind, incident) is claimed already, by any process, or this sink is closing."""
+        name = alert.identity
+        return self._closing or name in self._claimed or claimed(self.run_dir, name)
 
     def raise_alert(self, alert: Alert) -> None:
-        """Journal ``alert`` and queue its messages (see the module's docstring); returns at
-        once. A repeat of an alert of the same condition and attempt is dropped."""
+        """Claim, journal and tell ``alert`` (see the module's docstring); returns at once.
+        One whose identity is claimed already is dropped."""
         if alert.kind not in ALERT_KINDS:
             raise ValueError(f"unknown alert kind {alert.kind!r}; known: {', '.join(ALERT_KINDS)}")
         if not _ID.fullmatch(alert.id):  # it names files: reports/<id>.json, alerts/<id>/
             raise ValueError(f"alert id {alert.id!r} is not one word (new_alert_id() makes one)")
-        key = alert_key(alert.kind, alert.condition, alert.attempt)
-        known, run_id = self.inbox.known()  # journaled, or waiting in reports/
-        with self._cond:
-            if key in self._keys or key in known or self._closing:
-                return
-            self._keys.add(key)
-        self.raised.append(alert)
+        if self.repeats(alert):
+            return
+        told = self.targets if self._tells(alert) else []
         payload = alert_payload(
             id=alert.id,
             kind=alert.kind,
@@ -168,29 +166,48 @@ class AlertDispatcher:
             evidence=alert.evidence,
             missing=alert.missing,
             condition=alert.condition,
-            targets=names(self.targets),
+            targets=names(told),
             run=self.run_label,
             host=socket.gethostname(),
             source=self.source,
+            resolves=alert.resolves,
             raised_at=time.time(),
         )
+        try:
+            ledger = {**payload, "run_id": alert.run_id, "incident": alert.incident}
+            if not claim(self.run_dir, alert.identity, ledger):
+                return  # another process claimed it first: it journals and tells
+        except OSError as exc:  # better told twice than never: this process remembers it
+            log.warning("alert %s: cannot claim it in %s: %s", alert.kind, self.run_dir, exc)
+        self._claimed.add(alert.identity)
+        self.raised.append(alert)
         self.inbox.put(payload, alert.id, f"alert {alert.id}")
         step = f" at step {alert.step}" if alert.step is not None else ""
         where = f"; evidence in {self.run_dir / 'alerts' / alert.id}" if alert.evidence else ""
-        telling = f"; telling {', '.join(names(self.targets))}" if self.targets else ""
+        telling = f"; telling {', '.join(names(told))}" if told else ""
         log.warning("alert: %s%s: %s%s%s", alert.kind, step, alert.message, where, telling)
         for line in alert.missing:
             log.warning("alert %s: not captured: %s", alert.kind, line)
-        if not self.targets:
+        if not told:
             return
-        title, body = compose(alert, run_label=self.run_label, run_id=run_id)
+        title, body = compose(alert, run_label=self.run_label, run_id=alert.run_id)
         message = _Message(alert, title, body)
         with self._cond:
-            self._outcomes[alert.id] = _Outcome(left=len(self.targets))
+            self._outcomes[alert.id] = _Outcome(left=len(told))
             now = time.monotonic()
-            for target in self.targets:
+            for target in told:
                 heapq.heappush(self._sends[target], _Send(now, next(self._seq), message, target))
             self._cond.notify_all()
+
+    def _tells(self, alert: Alert) -> bool:
+        """Whether ``alert`` goes to the targets: its kind is one they are told of, and a
+        recovery's hang was told."""
+        if alert.kind not in self.kinds or not self.targets:
+            return False
+        hangs = claims(self.run_dir, alert.run_id) if alert.resolves is not None else []
+        return alert.resolves is None or any(
+            c.get("id") == alert.resolves and c.get("targets") for c in hangs
+        )
 
     # -- notifying ----------------------------------------------------------------------------
 

@@ -137,6 +137,12 @@ function alertMarks(s) {
     title: s.last_alert ? s.last_alert.kind + ": " + s.last_alert.message : "" }, "⚠ " + (k === "hang" ? "hung" : k)));
 }
 
+// Who watches the run for hangs and deaths, and when each last looked (docs/alerts.md).
+function guardsText(guards) {
+  return (guards || []).map((g) => g.source + " on " + g.host + " (pid " + g.pid + ") looked "
+    + duration(g.age_s) + " ago" + (g.age_s >= 30 ? ": gone?" : "")).join("; ") || "none";
+}
+
 function swatch(color, extra) {
   const i = el("i", { className: "swatch" + (extra ? " " + extra : ""), "data-color": color });
   i.style.background = color;
@@ -847,7 +853,8 @@ function renderFacts(facts, s) {
       el("span", {}, "ETA ", duration(s.eta_s)),
       el("span", {}, "best ", best),
       el("span", {}, "last record ", duration(s.age_s), " ago"),
-      el("span", {}, "records ", fmt(s.records))));
+      el("span", {}, "records ", fmt(s.records)),
+      el("span", { id: "guards" }, "guards ", guardsText(s.guards))));
   facts.dataset.state = s.state;
   facts.dataset.step = String(s.step);
 }
