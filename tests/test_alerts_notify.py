@@ -331,6 +331,7 @@ def test_an_alert_waits_for_the_journals_holder(tmp_path: Path) -> None:
     assert len(sink.raised) == 1
 
 
+@pytest.mark.extended
 @needs_apprise
 @pytest.mark.dist
 def test_a_live_run_journals_its_alert_mid_run(tmp_path: Path, receiver: Receiver) -> None:

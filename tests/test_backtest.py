@@ -341,6 +341,7 @@ def write_long_journal(run: Path, steps: int) -> None:
         put("train_end", {"status": "completed", "reason": "done"}, steps)
 
 
+@pytest.mark.extended
 def test_a_long_journal_is_backtested_in_memory_that_does_not_grow_with_it(
     tmp_path: Path,
 ) -> None:

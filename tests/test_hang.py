@@ -171,6 +171,7 @@ def test_a_hang_that_clears_is_found_by_the_backtest_and_counted_real(tmp_path: 
     assert "(alerted live)" in back.stdout, back.stdout
 
 
+@pytest.mark.extended
 def test_a_dead_run_is_reported_and_its_relaunch_is_watched(tmp_path: Path) -> None:
     """kill -9 of the launcher, torchrun and both ranks: no train_end will come; the
     watcher's guard reports the death within 30 s and goes on following the run, so the

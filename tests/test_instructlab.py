@@ -341,6 +341,7 @@ def doc_example() -> dict[str, Any]:
     return dict(yaml.safe_load(block.split("```", 1)[0]))
 
 
+@pytest.mark.extended
 @pytest.mark.dist
 def test_the_docs_example_runs_with_ilab_train_instructlab_config(tmp_path: Path) -> None:
     example = doc_example()

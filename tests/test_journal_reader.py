@@ -486,7 +486,7 @@ def _line(kind: str, seq: int, event: str) -> bytes:
     return orjson.dumps(rec)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=10)  # each example starts 2 to 6 scanning processes
 @given(
     st.lists(
         st.tuples(

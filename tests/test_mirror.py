@@ -152,6 +152,7 @@ def test_a_finished_run_is_mirrored_marker_last_and_journaled(ckpt: Path, s3: An
     assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes()
 
 
+@pytest.mark.extended
 def test_an_upload_cut_short_is_finished_and_only_then_marked(ckpt: Path, s3: Any) -> None:
     """What a mirror killed mid-upload leaves (some files, one of them short, no marker) is
     no checkpoint; the next mirror sends what is missing, then the marker."""
@@ -169,6 +170,7 @@ def test_an_upload_cut_short_is_finished_and_only_then_marked(ckpt: Path, s3: An
     assert files == local_files(ckpt / name)
 
 
+@pytest.mark.extended
 def test_rotation_is_followed_except_what_a_remote_watcher_leases(ckpt: Path, s3: Any) -> None:
     finished_run(ckpt, steps=15)
     uri = s3.fresh_uri() + "/rot"
@@ -204,6 +206,7 @@ def test_rotation_is_followed_except_what_a_remote_watcher_leases(ckpt: Path, s3
     assert store.listing("checkpoints/step-000010/") == {}
 
 
+@pytest.mark.extended
 def test_a_live_run_is_followed_until_its_end(ckpt: Path, s3: Any) -> None:
     """Following (no --replay): a save's checkpoint and the record are in the store while
     the run goes on; the mirror ends once train_end is there."""
@@ -286,6 +289,7 @@ def test_a_remote_watcher_evaluates_each_save_once_and_reports_reach_the_run(
     assert Store(uri).listing("reports/") == {}
 
 
+@pytest.mark.extended
 def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: Any) -> None:
     """status, show, query, tail and stats given the URI answer as for the run dir (same
     output, same exit code); a store that cannot be read is one line, exit 2."""
@@ -324,6 +328,7 @@ def test_the_read_commands_read_a_mirrored_run_from_its_store(ckpt: Path, s3: An
     )
 
 
+@pytest.mark.extended
 def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
     tmp_path: Path, ckpt: Path, s3: Any
 ) -> None:
@@ -353,6 +358,7 @@ def test_a_remote_watchers_replica_lets_go_of_what_the_run_rotated(
     assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [5, 10, 15]
 
 
+@pytest.mark.extended
 def test_a_lingering_mirror_journals_reports_sent_after_the_run_ended(
     tmp_path: Path, ckpt: Path, s3: Any
 ) -> None:
@@ -399,6 +405,7 @@ def snapshot(store: Store) -> dict[str, bytes]:
     return {key: read(store, key) for key in store.listing("")}
 
 
+@pytest.mark.extended
 def test_a_mirror_refused_for_another_runs_prefix_leaves_it_byte_for_byte(
     tmp_path: Path, s3: Any
 ) -> None:
@@ -519,6 +526,7 @@ def test_a_store_that_refuses_is_one_line_and_exit_2_at_start(
         ), lines[0]
 
 
+@pytest.mark.extended
 def test_a_store_that_refuses_mid_run_stops_the_mirror_and_lets_go_of_its_leases(
     tmp_path: Path, ckpt: Path, s3: Any
 ) -> None:
@@ -593,6 +601,7 @@ def test_a_file_uri_is_a_store_too(tmp_path: Path, ckpt: Path) -> None:
     assert journal_in(store) == (ckpt / "journal.jsonl").read_bytes()
 
 
+@pytest.mark.extended
 def test_a_full_disk_while_downloading_is_said_as_such(tmp_path: Path, ckpt: Path, s3: Any) -> None:
     """``ilab-watch URI --download DIR`` with DIR on a 16 MB disk and two 11 MB
     checkpoints: the first, fetched whole, is evaluated; the second does not fit, which is
@@ -632,6 +641,7 @@ main()
 """
 
 
+@pytest.mark.extended
 def test_an_oversize_object_from_the_store_is_moved_aside_unread(
     tmp_path: Path, ckpt: Path, s3: Any
 ) -> None:
@@ -665,6 +675,7 @@ def test_an_oversize_object_from_the_store_is_moved_aside_unread(
     assert (ckpt / "control/small.json").exists()
 
 
+@pytest.mark.extended
 def test_a_remote_watcher_is_handed_the_hf_export_of_its_local_copy(
     tmp_path: Path, ckpt: Path
 ) -> None:

@@ -174,6 +174,7 @@ def test_a_refused_report_is_said_by_the_watcher_that_made_it_and_counted_by_sta
     assert "1 report(s) refused when journaled" in text
 
 
+@pytest.mark.extended
 @pytest.mark.dist
 def test_live_a_2000_character_hook_reports_and_the_trainer_keeps_the_best(
     tmp_path: Path,

@@ -79,6 +79,7 @@ def hf_train(ckpt: Path, model: Path, data: Path, *extra: str, timeout: float = 
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=train_env())
 
 
+@pytest.mark.extended
 def test_bf16_checkpoint_trains_with_fp32_master_weights_and_full_length_samples(
     tmp_path: Path,
 ) -> None:

@@ -85,6 +85,7 @@ def test_nccl_without_a_gpu_is_refused_before_launch(tmp_path: Path, nproc: str)
     assert not (tmp_path / "run").exists()  # nothing was launched or written
 
 
+@pytest.mark.extended
 def test_a_failure_while_setting_up_the_worker_is_journaled(tmp_path: Path) -> None:
     """Past the launcher's checks (here: a worker config written by hand), a failure while
     setting up device or process group still ends in train_end failed, not a bare traceback."""
