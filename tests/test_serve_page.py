@@ -341,7 +341,7 @@ def test_an_open_page_stays_true_leases_go_and_an_ended_run_takes_no_command(
 def _alert(run: Path, aid: str, kind: str, step: int, message: str) -> None:
     with guest(run, role="watcher") as w:
         w.append("alert", {"id": aid, "kind": kind, "step": step, "message": message,
-                           "evidence": [], "missing": [], "targets": ["json://127.0.0.1"],
+                           "attempt": 1, "evidence": [], "missing": [], "targets": ["json://127.0.0.1"],
                            "raised_at": time.time()})  # fmt: skip
 
 

@@ -32,7 +32,6 @@ from journal.rundir.safety import APPEND, UnsafeRunDir, check_run_dir, make_dir,
 from journal.store import guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
-from trainer.launch.agent import FIRST_FAILURE_ENV
 from trainer.launch.cluster_env import torchrun_command, torchrun_env
 from trainer.launch.console import ConsoleFilter
 from trainer.launch.data_check import check_data, start_warnings
@@ -293,6 +292,9 @@ def _launch(
     proc_env.setdefault("OMP_NUM_THREADS", "1")
     proc_env["PYTHONUNBUFFERED"] = "1"
     proc_env[LAUNCHER_PID_ENV] = str(os.getpid())  # workers end when this process is gone
+    # here, not at the top: `python -m trainer.launch.agent` imports this package first
+    from trainer.launch.agent import FIRST_FAILURE_ENV
+
     proc_env[FIRST_FAILURE_ENV] = str(first_path)
     # NCCL keeps a flight recorder a hang alert can dump; gloo only warns about its variable
     gpus = visible_gpus(proc_env) if train_args.backend == "auto" else 0
