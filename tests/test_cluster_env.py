@@ -153,6 +153,7 @@ def test_torchrun_gets_every_setting_as_a_flag_and_no_pet_variable(tmp_path: Pat
     assert env == {"PATH": "/bin", "PETS": "2", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(300)
 def test_flags_win_over_pet_variables_in_a_real_run(tmp_path: Path) -> None:
     """ilab-train --nnodes 1 --nproc-per-node 1 in a pod whose PET_* say 2 nodes of 3

@@ -23,6 +23,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
+@pytest.mark.extended
 def test_a_full_disk_fails_clearly_and_a_relaunch_resumes(
     small_disk: Path, reliability: Any
 ) -> None:

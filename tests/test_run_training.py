@@ -37,6 +37,7 @@ class Recorder(TrainerCallback):
         self.end = data
 
 
+@pytest.mark.extended
 def test_flat_api_runs_lambda_closure_and_instance_in_the_launching_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

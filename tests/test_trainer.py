@@ -220,6 +220,7 @@ def test_resume_after_kill_9_continues_at_the_right_step(tmp_path: Path) -> None
     assert status["state"] == "completed" and status["attempt"] == 2
 
 
+@pytest.mark.extended
 def test_sigterm_finishes_the_step_saves_the_sharded_state_and_ends_interrupted(
     tmp_path: Path,
 ) -> None:

@@ -87,6 +87,7 @@ def test_live_export_survives_a_kill_9_and_a_replay_without_duplicates(tmp_path:
     assert exits == [0]
 
 
+@pytest.mark.extended
 def test_report_to_wandb_from_ilab_train(tmp_path: Path) -> None:
     ckpt = tmp_path / "run"
     proc = subprocess.run(
