@@ -158,3 +158,27 @@ def test_a_run_subdirectory_is_one_plain_path_component() -> None:
         sub = run_subdir("/r/x", run_id)
         assert "/" not in sub and sub.strip(".") and Path(sub).name == sub
     assert run_subdir("/", "") not in ("", ".", "..")
+
+
+def test_a_replay_records_every_save_removed_or_not(tmp_path: Path) -> None:
+    """An exporter records the run's whole story: a ``--replay`` into a new LOGDIR writes
+    every save, those whose checkpoints rotation removed since included (a hook that works
+    on a checkpoint skips those)."""
+    ckpt, logdir = tmp_path / "run", tmp_path / "tb"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {"keep_last_n": 1}})
+        for step in (2, 4, 6, 8):
+            path = ckpt / f"checkpoints/step-{step:06d}"
+            path.mkdir(parents=True)
+            w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=step)
+            if step > 2:  # rotation: the one before goes
+                gone = ckpt / f"checkpoints/step-{step - 2:06d}"
+                gone.rmdir()
+                w.append("checkpoint_removed", {"checkpoint_path": str(gone)}, step=step)
+        w.append("train_end", {"status": "completed"}, step=8)
+    proc = cli("ilab-watch", str(ckpt), "--replay", "--tensorboard", str(logdir))
+    assert proc.returncode == 0, proc.stderr
+    texts = read_back(the_run(logdir, ckpt))[1]
+    assert [t.split("/")[-1] for t in texts["events/save"]] == [
+        f"step-{s:06d}" for s in (2, 4, 6, 8)
+    ]

@@ -273,8 +273,10 @@ class CheckpointGuard:
 
         A checkpoint of this run that is missing on disk while the trainer still writes may
         have its ``checkpoint_removed`` record on the way: wait briefly for it (or for the
-        checkpoint to come back: rotation puts back one that got leased meanwhile)."""
-        if d.hook.event != "save":
+        checkpoint to come back: rotation puts back one that got leased meanwhile). An
+        exporter's never is: a save is part of the story it records, its checkpoint gone or
+        not (its fate comes with the ``checkpoint_removed`` record)."""
+        if d.hook.event != "save" or (d.hook.owner is not None and d.hook.owner.every_record):
             return False
         path = d.record["data"].get("checkpoint_path")
         if not isinstance(path, str):

@@ -166,7 +166,8 @@ class MlflowExport(MetricsExport):
             self._tag(run, "ilab.last_checkpoint", fate.path)
             self._best(run, fold)
             where = f"checkpoints/{fate.name}"
-            if self.log_artifacts and not self.client.list_artifacts(run.id, where):
+            gone = not os.path.isdir(str(data["checkpoint_path"]))  # a replay's removed one
+            if self.log_artifacts and not gone and not self.client.list_artifacts(run.id, where):
                 self.client.log_artifacts(run.id, str(data["checkpoint_path"]), artifact_path=where)
 
     def on_train_end(self, event: Event, **data: Any) -> None:
