@@ -77,7 +77,8 @@ def test_live_export_survives_a_kill_9_and_a_replay_without_duplicates(tmp_path:
     assert all(f.parent.name.startswith("offline-run-") for f in dirs)  # for `wandb sync`
     last = summary(dirs[1])  # the restart's: it saw train_end and the last checkpoint
     assert last["ilab/status"] == "completed"
-    assert last["ilab/last_checkpoint"] == "/c/checkpoints/step-000008"
+    # the fold's path: the journal's /c/... read as this run dir's (it was written elsewhere)
+    assert last["ilab/last_checkpoint"] == str(ckpt / "checkpoints/step-000008")
     exits = [
         r.exit.exit_code
         for f in dirs[1:2]
@@ -170,3 +171,27 @@ def test_another_project_is_another_cursor_and_gets_every_row(tmp_path: Path) ->
         "p1": list(range(1, 9)),
         "p2": list(range(1, 9)),
     }
+
+
+def test_the_last_checkpoint_and_who_stopped_come_from_the_fold(tmp_path: Path) -> None:
+    """``ilab/last_checkpoint`` is the newest checkpoint still there (one pruned after its
+    save is not), and a hang-aborted attempt says ``ilab/stop_source`` hang, as status."""
+    from watcher.alerts.guard import hang_end_payload
+
+    ckpt = tmp_path / "run"
+    with JournalWriter(ckpt) as w:
+        w.append("train_begin", {"config": {}})
+        for step in (2, 4):
+            path = ckpt / f"checkpoints/step-{step:06d}"
+            path.mkdir(parents=True)
+            w.append("save", {"checkpoint_path": str(path), "kind": ["full_state"]}, step=step)
+        (ckpt / "checkpoints/step-000004").rmdir()
+        w.append("checkpoint_removed", {"checkpoint_path": str(path), "reason": "pruned"}, step=4)
+        marker = {"message": "rank 1 stuck", "alert_id": "a1", "source": "ilab-watch:guard"}
+        w.append("train_end", hang_end_payload(marker, written_by="launcher"), step=5)
+    proc = cli("ilab-watch", str(ckpt), "--wandb", "--replay", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = run_files(ckpt, records(ckpt)[0]["run_id"])
+    got = summary(run_dir)
+    assert got["ilab/last_checkpoint"] == str(ckpt / "checkpoints/step-000002")
+    assert got["ilab/stop_source"] == "hang" and got["ilab/stopped_by"] == "ilab-watch:guard"

@@ -7,8 +7,8 @@ which ``wandb sync`` uploads. The config is ``train_begin``'s; metrics are the e
 shared ``train/*``, ``eval/*`` and ``report/*`` (watcher/exporters/base.py), each with its own x
 axis (``train/step``, ``eval/step``, ``report/step``: a report for an earlier checkpoint
 arrives after later steps, which W&B's single step counter would drop), and the record's
-time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary; ``train_end``
-sets ``ilab/status``, and the run is finished when the watcher is done (:meth:`close`) with
+time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary and, as the run's fold says, ``ilab/last_checkpoint`` (the newest not removed);
+``train_end`` sets ``ilab/status`` and ``ilab/stop_source``, and the run is finished when the watcher is done (:meth:`close`) with
 that ending's exit code (0 completed or stopped, 1 failed, 5 interrupted, as
 ``ilab-train``'s).
 
@@ -31,7 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from watcher.exporters.base import MetricsExport
+from journal.views.fold import RunFold
+from watcher.exporters.base import MetricsExport, RunFolds
 from watcher.exporters.wandb_log import history_rows, project, run_files
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
@@ -82,6 +83,7 @@ class WandbExport(MetricsExport):
         self._exit_code = 0
         self._run_id: str | None = None
         self._seen: set[tuple[str, int, float]] = set()  # (prefix, step, time)
+        self._folds = RunFolds()  # each run dir's fold: its checkpoints and who ended it
 
     # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
 
@@ -95,7 +97,15 @@ class WandbExport(MetricsExport):
             with self._lock:
                 run = self._open(event)
                 run.summary[f"checkpoint/{Path(path).name}"] = path
-                run.summary["ilab/last_checkpoint"] = path
+                self._newest(run, self._folds.add(event))
+
+    def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._newest(self._open(event), self._folds.add(event))
+
+    def on_control(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._folds.add(event)  # an applied stop: who ended the run
 
     def on_train_end(self, event: Event, **data: Any) -> None:
         status = str(data.get("status"))
@@ -104,6 +114,10 @@ class WandbExport(MetricsExport):
             run.summary["ilab/status"] = status
             if data.get("reason"):
                 run.summary["ilab/reason"] = str(data["reason"])
+            s = self._folds.add(event).summary()
+            if s.stop_source is not None:  # as status says it (journal/views/stops.py)
+                run.summary["ilab/stop_source"] = s.stop_source
+                run.summary["ilab/stopped_by"] = s.stopped_by or "?"
             # finished by close(): hooks of other events may still deliver earlier records
             self._exit_code = _EXIT_CODES.get(status, 1)
 
@@ -116,6 +130,13 @@ class WandbExport(MetricsExport):
         if self._run is not None:
             self._run.finish(exit_code=self._exit_code)
         self._run, self._exit_code = None, 0
+
+    @staticmethod
+    def _newest(run: Any, fold: RunFold) -> None:
+        """``ilab/last_checkpoint``: the newest checkpoint rotation has not removed."""
+        kept = [f.path for f in fold.fates if f.saved and f.removed is None]
+        if kept:
+            run.summary["ilab/last_checkpoint"] = kept[-1]
 
     # -- writing -------------------------------------------------------------------------
 
