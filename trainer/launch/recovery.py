@@ -130,13 +130,12 @@ def start_guard(
         train_args.hang_action,
         relaunch=lambda saved: relaunch(train_args, restarts, stalled, saved).says,
     )
-    pids = {"launcher": os.getpid()}  # its torchrun agent joins once started
     return start(
         ckpt_dir,
         sink,
         options,
         start=Cursor(start_offset),
-        launcher_pids=pids,
+        launcher_pids={"launcher": os.getpid()},  # its torchrun agent joins once started
         source="run_training",
     )
 

@@ -22,7 +22,7 @@ from watcher.alerts.options import open_alerts
 from watcher.assembly import WatchPlan, assemble
 from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
 from watcher.cli.options import parse_queue, watch_options
-from watcher.engine.console import PrintableFormatter
+from watcher.engine.console import ConsoleReporter, PrintableFormatter
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
@@ -280,8 +280,6 @@ def main(
     poll = _check_run_dir(journal, poll)
     if mirror is not None and not built.hooks:
         sys.exit(run_alone(mirror, quiet))
-    from watcher.engine.console import ConsoleReporter
-
     plan = WatchPlan(
         journal,
         built,
