@@ -101,7 +101,8 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
 #: the engine (follow -> dispatch -> queue -> complete) builds on it and imports neither
 #: the scheduler nor the exporters: they build on the engine's interfaces (the scheduler
 #: runs the engine's jobs), as do the built-in callbacks; mirror brings a remote run in for
-#: the engine; cli (``ilab-watch``) and embedded (the launcher's watcher) put them together.
+#: the engine; assembly makes one watcher of what cli (``ilab-watch``) and embedded (the
+#: launcher's watcher) ask for.
 WATCHER_LAYERS: dict[str, set[str]] = {
     "hooks": set(),
     "engine": {"hooks"},
@@ -113,8 +114,10 @@ WATCHER_LAYERS: dict[str, set[str]] = {
     # alerts: the journal's alert rules are a callback object (hooks) reading the built-in
     # DivergenceDetector (builtin); hangs, deaths and their evidence need neither
     "alerts": {"hooks", "builtin"},
-    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror", "lmeval", "alerts"},
-    "embedded": {"hooks", "engine", "exporters"},
+    "assembly": {"hooks", "engine", "exporters"},
+    "cli": {"hooks", "engine", "scheduler", "exporters", "builtin", "mirror", "lmeval", "alerts"}
+    | {"assembly"},
+    "embedded": {"hooks", "engine", "exporters", "assembly"},
     # backtest: past journals through the watcher's executor (engine), callbacks and built-ins;
     # --hang-after through the live guard's own rule (alerts)
     "backtest": {"hooks", "engine", "builtin", "alerts"},

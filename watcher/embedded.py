@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from journal.rundir.paths import journal_path, watch_dir
-from watcher.engine.engine import Watcher
+from journal.rundir.paths import journal_path
+from watcher.assembly import WatchPlan, assemble
 from watcher.exporters.base import close_all
 from watcher.exporters.registry import make_exporter, replay_command
 from watcher.hooks.callbacks import CallbackSpecError, callable_name
@@ -134,23 +134,19 @@ class EmbeddedWatcher:
             lambda ev: HookOptions(),
         )
         self.exporters = built.exporters
-        self.watcher = Watcher(
-            journal_path(ckpt_dir),
-            built.hooks,
-            # each node's launcher runs one: the other nodes' must not be refused
-            name="embedded" if node_rank == 0 else f"embedded-node{node_rank}",
-            state_dir=watch_dir(ckpt_dir),
-            start=start_offset,
-            persist_cursor=False,
-            reporter=_log_result,
-            stateful_callbacks=built.stateful,
-            control_source="run_training",
+        # its results and running markers are under watch/embedded.*: one process only
+        self.watcher = assemble(
+            WatchPlan(
+                journal_path(ckpt_dir),
+                built,
+                # each node's launcher runs one: the other nodes' must not be refused
+                name="embedded" if node_rank == 0 else f"embedded-node{node_rank}",
+                start=start_offset,
+                persist_cursor=False,
+                reporter=_log_result,
+                control_source="run_training",
+            )
         )
-        try:  # its results and running markers are under watch/embedded.*: one process only
-            self.watcher.claim()
-        except BaseException:
-            close_all(self.exporters)
-            raise
         self._thread = threading.Thread(target=self._run, name="ilab-embedded-watcher", daemon=True)
         self.exit_code: int | None = None
 

@@ -121,7 +121,8 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
 def parse_hang_after(spec: str) -> str:
     """``hang_after``: ``"auto"`` or a positive number of seconds, as given (normalized:
     ``"auto"`` lower-case); ValueError naming the form otherwise (the one rule,
-    :func:`journal.record.numbers.seconds_or_auto`, which the guard reads it with too)."""
+    :func:`journal.record.numbers.seconds_or_auto`). Parsed once, here: the launcher's
+    guard reads the number back with ``float``."""
     return "auto" if seconds_or_auto(spec) is None else spec.strip()
 
 

@@ -118,18 +118,19 @@ def start_guard(
     ``stalled``: this launch's, as :func:`launch_with_restarts` counts them)."""
     if train_args.hang_after is None or train_args.journal_detail == "off":
         return None
-    from watcher.alerts.guard import Guard, GuardOptions
+    from watcher.alerts.guard import GuardOptions
+    from watcher.alerts.guard_options import start_guard as start
     from watcher.alerts.hang import HangRule
     from watcher.alerts.sink import AlertDispatcher
 
     if sink is None:
         sink = AlertDispatcher(ckpt_dir, run_label=str(ckpt_dir), source="run_training")
     options = GuardOptions(
-        HangRule.parse(train_args.hang_after),
+        HangRule(None if train_args.hang_after == "auto" else float(train_args.hang_after)),
         train_args.hang_action,
         relaunch=lambda saved: relaunch(train_args, restarts, stalled, saved).says,
     )
-    guard = Guard(
+    return start(
         ckpt_dir,
         sink,
         options,
@@ -137,8 +138,6 @@ def start_guard(
         launcher_pids={"launcher": os.getpid()},  # its torchrun agent joins once started
         source="run_training",
     )
-    guard.start()
-    return guard
 
 
 def abort_marker(ckpt_dir: Path, begin: Mapping[str, Any] | None) -> dict[str, Any] | None:

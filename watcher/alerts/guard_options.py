@@ -3,9 +3,9 @@ report|abort``) and the guard they start beside the watcher's hooks (docs/alerts
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -79,22 +79,13 @@ def check_on_hang(
 
 
 def start_guard(
-    run_dir: Path,
-    sink: AlertSink | None,
-    *,
-    hang: HangRule | None,
-    on_hang: str,
-    kinds: Collection[str] | None,
+    run_dir: Path, sink: AlertSink, options: GuardOptions, **where: Any
 ) -> Guard | None:
-    """The guard of an ``ilab-watch``, started (None when nothing asks for one): hangs with
-    ``--hang-after``; deaths wherever alerts are raised (``kinds``: the ``--notify-on``
-    kinds, None for the default, which includes ``died``)."""
-    deaths = sink is not None and (kinds is None or "died" in kinds)
-    if sink is None or (hang is None and not deaths):
+    """The one guard starter, ``ilab-watch``'s and the launcher's: a :class:`Guard` over
+    ``run_dir`` (``where``: its ``start``, ``launcher_pids``, ``source``), started; None
+    when ``options`` look for nothing (no hang rule, deaths not reported)."""
+    if options.hang is None and not options.deaths:
         return None
-    options = GuardOptions(
-        hang=hang, on_hang="abort" if on_hang == "abort" else "report", deaths=deaths
-    )
-    guard = Guard(run_dir, sink, options)
+    guard = Guard(run_dir, sink, options, **where)
     guard.start()
     return guard

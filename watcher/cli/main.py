@@ -13,21 +13,23 @@ from typing import Any
 
 import click
 
-from journal.rundir.paths import resolve_journal, watch_dir
+from journal.rundir.paths import resolve_journal
 from journal.rundir.safety import UnsafeRunDir, check_run_dir, not_a_directory
+from watcher.alerts.guard import GuardOptions, OnHang
 from watcher.alerts.guard_options import check_on_hang, start_guard
 from watcher.alerts.hang import HangRule
 from watcher.alerts.options import open_alerts
+from watcher.assembly import WatchPlan, assemble
 from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
 from watcher.cli.options import parse_queue, watch_options
-from watcher.engine.console import PrintableFormatter
+from watcher.engine.console import ConsoleReporter, PrintableFormatter
 from watcher.engine.cursor import CursorBusy
 from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
 from watcher.engine.signals import StopOnSignal
 from watcher.exporters.base import close_all
 from watcher.hooks.delivery import already_said
-from watcher.hooks.hook import Hook, HookSet
+from watcher.hooks.hook import Hook
 from watcher.lmeval.options import lm_eval_pairs
 from watcher.mirror.options import MirrorRun, mirror_options, open_mirror, run_alone
 from watcher.mirror.remote import RemoteFollow, follow_remote
@@ -86,11 +88,7 @@ def _locate(
     journal = resolve_journal(run_dir, must_exist=False)  # followed, it may not exist yet
     if replay and not journal.is_file():
         raise click.UsageError(f"--replay needs an existing journal; {journal} not found")
-    for directory in (
-        journal.parent,
-        state_dir,
-        tensorboard_dir,
-    ):  # below a file: could never start
+    for directory in (journal.parent, state_dir, tensorboard_dir):  # below a file: never starts
         if directory is not None and (why := not_a_directory(directory)):
             raise click.UsageError(why)
     return remote, journal
@@ -114,47 +112,6 @@ def _check_run_dir(journal: Path, poll: float | None) -> float | None:
     except UnsafeRunDir as exc:
         raise click.UsageError(str(exc)) from None
     return poll
-
-
-def _claimed_watcher(
-    journal: Path,
-    built: HookSet,
-    *,
-    name: str | None,
-    state_dir: Path | None,
-    start: str,
-    follow: bool,
-    poll: float | None,
-    quiet: bool,
-    verbose: int,
-    lease_ttl: float,
-    board: JobBoard | None,
-) -> Watcher:
-    """The watcher, holding its cursor's lock: exit 3 names the process that holds it."""
-    from watcher.engine.console import ConsoleReporter
-
-    watcher = Watcher(
-        journal,
-        built.hooks,
-        name=name or default_name(built.hooks),
-        state_dir=state_dir or watch_dir(journal.parent),
-        start="now" if start == "now" else "start",
-        follow=follow,
-        poll=poll,
-        reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
-        stateful_callbacks=built.stateful,
-        lease_ttl=lease_ttl,
-        jobs=partial(JobRunner, board) if board is not None else None,  # --via
-    )
-    try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
-        watcher.claim()
-    except CursorBusy as exc:
-        close_all(built.exporters)
-        click.echo(f"ilab-watch: {exc}", err=True)
-        sys.exit(3)
-    except UnsafeRunDir as exc:
-        raise click.UsageError(str(exc)) from None
-    return watcher
 
 
 def _run(
@@ -247,7 +204,7 @@ def main(
     notify_on: str | None,
     hang_after: HangRule | None,
     first_step_limit: float | None,
-    on_hang: str,
+    on_hang: OnHang,  # click's choice of ON_HANG
     **on_event: tuple[str, ...],
 ) -> None:
     """Follow DIR/journal.jsonl and run callbacks on lifecycle events.
@@ -323,28 +280,30 @@ def main(
     poll = _check_run_dir(journal, poll)
     if mirror is not None and not built.hooks:
         sys.exit(run_alone(mirror, quiet))
-    watcher = _claimed_watcher(
+    plan = WatchPlan(
         journal,
         built,
-        name=name,
+        name=name or default_name(built.hooks),
         state_dir=state_dir,
-        start=start,
+        start="now" if start == "now" else "start",
         follow=not replay,
         poll=poll,
-        quiet=quiet,
-        verbose=verbose,
+        reporter=_unless_said(ConsoleReporter(quiet=quiet, verbose=verbose > 0)),
         lease_ttl=lease_ttl,
-        board=board,
+        jobs=partial(JobRunner, board) if board is not None else None,  # --via
     )
+    try:  # one process per cursor, as one launch per run dir: exit 3 names the other one
+        watcher = assemble(plan)
+    except CursorBusy as exc:
+        click.echo(f"ilab-watch: {exc}", err=True)
+        sys.exit(3)
+    except UnsafeRunDir as exc:
+        raise click.UsageError(str(exc)) from None
     guard = None
     if alerting is not None and remote is None and not replay:
-        guard = start_guard(
-            ckpt_dir,
-            alerting.sink,
-            hang=hang_after,
-            on_hang=on_hang,
-            kinds=alerting.rules.kinds,
-        )
+        kinds = alerting.rules.kinds  # deaths: wherever alerts are raised, unless left out
+        options = GuardOptions(hang_after, on_hang, deaths=kinds is None or "died" in kinds)
+        guard = start_guard(ckpt_dir, alerting.sink, options)
     code, interrupted = _run(watcher, poll, quiet, mirror=mirror, remote=remote)
     if guard is not None:
         guard.stop()
