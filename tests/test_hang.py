@@ -70,6 +70,11 @@ def _alerts(run: Path) -> list[dict[str, Any]]:
     return [r for r in records(run) if r["event"] == "alert"]
 
 
+def _claims(run: Path) -> list[Path]:
+    """The alerts claimed under ``alerts/`` (the guards' heartbeats aside)."""
+    return [p for p in (run / "alerts").glob("**/*") if p.is_file() and p.parent.name != "guards"]
+
+
 def _watch(run: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
     """``ilab-watch RUN ARGS...`` started, once it follows; its stderr lines as they come."""
     watch = subprocess.Popen(
@@ -163,8 +168,9 @@ def test_a_hang_that_clears_is_found_by_the_backtest_and_counted_real(tmp_path: 
     finally:
         kill_tree(job.pid)
     assert job.returncode == 0, "".join(lines)[-3000:]
-    [alert] = _alerts(run)
-    assert alert["data"]["kind"] == "hang" and "left as it is" in alert["data"]["message"]
+    hang, recovered = (a["data"] for a in _alerts(run))  # the incident, then its end
+    assert hang["kind"] == "hang" and "left as it is" in hang["message"]
+    assert recovered["kind"] == "recovered" and recovered["resolves"] == hang["id"]
     assert _ends(run)[0]["data"]["status"] == "completed"
     back = cli("ilab-journal", "backtest", str(run), "--hang-after", "auto")
     assert back.returncode == 0 and "1 alarm(s), 0 false" in back.stdout, back.stdout
@@ -286,7 +292,7 @@ def test_a_25s_lease_wait_is_no_hang(tmp_path: Path) -> None:
     assert job.returncode == 0, err[-3000:]
     saves = {r["step"]: r for r in records(run) if r["event"] == "save"}
     assert saves[4]["data"]["lease_wait_s"] >= 25.0  # it did wait, far past the threshold
-    assert not _alerts(run) and not (run / "alerts").exists()
+    assert not _alerts(run) and not _claims(run)  # no alert, none even claimed
     back = cli("ilab-journal", "backtest", str(run), "--hang-after", "5")
     assert "0 alarm(s), 0 false" in back.stdout, back.stdout
 
