@@ -471,7 +471,8 @@ def test_ilab_train_notifies_with_urls_that_no_command_line_shows(
     urls = tmp_path / "urls.txt"
     urls.write_text(f"# the watcher's target\n{with_user}-watch\n")
     job = subprocess.Popen(
-        train_argv(ckpt, "--max-steps", "12", "--notify-when", "steps >= 2", "--notify-on", "all"),
+        train_argv(ckpt, "--max-steps", "30", "--notify-when", "steps >= 2", "--notify-on", "all"),
+        # 30 steps of 0.2 s: the ranks outlive the checks below on a loaded machine
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**train_env(step_delay=0.2), "ILAB_NOTIFY": f"{with_user}-train"},
     )  # fmt: skip
