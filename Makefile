@@ -74,9 +74,11 @@ $(STAMP): $(DEMO_STAMP)
 
 # Parallel test processes (pytest-xdist), each module's tests in one of them so its
 # fixtures run once; TEST_WORKERS=0 runs everything in one process. Where xdist is not
-# installed (PYTHON_ENV=system), one process. On 2 cores the suite is CPU-bound: every
-# 2-rank launch costs ~19 CPU-seconds, mostly importing torch in 3 processes (2026-11-24).
-TEST_WORKERS ?= 2
+# installed (PYTHON_ENV=system), one process. Every 2-rank launch costs ~19 CPU-seconds,
+# mostly importing torch in 3 processes (2026-11-24), but the tests also wait on processes:
+# on 2 cores, 3 test processes ran the default suite in 533 s where 2 took 598 s (a fresh
+# clone, 2026-11-29).
+TEST_WORKERS ?= 3
 XDIST = $$($(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadscope")
 
 # The default suite, under 10 minutes on 2 cores: every fast test and one end-to-end run per
