@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from journal.record.events import ALERT_KINDS
 from journal.rundir.files import atomic_write
 from journal.rundir.inbox import MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS, clip
 from journal.rundir.paths import reports_dir
@@ -33,18 +34,6 @@ from journal.rundir.paths import reports_dir
 ALERT_KIND = "alert"
 TOLD_KIND = "alert_told"
 INBOX_KINDS: frozenset[str] = frozenset({ALERT_KIND, TOLD_KIND})
-#: What an alert is about (the same words as watcher/alerts/alert.py's ``AlertKind``).
-KINDS: tuple[str, ...] = (
-    "hang",
-    "died",
-    "failed",
-    "diverged",
-    "stopped",
-    "completed",
-    "condition",
-    "recovered",
-    "guard_stopped",
-)
 #: At most this many evidence paths, missing lines and targets per record.
 MAX_ITEMS = 64
 
@@ -141,8 +130,8 @@ def check_alert(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if kind != ALERT_KIND:
         raise InvalidAlert(f"kind must be {ALERT_KIND!r} or {TOLD_KIND!r}")
     what = obj.get("alert")
-    if what not in KINDS:
-        raise InvalidAlert(f"alert must be one of {', '.join(KINDS)}")
+    if what not in ALERT_KINDS:
+        raise InvalidAlert(f"alert must be one of {', '.join(ALERT_KINDS)}")
     message = obj.get("message")
     if not isinstance(message, str) or len(message) > MAX_TEXT_CHARS:
         raise InvalidAlert(f"message must be a string of at most {MAX_TEXT_CHARS} characters")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 SCHEMA_VERSION = 1
 
 #: Lifecycle events in the order they fire within a run (hook name = ``on_`` + event).
@@ -36,6 +38,20 @@ CALLBACK_EVENTS: tuple[str, ...] = (*LIFECYCLE_EVENTS, *RESULT_EVENTS)
 #: (hang, died, failed, diverged, stopped, a ``--notify-when`` condition; completed when
 #: asked), and ``alert_told``, which ``--notify`` targets were told of it and which not.
 ALERT_EVENTS: tuple[str, ...] = ("alert", "alert_told")
+#: What an alert is about. ``condition``: a user's ``--notify-when`` expression held;
+#: ``recovered``: a hang cleared (steps go on); ``guard_stopped``: a guard ended before its run.
+AlertKind = Literal[
+    "hang",
+    "died",
+    "failed",
+    "diverged",
+    "stopped",
+    "completed",
+    "condition",
+    "recovered",
+    "guard_stopped",
+]
+ALERT_KINDS: tuple[str, ...] = get_args(AlertKind)
 #: Every event name a writer of this version produces (``checkpoint_kept``: a bridge kept a
 #: checkpoint its trainer's rotation asked to delete, because it is leased; ``job``: a
 #: scheduler job that ran a watcher delivery changed state, see journal/channels/jobs.py).

@@ -22,6 +22,7 @@ from journal.record.events import (  # noqa: F401  (re-exported: the contract li
     LIFECYCLE_EVENTS,
     MICROBATCH_EVENTS,
     SCHEMA_VERSION,
+    AlertKind,
 )
 
 
@@ -174,17 +175,7 @@ class AlertData(_Open):
     whether or not its targets answer; what became of telling them is ``alert_told``."""
 
     id: str = Field(description="unique per alert; its evidence lies in alerts/<id>/")
-    kind: Literal[
-        "hang",
-        "died",
-        "failed",
-        "diverged",
-        "stopped",
-        "completed",
-        "condition",
-        "recovered",
-        "guard_stopped",
-    ]
+    kind: AlertKind
     step: int | None = Field(description="the step the alert is about (null: unknown)")
     attempt: int | None = Field(None, description="the attempt it is about")
     message: str = Field(description="what was seen, one line")

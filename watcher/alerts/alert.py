@@ -15,25 +15,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
+from journal.record.events import AlertKind
 from journal.rundir.ledger import identity
 from journal.rundir.paths import ALERTS_DIR_NAME
-
-#: What an alert is about. ``condition``: a user's ``--notify-when`` expression held;
-#: ``recovered``: a hang cleared (steps go on); ``guard_stopped``: a guard ended before its run.
-AlertKind = Literal[
-    "hang",
-    "died",
-    "failed",
-    "diverged",
-    "stopped",
-    "completed",
-    "condition",
-    "recovered",
-    "guard_stopped",
-]
-ALERT_KINDS: tuple[str, ...] = AlertKind.__args__  # type: ignore[attr-defined]
 
 
 def new_alert_id() -> str:

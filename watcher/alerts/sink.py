@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from journal.channels.alerts import alert_payload, told_payload
+from journal.record.events import ALERT_KINDS
 from journal.rundir.ledger import claim, claimed, claims
-from watcher.alerts.alert import ALERT_KINDS, Alert, new_alert_id
+from watcher.alerts.alert import Alert, new_alert_id
 from watcher.alerts.inbox import AlertInbox
 from watcher.alerts.notify import Target, compose, names, parse_targets
 
