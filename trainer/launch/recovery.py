@@ -9,7 +9,6 @@ the launching process, which knows its torchrun agent and outlives its workers.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +18,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from journal.read.cursor import Cursor
+from journal.rundir.inbox import read_json_object
 from journal.rundir.paths import rank_log_path
+from journal.rundir.safety import open_no_follow
 from trainer.config import ConfigError, TrainingArgs
 from trainer.config.worker_config import relaunch
 from trainer.launch.result import NoProgress, TrainingFailed, TrainingResult
@@ -157,26 +158,29 @@ def first_failure(ckpt_dir: Path, found: Path, targets: Sequence[Any]) -> dict[s
     line of ``error_message`` (indented, scrubbed of ``targets``' secrets as alerts are,
     at most :data:`LOG_TAIL_CHARS`); {} without."""
     try:
-        first = json.loads(found.read_text())
+        first = read_json_object(found)  # never through a link, never blocking on a FIFO
         rank, pid, code = first["rank"], first["pid"], int(first["exitcode"])
         log = rank_log_path(ckpt_dir, int(rank))
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     how = f"was killed by {first.get('signal')}" if code < 0 else f"exited with code {code}"
     reason = f"rank {rank} (pid {pid}) {how}, the first rank to end; its log: {log}"
-    tail = _last_lines(log, targets)
+    tail = _last_lines(ckpt_dir, log, targets)
     first["log"] = str(log.relative_to(ckpt_dir))
     return {"reason": reason, "error_message": f"{reason}\n{tail}".rstrip(), "first_failure": first}
 
 
-def _last_lines(log: Path, targets: Sequence[Any], limit: int = LOG_TAIL_CHARS) -> str:
+def _last_lines(
+    ckpt_dir: Path, log: Path, targets: Sequence[Any], limit: int = LOG_TAIL_CHARS
+) -> str:
     """The last lines of ``log`` in at most ``limit`` characters, each indented, without
-    any secret of ``targets``' URLs ('' when it cannot be read; never through a link)."""
+    any secret of ``targets``' URLs ('' when it cannot be read; never through a link, never
+    a FIFO's wait)."""
     from watcher.alerts.notify import scrub
     from watcher.hooks.command import read_tail
 
     try:
-        with open(os.open(log, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        with open(open_no_follow(log, os.O_RDONLY, root=ckpt_dir), "rb") as f:
             text = scrub(read_tail(f, 4 * limit).data.decode(errors="replace"), targets)
     except OSError:
         return ""

@@ -174,8 +174,9 @@ class Guard:
         left = f"{len(others)} other guard(s) still watch it" if others else "no guard watches it"
         said = f"the guard of {self.source} stopped while attempt {t.attempt} goes on: {left}"
         incident = f"{self.host}-{self.pid}"
-        alert = Alert("guard_stopped", said, t.last_step, t.attempt, incident=incident)
-        self.sink.raise_alert(replace(alert, run_id=t.run_id))
+        self.sink.raise_alert(
+            Alert("guard_stopped", said, t.last_step, t.attempt, run_id=t.run_id, incident=incident)
+        )
 
     # -- one look ------------------------------------------------------------------------
 
@@ -349,8 +350,9 @@ def _incident(found: HangFinding) -> str:
 
 
 def _hang(found: HangFinding, message: str) -> Alert:
-    alert = Alert("hang", message, found.step, found.attempt, run_id=found.run_id)
-    return replace(alert, incident=_incident(found))
+    return Alert(
+        "hang", message, found.step, found.attempt, run_id=found.run_id, incident=_incident(found)
+    )
 
 
 def _signal_all(procs: list[Proc], sig: int) -> None:
