@@ -19,7 +19,7 @@ import orjson
 
 from journal.checkpoints.leases import Lease, active
 from journal.serve.fold import RunFold, Series, scalar
-from journal.views.fold import RunFold as RunTruth
+from journal.views.fold import AlertSeen
 from journal.views.summary import STATE_EXIT_CODES, RunSummary
 
 #: What each state's exit code of ``ilab-journal status`` means, shown next to the state.
@@ -67,11 +67,11 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
-def alert_marks(truth: RunTruth, s: RunSummary, now: float) -> dict[str, Any]:
+def alert_marks(s: RunSummary, alerts: list[AlertSeen]) -> dict[str, Any]:
     """What the page marks a run with: its alerts' kinds (hang, diverged, ...; raised and
-    not journaled yet too), the newest, and ``stuck``: the run is hung, or that one is a
-    death that no step has ended since (no ETA)."""
-    alerts = truth.alerts_now(truth.run_dir, now)[0]
+    not journaled yet too: :meth:`~journal.views.fold.RunFold.judged`'s), the newest, and
+    ``stuck``: the run is hung, or that one is a death that no step has ended since (no
+    ETA)."""
     last = s.last_alert
     died = last is not None and last["kind"] == "died" and (last["step"] or 0) >= s.last_step
     kinds = sorted({a.kind for a in alerts} - {"recovered"})
@@ -82,8 +82,8 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     """The run's state in ``status``'s words, with progress, throughput, ETA (none for a
     run stale or stuck), best and alerts."""
     now = time.time() if now is None else now
-    s = fold.run.summary(stale_after=stale_after, now=now)
-    marks = alert_marks(fold.run, s, now)
+    s, alerts = fold.run.judged(stale_after=stale_after, now=now)
+    marks = alert_marks(s, alerts)
     prev, last = fold.prev_log, fold.last_log
     log = last["data"] if last is not None else {}
     eta = None

@@ -117,10 +117,10 @@ class RunSet:
             return _aged(run._row[1], now, self.stale_after)
         else:
             truth = summarize(run.journal).fold
-        s = truth.summary(stale_after=None, now=now, run_dir=run.dir)
+        s, alerts = truth.judged(stale_after=None, now=now, run_dir=run.dir)
         last_log = find_last(run.journal, "log")
         log = last_log["data"] if last_log is not None else {}
-        marks = alert_marks(truth, s, now)
+        marks = alert_marks(s, alerts)
         per_step = None if marks["stuck"] else log.get("elapsed_time")  # stuck: no ETA
         eta = None
         if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):

@@ -360,6 +360,17 @@ class RunFold:
         ``keep_best`` from this fold's ledger, and the alerts and guards with what the alert
         ledger holds now: a running run with a hang alert and no step since is ``hung``
         (a copy: asking changes nothing)."""
+        return self.judged(stale_after=stale_after, now=now, run_dir=run_dir)[0]
+
+    def judged(
+        self,
+        *,
+        stale_after: float | None = None,
+        now: float | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+    ) -> tuple[RunSummary, list[AlertSeen]]:
+        """:meth:`summary`, with the alerts it judged from (:meth:`alerts_now`: the ledger
+        read once for both)."""
         run_dir = run_dir if run_dir is not None else self.run_dir
         now = time.time() if now is None else now
         alerts, count = self.alerts_now(run_dir, now)
@@ -374,13 +385,14 @@ class RunFold:
         goal = self.keep_best()
         best = self.ledger.best(goal, run_dir) if goal else None
         last = problems[-1].to_dict() if problems else None
-        return replace(
+        judged = replace(
             s,
             best_checkpoint=best.to_dict() if best else None,
             alerts=count,
             last_alert=last and {**last, "recovered_at": over.get(last["id"])},
             guards=guards(run_dir, s.run_id) if run_dir is not None else [],
         )
+        return judged, alerts
 
     def alerts_now(
         self, run_dir: str | os.PathLike[str] | None, now: float
