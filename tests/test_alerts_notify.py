@@ -523,7 +523,12 @@ def _argv(pid: int) -> bytes:
 BAD_INPUT = [
     ({"ILAB_NOTIFY": " "}, [], r"ILAB_NOTIFY is set but holds no URL \(unset it"),
     ({}, ["--notify", "@missing.txt"], r"--notify @missing.txt: cannot read the file of URLs"),
-    ({}, ["--notify", "@comments.txt"], r"--notify @comments.txt: the file holds no URL"),
+    pytest.param(
+        {},
+        ["--notify", "@comments.txt"],
+        r"--notify @comments.txt: the file holds no URL",
+        marks=pytest.mark.extended,  # each case is a launch and a watcher: 4 stay default
+    ),
     (
         {},
         ["--notify", "@slack.txt"],
@@ -535,12 +540,18 @@ BAD_INPUT = [
         r"ILAB_NOTIFY #2 \(msteams://...\): apprise [\d.]+ has no msteams:// notifier; did you "
         r"mean workflow:// or workflows://\?",
     ),
-    (
+    pytest.param(
         {"ILAB_NOTIFY": "json://h/ foo://x"},
         [],
         r"ILAB_NOTIFY #2 \(foo://...\): apprise [\d.]+ has no",
+        marks=pytest.mark.extended,
     ),
-    ({}, ["--notify", "slack://T000AAAA/B000BBBB"], r"--notify #1 \(slack://...\): apprise cannot"),
+    pytest.param(
+        {},
+        ["--notify", "slack://T000AAAA/B000BBBB"],
+        r"--notify #1 \(slack://...\): apprise cannot",
+        marks=pytest.mark.extended,
+    ),
 ]
 
 

@@ -496,9 +496,9 @@ def test_store_errors_are_told_transient_or_permanent(
     "uri, env",
     [
         ("s3://Invalid_Bucket/x", {}),
-        ("s3://bkt:99999/x", {}),
+        pytest.param("s3://bkt:99999/x", {}, marks=pytest.mark.extended),
         ("fresh", {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}),
-        ("fresh", {"AWS_ACCESS_KEY_ID": "nosuchkey"}),
+        pytest.param("fresh", {"AWS_ACCESS_KEY_ID": "nosuchkey"}, marks=pytest.mark.extended),
     ],
 )
 def test_a_store_that_refuses_is_one_line_and_exit_2_at_start(

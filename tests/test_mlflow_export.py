@@ -435,6 +435,7 @@ def _late_evals_journal(ckpt: Path) -> None:
             )
 
 
+@pytest.mark.extended  # the MLflow area keeps its default runs (the hang-aborted tags among them)
 def test_the_best_and_the_description_come_from_the_fold_not_train_ends_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

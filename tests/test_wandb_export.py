@@ -119,6 +119,7 @@ def test_a_bad_mode_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.extended  # the W&B area keeps its default runs below
 def test_a_wandb_dir_that_cannot_be_written_is_refused_and_replays_add_no_rows(
     tmp_path: Path,
 ) -> None:
