@@ -169,8 +169,8 @@ def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
         ran.append(d.delivery_id)
         return DeliveryResult.of(d, "ok")
 
-    def complete(finished: Sequence[tuple[Delivery, DeliveryResult | None]], _: float) -> None:
-        done.update((d.delivery_id, out.status if out else "ok") for d, out in finished)
+    def complete(finished: Sequence[tuple[Delivery, DeliveryResult]], *_: object) -> None:
+        done.update((d.delivery_id, out.status) for d, out in finished)
 
     q = HookQueue([log_h, step_h, save_h], deliver, complete)
     batch = Batch(START, 0, 99)
@@ -209,7 +209,7 @@ def test_a_lone_hook_keeps_its_policy(policy: str) -> None:
         ran.append(d.delivery_id)
         return DeliveryResult.of(d, "ok")
 
-    q = HookQueue([hook], deliver, lambda finished, started: None)
+    q = HookQueue([hook], deliver, lambda *_: None)
     batch = Batch(START, 0, 9)
     q.submit(Delivery(hook, record_of({"seq": 1}), batch, "a"))
     assert started.wait(30)
