@@ -176,7 +176,7 @@ def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
     batch = Batch(START, 0, 99)
 
     def submit(hook: Hook, name: str) -> None:
-        q.submit(Delivery(hook, record_of({"seq": len(done) + len(ran)}), batch, name))
+        q.submit_many([Delivery(hook, record_of({"seq": len(done) + len(ran)}), batch, name)])
 
     submit(log_h, "log1")
     assert started.wait(30)  # log1 runs; the rest queue behind it
@@ -211,10 +211,10 @@ def test_a_lone_hook_keeps_its_policy(policy: str) -> None:
 
     q = HookQueue([hook], deliver, lambda *_: None)
     batch = Batch(START, 0, 9)
-    q.submit(Delivery(hook, record_of({"seq": 1}), batch, "a"))
+    q.submit_many([Delivery(hook, record_of({"seq": 1}), batch, "a")])
     assert started.wait(30)
     for i, name in enumerate("bcd", start=2):
-        q.submit(Delivery(hook, record_of({"seq": i}), batch, name))
+        q.submit_many([Delivery(hook, record_of({"seq": i}), batch, name)])
     release.set()
     wait_for(q.idle, timeout=30, what="the queue to drain")
     q.close()

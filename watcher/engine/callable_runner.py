@@ -23,8 +23,9 @@ from watcher.hooks.delivery import Delivery, DeliveryResult, Run, TrackerUnavail
 
 log = logging.getLogger("watcher")
 
-#: Calls :meth:`CallableRunner.run` makes between two looks at the watcher's stop.
-_STOP_EVERY = 256
+#: Seconds between two looks of :meth:`CallableRunner.run` at the watcher's stop (one
+#: after a slower call): not one per call of a replay's millions.
+_ASK_STOP_S = 0.05
 #: What :meth:`CallableRunner.run` gives: the deliveries with a result, and the plain
 #: successes as runs (watcher.engine.completion ``Completions.complete``).
 Ran = tuple[list[Finished], list[Run]]
@@ -72,9 +73,9 @@ class CallableRunner:
     def run(self, runs: list[Run], stopped: Callable[[], bool]) -> Ran:
         """Deliver ``runs`` in order, in the caller's thread: a queue's worker, or the
         engine's for a replay's inline lane (watcher.engine.engine). The one loop of every
-        callable's deliveries: a replay runs millions in a row. ``stopped`` is asked every
-        :data:`_STOP_EVERY` calls (before each call of a hook with a timeout or on
-        ``save``): once it is true, what was not started is abandoned.
+        callable's deliveries: a replay runs millions in a row. ``stopped`` is asked before
+        a call at most every :data:`_ASK_STOP_S`: once it is true, what was not started is
+        abandoned.
 
         Returns what ``Completions.complete`` (watcher.engine.completion) takes: the
         deliveries with a result (what a callable returned, a failure after its retries, a
@@ -84,39 +85,45 @@ class CallableRunner:
         ok: list[Run] = []
         ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of, time.perf_counter
         plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
+        asked = 0.0  # when ``stopped`` was last asked
         for hook, batch, recs, ds in runs:
             target: Any = hook.target
             inline = hook.inline
-            every = _STOP_EVERY if inline else 1
+            # a hook with a timeout or on save (its checkpoint may be gone) runs through
+            # deliver, asking before each call; the others ask after a slow call at once
+            ask = _ASK_STOP_S if inline else -1.0
             acted: set[int] = set()  # the positions with a result: in ``finished``
-            at = 0
-            while at < len(recs) and not stopped():
-                for i, rec in enumerate(recs[at : at + every], at):
-                    if not inline:  # a timeout, or a save whose checkpoint may be gone
+            ran = len(recs)
+            for i, rec in enumerate(recs):
+                t0 = perf_counter()
+                if t0 - asked > ask:
+                    if stopped():
+                        ran = i
+                        break
+                    asked = t0
+                    if not inline:
                         d = ds[i] if ds else Delivery(hook, rec, batch)
                         finished.append((d, self.deliver(d)))
                         acted.add(i)
                         continue
-                    data = rec["data"]
-                    t0 = perf_counter()
-                    try:
-                        returned = target(
-                            event_of(rec, ckpt_dir, data, hook),
-                            **(data if plain(data) else _keywords(data)),
-                        )
-                        if returned is None:
-                            continue
-                        first = Attempt(returned, None, t0)
-                    except BaseException as exc:  # a callback's SystemExit too: it fails
-                        first = Attempt(None, exc, t0)
-                    d = ds[i] if ds else Delivery(hook, rec, batch)
-                    finished.append((d, self.deliver(d, first)))
-                    acted.add(i)
-                at += every
-            for i in range(at, len(recs)):  # the watcher stops: the rest is abandoned
+                data = rec["data"]
+                try:
+                    returned = target(
+                        event_of(rec, ckpt_dir, data, hook),
+                        **(data if plain(data) else _keywords(data)),
+                    )
+                    if returned is None:
+                        continue
+                    first = Attempt(returned, None, t0)
+                except BaseException as exc:  # a callback's SystemExit too: it fails
+                    first = Attempt(None, exc, t0)
+                d = ds[i] if ds else Delivery(hook, rec, batch)
+                finished.append((d, self.deliver(d, first)))
+                acted.add(i)
+            for i in range(ran, len(recs)):  # the watcher stops: the rest is abandoned
                 d = ds[i] if ds else Delivery(hook, recs[i], batch)
                 finished.append((d, abandoned(d)))
-            took = recs if at >= len(recs) and not acted else recs[:at]
+            took = recs if ran == len(recs) and not acted else recs[:ran]
             if acted:
                 took = [rec for i, rec in enumerate(took) if i not in acted]
             if took:

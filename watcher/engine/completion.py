@@ -96,9 +96,10 @@ class Completions:
     """Thread-safe record of finished deliveries; saves the cursor as they complete.
 
     Deliveries complete in batches (:meth:`complete`: what a queue's worker or a replay's
-    inline lane ran in one go): the results file gets one write and the cursor one save per batch, so a crash
-    repeats at most the batch that was running. Nothing here grows with the number of
-    deliveries already made: finished results are counted (:attr:`tally`), not kept.
+    inline lane ran in one go): the results file gets one write and the cursor one save per
+    batch, so a crash repeats at most the batch that was running. Nothing here grows with
+    the number of deliveries already made: finished results are counted (:attr:`tally`),
+    not kept.
 
     A results file or cursor that cannot be written (full disk, read-only state dir) is
     said once through ``notice`` and counted in ``unrecorded``; delivery goes on.

@@ -89,9 +89,6 @@ class HookQueue:
         for t in self._threads:
             t.start()
 
-    def submit(self, d: Delivery) -> None:
-        self.submit_many([d])
-
     def submit_many(self, deliveries: list[Delivery]) -> None:
         """Queue ``deliveries`` (in journal order) with one hand-off to the workers."""
         dropped: list[Delivery] = []
