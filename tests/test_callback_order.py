@@ -169,14 +169,14 @@ def test_coalescing_in_an_objects_queue_keeps_order_across_events() -> None:
         ran.append(d.delivery_id)
         return DeliveryResult.of(d, "ok")
 
-    def complete(finished: Sequence[tuple[Delivery, DeliveryResult | None]], _: float) -> None:
-        done.update((d.delivery_id, out.status if out else "ok") for d, out in finished)
+    def complete(finished: Sequence[tuple[Delivery, DeliveryResult]], *_: object) -> None:
+        done.update((d.delivery_id, out.status) for d, out in finished)
 
     q = HookQueue([log_h, step_h, save_h], deliver, complete)
     batch = Batch(START, 0, 99)
 
     def submit(hook: Hook, name: str) -> None:
-        q.submit(Delivery(hook, record_of({"seq": len(done) + len(ran)}), batch, name))
+        q.submit_many([Delivery(hook, record_of({"seq": len(done) + len(ran)}), batch, name)])
 
     submit(log_h, "log1")
     assert started.wait(30)  # log1 runs; the rest queue behind it
@@ -209,12 +209,12 @@ def test_a_lone_hook_keeps_its_policy(policy: str) -> None:
         ran.append(d.delivery_id)
         return DeliveryResult.of(d, "ok")
 
-    q = HookQueue([hook], deliver, lambda finished, started: None)
+    q = HookQueue([hook], deliver, lambda *_: None)
     batch = Batch(START, 0, 9)
-    q.submit(Delivery(hook, record_of({"seq": 1}), batch, "a"))
+    q.submit_many([Delivery(hook, record_of({"seq": 1}), batch, "a")])
     assert started.wait(30)
     for i, name in enumerate("bcd", start=2):
-        q.submit(Delivery(hook, record_of({"seq": i}), batch, name))
+        q.submit_many([Delivery(hook, record_of({"seq": i}), batch, name)])
     release.set()
     wait_for(q.idle, timeout=30, what="the queue to drain")
     q.close()

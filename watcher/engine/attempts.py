@@ -31,21 +31,18 @@ TAIL_BYTES = 2000
 class Runner(Protocol):
     """Runs the deliveries of one kind of hook (chosen once per lane: watcher.engine.execute)."""
 
-    def deliver(self, d: Delivery) -> DeliveryResult | None:
-        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops. None: a
-        callable's plain success at its first attempt (counted without a result object)."""
+    def deliver(self, d: Delivery) -> DeliveryResult:
+        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
         ...
 
 
-#: A delivery a runner ran, with its result (None: a callable's plain success).
-Finished = tuple[Delivery, DeliveryResult | None]
+#: A delivery a runner ran (or abandoned), with its result.
+Finished = tuple[Delivery, DeliveryResult]
 
 
-class Lane(Protocol):
-    """What a runner running a lane's deliveries in a row asks of it (watcher.engine.queues)."""
-
-    #: the watcher stops: deliveries not started yet are abandoned
-    closed: bool
+def abandoned(d: Delivery) -> DeliveryResult:
+    """The result of ``d``, never started: the watcher stops."""
+    return DeliveryResult.of(d, "abandoned", error="watcher stopped")
 
 
 class Checkpoints(Protocol):

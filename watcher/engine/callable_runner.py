@@ -1,9 +1,10 @@
 """Running a Python callable's deliveries: ``(event, **payload)``, and what it returns.
 
-A callable without a timeout is called directly on its queue's worker (the inline fast
-path: a replay's millions of calls pay no thread and no result object when they return
-None); with a timeout it runs on a thread we can stop waiting for. What it returns goes to
-the hand-back (:mod:`watcher.engine.handback`): ``Control``s and ``Report``s.
+One loop runs them all (:meth:`CallableRunner.run`), for a queue's worker and a replay's
+inline lane alike. A callable without a timeout is called directly (a replay's millions of
+calls pay no thread and no result object when they return None); with a timeout it runs on
+a thread we can stop waiting for. What it returns goes to the hand-back
+(:mod:`watcher.engine.handback`): ``Control``s and ``Report``s.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from journal.record.record import Record
-from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Lane, Retries
+from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Retries, abandoned
 from watcher.engine.handback import HandBack
 from watcher.hooks.callbacks import Event
-from watcher.hooks.delivery import Batch, Delivery, DeliveryResult, Plain, TrackerUnavailable
-from watcher.hooks.hook import Hook
+from watcher.hooks.delivery import Delivery, DeliveryResult, Run, TrackerUnavailable
 
 log = logging.getLogger("watcher")
 
-#: Deliveries an inline lane runs between two looks at the watcher's stop.
-_STOP_EVERY = 256
-_STOPPED = "watcher stopped"
+#: Seconds between two looks of :meth:`CallableRunner.run` at the watcher's stop (one
+#: after a slower call): not one per call of a replay's millions.
+_ASK_STOP_S = 0.05
+#: What :meth:`CallableRunner.run` gives: the deliveries with a result, and the plain
+#: successes as runs (watcher.engine.completion ``Completions.complete``).
+Ran = tuple[list[Finished], list[Run]]
 
 #: Full tracebacks a hook's failures print (the first ones); later failures are counted
 #: (watcher.engine.completion keeps every failure's one-line error in the results file).
@@ -52,138 +54,88 @@ class CallableRunner:
         self._tracebacks: dict[str, int] = {}  # hook id -> full tracebacks printed
         self._tracebacks_lock = threading.Lock()
 
-    def deliver(self, d: Delivery) -> DeliveryResult | None:
-        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops.
-
-        None: a callable that returned nothing at its first attempt, the common case of a
-        replay (it is counted, and written in its batch's results line, without a result
-        object of its own)."""
-        hook = d.hook
-        if not hook.inline:
-            return self.retries.run(d, self._attempt)
-        t0 = time.perf_counter()
-        rec = d.record
-        data = rec["data"]
-        event = Event.of(rec, self.ckpt_dir, data, d)
-        try:
-            returned = hook.target(event, **_keywords(data))  # type: ignore[operator]
-        except BaseException as exc:  # a callback's SystemExit too: the hook fails, not us
-            return self._retry_after(d, Attempt(None, exc, t0))
-        if returned is None:
-            return None
-        return self._retry_after(d, Attempt(returned, None, t0))
-
-    def deliver_many(self, taken: list[Delivery], lane: Lane) -> list[Finished]:
-        """:meth:`deliver` for each of ``taken`` in order, as one loop (a replay's worker
-        runs thousands in a row); what is left once ``lane.closed`` is abandoned. Each
-        delivery's result, None for a plain success (as :meth:`deliver`)."""
-        finished: list[Finished] = []
-        add = finished.append
-        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of, time.perf_counter
-        plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
-        hook: Any = None
-        inline = False
-        for d in taken:
-            if lane.closed:  # the watcher stops: what was not started is abandoned
-                add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
-                continue
-            if d.hook is not hook:
-                hook = d.hook
-                inline, target = hook.inline, hook.target
-            if not inline:
-                add((d, self._deliver_safely(d)))
-                continue
-            t0 = perf_counter()
-            rec = d.record
-            data = rec["data"]
-            kwargs = data if plain(data) else _keywords(data)
-            try:
-                returned = target(event_of(rec, ckpt_dir, data, d), **kwargs)
-            except BaseException as exc:  # a callback's SystemExit too: the hook fails, not us
-                add((d, self._judged(d, Attempt(None, exc, t0))))
-                continue
-            add((d, None if returned is None else self._judged(d, Attempt(returned, None, t0))))
-        return finished
-
-    def deliver_plain(
-        self, runs: list[Plain], batch: Batch, stop: threading.Event
-    ) -> tuple[list[Plain], list[Finished]]:
-        """Run an inline lane's deliveries of ``batch`` (watcher.engine.dispatch ``Plain``
-        runs: inline hooks only) in order, in the caller's thread: the records each run's
-        hook took with a plain success (it returned None), as runs, and the other
-        deliveries with their results: what a callable returned, a failure after its
-        retries, or abandoned once ``stop`` is set. Only these get a :class:`Delivery`."""
-        succeeded: list[Plain] = []
-        finished: list[Finished] = []
-        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of_hook, time.perf_counter
-        plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
-        stopped = False
-        for h, recs in runs:
-            if stopped:
-                finished += _abandoned(h, recs, batch)
-                continue
-            target: Any = h.target
-            acted: list[Record] = []  # not a plain success: in ``finished``
-            ran = len(recs)
-            for start in range(0, len(recs), _STOP_EVERY):
-                if stop.is_set():  # the watcher stops: the rest is abandoned
-                    stopped, ran = True, start
-                    finished += _abandoned(h, recs[start:], batch)
-                    break
-                for rec in recs[start : start + _STOP_EVERY]:
-                    data = rec["data"]
-                    t0 = perf_counter()
-                    try:
-                        returned = target(
-                            event_of(rec, ckpt_dir, data, h),
-                            **(data if plain(data) else _keywords(data)),
-                        )
-                    except BaseException as exc:  # a callback's SystemExit too: it fails
-                        d = Delivery(h, rec, batch)
-                        finished.append((d, self._judged(d, Attempt(None, exc, t0))))
-                        acted.append(rec)
-                        continue
-                    if returned is not None:
-                        d = Delivery(h, rec, batch)
-                        finished.append((d, self._judged(d, Attempt(returned, None, t0))))
-                        acted.append(rec)
-            took = recs if ran == len(recs) else recs[:ran]
-            if acted:
-                other = {id(rec) for rec in acted}
-                took = [rec for rec in took if id(rec) not in other]
-            if took:
-                succeeded.append((h, took))
-        return succeeded, finished
-
-    def _deliver_safely(self, d: Delivery) -> DeliveryResult | None:
-        try:
-            return self.deliver(d)
-        except Exception as exc:
-            return DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
-
-    def _judged(self, d: Delivery, first: Attempt) -> DeliveryResult:
-        try:
-            return self._retry_after(d, first)
-        except Exception as exc:
-            return DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
-
-    def _retry_after(self, d: Delivery, first: Attempt) -> DeliveryResult:
-        """The attempts of ``d`` whose first one was made inline: judged, then retried."""
+    def deliver(self, d: Delivery, first: Attempt | None = None) -> DeliveryResult:
+        """Run ``d`` until it succeeds, its retries are spent, or the watcher stops, each
+        attempt on a thread we stop waiting for after the hook's timeout, if it has one.
+        ``first``: its first attempt, made already (:meth:`run`'s direct call), is judged."""
 
         def attempt(d: Delivery, out: DeliveryResult, n: int) -> None:
-            if n == 1:
+            if n == 1 and first is not None:
                 self._judge(first.returned, first.error, d, out)
             else:
                 self._attempt(d, out, n)
 
-        return self.retries.run(d, attempt, first_t0=first.t0)
+        try:
+            return self.retries.run(d, attempt, None if first is None else first.t0)
+        except Exception as exc:
+            return DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")
+
+    def run(self, runs: list[Run], stopped: Callable[[], bool]) -> Ran:
+        """Deliver ``runs`` in order, in the caller's thread: a queue's worker, or the
+        engine's for a replay's inline lane (watcher.engine.engine). The one loop of every
+        callable's deliveries: a replay runs millions in a row. ``stopped`` is asked before
+        a call at most every :data:`_ASK_STOP_S`: once it is true, what was not started is
+        abandoned.
+
+        Returns what ``Completions.complete`` (watcher.engine.completion) takes: the
+        deliveries with a result (what a callable returned, a failure after its retries, a
+        skipped save, the abandoned), and the plain successes (a callable that returned None
+        at its first attempt) as runs, with no :class:`Delivery` or result of their own."""
+        finished: list[Finished] = []
+        ok: list[Run] = []
+        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of, time.perf_counter
+        plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
+        asked = 0.0  # when ``stopped`` was last asked
+        for hook, batch, recs, ds in runs:
+            target: Any = hook.target
+            inline = hook.inline
+            # a hook with a timeout or on save (its checkpoint may be gone) runs through
+            # deliver, asking before each call; the others ask after a slow call at once
+            ask = _ASK_STOP_S if inline else -1.0
+            acted: set[int] = set()  # the positions with a result: in ``finished``
+            ran = len(recs)
+            for i, rec in enumerate(recs):
+                t0 = perf_counter()
+                if t0 - asked > ask:
+                    if stopped():
+                        ran = i
+                        break
+                    asked = t0
+                    if not inline:
+                        d = ds[i] if ds else Delivery(hook, rec, batch)
+                        finished.append((d, self.deliver(d)))
+                        acted.add(i)
+                        continue
+                data = rec["data"]
+                try:
+                    returned = target(
+                        event_of(rec, ckpt_dir, data, hook),
+                        **(data if plain(data) else _keywords(data)),
+                    )
+                    if returned is None:
+                        continue
+                    first = Attempt(returned, None, t0)
+                except BaseException as exc:  # a callback's SystemExit too: it fails
+                    first = Attempt(None, exc, t0)
+                d = ds[i] if ds else Delivery(hook, rec, batch)
+                finished.append((d, self.deliver(d, first)))
+                acted.add(i)
+            for i in range(ran, len(recs)):  # the watcher stops: the rest is abandoned
+                d = ds[i] if ds else Delivery(hook, recs[i], batch)
+                finished.append((d, abandoned(d)))
+            took = recs if ran == len(recs) and not acted else recs[:ran]
+            if acted:
+                took = [rec for i, rec in enumerate(took) if i not in acted]
+            if took:
+                ok.append(Run(hook, batch, took))
+        return finished, ok
 
     def _attempt(self, d: Delivery, out: DeliveryResult, n: int) -> None:
         """One call, on a thread we stop waiting for after the hook's timeout (if any)."""
         fn: Callable[..., Any] = d.hook.target  # type: ignore[assignment]
         rec = d.record
         data = rec["data"]
-        event = Event.of(rec, self.ckpt_dir, data, d)
+        event = Event.of(rec, self.ckpt_dir, data, d.hook)
         kwargs = _keywords(data)
         result: list[Any] = []
         error: list[BaseException] = []
@@ -265,9 +217,3 @@ def _keywords(data: dict[str, Any]) -> dict[str, Any]:
             _MIXED_KEYS.clear()
         _MIXED_KEYS.add(keys)
     return {k: v for k, v in data.items() if k.isidentifier()}
-
-
-def _abandoned(hook: Hook, recs: list[Record], batch: Batch) -> list[Finished]:
-    """``hook``'s deliveries of ``recs``, never started: the watcher stops."""
-    ds = [Delivery(hook, rec, batch) for rec in recs]
-    return [(d, DeliveryResult.of(d, "abandoned", error=_STOPPED)) for d in ds]

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from journal.read.cursor import START, Cursor
-from journal.record.record import Record
 from journal.rundir.safety import APPEND, open_no_follow
+from watcher.engine.attempts import Finished
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.statedir import StateFiles
@@ -36,11 +36,10 @@ from watcher.hooks.delivery import (
     Batch,
     Delivery,
     DeliveryResult,
-    Plain,
+    Run,
     already_said,
     state_write_failed,
 )
-from watcher.hooks.hook import Hook
 
 Reporter = Callable[[DeliveryResult], None]
 log = logging.getLogger("watcher")
@@ -96,10 +95,11 @@ class HookFailures:
 class Completions:
     """Thread-safe record of finished deliveries; saves the cursor as they complete.
 
-    Deliveries complete in batches (:meth:`complete_many`: what a queue's worker ran in one
-    go): the results file gets one write and the cursor one save per batch, so a crash
-    repeats at most the batch that was running. Nothing here grows with the number of
-    deliveries already made: finished results are counted (:attr:`tally`), not kept.
+    Deliveries complete in batches (:meth:`complete`: what a queue's worker or a replay's
+    inline lane ran in one go): the results file gets one write and the cursor one save per
+    batch, so a crash repeats at most the batch that was running. Nothing here grows with
+    the number of deliveries already made: finished results are counted (:attr:`tally`),
+    not kept.
 
     A results file or cursor that cannot be written (full disk, read-only state dir) is
     said once through ``notice`` and counted in ``unrecorded``; delivery goes on.
@@ -167,74 +167,40 @@ class Completions:
         with self._lock:
             self._read_end = end
 
-    def complete(self, d: Delivery, out: DeliveryResult) -> None:
-        """A delivery finished (or was coalesced away, or abandoned at shutdown)."""
-        self.complete_many([(d, out)], out.start_ts or time.time())
-
-    def complete_many(
-        self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
+    def complete(
+        self, finished: Sequence[Finished], started: float, ok: Sequence[Run] = ()
     ) -> None:
-        """Deliveries a worker ran in one go since ``started``, in order, recorded together.
-        A None result is a callable's plain success: those of one hook become one results
-        line (:func:`ok_line`)."""
+        """Deliveries run in one go since ``started`` (a queue's worker, a replay's inline
+        lane: watcher.engine.callable_runner ``CallableRunner.run``), recorded together:
+        ``finished`` with their results, in order; ``ok`` a callable's plain successes, as
+        runs, whose records of one hook become one results line (:func:`plain_line`)."""
+        leased = [d for d, _ in finished if d.lease is not None]
         outs: list[DeliveryResult] = []
-        plain: dict[int, list[Delivery]] = {}  # id(hook) -> its plain successes, in order
-        leased: list[Delivery] = []
-        with self._lock:  # one pass, for every delivery of a replay: few lookups per hook
+        lines: dict[int, list[Any]] = {}  # id(hook) -> [its first delivery, count, last seq]
+        with self._lock:
             done = self.state.done
-            hook: Any = None
-            seqs: set[int] = set()
-            mine: list[Delivery] = []
             for d, out in finished:
-                if d.hook is not hook:
-                    hook = d.hook
-                    seqs = done.setdefault(hook.id, set())
-                    mine = plain.setdefault(id(hook), [])
-                if d.lease is not None:
-                    leased.append(d)
-                if out is not None and out.status == "abandoned":
-                    # not delivered: its batch stays open, so the cursor keeps it and the
-                    # next start delivers it (the seqs done beside it are remembered)
-                    outs.append(out)
-                    continue
-                d.batch.pending -= 1
-                seqs.add(d.record["seq"])
-                if out is None:
-                    mine.append(d)
-                else:
-                    outs.append(out)
+                outs.append(out)
+                if out.status != "abandoned":
+                    # abandoned: not delivered, its batch stays open, so the cursor keeps it
+                    # and the next start delivers it (the seqs done beside it are remembered)
+                    d.batch.pending -= 1
+                    done.setdefault(d.hook.id, set()).add(d.record["seq"])
             self._pending -= len(finished)
+            for hook, batch, recs, _ in ok:
+                batch.pending -= len(recs)
+                self._pending -= len(recs)
+                # the oldest open batch, done: the cursor moves past it (advance), so its
+                # seqs need not be remembered (a replay's every batch, in order)
+                if batch.pending > 0 or not self._batches or self._batches[0] is not batch:
+                    done.setdefault(hook.id, set()).update(map(_seq_of, recs))
+                line = lines.setdefault(id(hook), [Delivery(hook, recs[0], batch), 0, 0])
+                line[1] += len(recs)
+                line[2] = recs[-1]["seq"]
             ended = time.time()
-            outs += [ok_line(ds, started, ended) for ds in plain.values() if ds]
+            outs += [plain_line(d, n, last, started, ended) for d, n, last in lines.values()]
             hidden, said = self._count(outs)
         self._record(outs, leased, hidden, said)
-
-    def complete_plain(self, batch: Batch, succeeded: list[Plain], started: float) -> None:
-        """The plain successes of an inline lane's run of ``batch`` since ``started`` (runs
-        of one hook's records, in order): one results line per hook, as
-        :meth:`complete_many` writes for them, with no :class:`Delivery` per record."""
-        n = sum(len(recs) for _, recs in succeeded)
-        lines: dict[int, tuple[Hook, Record, Record, int]] = {}
-        for hook, recs in succeeded:  # per hook: its first and last record, how many
-            had = lines.get(id(hook))
-            first, count = (recs[0], 0) if had is None else (had[1], had[3])
-            lines[id(hook)] = (hook, first, recs[-1], count + len(recs))
-        with self._lock:
-            # the oldest open batch done with these: the cursor moves past it (advance), so
-            # its seqs need not be remembered (a replay's every batch, in order)
-            if n < batch.pending or not self._batches or self._batches[0] is not batch:
-                done = self.state.done
-                for hook, recs in succeeded:
-                    done.setdefault(hook.id, set()).update(map(_seq_of, recs))
-            batch.pending -= n
-            self._pending -= n
-            ended = time.time()
-            outs = [
-                plain_line(Delivery(hook, first, batch), count, last["seq"], started, ended)
-                for hook, first, last, count in lines.values()
-            ]
-            hidden, said = self._count(outs)
-        self._record(outs, [], hidden, said)
 
     def _count(self, outs: list[DeliveryResult]) -> tuple[set[int], list[str]]:
         """Tally ``outs`` (under the lock): the failures the console does not show one by
@@ -373,16 +339,11 @@ class Completions:
                 self._notice(state_write_failed(self.cursor.path.parent, exc))
 
 
-def ok_line(ds: list[Delivery], started: float, ended: float) -> DeliveryResult:
-    """One results line for the plain successes of one callable in a batch: ``count`` of
-    them, from ``seq`` to ``last_seq`` (its first delivery's id; the batch's times)."""
-    return plain_line(ds[0], len(ds), ds[-1].record["seq"], started, ended)
-
-
 def plain_line(
     first: Delivery, count: int, last_seq: int, started: float, ended: float
 ) -> DeliveryResult:
-    """:func:`ok_line` of ``count`` plain successes from ``first`` to seq ``last_seq``."""
+    """One results line for ``count`` plain successes of one callable, from ``first`` (its
+    delivery id) to seq ``last_seq``, run from ``started`` to ``ended``."""
     out = DeliveryResult.of(first, "ok", attempts=1, start_ts=started, end_ts=ended)
     out.duration = ended - started
     if count > 1:

@@ -14,7 +14,7 @@ from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
 from journal.record.record import Record
-from watcher.hooks.delivery import Batch, Delivery, Plain, undeliverable
+from watcher.hooks.delivery import Batch, Delivery, Run, undeliverable
 from watcher.hooks.hook import Hook
 
 #: Leases a save record's checkpoint for one delivery: the lease's name, or None.
@@ -29,8 +29,8 @@ class Routed(NamedTuple):
     #: the run's end as the records say: True after a ``train_end``, False after a
     #: ``train_begin`` (a resumed attempt), None when they hold neither
     ended: bool | None
-    #: the inline lanes' deliveries, as :data:`Plain` runs (lane index -> in journal order)
-    plain: dict[int, list[Plain]]
+    #: the inline lanes' deliveries, as runs (lane index -> in journal order)
+    plain: dict[int, list[Run]]
 
 
 class Dispatcher:
@@ -45,7 +45,7 @@ class Dispatcher:
         inline: whether the one lane of ``hooks`` (only ever one: the caller's thread
             would make a slow lane delay the others) runs in the caller's thread, batch by
             batch (a replay into a plain callable: watcher.engine.engine); its deliveries
-            are made as :data:`Plain` runs. Such a lane has no hook on ``save`` (nothing
+            are made as runs (``Run``). Such a lane has no hook on ``save`` (nothing
             to lease).
     """
 
@@ -58,7 +58,7 @@ class Dispatcher:
         inline: Callable[[list[Hook]], bool] | None = None,
     ) -> None:
         self.lanes = lanes(hooks)
-        #: the lanes whose deliveries are :data:`Plain` runs
+        #: the lanes whose deliveries are made as runs
         self.inline = frozenset(
             i
             for i, lane in enumerate(self.lanes)
@@ -106,7 +106,10 @@ class Dispatcher:
         replay."""
         if events is None:
             events, kinds = events_of(records)
-        if self.inline and (fast := self._route_plain(records, events, kinds, whole)) is not None:
+        if (
+            self.inline
+            and (fast := self._route_plain(records, batch, events, kinds, whole)) is not None
+        ):
             ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
             return Routed({}, ended, {0: fast} if fast else {})
         lease_for = self._lease_for
@@ -119,7 +122,7 @@ class Dispatcher:
             ev: [(hook, made[lane].append, lane in inline) for hook, lane in hooks]
             for ev, hooks in self._routes.items()
         }
-        runs: dict[int, list[Any]] = {}  # an inline lane's run being made (its records)
+        runs: dict[int, Run] = {}  # an inline lane's run being made
         for rec, ev in zip(records, events, strict=True):
             hooks = routes.get(ev)
             if not hooks:
@@ -136,10 +139,10 @@ class Dispatcher:
                     continue  # completed before a restart
                 if pair:
                     run = runs.get(id(add))
-                    if run is None or run[0] is not hook:
-                        runs[id(add)] = run = [hook, []]
-                        add((hook, run[1]))
-                    run[1].append(rec)
+                    if run is None or run.hook is not hook:
+                        runs[id(add)] = run = Run(hook, batch, [])
+                        add(run)
+                    run.records.append(rec)
                     continue
                 # a save's checkpoint is leased per delivery, released as each completes;
                 # the delivery id is made when asked (a plain success never asks)
@@ -153,10 +156,11 @@ class Dispatcher:
     def _route_plain(
         self,
         records: list[Record],
+        batch: Batch,
         events: list[Any],
         kinds: set[str] | None,
         whole: bool,
-    ) -> list[Plain] | None:
+    ) -> list[Run] | None:
         """The runs of the one inline lane (one hook per event: an object's methods or one
         callable), when nothing per record needs judging: no record lacks its run id or
         time, and none may have been delivered before a restart. A batch of one hooked
@@ -171,19 +175,17 @@ class Dispatcher:
         if len(hooked) == 1:
             (ev,) = hooked
             if len(kinds) == 1:  # the batch's records are the run, as they are
-                return [(hook_of[ev], records)]
-            return [(hook_of[ev], [r for r, e in zip(records, events, strict=True) if e == ev])]
-        runs: list[Plain] = []
-        last: Any = None
-        recs: list[Record] = []
+                return [Run(hook_of[ev], batch, records)]
+            recs = [r for r, e in zip(records, events, strict=True) if e == ev]
+            return [Run(hook_of[ev], batch, recs)]
+        runs: list[Run] = []
         for rec, ev in zip(records, events, strict=True):
             hook = hook_of.get(ev)
             if hook is None:
                 continue
-            if hook is not last:
-                last, recs = hook, []
-                runs.append((hook, recs))
-            recs.append(rec)
+            if not runs or hook is not runs[-1].hook:
+                runs.append(Run(hook, batch, []))
+            runs[-1].records.append(rec)
         return runs
 
 

@@ -15,8 +15,13 @@ hook), :mod:`watcher.engine.execute` (a runner per kind: commands, callables, sc
 the checkpoints of save deliveries from dispatch to completion. Each part is handed the parts
 after it, never a way back.
 
-A replay whose only lane is a plain callable runs it in the engine's thread
-(:mod:`watcher.engine.inline`).
+A replay whose only lane is a plain callable (an object's methods, or one callable: no
+timeout, no save to lease, every record delivered) skips its queue's worker: each batch runs
+as it is read, in the engine's thread (``HookQueue.run_here``), while its records are in the
+CPU's caches, with no :class:`~watcher.hooks.delivery.Delivery` per record (dispatch makes
+runs of them), and is recorded at once. No other lane waits for the reading, and a replay
+has nothing else to read; with several lanes each keeps its worker, so a slow one delays
+only itself.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from pathlib import Path
-from typing import cast
 
 from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
@@ -33,14 +38,13 @@ from journal.read.cursor import Cursor
 from journal.record.record import Record
 from journal.rundir.safety import UnsafeRunDir
 from journal.views.query import ended_before
-from watcher.engine.attempts import Runner
+from watcher.engine.attempts import Runner, abandoned
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
 from watcher.engine.cursor import CursorFile, CursorLock, CursorState
 from watcher.engine.dispatch import Dispatcher, events_of
 from watcher.engine.execute import Executor, first_job_hook
 from watcher.engine.follow import JournalFollower, RunProgress, StartAt
-from watcher.engine.inline import InlineLane, runs_inline
 from watcher.engine.jobs import JobRunners
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.notices import Notices
@@ -48,7 +52,7 @@ from watcher.engine.queues import HookQueue
 from watcher.engine.statedir import StateFiles
 from watcher.hooks.command import end_leftovers
 from watcher.hooks.contract import CallbackShape, restore_states
-from watcher.hooks.delivery import Batch, DeliveryResult, state_write_failed
+from watcher.hooks.delivery import Batch, state_write_failed
 from watcher.hooks.hook import Hook
 
 log = logging.getLogger("watcher")
@@ -157,36 +161,26 @@ class Watcher:
             notice=self._notices,
         )
         # records -> deliveries per lane, a save's checkpoint leased per delivery; a
-        # replay's lone plain callable runs in this thread (watcher.engine.inline)
+        # replay's lone plain callable runs in this thread (module doc)
         lane_runner = self._executor.lane_runner
         self._dispatcher = Dispatcher(
             hooks,
             lease_for=self._checkpoints.lease_for,
             notice=self._notices,
-            inline=None if follow else lambda lane: runs_inline(lane, lane_runner(lane)),
+            inline=None if follow else lambda lane: _plain(lane, lane_runner(lane)),
         )
         # one queue per lane (a callback object, its methods in journal order, or a lone
         # hook), handed the runner of its hooks' kind once
-        runners = [lane_runner(lane) for lane in self._dispatcher.lanes]
-        self._queues = [
-            self._queue(lane, runner)
-            for lane, runner in zip(self._dispatcher.lanes, runners, strict=True)
-        ]
-        self._inline = {
-            i: InlineLane(
-                cast("CallableRunner", runners[i]), self._queues[i], self.completions, self._stop
-            )
-            for i in self._dispatcher.inline
-        }
+        self._queues = [self._queue(lane, lane_runner(lane)) for lane in self._dispatcher.lanes]
 
     def _queue(self, lane: list[Hook], runner: Runner) -> HookQueue:
         return HookQueue(
             lane,
             runner.deliver,
-            self.completions.complete_many,
+            self.completions.complete,
             notice=self._notices,
             # a callable's deliveries taken together run in one loop of its runner's
-            deliver_many=runner.deliver_many if isinstance(runner, CallableRunner) else None,
+            run_many=runner.run if isinstance(runner, CallableRunner) else None,
         )
 
     def count(self, status: str) -> int:
@@ -368,24 +362,33 @@ class Watcher:
         if routed.ended is not None:
             self._run.set_ended(routed.ended, self.journal)
         batch.pending = sum(map(len, routed.deliveries.values()))
-        batch.pending += sum(len(recs) for runs in routed.plain.values() for _, recs in runs)
+        batch.pending += sum(len(run.records) for runs in routed.plain.values() for run in runs)
         self.completions.open_batch(batch, end)
         for lane, queue in enumerate(self._queues):
             if todo := routed.deliveries.get(lane):
                 queue.submit_many(todo)
         for lane, runs in routed.plain.items():  # after the queues: they run meanwhile
-            self._inline[lane].run(runs, batch)
+            self._queues[lane].run_here(runs, self._stop)
 
     def _shutdown(self) -> None:
         self._follower.waker.stop()
         self._follower.close()  # its checker process, if a big backlog started one
         for queue in self._queues:
-            for d in queue.close():
-                self.completions.complete(
-                    d, DeliveryResult.of(d, "abandoned", error="watcher stopped")
-                )
+            if left := queue.close():
+                self.completions.complete([(d, abandoned(d)) for d in left], time.time())
         self._checkpoints.stop()
         self._executor.close()
         self.completions.close()  # a hook's repeated failures: their count, said once
         if self._lock is not None:
             self._lock.release()
+
+
+def _plain(lane: list[Hook], runner: Runner) -> bool:
+    """Whether a replay may run ``lane`` (with ``runner``, its hooks' runner) in the
+    engine's thread (module doc)."""
+    first = lane[0]
+    return (
+        isinstance(runner, CallableRunner)
+        and all(h.inline and h.options.queue == "all" for h in lane)
+        and (first.owner is not None or first.options.concurrency <= 1)
+    )

@@ -9,18 +9,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from watcher.engine.attempts import Finished, Lane
+from watcher.engine.attempts import Finished, abandoned
 from watcher.hooks.callbacks import CommandTarget
-from watcher.hooks.delivery import Delivery, DeliveryResult, TrackerUnavailable
+from watcher.hooks.delivery import Delivery, DeliveryResult, Run, TrackerUnavailable, runs_of
 from watcher.hooks.hook import Hook
 
-#: Runs one delivery (a runner's ``deliver``, watcher.engine.attempts.Runner): its result,
-#: or None for a callable's plain success.
-Deliver = Callable[[Delivery], DeliveryResult | None]
-#: Runs deliveries in a row, abandoning the rest once the lane is closed (a callable
-#: runner's ``deliver_many``): each one's result, as ``Deliver``.
-DeliverMany = Callable[[list[Delivery], Lane], list[Finished]]
-Complete = Callable[[Sequence[Finished], float], None]
+#: Runs one delivery (a runner's ``deliver``, watcher.engine.attempts.Runner): its result.
+Deliver = Callable[[Delivery], DeliveryResult]
+#: Runs runs of deliveries in a row, abandoning the rest once told to stop (a callable
+#: runner's ``run``): the deliveries with a result, and the plain successes as runs.
+RunMany = Callable[[list[Run], Callable[[], bool]], tuple[list[Finished], list[Run]]]
+#: Records deliveries run in one go (``Completions.complete``): those with a result, when
+#: their run started, and plain successes as runs.
+Complete = Callable[[Sequence[Finished], float, Sequence[Run]], None]
 
 #: The most deliveries a worker of a callable lane takes at once: it runs them in order and
 #: records them together (one results write, one cursor save), so a crash repeats at most
@@ -47,9 +48,11 @@ class HookQueue:
     "the newest pending one runs": a hook on ``log`` never falls behind.
 
     A worker of a callable lane takes every pending delivery (up to :data:`TAKE_MAX`),
-    runs them one by one and hands their results to ``complete`` together: a replay pays
-    one thread hand-off, results write and cursor save per batch, not per delivery, and a
-    live record still runs as soon as it is queued.
+    runs them in one loop of its runner's (``run_many``) and hands their results to
+    ``complete`` together: a replay pays one thread hand-off, results write and cursor save
+    per batch, not per delivery, and a live record still runs as soon as it is queued. A
+    replay's inline lane has its runs made by dispatch and run in the engine's thread
+    (:meth:`run_here`), recorded the same way.
 
     Nothing that goes wrong while recording a delivery (a full disk, a record nobody
     expected) ends a worker: ``notice`` says so in one line and the hook goes on.
@@ -62,7 +65,7 @@ class HookQueue:
         complete: Complete,
         *,
         notice: Callable[[str], None] = log.error,
-        deliver_many: DeliverMany | None = None,
+        run_many: RunMany | None = None,
     ) -> None:
         self.hooks = hooks
         self._deliver, self._complete_fn, self._notice = deliver, complete, notice
@@ -76,8 +79,8 @@ class HookQueue:
         workers = 1 if first.owner is not None else max(1, first.options.concurrency)
         commands = any(isinstance(h.target, CommandTarget) for h in hooks)
         self._take = 1 if commands or workers > 1 else TAKE_MAX
-        # what a worker takes at once runs in one loop of the runner's (a callable's)
-        self._many = deliver_many if self._take > 1 else None
+        # what a worker takes runs in one loop of the runner's (a callable's)
+        self._many = run_many
         self._after = first.owner.after_deliveries if first.owner is not None else None
         self._threads = [
             threading.Thread(target=self._work, name=f"hook-{first.short_id}-{i}", daemon=True)
@@ -85,9 +88,6 @@ class HookQueue:
         ]
         for t in self._threads:
             t.start()
-
-    def submit(self, d: Delivery) -> None:
-        self.submit_many([d])
 
     def submit_many(self, deliveries: list[Delivery]) -> None:
         """Queue ``deliveries`` (in journal order) with one hand-off to the workers."""
@@ -144,14 +144,23 @@ class HookQueue:
                 self._running += len(taken)
             started = time.time()
             try:
-                many = self._many
-                finished = many(taken, self) if many is not None else self._run(taken)
-                if self._after is not None and not self.closed:
-                    finished = self._after_deliveries(finished)
-                self._complete(finished, started)
+                if self._many is None:
+                    self._finish(self._run(taken), [], started, self._closed)
+                else:
+                    self._finish(*self._many(runs_of(taken), self._closed), started, self._closed)
             finally:
                 with self._cond:  # idle only once the completion (and cursor) is recorded
                     self._running -= len(taken)
+
+    def run_here(self, runs: list[Run], stop: threading.Event) -> None:
+        """Run ``runs`` (a replay's inline lane: watcher.engine.dispatch) in the caller's
+        thread, and record them as a worker does; ``stop`` abandons what is left."""
+        started = time.time()
+        assert self._many is not None  # an inline lane is a callable's
+        self._finish(*self._many(runs, stop.is_set), started, stop.is_set)
+
+    def _closed(self) -> bool:
+        return self.closed
 
     def _run(self, taken: list[Delivery]) -> list[Finished]:
         """Each of ``taken`` in order, one at a time through ``deliver``."""
@@ -159,7 +168,7 @@ class HookQueue:
         deliver, add = self._deliver, finished.append
         for d in taken:
             if self.closed:  # the watcher stops: what was not started is abandoned
-                add((d, DeliveryResult.of(d, "abandoned", error="watcher stopped")))
+                add((d, abandoned(d)))
                 continue
             try:
                 add((d, deliver(d)))
@@ -167,10 +176,19 @@ class HookQueue:
                 add((d, DeliveryResult.of(d, "failed", error=f"internal error: {exc!r}")))
         return finished
 
-    def _after_deliveries(self, finished: list[Finished]) -> list[Finished]:
-        """:meth:`after_deliveries`; if it fails, so did the deliveries it was writing."""
-        error = self.after_deliveries()
-        return finished if error is None else failed_with(finished, error)
+    def _finish(
+        self,
+        finished: list[Finished],
+        ok: list[Run],
+        started: float,
+        stopped: Callable[[], bool],
+    ) -> None:
+        """Record what ran since ``started``, after the object's ``after_deliveries()``
+        (unless ``stopped``): if it fails, so did the deliveries it was writing."""
+        error = None if stopped() else self.after_deliveries()
+        if error is not None:
+            finished, ok = failed_with(finished, ok, error), []
+        self._complete(finished, started, ok)
 
     def after_deliveries(self) -> str | None:
         """The object's ``after_deliveries()`` (an exporter writes what it buffered), if it
@@ -190,24 +208,24 @@ class HookQueue:
         return None
 
     def _complete(
-        self, finished: Sequence[tuple[Delivery, DeliveryResult | None]], started: float
+        self, finished: Sequence[Finished], started: float, ok: Sequence[Run] = ()
     ) -> None:
         try:
-            self._complete_fn(finished, started)
+            self._complete_fn(finished, started, ok)
         except Exception as exc:
-            d = finished[0][0]
+            d = finished[0][0] if finished else Delivery(ok[0].hook, ok[0].records[0], ok[0].batch)
             self._notice(
                 f"{d.hook.label}: recording the {d.hook.event} deliveries from seq "
                 f"{d.record['seq']} failed ({type(exc).__name__}: {exc}); the hook goes on"
             )
 
 
-def failed_with(finished: list[Finished], error: str) -> list[Finished]:
-    """``finished`` with its successes failed with ``error`` (an ``after_deliveries()``
-    that failed: what it was writing is lost)."""
-    return [
-        (d, DeliveryResult.of(d, "failed", error=error, attempts=1))
-        if out is None or out.status == "ok"
-        else (d, out)
-        for d, out in finished
-    ]
+def failed_with(finished: list[Finished], ok: list[Run], error: str) -> list[Finished]:
+    """``finished`` and the plain successes ``ok``, their successes failed with ``error``
+    (an ``after_deliveries()`` that failed: what it was writing is lost)."""
+
+    def failed(d: Delivery) -> Finished:
+        return d, DeliveryResult.of(d, "failed", error=error, attempts=1)
+
+    plain = [failed(Delivery(h, rec, batch)) for h, batch, recs, _ in ok for rec in recs]
+    return [failed(d) if out.status == "ok" else (d, out) for d, out in finished] + plain

@@ -77,35 +77,22 @@ class Event:
         record = complete(dict(rec))
         event = cls.of(record, ckpt_dir, record["data"], None)
         event.__dict__["delivery_id"] = delivery_id
-        del event.__dict__["_delivery"]
+        del event.__dict__["_hook"]
         return event
 
     @classmethod
-    def of_hook(cls, rec: Record, ckpt_dir: str, data: dict[str, Any], hook: Any) -> Event:
-        """As :meth:`of`, for a delivery that has no object of its own (a replay's plain
-        callable, run in the batch it was read in): ``delivery_id`` is made from ``hook``'s
-        ``short_id`` on first use."""
+    def of(cls, rec: Record, ckpt_dir: str, data: dict[str, Any], hook: Any) -> Event:
+        """The event the watcher hands a callable (once per delivery: a replay makes
+        millions): it holds the record and reads the other fields from it on first use
+        (:meth:`__getattr__`), ``delivery_id`` made from ``hook``'s ``short_id`` too. Not
+        through the frozen ``__init__`` (3x slower); what callbacks get is as frozen, with
+        the same fields, as ever."""
         event = object.__new__(cls)
         d = event.__dict__
         d["record"] = rec
         d["ckpt_dir"] = ckpt_dir
         d["data"] = data
         d["_hook"] = hook
-        return event
-
-    @classmethod
-    def of(cls, rec: Record, ckpt_dir: str, data: dict[str, Any], delivery: Any) -> Event:
-        """The event the watcher hands a callable (once per delivery: a replay makes
-        millions): it holds the record and reads the other fields from it on first use
-        (:meth:`__getattr__`), ``delivery_id`` from ``delivery`` (anything with that
-        attribute) too. Not through the frozen ``__init__`` (3x slower); what callbacks
-        get is as frozen, with the same fields, as ever."""
-        event = object.__new__(cls)
-        d = event.__dict__
-        d["record"] = rec
-        d["ckpt_dir"] = ckpt_dir
-        d["data"] = data
-        d["_delivery"] = delivery
         return event
 
     def __getattr__(self, name: str) -> Any:
@@ -115,9 +102,6 @@ class Event:
         if rec is not None:
             if (key := _FROM_RECORD.get(name)) is not None:
                 value = d[name] = rec[key]
-                return value
-            if name == "delivery_id" and "_delivery" in d:
-                value = d[name] = d["_delivery"].delivery_id
                 return value
             if name == "delivery_id" and "_hook" in d:
                 value = d[name] = delivery_id_for(rec, d["_hook"].short_id)

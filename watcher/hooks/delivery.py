@@ -7,7 +7,7 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from journal.read.cursor import Cursor
 from journal.record.fields import missing_fields
@@ -23,12 +23,6 @@ class Batch:
     start: Cursor  # where the batch starts (re-read from here after a restart)
     min_seq: int
     pending: int
-
-
-#: A run of an inline lane's deliveries (watcher.engine.dispatch ``Dispatcher``'s
-#: ``inline``): one hook and its records in journal order, with no :class:`Delivery` object
-#: per record (a replay into a callable makes millions).
-Plain = tuple[Hook, list[Record]]
 
 
 class Delivery:
@@ -70,6 +64,31 @@ class Delivery:
         if safe == did and len(did) <= 100:
             return did
         return f"{safe[:60]}-{hashlib.sha1(did.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+class Run(NamedTuple):
+    """One hook's deliveries of records read together (one batch), in journal order: what a
+    callable's runner runs in a row (watcher.engine.callable_runner). A replay's inline lane
+    gets them from dispatch with no :class:`Delivery` per record (a replay makes millions);
+    a queue makes them of its deliveries, kept in ``deliveries``."""
+
+    hook: Hook
+    batch: Batch
+    records: list[Record]
+    deliveries: list[Delivery] | None = None
+
+
+def runs_of(taken: list[Delivery]) -> list[Run]:
+    """``taken`` (in order) as runs: each one hook's consecutive deliveries of one batch."""
+    runs: list[Run] = []
+    last: Any = None
+    for d in taken:
+        if last is None or d.hook is not last.hook or d.batch is not last.batch:
+            last = Run(d.hook, d.batch, [], [])
+            runs.append(last)
+        last.records.append(d.record)
+        last.deliveries.append(d)
+    return runs
 
 
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
@@ -122,7 +141,7 @@ class DeliveryResult:
     #: with --via: each attempt's job (scheduler, id, node, state changes; watcher/scheduler/runner.py)
     jobs: list[dict[str, Any]] | None = None
     #: A callable's plain successes in one batch share a line: ``count`` deliveries, from
-    #: ``seq`` to ``last_seq`` (watcher.engine.completion.ok_line); otherwise 1 and None.
+    #: ``seq`` to ``last_seq`` (watcher.engine.completion.plain_line); otherwise 1 and None.
     count: int = 1
     last_seq: int | None = None
 
