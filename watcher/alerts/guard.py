@@ -33,13 +33,13 @@ from typing import Any, Literal
 import orjson
 
 from journal import store
-from journal.read.cursor import START, Cursor
 from journal.rundir.files import atomic_write
 from journal.rundir.ledger import GUARD_STALE_S, beat, claims, guards, unbeat
 from journal.rundir.lock import JournalLocked, run_holder
 from journal.rundir.paths import journal_path
 from journal.rundir.phase import read_phase
 from journal.rundir.procs import start_time, stat_fields
+from journal.store import START, Cursor
 from journal.views.query import find_last
 from watcher.alerts.alert import Alert, AlertSink, evidence_dir, new_alert_id
 from watcher.alerts.died import check_died

@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
-from journal.read.cursor import START, Cursor
 from journal.record.record import Record
 from journal.rundir.safety import APPEND, open_no_follow
+from journal.store import START, Cursor
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard
 from watcher.engine.statedir import StateFiles

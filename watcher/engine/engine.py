@@ -29,9 +29,9 @@ from typing import cast
 
 from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
-from journal.read.cursor import Cursor
 from journal.record.record import Record
 from journal.rundir.safety import UnsafeRunDir
+from journal.store import Cursor
 from journal.views.query import ended_before
 from watcher.engine.attempts import Runner
 from watcher.engine.callable_runner import CallableRunner
