@@ -1,6 +1,7 @@
 """The run-directory store: the one way into and out of a run dir's journal.
 
-**Reading.** Every reader that goes on from where it was (``tail -f``, ``serve``, ``check
+**Reading.** trainer/ and watcher/ import nothing of journal.read or journal.write: the
+cursor, the readers they use and the writer's type are taken from here. Every reader that goes on from where it was (``tail -f``, ``serve``, ``check
 --wait``, the watcher, the launcher) asks the store with a typed
 :class:`~journal.read.cursor.Cursor`: :func:`read` once from a cursor, or :func:`follow`
 from a cursor across rotation (``mv``, logrotate's ``copytruncate``) and recreation (a
@@ -15,7 +16,7 @@ decides whether the attempt goes on with the journal's run (:func:`continues_run
 from which checkpoint, and hands back the writer with what the attempt must know: the
 command ids already answered and the checkpoint ledger's seed.
 
-**Writing.** Two kinds of writers append to a run's journal, and both go through here:
+**Writing.** Three kinds of writers append to a run's journal, and all go through here:
 
 - the **attempt's writer**: rank 0 of a training attempt (or a bridge's trainer) holds the
   journal lock for the whole attempt and appends every lifecycle record
@@ -24,7 +25,9 @@ command ids already answered and the checkpoint ledger's seed.
   between records of its own: reports and scheduler jobs handed in after training
   (:mod:`journal.channels.reports`), a finished run's rotation (``prune``, the watcher),
   the watcher's verdict on a command returned at ``train_end``, and the launcher's
-  ``train_end`` for workers that died without one (:func:`guest`).
+  ``train_end`` for workers that died without one (:func:`guest`);
+- a mirrored run's **replica** (journal/remote/replica.py), which holds the journal lock
+  as its trainer would and copies the run's journal line for line (:func:`append_copied`).
 
 A guest takes the journal lock for as long as its records take, joins the last record's
 attempt (same run id and attempt; steps go on from the last record's) and lets go. So the
@@ -50,42 +53,18 @@ from journal.checkpoints.rotation import (
     rotate,
 )
 from journal.read.cursor import START, Cursor
-from journal.read.lines import Tail, first_line_fingerprint, read_tail
-from journal.read.reader import (
-    JournalReader,
-    ReadBatch,
-    end_of_complete_lines,
-    iter_batches,
-    iter_events,
-    iter_records,
-)
+from journal.read.lines import Tail, read_tail
+from journal.read.lines import first_line_fingerprint as first_line_fingerprint
+from journal.read.reader import JournalReader, ReadBatch, iter_events
+from journal.read.reader import end_of_complete_lines as end_of_complete_lines
+from journal.read.reader import iter_batches as iter_batches
+from journal.read.reader import iter_records as iter_records
 from journal.read.tailing import RotatingReader
 from journal.rundir.lock import JournalLock, JournalLocked
 from journal.rundir.paths import journal_path, resolve_journal
+from journal.rundir.safety import APPEND, open_no_follow
 from journal.views.ledger import CheckpointLedger
 from journal.write.writer import JournalWriter
-
-#: What trainer/ and watcher/ read with: they import none of journal.read or journal.write.
-__all__ = [
-    "START",
-    "Attempt",
-    "Cursor",
-    "JournalWriter",
-    "ReadBatch",
-    "Tail",
-    "end_of_complete_lines",
-    "first_line_fingerprint",
-    "follow",
-    "guest",
-    "iter_batches",
-    "iter_events",
-    "iter_records",
-    "open_attempt",
-    "prune_finished_run",
-    "read",
-    "run_dir",
-    "tail",
-]
 
 #: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
 #: :func:`journal.checkpoints.rotation.latest_checkpoint`); ``"never"``: a new run; a bool:
@@ -149,10 +128,11 @@ def guest(
                 held.release()
 
 
-def tail(journal: str | os.PathLike[str]) -> Tail:
-    """The end of ``journal`` (a run dir or its journal file): its last record, its last
-    trainer record, whether its last attempt ended (:class:`~journal.read.lines.Tail`)."""
-    return read_tail(_journal_file(journal))
+def tail(journal: str | os.PathLike[str], end: int | None = None) -> Tail:
+    """The end of ``journal`` (a run dir or its journal file; ``end``: up to that byte):
+    its last record, its last trainer record, whether its last attempt ended
+    (:class:`~journal.read.lines.Tail`)."""
+    return read_tail(_journal_file(journal), end=end)
 
 
 def continues_run(last: Mapping[str, Any] | None, resumes: bool) -> bool:
@@ -201,7 +181,7 @@ def open_attempt(
     try:
         jpath = journal_path(run_dir(given))
         known = resume != "never" and jpath.exists()
-        end = read_tail(jpath, torn=True) if jpath.exists() else Tail()
+        end = read_tail(jpath, torn=True)
         last = end.trainer if known else None  # a late report is not it
         run = end.run_id if last else None  # None: no journal says which run
         # the journal's run goes on from its own checkpoint (no journal: that checkpoint's)
@@ -218,9 +198,8 @@ def open_attempt(
         attempt.ledger = CheckpointLedger(given) if writer and keep_best else None
         wanted = {"control", *CheckpointLedger.EVENTS} if attempt.ledger else {"control"}
         for rec in iter_events(jpath, wanted) if known else ():
-            if rec["event"] == "control":
-                if isinstance(rec["data"].get("id"), str):
-                    attempt.commands_seen.add(rec["data"]["id"])
+            if rec["event"] == "control" and isinstance(rec["data"].get("id"), str):
+                attempt.commands_seen.add(rec["data"]["id"])
             elif attempt.ledger is not None and rec["run_id"] == attempt.run_id:
                 attempt.ledger.add(rec)
         return attempt
@@ -262,6 +241,21 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
             return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
     except JournalLocked:  # a trainer writes: it rotates at its next save
         return []
+
+
+def append_copied(
+    ckpt_dir: str | os.PathLike[str], lines: bytes, *, cut_at: int | None = None
+) -> int:
+    """Append ``lines`` as they are: whole records copied from another run dir's journal
+    (a mirrored run's replica, whose copier holds the journal lock as its trainer would),
+    after cutting the journal at byte ``cut_at`` (what a copy killed before it noted how
+    far it was appended). Returns the journal's size."""
+    path = run_dir(ckpt_dir)
+    with open(open_no_follow(journal_path(path), APPEND, root=path), "ab") as f:
+        if cut_at is not None:
+            f.truncate(cut_at)
+        f.write(lines)
+    return journal_path(path).stat().st_size
 
 
 def read(

@@ -76,7 +76,7 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "store": {"record", "rundir", "read", "views", "write", "checkpoints"},
     "channels": {"record", "rundir", "read", "write", "store"},
     "checkpoints": {"rundir", "read", "views", "write"},
-    "remote": {"rundir", "read", "checkpoints"},
+    "remote": {"rundir", "store", "checkpoints"},
     # serve: the web page (ilab-journal serve) over the readers, views, leases and commands;
     # record: which numbers the trainer itself logs (always a curve)
     "serve": {"record", "rundir", "read", "views", "store", "channels", "checkpoints"},

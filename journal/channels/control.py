@@ -290,19 +290,12 @@ def refuse(ckpt_dir: str | os.PathLike[str], command: str, cid: str, source: str
     verdict = {"command": command, "id": cid, "source": source, "accepted": False}
     try:
         with guest(ckpt_dir, role="refusal", timeout=REFUSAL_LOCK_WAIT_S) as w:
-            if run_end(journal_path(ckpt_dir)) is None:
+            if not read_tail(journal_path(ckpt_dir)).ended:
                 return False
             w.append("control", {**verdict, "reason": why, "applied_at_step": None})
     except JournalLocked:
         return False
     return True
-
-
-def run_end(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The ``train_end`` that ended the journal's run, wherever it is (late reports may
-    follow it); None while an attempt runs, or with no journal."""
-    tail = read_tail(path)
-    return tail.trainer if tail.ended else None
 
 
 @dataclass(frozen=True)
@@ -335,9 +328,10 @@ def unapplied_commands(
     Nothing is moved or journaled here; a later attempt rejects them as stale (their files
     are there when it starts), with a ``control`` record each.
     Returns ``(None, [])`` while the run goes on (or has no journal)."""
-    end = run_end(journal_path(ckpt_dir))
-    if end is None:
+    tail = read_tail(journal_path(ckpt_dir))  # its train_end, late reports after it or not
+    if tail.trainer is None or not tail.ended:
         return None, []
+    end = tail.trainer
     directory = control_dir(ckpt_dir)
     try:
         names = sorted(

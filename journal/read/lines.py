@@ -267,13 +267,13 @@ class Tail:
         return self.trainer is not None and self.trainer.get("event") == "train_end"
 
 
-def read_tail(path: str | os.PathLike[str], *, torn: bool = False) -> Tail:
+def read_tail(path: str | os.PathLike[str], *, torn: bool = False, end: int | None = None) -> Tail:
     """The :class:`Tail` of a journal (empty when there is none), read backwards until
     both are found: the cost follows the late records, not the journal. ``torn``: a torn
     final fragment counts if it parses (for the writer, which terminates it and must not
-    repeat its ``seq``)."""
+    repeat its ``seq``). ``end``: the journal as it was up to that byte."""
     last = None
-    for _, line in lines_backwards(path, block=64 * 1024, include_tail=torn):
+    for _, line in lines_backwards(path, block=64 * 1024, include_tail=torn, end=end):
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
