@@ -4,8 +4,8 @@
 Every rank of a run holds a :class:`RunJournal`. Every rank catches SIGTERM/SIGINT (the
 flag rides the step's agreement, so all ranks end at the same boundary). The main rank
 (rank 0) alone opens the attempt through the store (:func:`journal.store.open_attempt`:
-the lock, whether this attempt continues the journal's run, the writer), writes the records, keeps the best checkpoint
-(``keep_best``), and measures what all of it costs. What flows in at step boundaries,
+the lock, whether this attempt continues the journal's run, the writer), writes the
+records, keeps the best checkpoint (``keep_best``), and measures what all of it costs. What flows in at step boundaries,
 control commands and reports, is the session's steering inbox (``RunJournal.inbox``,
 :class:`trainer.journaling.inbox.SteeringInbox`), which it starts when it opens.
 
