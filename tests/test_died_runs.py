@@ -23,12 +23,10 @@ from tests.helpers import BIN, cli, wait_for
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from journal.rundir.lock import JournalLock
-    from journal.store import attempt_writer
+    from journal.store import open_attempt
     from tests.helpers import begin_payload, log_payload
 
-    JournalLock(sys.argv[1], role="trainer").acquire(timeout=5)  # as rank 0 holds it
-    w = attempt_writer(sys.argv[1], resume=False, run_id="r1", reserve_bytes=0)
+    w = open_attempt(sys.argv[1], "never", "trainer", wait=5).writer  # as rank 0 opens it
     w.append("train_begin", begin_payload(100))
     for step in (1, 2, 3):
         w.append("log", log_payload(step), step=step)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
-from journal.read.lines import MAX_LINE_BYTES, LongLine, last_record, lines_backwards
+from journal.read.lines import MAX_LINE_BYTES, LongLine, lines_backwards, read_tail
 from journal.read.reader import end_of_complete_lines, iter_events
 from tests.helpers import cli, write_run
 
@@ -125,7 +125,7 @@ def test_last_record_reads_a_huge_torn_tail_once(tmp_path: Path) -> None:
     write_run(tmp_path, steps=2)
     end = read_all(path).records[-1]
     os.truncate(path, path.stat().st_size + 200 * MB)
-    assert last_record(path, include_tail=True) == end
+    assert read_tail(path, torn=True).last == end
     assert end_of_complete_lines(path) == path.stat().st_size - 200 * MB
 
 

@@ -16,10 +16,11 @@ from journal import JournalWriter, send_command
 from journal.channels.reports import Report, submit_report
 from journal.rundir.paths import checkpoints_dir, journal_path
 from journal.rundir.safety import make_dir
+from journal.store import continues_run
 from tests.helpers import records, write_run
 from trainer.checkpoint.sharded import TrainerState
 from trainer.journaling.emitter import Where
-from trainer.journaling.run_journal import RunJournal, continues_run
+from trainer.journaling.run_journal import RunJournal
 from trainer.steering.control_poller import STOP
 
 

@@ -61,9 +61,10 @@ LAYERS: dict[str, set[str]] = {
 #: journal's layers, the same way; each row is what the room imports today (the fewest
 #: edges that hold), within the order: record (events, schema, fields, text: the base)
 #: <- rundir (a run dir's paths, files, lock, inbox) <- read <- views (index, query,
-#: summary, validate) and write (the writer keeps the views' index) <- store (the one way
-#: into and out of a run dir's journal) <- channels (control, reports, jobs) and
-#: checkpoints (leases, rotation) <- remote (a run in object storage)
+#: summary, validate) and write (the writer keeps the views' index) <- checkpoints
+#: (leases, rotation) <- store (the one way into and out of a run dir's journal: it opens
+#: an attempt from its checkpoint, and prunes as a guest) <- channels (control, reports,
+#: jobs) <- remote (a run in object storage)
 #: <- cli (``ilab-journal``); ``__init__`` (the public names) on top.
 JOURNAL_LAYERS: dict[str, set[str]] = {
     "record": set(),
@@ -72,10 +73,10 @@ JOURNAL_LAYERS: dict[str, set[str]] = {
     "views": {"record", "rundir", "read"},
     "write": {"record", "rundir", "read", "views"},
     # store: the one way into and out of a run dir's journal (journal/store.py)
-    "store": {"record", "rundir", "read", "views", "write"},
+    "store": {"record", "rundir", "read", "views", "write", "checkpoints"},
     "channels": {"record", "rundir", "read", "write", "store"},
-    "checkpoints": {"rundir", "read", "views", "write", "store"},
-    "remote": {"rundir", "read", "checkpoints"},
+    "checkpoints": {"rundir", "read", "views", "write"},
+    "remote": {"rundir", "store", "checkpoints"},
     # serve: the web page (ilab-journal serve) over the readers, views, leases and commands;
     # record: which numbers the trainer itself logs (always a curve)
     "serve": {"record", "rundir", "read", "views", "store", "channels", "checkpoints"},
@@ -604,3 +605,39 @@ def test_only_the_store_builds_a_journal_writer() -> None:
                 ):
                     builders.append(f"{rel}:{node.lineno}")
     assert not builders, f"JournalWriter built outside journal/store.py: {builders}"
+
+
+def readers_and_writers_imported(root: Path, package: str) -> list[str]:
+    """Where ``package`` imports ``journal.read`` or ``journal.write`` (or a module of
+    them), lazy imports included."""
+    hits = []
+    for path in _modules(root, package).values():
+        for node in _import_nodes(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                base = node.module or ""
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            if any(n.split(".")[:2] in (["journal", "read"], ["journal", "write"]) for n in names):
+                hits.append(f"{path.relative_to(root)}:{node.lineno}")
+    return hits
+
+
+@pytest.mark.parametrize("package", ["trainer", "watcher"])
+def test_the_store_is_the_one_door(package: str, tmp_path: Path) -> None:
+    """trainer/ and watcher/ read and write a run's journal through journal/store.py only
+    (its cursor, readers, tail and attempt): none imports journal.read or journal.write.
+    The check finds such an import planted in a copy of the package."""
+    assert not readers_and_writers_imported(ROOT, package), (
+        f"{package} imports journal.read or journal.write: "
+        f"{readers_and_writers_imported(ROOT, package)}"
+    )
+    shutil.copytree(
+        ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    planted = tmp_path / package / "__init__.py"
+    planted.write_text(
+        f"{planted.read_text()}\n\ndef _p() -> None:\n    import journal.read.lines\n"
+    )
+    assert readers_and_writers_imported(tmp_path, package) == [
+        f"{package}/__init__.py:{len(planted.read_text().splitlines())}"
+    ]

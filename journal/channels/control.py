@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from journal.read.cursor import Cursor
-from journal.read.reader import end_of_complete_lines, lines_backwards
-from journal.record.events import CONTROL_COMMANDS
+from journal.read.lines import read_tail
+from journal.read.reader import end_of_complete_lines
+from journal.record.events import AFTER_END_EVENTS, CONTROL_COMMANDS
 from journal.record.fields import accepted
 from journal.record.text import printable
 from journal.rundir.files import atomic_write
@@ -36,12 +37,6 @@ COMMAND_FILE_SUFFIX = ".json"
 #: (``--wait``'s verdict, the watcher's notices), so no separator, newline or other control
 #: character; up to 200 characters, so that ``<id>.json`` fits a file name's 255 bytes.
 _COMMAND_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,199}")
-#: Records that others than the trainer append after its ``train_end``: a late eval's
-#: ``report``, a scheduler ``job``, a refused inbox file's ``control``, ``prune``'s
-#: ``checkpoint_removed``. They do not make an ended run a running one.
-AFTER_END_EVENTS = frozenset(
-    {"report", "job", "control", "checkpoint_removed", "checkpoint_kept", "journal_gap"}
-)
 
 
 class InvalidCommand(ValueError):
@@ -219,8 +214,8 @@ def wait_for_verdict(
     from journal.store import follow  # only a waiting sender follows the journal
 
     reader = follow(path, Cursor(since))  # mv and copytruncate lose no record
-    last = last_trainer_record(path)
-    seen = _Seen(command_id, ended=last is None or last.get("event") == "train_end")
+    tail = read_tail(path)
+    seen = _Seen(command_id, ended=tail.trainer is None or tail.ended)
     deadline = time.monotonic() + timeout
     next_check = time.monotonic()
     try:
@@ -264,22 +259,6 @@ class _Seen:
         return None
 
 
-def last_trainer_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The journal's last record that is not one of :data:`AFTER_END_EVENTS` (None: no
-    journal, or no such record). Read backwards past the records others append after the
-    end (a late eval's report, a job's state) up to the trainer's last one, so the cost
-    follows those few records, not the journal's length."""
-    for _, line in lines_backwards(path, block=64 * 1024):
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # an invalid line (the readers skip it too)
-        is_record = isinstance(rec, dict) and isinstance(rec.get("seq"), int)
-        if is_record and rec.get("event") not in AFTER_END_EVENTS:
-            return rec
-    return None
-
-
 #: How long a refusal waits for the journal lock (the trainer lets go of it right after
 #: ``train_end``); busy longer, an attempt writes: the command is its to judge.
 REFUSAL_LOCK_WAIT_S = 10.0
@@ -292,7 +271,7 @@ def closed_to_commands(ckpt_dir: str | os.PathLike[str]) -> tuple[str, bool] | N
     before it starts), or the run died (no ``train_end``, and nobody is left to write one:
     :func:`~journal.rundir.lock.writer_gone`). None while an attempt may read it, or
     before there is a journal. Raises ``OSError`` for a journal that cannot be read."""
-    last = last_trainer_record(journal_path(ckpt_dir)) or {}
+    last = read_tail(journal_path(ckpt_dir)).trainer or {}
     step, data = last.get("step"), last.get("data")
     if last.get("event") == "train_end":
         status = data.get("status") if isinstance(data, dict) else None
@@ -311,19 +290,12 @@ def refuse(ckpt_dir: str | os.PathLike[str], command: str, cid: str, source: str
     verdict = {"command": command, "id": cid, "source": source, "accepted": False}
     try:
         with guest(ckpt_dir, role="refusal", timeout=REFUSAL_LOCK_WAIT_S) as w:
-            if run_end(journal_path(ckpt_dir)) is None:
+            if not read_tail(journal_path(ckpt_dir)).ended:
                 return False
             w.append("control", {**verdict, "reason": why, "applied_at_step": None})
     except JournalLocked:
         return False
     return True
-
-
-def run_end(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The ``train_end`` that ended the journal's run, wherever it is (late reports may
-    follow it); None while an attempt runs, or with no journal."""
-    last = last_trainer_record(path)
-    return last if last is not None and last.get("event") == "train_end" else None
 
 
 @dataclass(frozen=True)
@@ -356,9 +328,10 @@ def unapplied_commands(
     Nothing is moved or journaled here; a later attempt rejects them as stale (their files
     are there when it starts), with a ``control`` record each.
     Returns ``(None, [])`` while the run goes on (or has no journal)."""
-    end = run_end(journal_path(ckpt_dir))
-    if end is None:
+    tail = read_tail(journal_path(ckpt_dir))  # its train_end, late reports after it or not
+    if tail.trainer is None or not tail.ended:
         return None, []
+    end = tail.trainer
     directory = control_dir(ckpt_dir)
     try:
         names = sorted(

@@ -24,15 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from journal.checkpoints import leases
-from journal.read.lines import last_record
-from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
     DCP_METADATA_NAME,
     FULL_STATE_DIR_NAME,
     TRAINER_STATE_NAME,
     checkpoint_step,
     checkpoints_dir,
-    journal_path,
 )
 
 log = logging.getLogger(__name__)
@@ -75,17 +72,6 @@ def list_checkpoints(
         if (step := checkpoint_step(p.name)) is not None and p.is_dir()
     ]
     return [p for _, p in sorted(found) if run_id is None or checkpoint_run_id(p) == run_id]
-
-
-def journal_run(journal: Path) -> str | None:
-    """The run a journal is about now: the ``run_id`` of its last record (None: no journal,
-    or no record in it)."""
-    try:
-        last = last_record(journal)
-    except OSError:
-        return None
-    run_id = last.get("run_id") if last else None
-    return run_id if isinstance(run_id, str) else None
 
 
 def latest_checkpoint(
@@ -250,38 +236,3 @@ def finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = 
                 },
             )
             _delete(root / name)
-
-
-def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
-    """Rotate the run of the last ``train_begin`` when no trainer is writing, by its policy
-    (``keep_last_n``, ``keep_best``) and among its own checkpoints, journaling each deletion. Does nothing while a trainer
-    holds the journal: it rotates at its next save."""
-    from journal.store import guest, run_dir
-    from journal.views.best import MetricGoal
-    from journal.views.query import find_best, find_last
-
-    ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
-    begin = find_last(journal_path(ckpt_dir), "train_begin")
-    config = (begin["data"].get("config") if begin else None) or {}
-    keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
-    run_id = begin["run_id"] if begin else None
-    if not isinstance(run_id, str) or not isinstance(keep_last_n, int):
-        return []
-    if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:
-        return []  # the common case: nothing surplus, no lock and no scan
-    try:
-        with guest(ckpt_dir, role=role) as w:
-
-            def emit(event: str, data: dict[str, Any]) -> None:
-                if event == "checkpoint_removed":
-                    data = {**data, "by": role}  # who removed it, for the run's story
-                w.append(event, data)
-
-            keep: set[str] = set()
-            if isinstance(keep_best, str):
-                goal = MetricGoal.parse(keep_best)
-                best = find_best(journal_path(ckpt_dir), goal, run_id=run_id)
-                keep = {Path(best.checkpoint_path).name} if best else set()
-            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
-    except JournalLocked:  # a trainer writes: it rotates at its next save
-        return []

@@ -281,7 +281,7 @@ def query(
       ilab-journal query runs/x --event save --field checkpoint_path
       ilab-journal query runs/x --best accuracy:max
     """
-    from journal.checkpoints.rotation import journal_run
+    from journal.store import tail
     from journal.views.query import find_best, find_first, find_last, get_field, is_missing
 
     if (event is None) == (best is None):
@@ -294,7 +294,7 @@ def query(
             goal = MetricGoal.parse(best)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        top = find_best(path, goal, run_id=journal_run(path))  # the journal's run only
+        top = find_best(path, goal, run_id=tail(path).run_id)  # the journal's run only
         if top is None:
             click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)
             sys.exit(1)

@@ -220,8 +220,8 @@ def prune(dir: str) -> None:
     the run; `status` names those checkpoints). A lease that has not expired keeps its
     checkpoint. Nothing happens while a trainer is writing the journal.
     """
-    from journal.checkpoints.rotation import prune_finished_run
     from journal.rundir.lock import lock_holder
+    from journal.store import prune_finished_run
 
     resolve_journal(dir)  # it must exist
     ckpt_dir = _run_dir(dir)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from journal.record.events import AFTER_END_EVENTS
 
 try:  # CPython's own SHA-1, the same digest: hashlib loads OpenSSL (2-3 ms of `status`)
     from _sha1 import sha1
@@ -240,20 +243,44 @@ def next_line_start(fd: int, pos: int, size: int, block: int = 1 << 20) -> int:
     return size
 
 
-def last_record(
-    path: str | os.PathLike[str], *, include_tail: bool = False
-) -> dict[str, Any] | None:
-    """The last parseable record, read backwards (O(1) in the file's size), as written: a
-    line that parses as an object with an integer seq (unchecked, not completed: the writer's
-    next seq, rotation's run). With ``include_tail`` a torn final fragment counts if it
-    parses (the writer terminates it and must not repeat its seq)."""
-    for _, line in lines_backwards(path, block=64 * 1024, include_tail=include_tail):
-        if not line.strip():
-            continue
+@dataclass(frozen=True)
+class Tail:
+    """The end of a journal, read backwards once by one rule: a record is a line that
+    parses as an object with an integer ``seq`` (as written: unchecked, not completed).
+
+    ``last``: the last record (the writer's next ``seq`` and position, the journal's run);
+    ``trainer``: the last one that is not one of :data:`AFTER_END_EVENTS` (late reports and
+    the like do not make an ended run a running one)."""
+
+    last: dict[str, Any] | None = None
+    trainer: dict[str, Any] | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        """The run the journal is about now: its last record's (None: no record)."""
+        run_id = self.last.get("run_id") if self.last else None
+        return run_id if isinstance(run_id, str) else None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the journal's last attempt ended: its last trainer record is ``train_end``."""
+        return self.trainer is not None and self.trainer.get("event") == "train_end"
+
+
+def read_tail(path: str | os.PathLike[str], *, torn: bool = False, end: int | None = None) -> Tail:
+    """The :class:`Tail` of a journal (empty when there is none), read backwards until
+    both are found: the cost follows the late records, not the journal. ``torn``: a torn
+    final fragment counts if it parses (for the writer, which terminates it and must not
+    repeat its ``seq``). ``end``: the journal as it was up to that byte."""
+    last = None
+    for _, line in lines_backwards(path, block=64 * 1024, include_tail=torn, end=end):
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
+            continue  # an invalid line, or blank: the readers skip it too
+        if not isinstance(obj, dict) or not isinstance(obj.get("seq"), int):
             continue
-        if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
-            return obj
-    return None
+        last = last or obj
+        if obj.get("event") not in AFTER_END_EVENTS:
+            return Tail(last, obj)
+    return Tail(last)

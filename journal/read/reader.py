@@ -37,8 +37,6 @@ from journal.record.events import SCHEMA_VERSION
 from journal.record.fields import record_problem
 from journal.record.record import Record, complete
 
-__all__ = ["LongLine", "lines_backwards", "record_problem"]  # re-exported: used from here
-
 CHUNK_SIZE = 4 * 1024 * 1024
 #: Bytes of lines parsed and checked together (:func:`parse_lines`).
 SLICE_BYTES = 256 * 1024

@@ -62,6 +62,14 @@ EVENTS: tuple[str, ...] = (
     "job",
     *ALERT_EVENTS,
 )
+#: Records that others than the trainer append after its ``train_end``: a late eval's
+#: ``report``, a scheduler ``job``, a refused inbox file's ``control``, ``prune``'s
+#: ``checkpoint_removed``, a watcher's alerts. They do not make an ended run a running one.
+AFTER_END_EVENTS = frozenset(
+    {"report", "job", "control", "checkpoint_removed", "checkpoint_kept", "journal_gap"}
+    | set(ALERT_EVENTS)
+)
+
 #: Events the writer fsyncs: consumers act on them (load a checkpoint, end a job, page
 #: someone).
 DURABLE_EVENTS: frozenset[str] = frozenset(

@@ -32,7 +32,6 @@ import orjson
 
 from journal.checkpoints.leases import LeaseError, checkpoint_name
 from journal.checkpoints.rotation import remove_unless_leased
-from journal.read.reader import iter_events
 from journal.remote.layout import (
     CONTROL_PREFIX,
     JOURNAL_PREFIX,
@@ -47,7 +46,8 @@ from journal.remote.store import Store
 from journal.rundir.files import atomic_write, json_files
 from journal.rundir.lock import JournalLock
 from journal.rundir.paths import checkpoint_root, control_dir, journal_path, reports_dir, watch_dir
-from journal.rundir.safety import APPEND, make_dir, open_no_follow
+from journal.rundir.safety import make_dir
+from journal.store import append_copied, iter_events
 
 log = logging.getLogger("journal.remote")
 STATE_NAME = "replica.json"
@@ -77,9 +77,7 @@ class Replica:
             raise ReplicaBusy(f"{self.dir} is already followed from a store by another process")
         self._state_path = watch_dir(self.dir) / STATE_NAME
         self._offset, size = self._load_state()
-        # what a killed sync appended after its state
-        with open(open_no_follow(self.journal, APPEND, root=self.dir), "ab") as f:
-            f.truncate(size)
+        append_copied(self.dir, b"", cut_at=size)  # what a killed sync appended after its state
         self._pending = b""  # store bytes fetched, not yet copied (whole lines)
         self._waiting: str | None = None  # a save whose marker is awaited (said once)
         self.ended = False
@@ -140,11 +138,9 @@ class Replica:
         the copy is."""
         if not out:
             return
-        with open(open_no_follow(self.journal, APPEND, root=self.dir), "ab") as f:
-            f.write(b"".join(out))
+        size = append_copied(self.dir, b"".join(out))
         self._pending = self._pending[used:]
         self._offset += used
-        size = self.journal.stat().st_size
         state = orjson.dumps({"store_offset": self._offset, "replica_size": size})
         atomic_write(self._state_path, state, root=self.dir)
 

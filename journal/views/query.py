@@ -175,22 +175,6 @@ def _line_start_before_slow(f: Any, pos: int) -> int:
     return 0
 
 
-def ended_before(path: str | os.PathLike[str], offset: int) -> bool:
-    """Whether the attempt in progress at byte ``offset`` had already ended there: the
-    newest train_begin/train_end before it is a train_end. Read backwards from ``offset``."""
-    if offset <= 0:
-        return False
-    for _, line in lines_backwards(path, block=_BLOCK, end=offset):
-        if b'"train_end"' not in line and b'"train_begin"' not in line:
-            continue
-        rec = _match(line, b'"train_end"', "train_end")
-        if rec is not None:
-            return True
-        if _match(line, b'"train_begin"', "train_begin") is not None:
-            return False
-    return False
-
-
 def relaunch_coming(path: str | os.PathLike[str]) -> bool:
     """Whether the journal's last attempt ended ``failed`` with restarts left, as its
     ``train_end`` says (``restarts_left``, by its launcher's relaunch rule): its launcher

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 
-from journal.read.lines import last_record
+from journal.read.lines import Tail, read_tail
 from journal.record.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.rundir.paths import RESERVE_NAME, resolve_journal
 from journal.rundir.safety import CREATE, open_no_follow
@@ -75,6 +75,8 @@ class JournalWriter(RecreatesJournal):
         durable_events: events followed by ``fsync``.
         keep_index: keep ``journal.index.json`` (what ``status`` needs) current after each
             durable record and train_begin, so readers fold only what came since.
+        tail: the journal's :class:`~journal.read.lines.Tail` read with ``torn`` by the
+            caller holding the lock (the store's ``open_attempt``), so it is not read again.
         reserve_bytes: keep this much disk in ``journal.reserve`` while open; when the disk
             fills up, it is released so the last records (``train_end``) still land. Any
             writer releases a reserve it finds (one a killed trainer left, too).
@@ -98,6 +100,7 @@ class JournalWriter(RecreatesJournal):
         mode: int = 0o640,
         reserve_bytes: int = 0,
         keep_index: bool = True,
+        tail: Tail | None = None,
     ) -> None:
         self.path = resolve_journal(path, must_exist=False)
         self.on_error = on_error
@@ -115,19 +118,18 @@ class JournalWriter(RecreatesJournal):
         self._reserve = self.path.with_name(RESERVE_NAME)
         self._own_reserve = False
         self._make_reserve(reserve_bytes)
-        self._init_from_tail(resume, join, run_id)
+        self._init_from_tail(resume, join, run_id, tail)
         self._first_seq = first_seq(self.path, self.seq)
 
-    def _adopt_tail(self) -> dict[str, Any] | None:
-        """The file's last record; a torn final fragment (a crash mid-write) is terminated
-        so readers skip it as one bad line."""
-        last = last_record(self.path, include_tail=True)
+    def _init_from_tail(
+        self, resume: bool, join: bool, run_id: str | None, tail: Tail | None
+    ) -> None:
+        """Go on from the file's last record (``tail``: read already, under the lock); a
+        torn final fragment (a crash mid-write) is terminated so readers skip it as one
+        bad line."""
+        last = (tail or read_tail(self.path, torn=True)).last
         if not _ends_clean(self.path):
             self._write_bytes(b"\n")
-        return last
-
-    def _init_from_tail(self, resume: bool, join: bool, run_id: str | None) -> None:
-        last = self._adopt_tail()
         # The envelope position of the last record (for records written out of band).
         self._last_position = tuple(
             v if last and isinstance(v := last.get(k), int) else 0

@@ -29,14 +29,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from journal.checkpoints import leases
 from journal.checkpoints.leases import LeaseError
-from journal.checkpoints.rotation import (
-    checkpoint_run_id,
-    is_complete,
-    journal_run,
-    latest_checkpoint,
-)
+from journal.checkpoints.rotation import checkpoint_run_id, is_complete, latest_checkpoint
 from journal.rundir.files import fsync_dir
-from journal.rundir.paths import checkpoints_dir, journal_path, logs_dir, step_dir_name
+from journal.rundir.paths import checkpoints_dir, logs_dir, step_dir_name
+from journal.store import tail
 from trainer.checkpoint.files import CheckpointError, SafeLoadPlanner, SafeReader
 from trainer.model.spec import ConsolidatedWriter
 
@@ -93,7 +89,7 @@ def export_from_shards(checkpoint: Path, write: ConsolidatedWriter) -> Path:
 def find_checkpoint(ckpt_dir: Path, step: int | None) -> Path:
     """The checkpoint of ``step``, or the newest complete one, of the journal's run (its
     newest worker config is the one :func:`run_writer` exports with)."""
-    run = journal_run(journal_path(ckpt_dir))
+    run = tail(ckpt_dir).run_id
     if step is None:
         found = latest_checkpoint(ckpt_dir, run)
         if found is None:

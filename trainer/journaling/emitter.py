@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from journal.record.events import MICROBATCH_EVENTS
-from journal.write.writer import JournalWriter
+from journal.store import JournalWriter
 
 #: Written together with the next immediate record (step_end at the latest).
 DEFERRED_EVENTS = frozenset(

@@ -3,9 +3,9 @@
 
 Every rank of a run holds a :class:`RunJournal`. Every rank catches SIGTERM/SIGINT (the
 flag rides the step's agreement, so all ranks end at the same boundary). The main rank
-(rank 0) alone takes the journal lock, decides whether this attempt continues the
-journal's run (:func:`continues_run`), writes the records, keeps the best checkpoint
-(``keep_best``), and measures what all of it costs. What flows in at step boundaries,
+(rank 0) alone opens the attempt through the store (:func:`journal.store.open_attempt`:
+the lock, whether this attempt continues the journal's run, the writer), writes the
+records, keeps the best checkpoint (``keep_best``), and measures what all of it costs. What flows in at step boundaries,
 control commands and reports, is the session's steering inbox (``RunJournal.inbox``,
 :class:`trainer.journaling.inbox.SteeringInbox`), which it starts when it opens.
 
@@ -23,23 +23,19 @@ import signal
 import socket
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from journal.channels.control import last_trainer_record
 from journal.channels.reports import drain
-from journal.checkpoints.rotation import checkpoint_run_id, journal_run, latest_checkpoint, rotate
-from journal.read.reader import iter_events
+from journal.checkpoints.rotation import rotate
 from journal.rundir.lock import JournalLock
-from journal.rundir.paths import journal_path
 from journal.rundir.phase import PhaseMarker
-from journal.store import attempt_writer
+from journal.store import Resume, open_attempt
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
 from trainer.journaling.emitter import Emitter, Position, failure_payload
@@ -50,20 +46,6 @@ log = logging.getLogger("trainer")
 
 LOCK_WAIT_S = 60.0  # for a previous attempt's orphans to save and end
 RESERVE_BYTES = 256 * 1024  # for train_end (with its traceback) when the disk fills up
-
-#: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
-#: :func:`journal.checkpoints.rotation.latest_checkpoint`); ``"never"``: a new run; a bool: the trainer
-#: decided itself (a bridge: HF resumed from ``checkpoint-N``).
-Resume = Literal["auto", "never"] | bool
-
-
-def continues_run(last: Mapping[str, Any] | None, resumes: bool) -> bool:
-    """The resume rule: whether this attempt continues the run of the journal's last trainer
-    record ``last`` (not a late report: ``last_trainer_record``) with ``attempt`` + 1 rather
-    than start a new run: when that run did not end (killed: no ``train_end`` last) or when
-    this attempt resumes it (from a checkpoint, or its launcher relaunches it); never
-    without a journal."""
-    return last is not None and (resumes or last.get("event") != "train_end")
 
 
 def versions() -> dict[str, str]:
@@ -141,52 +123,34 @@ class RunJournal:
             signal.signal(signal.SIGINT, self._on_signal)
 
     def open(self, resume: Resume = "auto", *, relaunch: bool = False) -> Path | None:
-        """The main rank: take the journal lock (waiting up to ``LOCK_WAIT_S`` for a
-        previous attempt's workers to save and end; :class:`JournalLocked` after), open the
-        writer by the resume rule, and start reading control commands and reports. Returns
-        the checkpoint to resume from (``resume="auto"``, found once the lock is held);
-        None on the other ranks. What it reads of the journal is read in bounded memory:
-        the last record backwards, the few control and best records through a prefilter.
+        """The main rank: open the attempt through the store (:func:`~journal.store.open_attempt`:
+        the journal lock, waiting up to ``LOCK_WAIT_S`` for a previous attempt's workers to
+        save and end, :class:`JournalLocked` after; the writer by the resume rule) and start
+        reading control commands and reports. Returns the checkpoint to resume from
+        (``resume="auto"``, found once the lock is held); None on the other ranks.
         ``relaunch``: the launcher launches this run again (``max_restarts``): it goes on,
         from its newest checkpoint or, with none yet, from the start."""
         if not self.main:
             return None
-        self.lock = JournalLock(self.dir, role=self.role)
-        self.lock.acquire(timeout=LOCK_WAIT_S)
+        attempt = open_attempt(
+            self.dir,
+            resume,
+            self.role,
+            relaunch=relaunch,
+            records=self.detail != "off",
+            keep_best=self.goal is not None,
+            wait=LOCK_WAIT_S,
+            reserve_bytes=RESERVE_BYTES,
+        )
+        self.lock, self.ledger, self._run_id = attempt.lock, attempt.ledger, attempt.run_id
+        if attempt.writer is not None:
+            self.emitter = Emitter(attempt.writer, self.detail, self.emitter.position)
         try:
-            return self._open(resume, relaunch)
+            self.inbox.start(attempt.commands_seen, reports=attempt.writer is not None)
         except BaseException:
             self.lock.release()
             raise
-
-    def _open(self, resume: Resume, relaunch: bool) -> Path | None:
-        jpath = journal_path(self.dir)
-        known = resume != "never" and jpath.exists()
-        last = last_trainer_record(jpath) if known else None  # a late report is not it
-        run = journal_run(jpath) if last else None  # None: no journal says which run
-        # the journal's run goes on from its own checkpoint (no journal: that checkpoint's run)
-        from_ckpt = latest_checkpoint(self.dir, run) if resume == "auto" else None
-        adopted = checkpoint_run_id(from_ckpt) if from_ckpt is not None and run is None else None
-        again = continues_run(last, from_ckpt is not None or resume is True or relaunch)
-        writer = None
-        if self.detail != "off":
-            writer = attempt_writer(
-                self.dir, resume=again, run_id=adopted, reserve_bytes=RESERVE_BYTES
-            )
-            self.emitter = Emitter(writer, self.detail, self.emitter.position)
-            self.ledger = CheckpointLedger(self.dir) if self.goal else None
-        seen: set[str] = set()
-        wanted = {"control", *CheckpointLedger.EVENTS} if self.ledger is not None else {"control"}
-        for rec in iter_events(jpath, wanted) if known else ():
-            if rec["event"] == "control":
-                if isinstance(rec["data"].get("id"), str):
-                    seen.add(rec["data"]["id"])
-            elif self.ledger is not None and writer and rec["run_id"] == writer.run_id:
-                self.ledger.add(rec)
-        fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # detail off
-        self._run_id = writer.run_id if writer is not None else fallback
-        self.inbox.start(seen, reports=writer is not None)
-        return from_ckpt
+        return attempt.resume_from
 
     def fail_on_uncaught_exception(self) -> None:
         """The main rank: an exception nobody catches ends the journal as ``failed`` (a

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from journal.read.cursor import Cursor
 from journal.rundir.inbox import read_json_object
 from journal.rundir.paths import rank_log_path
 from journal.rundir.safety import open_no_follow
+from journal.store import Cursor
 from trainer.config import ConfigError, TrainingArgs
 from trainer.config.worker_config import relaunch
 from trainer.launch.result import NoProgress, TrainingFailed, TrainingResult

@@ -23,13 +23,12 @@ from typing import IO, Any
 from journal import store
 from journal.channels.reports import drain
 from journal.checkpoints.rotation import checkpoint_run_id, list_checkpoints
-from journal.read.cursor import Cursor
 from journal.rundir.files import atomic_write
 from journal.rundir.lock import JournalLocked, Locked, RunLock, describe, run_holder
 from journal.rundir.paths import callbacks_progress_path, checkpoints_dir, journal_path, logs_dir
 from journal.rundir.procs import LAUNCHER_PID_ENV, die_with_parent
 from journal.rundir.safety import APPEND, UnsafeRunDir, check_run_dir, make_dir, open_no_follow
-from journal.store import guest
+from journal.store import Cursor, guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch.cluster_env import torchrun_command, torchrun_env

@@ -33,14 +33,12 @@ from typing import Any, Literal
 import orjson
 
 from journal import store
-from journal.read.cursor import START, Cursor
 from journal.rundir.files import atomic_write
 from journal.rundir.ledger import GUARD_STALE_S, beat, claims, guards, unbeat
 from journal.rundir.lock import JournalLocked, run_holder
 from journal.rundir.paths import journal_path
 from journal.rundir.phase import read_phase
 from journal.rundir.procs import start_time, stat_fields
-from journal.views.query import find_last
 from watcher.alerts.alert import Alert, AlertSink, evidence_dir, new_alert_id
 from watcher.alerts.died import check_died
 from watcher.alerts.evidence import collect, stuck
@@ -98,7 +96,7 @@ class Guard:
         sink: AlertSink,
         options: GuardOptions,
         *,
-        start: Cursor = START,
+        start: store.Cursor = store.START,
         launcher_pids: dict[str, int] | None = None,
         source: str | None = None,
     ) -> None:
@@ -333,9 +331,7 @@ class Guard:
             self._write_end(marker)
 
     def _write_end(self, marker: dict[str, Any]) -> None:
-        end = find_last(self.journal, "train_end")
-        last_begin = find_last(self.journal, "train_begin")
-        if end is not None and last_begin is not None and end["seq"] > last_begin["seq"]:
+        if store.tail(self.journal).ended:
             return  # the attempt wrote its own ending after all
         try:
             with store.guest(self.dir, role="watcher", timeout=10) as w:

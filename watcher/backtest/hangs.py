@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journal.read.reader import iter_events, iter_records
 from journal.record.record import Record
 from journal.rundir.phase import Phase
+from journal.store import iter_events, iter_records
 from journal.views.ledger import finite_number
 from watcher.alerts.hang import (
     DEFERRED_EVENTS,

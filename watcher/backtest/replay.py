@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from journal.channels.control import Control
-from journal.read.cursor import START
 from journal.record.record import Record
+from journal.store import START
 from journal.views.best import MetricGoal
 from watcher.backtest.judge import judge_retention, judge_stop, policy_goal, retention_story
 from watcher.backtest.outcome import RunBacktest, WouldHave

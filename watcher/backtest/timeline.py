@@ -19,10 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from journal.read.lines import LongLine, lines_backwards
-from journal.read.reader import iter_batches, record_problem
+from journal import store
 from journal.record.record import Record
 from journal.views.fold import RunFold, of_other_run
 from journal.views.ledger import finite_number
@@ -32,7 +29,6 @@ _KEPT = frozenset({"evaluate", "report", "save", "checkpoint_removed"})
 #: Records the run's fold is fed besides those (not the per-step ones: they are the most,
 #: and status, the stop's source and the checkpoints do not need them).
 _FOLDED = _KEPT | {"train_begin", "train_end", "control", "job", "checkpoint_kept"}
-_NO_RUN = object()  # the run id of an empty journal
 
 
 class Boundaries:
@@ -105,23 +101,6 @@ class Timeline:
         return None
 
 
-def current_run_id(journal: Path) -> Any:
-    """The ``run_id`` of the journal's last valid record, read backwards by the reader's
-    rules (a torn final fragment is no record once the run is over, nor a line over the
-    limit); ``_NO_RUN`` when it has none. Known before the one forward pass, so that each
-    record of the current run can be replayed as it is read."""
-    for _, line in lines_backwards(journal, block=64 * 1024):
-        if isinstance(line, LongLine) or not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if record_problem(obj) is None:
-            return obj.get("run_id")
-    return _NO_RUN
-
-
 def read_run(
     journal: Path,
     metrics: Iterable[str] = (),
@@ -132,8 +111,10 @@ def read_run(
     ``metrics`` (and each ``keep_best`` metric of the run) from ``log`` records, the
     ``evaluate``/``report``/``save`` records. ``on_record`` gets each record of the run in
     journal order as it is read (the replay's deliveries): none is kept for later."""
-    run_id = current_run_id(journal)
-    tl = Timeline(run_id=None if run_id is _NO_RUN else run_id, fold=RunFold(journal.parent))
+    # the current run's, known before the one forward pass so that each of its records can
+    # be replayed as it is read (no record: None, and none is replayed)
+    run_id = store.tail(journal).run_id
+    tl = Timeline(run_id=run_id, fold=RunFold(journal.parent))
     fold = tl.fold
     wanted = tl.log_metrics
     wanted.update(metrics)
@@ -143,7 +124,7 @@ def read_run(
     kept, ends = tl.metric_records, tl.boundaries
     last = 0
     started = False
-    for batch in iter_batches(journal, final=True):
+    for batch in store.iter_batches(journal, final=True):
         for rec in batch.records:  # once per record: one dict lookup for most of them
             if not started:
                 if rec["run_id"] != run_id:

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from journal.read.cursor import START, Cursor
 from journal.rundir.safety import APPEND, open_no_follow
+from journal.store import START, Cursor
 from watcher.engine.attempts import Finished
 from watcher.engine.cursor import CursorFile, CursorState
 from watcher.engine.leasing import CheckpointGuard

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from journal.read.cursor import START, Cursor
 from journal.rundir.files import atomic_write
 from journal.rundir.lock import HEARTBEAT_S, FileLock, Locked, describe, holder
+from journal.store import START, Cursor
 from watcher.engine.statedir import StateFiles
 
 log = logging.getLogger("watcher")

@@ -34,10 +34,9 @@ from pathlib import Path
 
 from journal.channels.control import unapplied_commands
 from journal.checkpoints.leases import DEFAULT_TTL_S
-from journal.read.cursor import Cursor
 from journal.record.record import Record
 from journal.rundir.safety import UnsafeRunDir
-from journal.views.query import ended_before
+from journal.store import Cursor, tail
 from watcher.engine.attempts import Runner, abandoned
 from watcher.engine.callable_runner import CallableRunner
 from watcher.engine.completion import Completions, Reporter
@@ -311,7 +310,7 @@ class Watcher:
         # A restart past the run's train_end (its deliveries all done) has nothing to wait
         # for; a launch's watcher (a start offset, no cursor) waits for its attempt.
         at = self._follower.position.offset
-        ended = not isinstance(self._start, int) and ended_before(self.journal, at)
+        ended = not isinstance(self._start, int) and tail(self.journal, at).ended
         self._run.set_ended(ended, self.journal)
         restore_states(self.stateful_callbacks, self._follower.history)
 

@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from journal import store
-from journal.read.cursor import Cursor
-from journal.read.lines import first_line_fingerprint
-from journal.read.reader import ReadBatch, end_of_complete_lines
 from journal.record.record import Record
 from journal.rundir.lock import run_holder
+from journal.store import Cursor, ReadBatch, end_of_complete_lines, first_line_fingerprint
 from journal.views.query import relaunch_coming
 from watcher.engine.cursor import CursorState
 from watcher.engine.wake import Waker

@@ -24,9 +24,9 @@ from typing import Any
 
 from journal.checkpoints import leases
 from journal.checkpoints.leases import Lease, LeaseError
-from journal.checkpoints.rotation import prune_finished_run
 from journal.record.record import Record
 from journal.rundir.paths import checkpoint_key
+from journal.store import prune_finished_run
 from watcher.engine.follow import RunProgress
 from watcher.hooks.delivery import Delivery
 

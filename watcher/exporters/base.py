@@ -20,9 +20,9 @@ from collections.abc import Generator
 from contextlib import closing
 from typing import Any, cast
 
-from journal.read.reader import iter_events
 from journal.record.record import Record, complete
 from journal.rundir.paths import resolve_journal
+from journal.store import iter_events
 from journal.views.fold import CheckpointLedger, RunFold
 from watcher.hooks.callbacks import Event, TrainerCallback, callable_name
 from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from journal.read.cursor import Cursor
 from journal.record.fields import missing_fields
 from journal.record.record import Record
+from journal.store import Cursor
 from watcher.hooks.callbacks import CommandTarget, delivery_id_for
 from watcher.hooks.hook import Hook
 

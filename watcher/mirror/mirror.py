@@ -33,8 +33,6 @@ from typing import Any, TypeVar
 from journal import store as journal_store
 from journal.channels.reports import InvalidReport, Report, submit_report
 from journal.checkpoints.leases import DEFAULT_TTL_S
-from journal.checkpoints.rotation import prune_finished_run
-from journal.read.cursor import START
 from journal.record.record import Record
 from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
@@ -112,7 +110,7 @@ class Mirror:
         self._stop = threading.Event()
         self._outage = Outage()
         self._threads: list[threading.Thread] = []
-        self._read_at = START  # where the next read of the local journal starts
+        self._read_at = journal_store.START  # where the next read of the local journal starts
         self._parsed = 0  # journal bytes read for records (the complete lines before it)
         self._sent = 0  # journal bytes in the store, once the prefix is found to be ours
         self._claimed = threading.Event()  # no checkpoint is touched before
@@ -241,7 +239,9 @@ class Mirror:
             for t in self._threads[1:]:  # without a mirror from now, not from our exit
                 t.join()
             self.leases.stop()
-            prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: ours to do
+            journal_store.prune_finished_run(
+                self.ckpt_dir, role="mirror"
+            )  # the trainer gone: ours to do
 
     def _claim(self) -> None:
         """Find the prefix to be this run's (or make it so) and how much of the journal it
@@ -365,7 +365,9 @@ class Mirror:
         if job.lease is not None:
             self.leases.release(job.lease)
             job.lease = None
-            prune_finished_run(self.ckpt_dir, role="mirror")  # the trainer gone: rotation is ours
+            journal_store.prune_finished_run(
+                self.ckpt_dir, role="mirror"
+            )  # the trainer gone: rotation is ours
 
     def _try(self, what: str, fn: Callable[[], None]) -> bool:
         """Run one step against the store; whether it went through. What waiting can fix
