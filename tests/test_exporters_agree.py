@@ -1,7 +1,7 @@
 """Every exporter tells the fold's story (issue 60, "every fact has one rule"): journals
 generated with hypothesis as a real run writes them (saves, rotation by the trainer and by
-a watcher after the end, so saves of since-removed checkpoints; reports; commands), ended
-as completed, stopped by an eval or aborted by the hang guard, are exported with
+a watcher after the end, so saves of since-removed checkpoints; reports; commands; a
+restart), each attempt ended as completed, stopped by an eval or aborted by the hang guard, are exported with
 ``ilab-watch --replay`` into MLflow (a local file store), TensorBoard (read back with its
 own ``EventAccumulator``) and W&B (offline, read back from its transaction log), and each
 says what the run's fold (:class:`journal.views.fold.RunFold`) says: who stopped the run,
@@ -63,11 +63,15 @@ class EndedStory(RunStory):
         self.ended = True
 
 
+#: One attempt, or two (the second a restart of the same run after the first ended).
 stories = st.tuples(
     st.lists(st.sampled_from(TRAINING).flatmap(_op), min_size=2, max_size=10),
     st.sampled_from(ENDINGS),
     st.lists(st.sampled_from(AFTER).flatmap(_op), max_size=5),
-).map(lambda t: [*t[0], ("end", t[1]), *t[2]])
+    st.one_of(
+        st.just([]), st.sampled_from(ENDINGS).map(lambda e: [("restart",), ("save",), ("end", e)])
+    ),
+).map(lambda t: [*t[0], ("end", t[1]), *t[2], *t[3]])
 
 
 @contextmanager

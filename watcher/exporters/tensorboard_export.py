@@ -84,6 +84,10 @@ class TensorBoardExport(MetricsExport):
 
     # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
 
+    def on_train_begin(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._folds.add(event)  # a new attempt: the fold's ending is its own
+
     def on_save(self, event: Event, **data: Any) -> None:
         why = f" ({data['trigger']})" if data.get("trigger") else ""
         self._text("events/save", event, f"{data.get('checkpoint_path')}{why}")

@@ -91,6 +91,7 @@ class WandbExport(MetricsExport):
 
     def on_train_begin(self, event: Event, **data: Any) -> None:
         with self._lock:
+            self._folds.add(event)  # a new attempt: the fold's ending is its own
             self._open(event).config.update(data.get("config") or {}, allow_val_change=True)
 
     def on_save(self, event: Event, **data: Any) -> None:
