@@ -3,18 +3,14 @@ and, for the metrics an expression names, their values in journal order."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from journal.read.reader import iter_events
 from journal.record.record import Record
-from journal.views.fold import RunFold, of_other_run
+from journal.views.fold import METRIC_KINDS, RunFold, metric_points, of_other_run
 from journal.views.summary import RunSummary
-
-#: Metric fields of trainer records (reported metrics are any name in a report).
-_RECORD_METRICS = ("evaluate", "log")
 
 
 def default_mode(metric: str, keep_best: str | None) -> str:
@@ -49,25 +45,19 @@ class FactFolder:
                 self.add_values(rec)
 
     def add_values(self, rec: Record) -> None:
-        """Fold one record's values of the named metrics (the summary is not touched)."""
+        """Fold one record's values of the named metrics (the summary is not touched): the
+        fold's metric points (journal/views/fold.py: finite numbers, not bools)."""
         event = rec["event"]
         if event == "train_begin" and rec["run_id"] != self._run:
             self._run = rec["run_id"]  # a new run: its metrics only (a resume keeps them)
             self.values = {m: MetricValues() for m in self.metrics}
-        if event == "report":
-            got = rec["data"].get("metrics")
-            if isinstance(got, dict):
-                self._take(got, report=True)
-        elif event in _RECORD_METRICS:
-            self._take(rec["data"], report=False)
-
-    def _take(self, data: dict[str, Any], *, report: bool) -> None:
-        for m in self.metrics:
-            v = data.get(m)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                mv = self.values[m]
-                mv.values.append(float(v))
-                mv.reports += report
+        got = metric_points(event, rec["step"], rec["data"])
+        if got is None:
+            return
+        for m, mv in self.values.items():
+            if (v := got[2].get(m)) is not None:
+                mv.values.append(v)
+                mv.reports += got[0] == "report"
 
     def facts(self, s: RunSummary, names: list[str]) -> dict[str, Any]:
         """Every fact by name, and each metric function in ``names`` (``best(accuracy)``)."""
@@ -100,33 +90,21 @@ class FactFolder:
 
 
 def known_metrics(path: Path, keep_best: str | None = None) -> set[str]:
-    """Every metric the journal's current run has: a finite number in a report's metrics or
-    an ``evaluate``/``log`` field (what :class:`FactFolder` would find by name), plus the
+    """Every metric the journal's current run has: a metric point's name (what
+    :class:`FactFolder` would find by name), plus the
     metric the run keeps the best by (named by the run, even before its first report).
 
     Reads the whole journal: ``check`` asks only when a named metric has no value, to tell a
     misspelt metric from one that has not come yet."""
     names: set[str] = set()
     run: str | None = None
-    for rec in iter_events(path, {"train_begin", "report", *_RECORD_METRICS}):
-        event = rec["event"]
-        data: Any = rec["data"]
-        if event == "train_begin":
+    for rec in iter_events(path, {"train_begin", *METRIC_KINDS}):
+        if rec["event"] == "train_begin":
             if rec["run_id"] != run:  # a new run: its metrics only, as FactFolder
                 run, names = rec["run_id"], set()
-            continue
-        if of_other_run(rec, run):
-            continue
-        if event == "report":
-            data = data.get("metrics") if isinstance(data, dict) else None
-        elif event not in _RECORD_METRICS:  # a line that only mentions one of the names
-            continue
-        if isinstance(data, dict):
-            names.update(
-                k
-                for k, v in data.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            )
+        elif not of_other_run(rec, run):
+            got = metric_points(rec["event"], rec["step"], rec["data"])
+            names.update(got[2] if got else ())
     if keep_best and ":" in keep_best:
         names.add(keep_best.rpartition(":")[0])
     return names

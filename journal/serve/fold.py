@@ -5,7 +5,9 @@ with their fates and the best are the run's one fold (:class:`journal.views.fold
 
 A curve holds one point per step. A resumed attempt goes back in steps: its points replace
 the ones from its step on (the curves show the latest attempt's path; the resume is a
-marker). Reported metrics are per checkpoint step, inserted in step order.
+marker). Reported metrics are per checkpoint step, inserted in step order. The points are
+the fold's (:func:`journal.views.fold.metric_points`: finite numbers, as every view reads
+them).
 
 Memory is bounded in the number of names: the first :data:`MAX_CURVES` logged names and
 the first :data:`MAX_CURVES` reported ones (and the page's own, :data:`PRIORITY`, whenever
@@ -31,11 +33,10 @@ from journal.record.fields import PAYLOAD_TYPES
 from journal.record.record import Record
 from journal.serve.marks import MARKER_KINDS
 from journal.store import follow
+from journal.views.fold import NOT_METRICS, metric_points
 from journal.views.fold import RunFold as RunTruth
 from journal.views.ledger import CheckpointLedger, finite_number
 
-#: Numbers in a ``log`` / ``evaluate`` record's data that are not curves.
-_NOT_CURVES = frozenset({"samples_seen", "loss_finite", "duration", "val_num_tokens"})
 #: Events that are neither a curve nor a marker: folded into the summary only.
 _PLAIN = frozenset(
     {
@@ -63,7 +64,7 @@ PRIORITY = frozenset(
     name
     for event in ("log", "evaluate")
     for name, types in PAYLOAD_TYPES[event].items()
-    if float in types and name not in _NOT_CURVES
+    if float in types and name not in NOT_METRICS
 )
 #: Names listed beyond the curves (a curve read on demand); later ones are not kept.
 MAX_LISTED = 10_000
@@ -235,18 +236,13 @@ class RunFold:
         if event == "log":
             self.prev_log, self.last_log = self.last_log, rec
         series, count = self.series, self.count
-        for key, value in data.items():
-            # the hot loop of a 1M-record journal: plain numbers first, without calls
-            if type(value) is not float and (type(value) is not int or key in _NOT_CURVES):
-                continue
-            if key in _NOT_CURVES or not math.isfinite(value):
-                continue
+        for key, value in metric_points(event, step, data)[2].items():  # type: ignore[index]
             curve = series.get(key)
             if curve is None:
                 curve = self._new_series(str(key))
                 if curve is None:
                     continue
-            curve.add(step, float(value), count)
+            curve.add(step, value, count)
 
     def _marker(self, rec: Record, kind: str) -> None:
         data, step = rec["data"], rec["step"]
@@ -272,8 +268,10 @@ class RunFold:
                 "detail": detail,
             }
         )
-        if kind == "report":
-            self._reported(data)
+        if kind == "report":  # its metrics: points of its checkpoint's step
+            _, at, values = metric_points("report", rec["step"], data)  # type: ignore[misc]
+            for name, value in values.items():
+                self._point(f"{REPORTED}{name}", at, value, by_report=True)
 
     def _told(self, data: dict[str, Any]) -> None:
         """Who was told of an alert, and when: on the alert's marker."""
@@ -283,18 +281,6 @@ class RunFold:
                 m["detail"]["told_at"] = scalar(data.get("told_at"))
                 self.told[m["i"]] = self.count
                 return
-
-    def _reported(self, data: dict[str, Any]) -> None:
-        """A report's metrics as points of its checkpoint's step (the table is the fold's)."""
-        metrics = data.get("metrics")
-        ckpt_step = finite_number(data.get("step"))
-        if ckpt_step is None or not isinstance(metrics, dict):
-            return
-        if not isinstance(data.get("checkpoint_path"), str):  # about no checkpoint: no point
-            return
-        for name, value in metrics.items():
-            if (v := finite_number(value)) is not None:
-                self._point(f"{REPORTED}{name}", ckpt_step, v, by_report=True)
 
 
 class _OneCurve(RunFold):

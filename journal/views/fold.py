@@ -29,10 +29,17 @@ A checkpoint is known by :func:`~journal.rundir.paths.checkpoint_key` (its ``ste
 name), so the same checkpoint journaled once with an absolute path (the trainer's save) and
 once relative to another process's working directory (an old watcher's removal) is one row,
 shown at its canonical path (:func:`~journal.rundir.paths.canonical_checkpoint`).
+
+The metric points of a record (:func:`metric_points`) are read by ``check``, ``backtest``,
+``serve`` and every exporter, with one number rule: a finite int or float, not a bool. NaN
+and infinities are no point (a journal never holds them: its reader refuses them; a record
+a bridge hands an exporter may); a NaN loss is told by its own record (``loss`` null,
+``loss_finite`` false), which the divergence detector and the alerts read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -53,6 +60,15 @@ from journal.views.ledger import (
     str_or_none,
 )
 from journal.views.summary import RunSummary, Summarizer
+
+#: Numbers of a ``log`` or ``evaluate`` record that are no metric: counters, a flag, sizes
+#: and the record's own timing (a bridge's other numbers are metrics).
+NOT_METRICS = frozenset(
+    {"samples_seen", "loss_finite", "duration", "val_num_tokens"}
+    | {"cuda_mem_allocated", "cuda_max_mem_allocated"}
+)
+#: The series each metric record adds to: ``train/*``, ``eval/*``, ``report/*``.
+METRIC_KINDS = {"log": "train", "evaluate": "eval", "report": "report"}
 
 #: How many commands the fold keeps (a flood of refused commands must not grow a reader
 #: without bound); the count of all of them is kept. The same for alerts.
@@ -310,6 +326,12 @@ class RunFold:
         """Every checkpoint of the run, in step order."""
         return self.ledger.fates
 
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The newest checkpoint saved and not removed (its canonical path): the run's last
+        checkpoint in MLflow, TensorBoard and W&B alike."""
+        return next((f.path for f in reversed(self.fates) if f.saved and f.removed is None), None)
+
     def reports(self) -> list[tuple[CheckpointFate, ReportSeen]]:
         return self.ledger.reports()
 
@@ -439,6 +461,36 @@ class RunFold:
         fold.alerts = [AlertSeen(**a) for a in state["alerts"]]
         fold.alert_count = int(state["alert_count"])
         return fold
+
+
+def metric_points(
+    event: str, step: int, data: Mapping[str, Any]
+) -> tuple[str, int, dict[str, float]] | None:
+    """The metric points a record (its ``event``, ``step`` and ``data``) adds, by the
+    module's number rule, as ``(kind, step, {name: value})``: ``train`` for a ``log`` at its
+    step, ``eval`` for an ``evaluate``, ``report`` for a report's metrics at its
+    checkpoint's step (the record's when it names none); None for any other record.
+    :data:`NOT_METRICS` are left out of a ``log`` or ``evaluate``; a report's metrics are
+    all the reporter's."""
+    kind = METRIC_KINDS.get(event)
+    if kind is None:
+        return None
+    skip: frozenset[str] = NOT_METRICS
+    if kind == "report":
+        at, got = data.get("step"), data.get("metrics")
+        step = at if type(at) is int else step
+        data, skip = (got if isinstance(got, dict) else {}), frozenset()
+    # inline, not finite_number(): the hot loop of serve and of a replay's exports
+    return (
+        kind,
+        step,
+        {
+            k: float(v)
+            for k, v in data.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in skip
+            if math.isfinite(v)
+        },
+    )
 
 
 def of_other_run(rec: Record, run_id: str | None) -> bool:

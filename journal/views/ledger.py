@@ -25,6 +25,8 @@ MAX_REPORTS_PER_CHECKPOINT = 50
 
 
 def finite_number(v: Any) -> float | None:
+    """``v`` as a float when it is a finite int or float, not a bool (the one number rule
+    of the views: journal/views/fold.py), else None."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from journal import store
 from journal.record.record import Record
-from journal.views.fold import RunFold, of_other_run
+from journal.views.fold import RunFold, metric_points, of_other_run
 from journal.views.ledger import finite_number
 
 #: Records kept whole: what the best checkpoint, reported metrics and retention come from.
@@ -143,11 +143,11 @@ def read_run(
                 bm = data.get("batch_metrics") or {}
                 if isinstance(bm.get("total_length"), int):
                     tokens, n_logged = tokens + bm["total_length"], n_logged + 1
+                values = metric_points(ev, step, data)[2] if wanted else {}  # type: ignore[index]
                 for name in wanted:
-                    v = data.get(name)
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+                    if (v := values.get(name)) is not None:
                         col = logged.get(name) or logged.setdefault(name, Boundaries("d"))
-                        col.add(ts, seq, step, float(v))
+                        col.add(ts, seq, step, v)
             elif ev in _FOLDED:
                 fold.add(rec)
                 if ev in _KEPT and not fold.ledger.outside(rec["data"].get("checkpoint_path")):
@@ -196,24 +196,20 @@ def metric_series(tl: Timeline, metric: str) -> list[tuple[int, float, float, in
         return tl._series[metric]
     out: list[tuple[int, float, float, int, int]] = []
     for rec in tl.metric_records:
-        ev, data = rec["event"], rec["data"]
         at = rec["step"]
-        ts = _ts(rec)
-        if ev == "report":
-            v = (data.get("metrics") or {}).get(metric)
-            step = data.get("step") if isinstance(data.get("step"), int) else at
+        got = metric_points(rec["event"], at, rec["data"])  # the views' one number rule
+        if got is None or (v := got[2].get(metric)) is None:
+            continue
+        kind, step, _ = got
+        ts, after = _ts(rec), at
+        if kind == "report":
             after = at - 1
             # the value was known when the report was written, which may be before the
             # trainer journaled it (or after its end, by the watcher that drained it)
-            sent = finite_number(data.get("reported_at"))
+            sent = finite_number(rec["data"].get("reported_at"))
             if sent is not None and sent < ts:
                 ts = sent
-        elif ev == "evaluate":
-            v, step, after = data.get(metric), at, at
-        else:
-            continue
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out.append((int(step or 0), float(v), ts, rec["seq"], after))
+        out.append((step, v, ts, rec["seq"], after))
     logged = tl._logged.get(metric)
     if logged:  # merged into journal order by seq
         out += zip(logged.step, logged.samples, logged.ts, logged.seq, logged.step, strict=True)

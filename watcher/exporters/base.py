@@ -2,8 +2,10 @@
 
 The journal is the run's single source of truth, so a tracker is fed from it by a watcher
 callback, live or replayed, with nothing in the training processes. The exporters agree on
-which numbers go out and under which names and steps: ``train/*`` from ``log`` at its step,
-``eval/*`` from ``evaluate``, ``report/*`` from reports at the reported checkpoint's step.
+which numbers go out and under which names and steps: the fold's metric points
+(:func:`journal.views.fold.metric_points`, the number rule ``check``, ``backtest`` and
+``serve`` read too): ``train/*`` from ``log`` at its step, ``eval/*`` from ``evaluate``,
+``report/*`` from reports at the reported checkpoint's step.
 
 Delivery is at-least-once (a watcher killed between writing and saving its cursor delivers
 again), so each exporter reads back what its target already holds and skips a point it has
@@ -23,7 +25,7 @@ from typing import Any, cast
 from journal.record.record import Record, complete
 from journal.rundir.paths import resolve_journal
 from journal.store import iter_events
-from journal.views.fold import CheckpointLedger, RunFold
+from journal.views.fold import CheckpointLedger, RunFold, metric_points
 from watcher.hooks.callbacks import Event, TrainerCallback, callable_name
 from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
 
@@ -31,20 +33,6 @@ from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
 # in watcher/hooks/delivery.py: the exporters import it from here, as before.
 
 log = logging.getLogger("watcher")
-
-#: log fields that are not metrics (plus any value that is not a number)
-SKIP_LOG_FIELDS = frozenset(
-    {"loss_finite", "cuda_mem_allocated", "cuda_max_mem_allocated", "samples_seen"}
-)
-
-
-def numbers(values: dict[str, Any]) -> dict[str, float]:
-    """The int and float values (bools and everything else left out)."""
-    return {
-        k: float(v)
-        for k, v in values.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -95,23 +83,18 @@ class MetricsExport(TrainerCallback):
         return f"{callable_name(type(self))}.to-{destination_digest(self.destination)}"
 
     def on_log(self, event: Event, **data: Any) -> None:
-        values = numbers({k: v for k, v in data.items() if k not in SKIP_LOG_FIELDS})
-        self._emit("train", event, values, event.step)
+        self._emit(event, data)
 
     def on_evaluate(self, event: Event, **data: Any) -> None:
-        self._emit("eval", event, numbers(data), event.step)
+        self._emit(event, data)
 
     def on_report(self, event: Event, **data: Any) -> None:
-        step = data.get("step")
-        self._emit(
-            "report",
-            event,
-            numbers(data.get("metrics") or {}),
-            step if isinstance(step, int) else event.step,
-        )
+        self._emit(event, data)
 
-    def _emit(self, prefix: str, event: Event, values: dict[str, float], step: int) -> None:
-        if values:
+    def _emit(self, event: Event, data: dict[str, Any]) -> None:
+        got = metric_points(event.name, event.step, data)  # the views' one rule
+        if got is not None and got[2]:
+            prefix, step, values = got
             self.write_scalars(prefix, {f"{prefix}/{k}": v for k, v in values.items()}, step, event)
 
     def write_scalars(

@@ -163,7 +163,6 @@ class MlflowExport(MetricsExport):
             if run is None or fate is None:
                 return
             self._tags(run, story.save_tags(fate, event.step))
-            self._tag(run, "ilab.last_checkpoint", fate.path)
             self._best(run, fold)
             where = f"checkpoints/{fate.name}"
             gone = not os.path.isdir(str(data["checkpoint_path"]))  # a replay's removed one
@@ -232,12 +231,13 @@ class MlflowExport(MetricsExport):
         return fold.ledger.fate(path) if isinstance(path, str) and path else None
 
     def _best(self, run: _Run, fold: RunFold, ending: tuple[str, str | None] | None = None) -> None:
-        """Tag the run's best checkpoint as its fold says now, and once the run has ended
+        """Tag the run's best and last checkpoint as its fold says now, and once the run has ended
         (``ending``: its train_end's status and reason, else the fold's last attempt's) the
         description that names it. Only changed tags are sent."""
         goal = fold.keep_best()
         best = fold.best(goal) if goal is not None else None
-        for key, value in story.best_tags(best).items():
+        last = {"ilab.last_checkpoint": fold.last_checkpoint or ""}  # the newest not removed
+        for key, value in {**story.best_tags(best), **last}.items():
             if value:
                 self._tag(run, key, value[:_MAX_VALUE])
             elif key in run.tags:  # no best any more (removed): no stale name left

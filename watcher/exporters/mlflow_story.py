@@ -22,7 +22,6 @@ from typing import Any
 from journal.record.fields import accepted
 from journal.views.best import BestCheckpoint
 from journal.views.fold import CheckpointFate
-from journal.views.stops import stop_kind
 from journal.views.summary import RunSummary
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
@@ -60,7 +59,8 @@ def report_tags(fate: CheckpointFate, data: dict[str, Any]) -> dict[str, str]:
 
 
 def control_tags(data: dict[str, Any]) -> dict[str, str]:
-    """A control record: the command, its verdict and who sent it."""
+    """A control record: the command, its verdict and who sent it (who stopped the run is
+    the fold's, at ``train_end``: :func:`end_tags`)."""
     command, cid = data.get("command"), data.get("id")
     if command is None:  # an inbox file refused (journal/rundir/inbox.py): said as such
         return {"ilab.refused_file": str(data.get("reason"))}
@@ -71,16 +71,7 @@ def control_tags(data: dict[str, Any]) -> dict[str, str]:
     verdict += f" from {data.get('source') or '?'}"
     if data.get("reason") and accepted(data):
         verdict += f": {data['reason']}"
-    tags = {f"control.{cid}"[:_MAX_KEY]: verdict}
-    if command == "stop" and accepted(data):
-        tags.update(stop_tags(data.get("source")))
-    return tags
-
-
-def stop_tags(source: str | None) -> dict[str, str]:
-    """Who stopped the run: ``ilab.stop_source`` in ``status``'s words (``eval``,
-    ``operator``, ...; journal/views/stops.py), ``ilab.stopped_by`` the command's source."""
-    return {"ilab.stop_source": stop_kind(source), "ilab.stopped_by": str(source or "?")}
+    return {f"control.{cid}"[:_MAX_KEY]: verdict}
 
 
 def end_tags(summary: RunSummary) -> dict[str, str]:

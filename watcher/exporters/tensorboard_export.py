@@ -3,7 +3,11 @@
 Scalars at the record's step, with the record's time as wall time: ``train/*`` from ``log``
 (loss, lr, grad_norm, throughput, any other number a bridge logs), ``eval/*`` from
 ``evaluate``, ``report/*`` from reports (at the reported checkpoint's step). ``save``,
-``control`` and ``train_end`` become text (``events/*``). Works live and with ``--replay``.
+``checkpoint_removed``, ``control`` and ``train_end`` become text (``events/*``); from the
+run's fold (journal/views/fold.py, as ``status``, MLflow and W&B say them),
+``ilab/last_checkpoint`` (the newest not removed, after each save and removal) and
+``ilab/stop_source`` (who ended the run, at ``train_end``). Works live and with
+``--replay``, which delivers every save, of removed checkpoints too.
 
 Each journal run gets a subdirectory of LOGDIR, ``<run dir name>-<run id>`` (the name of its
 MLflow and W&B runs), which TensorBoard shows as one run: two runs given one LOGDIR stay
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.record.fields import accepted
-from watcher.exporters.base import MetricsExport, destination_digest
+from watcher.exporters.base import MetricsExport, RunFolds, destination_digest
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -76,14 +80,27 @@ class TensorBoardExport(MetricsExport):
         self.destination = f"tensorboard {self.logdir.resolve()}"  # the cursor identity
         self._lock = threading.Lock()  # hooks of different events run in different threads
         self._runs: dict[str, _RunLog] = {}  # subdirectory -> its writer, opened on first use
+        self._folds = RunFolds()  # each run dir's fold: its checkpoints and who ended it
 
     # -- hooks (log, evaluate and report: MetricsExport) ----------------------------------
+
+    def on_train_begin(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._folds.add(event)  # a new attempt: the fold's ending is its own
 
     def on_save(self, event: Event, **data: Any) -> None:
         why = f" ({data['trigger']})" if data.get("trigger") else ""
         self._text("events/save", event, f"{data.get('checkpoint_path')}{why}")
+        self._last(event)
+
+    def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
+        why = f" ({data['reason']})" if data.get("reason") else ""
+        self._text("events/checkpoint_removed", event, f"{data.get('checkpoint_path')}{why}")
+        self._last(event)
 
     def on_control(self, event: Event, **data: Any) -> None:
+        with self._lock:
+            self._folds.add(event)  # an applied stop: who ended the run
         verdict = "applied" if accepted(data) else "rejected"
         reason = f": {data['reason']}" if data.get("reason") else ""
         self._text("events/control", event, f"{data.get('command')} {verdict}{reason}")
@@ -91,6 +108,16 @@ class TensorBoardExport(MetricsExport):
     def on_train_end(self, event: Event, **data: Any) -> None:
         reason = f": {data['reason']}" if data.get("reason") else ""
         self._text("events/train_end", event, f"{data.get('status')}{reason}")
+        with self._lock:
+            s = self._folds.add(event).summary()
+        if s.stop_source is not None:  # who ended it, as status says (journal/views/stops.py)
+            self._text("ilab/stop_source", event, f"{s.stop_source} ({s.stopped_by or '?'})")
+
+    def _last(self, event: Event) -> None:
+        """``ilab/last_checkpoint``: the newest checkpoint not removed, as the fold says."""
+        with self._lock:
+            last = self._folds.add(event).last_checkpoint
+        self._text("ilab/last_checkpoint", event, last or "")  # "": every one removed
 
     # -- writing -------------------------------------------------------------------------
 

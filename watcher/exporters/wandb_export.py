@@ -7,7 +7,9 @@ which ``wandb sync`` uploads. The config is ``train_begin``'s; metrics are the e
 shared ``train/*``, ``eval/*`` and ``report/*`` (watcher/exporters/base.py), each with its own x
 axis (``train/step``, ``eval/step``, ``report/step``: a report for an earlier checkpoint
 arrives after later steps, which W&B's single step counter would drop), and the record's
-time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary and, as the run's fold says, ``ilab/last_checkpoint`` (the newest not removed);
+time as ``_timestamp``. ``save`` sets ``checkpoint/<name>`` in the summary (a removal
+``checkpoint/<name>/removed``, its reason) and, as the run's fold says,
+``ilab/last_checkpoint`` (the newest not removed);
 ``train_end`` sets ``ilab/status`` and ``ilab/stop_source``, and the run is finished when the watcher is done (:meth:`close`) with
 that ending's exit code (0 completed or stopped, 1 failed, 5 interrupted, as
 ``ilab-train``'s).
@@ -89,6 +91,7 @@ class WandbExport(MetricsExport):
 
     def on_train_begin(self, event: Event, **data: Any) -> None:
         with self._lock:
+            self._folds.add(event)  # a new attempt: the fold's ending is its own
             self._open(event).config.update(data.get("config") or {}, allow_val_change=True)
 
     def on_save(self, event: Event, **data: Any) -> None:
@@ -100,8 +103,14 @@ class WandbExport(MetricsExport):
                 self._newest(run, self._folds.add(event))
 
     def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
+        path = data.get("checkpoint_path")
         with self._lock:
-            self._newest(self._open(event), self._folds.add(event))
+            run = self._open(event)
+            if isinstance(path, str):  # the save's fate, beside it
+                run.summary[f"checkpoint/{Path(path).name}/removed"] = (
+                    data.get("reason") or "removed"
+                )
+            self._newest(run, self._folds.add(event))
 
     def on_control(self, event: Event, **data: Any) -> None:
         with self._lock:
@@ -133,10 +142,8 @@ class WandbExport(MetricsExport):
 
     @staticmethod
     def _newest(run: Any, fold: RunFold) -> None:
-        """``ilab/last_checkpoint``: the newest checkpoint rotation has not removed."""
-        kept = [f.path for f in fold.fates if f.saved and f.removed is None]
-        if kept:
-            run.summary["ilab/last_checkpoint"] = kept[-1]
+        """``ilab/last_checkpoint``: the fold's (the newest not removed; None: none left)."""
+        run.summary["ilab/last_checkpoint"] = fold.last_checkpoint
 
     # -- writing -------------------------------------------------------------------------
 
