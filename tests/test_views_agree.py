@@ -2,9 +2,10 @@
 generated with hypothesis as a real run writes them (saves; rotation by the trainer with
 absolute paths and by a watcher with relative, ``./`` and trailing-slash spellings, before
 and after ``train_end``; reports before and after it; leases; commands accepted and
-refused; a restart of the same run), ``status``, ``query --best``, serve's checkpoints
-table, plot's marks and backtest's retention with the run's own settings all equal the
-fold's answer (:class:`journal.views.fold.RunFold`), and the fold's on-disk set equals
+refused; alerts, told or not, journaled twice, a hang recovered; a restart of the same run),
+``status``, ``query --best``, ``check``, serve's checkpoints table and run summary, plot's
+marks and backtest's retention with the run's own settings all equal the fold's answer
+(:class:`journal.views.fold.RunFold`), and the fold's on-disk set equals
 ``ls checkpoints/``."""
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class RunStory:
         self.keep_last_n, self.goal = keep_last_n, keep_best
         self.w = JournalWriter(self.dir)
         self.w.append("train_begin", begin_payload(10_000, config=self.config))
-        self.step, self.ended = 0, False
+        self.step, self.ended, self.attempt, self.alerts = 0, False, 1, 0
+        self.hangs: list[str] = []  # the hang alerts' ids
         self.saved: list[Path] = []
         self.leases: dict[str, str] = {}  # checkpoint name -> lease id
 
@@ -113,6 +115,22 @@ class RunStory:
         verdict |= {"applied_at_step": self.step} if accepted else {"error": "refused"}
         self.w.append("control", {"command": "save", "id": f"c{self.step}", **verdict})
 
+    def alert(self, kind: str, told: bool, twice: bool) -> None:
+        """An alert as a guard journals it (a recovery resolves the newest hang), its
+        outcome or not yet, and, ``twice``, its file journaled again (a crash before it
+        was archived): one alert."""
+        self.alerts += 1
+        aid = f"{kind}-{self.alerts}"
+        data = {"id": aid, "kind": kind, "step": self.step, "attempt": self.attempt}
+        data |= {"message": f"{kind} at step {self.step}", "raised_at": 1.0}
+        if kind == "recovered":
+            data["resolves"] = self.hangs[-1] if self.hangs else None
+        self.hangs += [aid] if kind == "hang" else []
+        for _ in range(1 + twice):
+            self.w.append("alert", data, step=self.step)
+        if told:
+            self.w.append("alert_told", {"id": aid, "told": ["json"], "told_at": 2.0})
+
     def end(self) -> None:
         if not self.ended:
             self.w.append("train_end", {"status": "completed"}, step=self.step)
@@ -128,7 +146,7 @@ class RunStory:
             resumed = str(there[-1]) if there else None
             payload = {**begin_payload(10_000, config=self.config), "resumed_from": resumed}
             self.w.append("train_begin", payload, step=self.step)
-            self.ended = False
+            self.ended, self.attempt = False, self.attempt + 1
 
     def apply(self, op: tuple[Any, ...]) -> None:
         kind, *args = op
@@ -146,14 +164,16 @@ def _op(kind: str) -> st.SearchStrategy[tuple[Any, ...]]:
         "release": (index, spelling),
         "command": (st.booleans(),),
         "prune": (spelling,),
+        "alert": (st.sampled_from(ALERT_KINDS), st.booleans(), st.booleans()),
     }
     return st.tuples(st.just(kind), *args.get(kind, ()))
 
 
 #: While training: saves and reports most often (rotation needs several saves), the rest
 #: now and then; after the end: late reports, leases let go, a watcher's rotation.
-TRAINING = ["save"] * 5 + ["report"] * 3 + ["lease", "release", "command", "prune"]
-AFTER = ["report", "report", "release", "prune", "lease", "command"]
+TRAINING = ["save"] * 5 + ["report"] * 3 + ["lease", "release", "command", "prune", "alert"]
+AFTER = ["report", "report", "release", "prune", "lease", "command", "alert"]
+ALERT_KINDS = ("hang", "hang", "recovered", "died", "failed", "diverged")
 
 
 def _attempt(ended: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
@@ -221,9 +241,22 @@ def assert_views_agree(run: Path, keep_best: str | None) -> None:
         got_best = CliRunner().invoke(main, ["query", str(run), "--best", keep_best])
         query = got_best.output.strip() if got_best.exit_code == 0 else None
         assert (Path(query).name if query else None) == best_name, got_best.output
+    # the alerts: status, check and the page say the fold's count, newest and hung state
+    now = status["last_ts"] + 1
+    judged, alerts = fold.judged(now=now)
+    assert (status["alerts"], status["last_alert"]) == (judged.alerts, judged.last_alert)
+    assert status["state"] == judged.state
+    count = judged.alerts
+    checked = CliRunner().invoke(main, ["check", str(run), "-e", f"alerts == {count}"])
+    running = judged.state in ("running", "hung")  # check judges a run once it ended
+    assert checked.exit_code == (3 if running else 0), checked.output
     # serve's checkpoints table
     page = PageFold(run / "journal.jsonl")
     page.update()
+    shown = data.summary(page, stale_after=1e9, now=now)
+    assert shown["last_alert"] == judged.last_alert
+    assert shown["alert_kinds"] == sorted({a.kind for a in alerts} - {"recovered"})
+    assert shown["state"] == judged.state
     rows = data.checkpoints(page)
     assert {r["name"]: r["state"] for r in rows} == {v.fate.name: v.state for v in views}
     assert {r["name"] for r in rows if r["best"]} == ({best_name} if best_name else set())
