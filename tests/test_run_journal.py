@@ -194,6 +194,28 @@ def test_the_best_checkpoint_is_the_journals_own(ckpt: Path) -> None:
     assert end["journal"]["records"] == 2 and end["journal"]["step_time_s_total"] == 1.0
 
 
+def test_keep_best_answers_when_the_index_cannot_be_written(ckpt: Path) -> None:
+    """The index is a cache: with ``journal.index.json`` unwritable (a directory there),
+    training goes on and the writer's live fold still answers keep_best and train_end."""
+    (ckpt / "journal.index.json").mkdir()
+    j = RunJournal(ckpt, main=True, role="test", keep_best="val_loss:min")
+    j.open(resume="never")
+    j.begin({"lr": 1e-4}, total_steps=4, device_type="cpu")
+    j.follow(state := TrainerState(step=2))
+    paths = {}
+    for step, loss in ((2, 0.5), (4, 0.75)):
+        state.step = step
+        j.emit("evaluate", {"val_loss": loss})
+        paths[step] = str(add_checkpoint(ckpt, step))
+        j.emit("save", {"checkpoint_path": paths[step], "kind": ["hf"], "duration": 0})
+    best = j.best_checkpoint()
+    j.end({"status": "completed", "reason": None, "final_checkpoint": paths[4]})
+    j.close()
+    assert best is not None and best.checkpoint_path == paths[2]
+    assert records(ckpt)[-1]["data"]["best_checkpoint"]["checkpoint_path"] == paths[2]
+    assert (ckpt / "journal.index.json").is_dir()
+
+
 def test_train_end_is_written_once(ckpt: Path) -> None:
     j = RunJournal(ckpt, main=True, role="test")
     j.open(resume="auto")
