@@ -19,7 +19,8 @@ Runs (``--runs``, comma-separated; split them across calls where one call has a 
 consolidated export at every save). Throughput is measured two ways: ``train_s`` (train_begin
 to the last record: includes start-up and the last write) and ``steady_s`` (from the
 ``step_end`` of the first steps, a warm-up and compilation, to the last ``step_end``), each
-as the no-save run's time over the run's.
+as the no-save run's time over the run's; ``later`` is the steady time from the step after
+the first save (which allocates and pins the host buffers that later saves reuse).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def prepare_llama(d: Path, model: str, steps: int, cuda: bool) -> tuple[str, ...
 
 
 def run(
-    ckpt: Path, steps: int, warm: int, base: tuple[str, ...], *extra: str, gpu: bool
+    ckpt: Path, steps: int, warm: int, later: int, base: tuple[str, ...], *extra: str, gpu: bool
 ) -> dict[str, Any]:
     """One training run: its wall time, train and steady-state times, and its saves."""
     argv = [str(BIN / "ilab-train"), "--ckpt-dir", str(ckpt), "--quiet", *base]
@@ -100,6 +101,8 @@ def run(
         "wall_s": wall,
         "train_s": recs[-1]["ts"] - t0,
         "steady_s": ends[max(ends)] - ends[warm],
+        # after the first save (which allocates and pins the host buffers later saves reuse)
+        "later_s": ends[max(ends)] - ends[later] if later in ends else float("nan"),
         "steps": len(ends),
         "saves": [r["data"] for r in recs if r["event"] == "save"],
     }
@@ -112,6 +115,7 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         key = name.replace("-", "_")
         out[f"train_s_{key}"] = r["train_s"]
         out[f"steady_s_{key}"] = r["steady_s"]
+        out[f"later_s_{key}"] = r["later_s"]
         if name == "none":
             continue
         blocked = [s["blocked_s"] for s in r["saves"]]
@@ -126,6 +130,7 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[f"steady_throughput_ratio_{key}_vs_no_save"] = (
                 runs["none"]["steady_s"] / r["steady_s"]
             )
+            out[f"later_throughput_ratio_{key}_vs_no_save"] = runs["none"]["later_s"] / r["later_s"]
     for hf in ("", "_hf"):
         if f"sync{hf}_blocked_s_p50" in out and f"async{hf}_blocked_s_p50" in out:
             out[f"blocked_ratio_async{hf}_over_sync{hf}"] = out[f"async{hf}_blocked_s_p50"] / max(
@@ -161,6 +166,7 @@ def main() -> None:
         "steps": steps,
         "save_every": every,
         "steady_from_step": warm,
+        "later_from_step": every + 1,
     }
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as d:
         if model == "demo-100m":
@@ -175,7 +181,7 @@ def main() -> None:
         for name in names:
             saving = () if name == "none" else ("--save-every", str(every))
             extra = (*saving, *RUNS[name])
-            runs[name] = run(Path(d) / name, steps, warm, base, *extra, gpu=cuda and big)
+            runs[name] = run(Path(d) / name, steps, warm, every + 1, base, *extra, gpu=cuda and big)
     result.update(summarise(runs))
     emit("bench_checkpoint", result, args.json)
 

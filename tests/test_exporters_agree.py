@@ -11,9 +11,7 @@ rule (:func:`journal.views.fold.metric_points`)."""
 from __future__ import annotations
 
 import json
-import shutil
 import struct
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal.views.fold import RunFold, metric_points
-from tests.test_views_agree import AFTER, GOAL, TRAINING, RunStory, _op
+from tests.test_views_agree import AFTER, GOAL, TRAINING, RunStory, _op, written
 from watcher.cli.main import main as ilab_watch
 
 pytest.importorskip("mlflow")
@@ -77,23 +75,16 @@ stories = st.tuples(
 @contextmanager
 def exported(steps: list[tuple[Any, ...]], keep_last_n: int) -> Iterator[tuple[Path, Path]]:
     """The run of ``steps`` in a fresh dir, replayed into the three trackers under ``out``."""
-    base = Path(tempfile.mkdtemp(prefix="exporters-agree-"))
-    try:
-        run = EndedStory(base / "runs" / "b", keep_last_n, GOAL)
-        for op in steps:
-            run.apply(op)
-        run.w.close()
-        out = base / "out"
-        args = [str(run.dir), "--replay", "-q", "--tensorboard", str(out / "tb")]
+    with written(steps, keep_last_n, GOAL, EndedStory) as run_dir:
+        out = run_dir.parent.parent / "out"
+        args = [str(run_dir), "--replay", "-q", "--tensorboard", str(out / "tb")]
         args += ["--mlflow", (out / "mlruns").as_uri(), "--wandb"]
         env = {"WANDB_MODE": "offline", "WANDB_DIR": str(out / "wb"), "WANDB_SILENT": "true"}
         env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # a local store: no server, no migration
         (out / "wb").mkdir(parents=True)
         got = CliRunner().invoke(ilab_watch, args, env=env)
         assert got.exit_code == 0, got.output
-        yield run.dir, out
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        yield run_dir, out
 
 
 def f32(v: float) -> float:

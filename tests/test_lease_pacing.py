@@ -185,6 +185,10 @@ def test_a_held_lease_holds_training_at_the_next_save(tmp_path: Path) -> None:
         )
         ended = [r["step"] for r in records(run) if r["event"] == "step_end"]
         assert max(ended) == 3 and 4 not in _saves(run)  # held before step 4's all-reduce
+        # The user holds the lease a while: longer than 3 steps, so a throughput that counted
+        # the wait would show it (a release at once made a wait shorter than one step)
+        steps = [r["data"]["elapsed_time"] for r in records(run) if r["event"] == "log"]
+        time.sleep(max(1.0, 3 * max(steps)))  # the lease's holding time, not a sync
         released_at = time.time()
         assert cli("ilab-journal", "release", str(run), lease_id).returncode == 0
         assert job.wait(timeout=240) == 0, "".join(lines)[-3000:]

@@ -197,7 +197,10 @@ def test_a_replay_stopped_midway_loses_nothing(tmp_path: Path, alone: bool) -> N
     first = Picky(stop_at=n // 2)
     w = _replay_into(first, ckpt, state, alone=alone)
     w.run()
-    assert n // 2 <= max(first.calls) < n and w.count("abandoned") > 0
+    # The stop is honoured within the batch it came in (the inline lane asks every 50 ms, so
+    # it may finish that batch: nothing is abandoned then, and nothing read after it ran).
+    assert n // 2 <= max(first.calls) < min(n, n // 2 + TAKE_MAX)
+    assert alone or w.count("abandoned") > 0  # a queue's takes not started are abandoned
     second = Picky()
     w2 = _replay_into(second, ckpt, state, alone=True)
     w2.run()

@@ -176,12 +176,17 @@ ops = st.tuples(_attempt(True), st.booleans(), st.booleans()).flatmap(
 
 @contextmanager
 def written(
-    steps: list[tuple[Any, ...]], keep_last_n: int, keep_best: str | None
+    steps: list[tuple[Any, ...]],
+    keep_last_n: int,
+    keep_best: str | None,
+    story: type[RunStory] | None = None,
 ) -> Iterator[Path]:
-    """The run of ``steps`` in a fresh dir (hypothesis runs many in one test)."""
+    """The run of ``steps`` (told by ``story``: RunStory by default) in a fresh dir
+    (hypothesis runs many in one test); what the caller writes under the dir's
+    parent's parent is removed with it."""
     base = Path(tempfile.mkdtemp(prefix="views-agree-"))
     try:
-        run = RunStory(base / "runs" / "b", keep_last_n, keep_best)
+        run = (story or RunStory)(base / "runs" / "b", keep_last_n, keep_best)
         for op in steps:
             run.apply(op)
         run.w.close()

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from journal.cli.common import Seconds, UserError, dumps, require_journal, user_errors
+from journal.cli.common import (
+    Seconds,
+    UserError,
+    dumps,
+    require_journal,
+    stale_after_option,
+    user_errors,
+)
 from journal.remote.readers import RUN_DIR_OR_URI
 from journal.rundir.paths import resolve_journal
 
@@ -56,13 +63,7 @@ UNJUDGED = frozenset({"running", "starting", "stale", "empty"})
     help="Seconds without a new record after train_end before the run is settled: --wait "
     "judges then; a metric never seen is refused as unknown only then.",
 )
-@click.option(
-    "--stale-after",
-    type=Seconds(),
-    default=600.0,
-    show_default=True,
-    help="As status: seconds without a record (and no train_end) before a run is stale.",
-)
+@stale_after_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
 def check(

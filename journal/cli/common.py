@@ -91,6 +91,16 @@ class Seconds(Number):
         super().__init__(low, high, low_open=low_open, noun="a finite number of seconds")
 
 
+#: ``--stale-after`` of status, check and serve: when a run that stopped writing counts as stale.
+stale_after_option = click.option(
+    "--stale-after",
+    type=Seconds(),
+    default=600.0,
+    show_default=True,
+    help="Seconds without a record (and no train_end) after which a run counts as stale.",
+)
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON (anything unknown as ``str``)."""
     return orjson.dumps(obj, default=str).decode()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from journal.cli.common import Seconds, dumps, require_journal, user_errors
+from journal.cli.common import dumps, require_journal, stale_after_option, user_errors
 from journal.cli.format import holder_text, status_text
 from journal.cli.plugins import PluginGroup
 from journal.remote.readers import RUN_DIR_OR_URI
@@ -66,13 +66,7 @@ def main() -> None:
 @main.command()
 @click.argument("dir", type=RUN_DIR_OR_URI)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option(
-    "--stale-after",
-    type=Seconds(),
-    default=600.0,
-    show_default=True,
-    help="Seconds without a record (and no train_end) after which a run counts as stale.",
-)
+@stale_after_option
 @click.option(
     "--full",
     is_flag=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from journal.cli.common import Seconds, UserError, user_errors
+from journal.cli.common import UserError, stale_after_option, user_errors
 from journal.remote.readers import RUN_DIR_OR_URI
 from journal.remote.store import is_uri
 
@@ -49,13 +49,7 @@ def _sources(given: tuple[str, ...]) -> list[tuple[str, Path, bool]]:
     help="Show stop / save / evaluate buttons. Each request must carry the token "
     "printed at start; commands are journaled with the source web:<address>.",
 )
-@click.option(
-    "--stale-after",
-    type=Seconds(),
-    default=600.0,
-    show_default=True,
-    help="Seconds without a record (and no train_end) after which a run is stale.",
-)
+@stale_after_option
 @user_errors
 def serve(
     sources: tuple[str, ...], host: str, port: int, allow_control: bool, stale_after: float

@@ -61,12 +61,10 @@ from journal.views.ledger import (
 )
 from journal.views.summary import RunSummary, Summarizer
 
-#: Numbers of a ``log`` or ``evaluate`` record that are no metric: counters, a flag, sizes
-#: and the record's own timing (a bridge's other numbers are metrics).
-NOT_METRICS = frozenset(
-    {"samples_seen", "loss_finite", "duration", "val_num_tokens"}
-    | {"cuda_mem_allocated", "cuda_max_mem_allocated"}
-)
+#: Numbers of a ``log`` or ``evaluate`` record that are no metric: counters, a flag, a
+#: token count and the record's own timing (a bridge's other numbers are metrics; GPU
+#: memory is one: what a run is sized by, charted and exported).
+NOT_METRICS = frozenset({"samples_seen", "loss_finite", "duration", "val_num_tokens"})
 #: The series each metric record adds to: ``train/*``, ``eval/*``, ``report/*``.
 METRIC_KINDS = {"log": "train", "evaluate": "eval", "report": "report"}
 

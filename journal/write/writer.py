@@ -119,15 +119,20 @@ class JournalWriter(RecreatesJournal):
         self._init_from_tail(resume, join, run_id, tail)
         self._first_seq = first_seq(self.path, self.seq)
 
-    def _init_from_tail(
-        self, resume: bool, join: bool, run_id: str | None, tail: Tail | None
-    ) -> None:
-        """Go on from the file's last record (``tail``: read already, under the lock); a
+    def _adopt_tail(self, tail: Tail | None = None) -> dict[str, Any] | None:
+        """The file's last record (``tail``, or read now: a recreated journal's too); a
         torn final fragment (a crash mid-write) is terminated so readers skip it as one
         bad line."""
         last = (tail or read_tail(self.path, torn=True)).last
         if not _ends_clean(self.path):
             self._write_bytes(b"\n")
+        return last
+
+    def _init_from_tail(
+        self, resume: bool, join: bool, run_id: str | None, tail: Tail | None
+    ) -> None:
+        """Go on from the file's last record (``tail``: read already, under the lock)."""
+        last = self._adopt_tail(tail)
         # The envelope position of the last record (for records written out of band).
         self._last_position = tuple(
             v if last and isinstance(v := last.get(k), int) else 0

@@ -29,9 +29,9 @@ def hook_options(
     retries: int,
     backoff: float,
     concurrency: int,
-    via: str | None,
+    board: JobBoard | None,
 ) -> Callable[[str], HookOptions]:
-    """Each event's hook options, from the command line."""
+    """Each event's hook options, from the command line (``board``: ``--via``'s)."""
 
     def options_for(event: str) -> HookOptions:
         return HookOptions(
@@ -40,7 +40,7 @@ def hook_options(
             backoff=backoff,
             concurrency=concurrency,
             queue=policies.get(event, policies.get(None)),
-            via=via,
+            via=board.scheduler.name if board is not None else None,
         )
 
     return options_for
@@ -85,7 +85,6 @@ def build_hooks(
     *,
     shell: bool,
     board: JobBoard | None,
-    cancel_on_abort: bool,
 ) -> HookSet:
     """Every hook the command line asks for (exporters last, closed at the end); a hook
     that cannot be made is a usage error."""
@@ -98,6 +97,6 @@ def build_hooks(
             raise click.UsageError(
                 f"--via {board.scheduler.name} runs command hooks: give --on-save CMD"
             )
-        if cancel_on_abort:
+        if board.cancel_on_abort:
             built.hooks.append(abort_hook(board, lambda e: replace(options_for(e), via=None)))
     return built

@@ -239,7 +239,7 @@ def main(
     board = job_board(
         via, sbatch_args, cancel_on_abort, job_poll, ray_address, ray_resources, job_env
     )
-    options_for = hook_options(policies, timeout, retries, backoff, concurrency, via)
+    options_for = hook_options(policies, timeout, retries, backoff, concurrency, board)
     pairs = [(k[3:], cmd) for k, cmds in on_event.items() for cmd in cmds] + list(on_pairs)
     pairs += lm_eval_pairs(lm_eval_tasks, lm_eval_args, lm_eval_limit, lm_eval_include)
     # --hang-after: a guard beside the hooks, on this machine's live run (docs/alerts.md)
@@ -267,7 +267,6 @@ def main(
         options_for,
         shell=shell,
         board=board,
-        cancel_on_abort=cancel_on_abort,
     )
     mirror = open_mirror(
         ckpt_dir, mirror_uri, follow=not replay, lease_ttl=lease_ttl, linger=linger
