@@ -206,19 +206,16 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     """Rotate the run of the last ``train_begin`` when no trainer is writing, by its policy
     (``keep_last_n``, ``keep_best``) and among its own checkpoints, journaling each
     deletion as a guest. Does nothing while a trainer holds the journal: it rotates at its
-    next save."""
-    from journal.views.best import MetricGoal
-    from journal.views.query import find_best, find_last
+    next save. The run is its fold (the index and what came since: one read)."""
+    from journal.views import index
 
     ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
-    begin = find_last(journal_path(ckpt_dir), "train_begin")
-    config = (begin["data"].get("config") if begin else None) or {}
-    keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
-    run_id = begin["run_id"] if begin else None
-    if not isinstance(run_id, str) or not isinstance(keep_last_n, int):
+    folded = index.summarize(journal_path(ckpt_dir))
+    run_id, keep_last_n = folded.fold.run_id, folded.fold.summarizer.summary.keep_last_n
+    if run_id is None or keep_last_n is None:
         return []
     if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:
-        return []  # the common case: nothing surplus, no lock and no scan
+        return []  # the common case: nothing surplus, no lock
     try:
         with guest(ckpt_dir, role=role) as w:
 
@@ -227,12 +224,11 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
                     data = {**data, "by": role}  # who removed it, for the run's story
                 w.append(event, data)
 
-            keep: set[str] = set()
-            if isinstance(keep_best, str):
-                goal = MetricGoal.parse(keep_best)
-                best = find_best(journal_path(ckpt_dir), goal, run_id=run_id)
-                keep = {Path(best.checkpoint_path).name} if best else set()
-            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
+            fold = index.fold(journal_path(ckpt_dir), folded, final=True).fold  # and since
+            goal = fold.keep_best()
+            best = fold.best(goal, ckpt_dir) if goal is not None else None
+            keep = {Path(best.checkpoint_path).name} if best else set()
+            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=fold.run_id)
     except JournalLocked:  # a trainer writes: it rotates at its next save
         return []
 

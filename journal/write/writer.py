@@ -108,6 +108,9 @@ class JournalWriter(RecreatesJournal):
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
         self._folded: index.Folded | None = None  # the live fold (see live_fold)
+        #: the live folds of the files this writer wrote before the journal was cut under it
+        #: (copytruncate, a recreated file): what they knew, ``--keep-best`` still knows
+        self.folds_before_cut: list[RunFold] = []
         self._mode = mode
         self._fd = self._open()
         self._ident = identity(self._fd)
@@ -330,6 +333,8 @@ class JournalWriter(RecreatesJournal):
         folded, self._folded = self._folded, None  # an error part way: start again
         try:
             self._folded = index.advance(self.path, folded)
+            if folded is not None and self._folded is not folded:  # the journal was cut
+                self.folds_before_cut.append(folded.fold)
             if save:
                 index.save(self.path, self._folded)
         except Exception as exc:  # never let a cache stop training

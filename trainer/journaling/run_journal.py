@@ -281,12 +281,18 @@ class RunJournal:
     def best_checkpoint(self) -> BestCheckpoint | None:
         """The best checkpoint of this run still on disk (``keep_best``), or None: from the
         writer's live fold of the journal, the one ``status`` reads, read on to the end first
-        (reports and verdicts journaled since count)."""
-        w = self.emitter.writer
-        fold = w.live_fold() if w is not None and self.goal is not None else None
-        if fold is None or self.goal is None or fold.run_id not in (None, self.run_id):
-            return None  # (a new run's fold before its train_begin: the last run's)
-        return fold.best(self.goal, self.dir)
+        (reports and verdicts journaled since count), and from what the folds of the files
+        it wrote before a cut of the journal knew."""
+        w, goal = self.emitter.writer, self.goal
+        fold = w.live_fold() if w is not None and goal is not None else None
+        if w is None or fold is None or goal is None:
+            return None
+        best = None
+        for f in (*w.folds_before_cut, fold):  # (a new run's fold before its train_begin:
+            if f.run_id in (None, self.run_id):  # the last run's, not this one's)
+                b = f.best(goal, self.dir)
+                best = b if best is None or (b and goal.better(b.value, best.value)) else best
+        return best
 
     def rotate(
         self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None
