@@ -14,7 +14,8 @@ rule: its last record, its last trainer record, whether its last attempt ended.
 **Opening an attempt.** :func:`open_attempt` holds the journal lock, reads the tail once,
 decides whether the attempt goes on with the journal's run (:func:`continues_run`) and
 from which checkpoint, and hands back the writer with what the attempt must know: the
-command ids already answered and the checkpoint ledger's seed.
+command ids already answered (the checkpoints, the best among them, are the writer's live
+fold: :meth:`~journal.write.writer.JournalWriter.live_fold`).
 
 **Writing.** Three kinds of writers append to a run's journal, and all go through here:
 
@@ -63,7 +64,6 @@ from journal.read.tailing import RotatingReader
 from journal.rundir.lock import JournalLock, JournalLocked
 from journal.rundir.paths import journal_path, resolve_journal
 from journal.rundir.safety import APPEND, open_no_follow
-from journal.views.ledger import CheckpointLedger
 from journal.write.writer import JournalWriter
 
 #: ``"auto"``: resume from the journal's run's newest complete checkpoint (see
@@ -146,15 +146,14 @@ def continues_run(last: Mapping[str, Any] | None, resumes: bool) -> bool:
 @dataclass
 class Attempt:
     """An attempt opened by :func:`open_attempt`: its lock (held), its writer (None when it
-    journals nothing), its run, the checkpoint it resumes from, the command ids the journal
-    answered already, and the ledger of its run's checkpoints (with ``keep_best``)."""
+    journals nothing), its run, the checkpoint it resumes from and the command ids the
+    journal answered already."""
 
     lock: JournalLock
     writer: JournalWriter | None
     run_id: str
     resume_from: Path | None = None
     commands_seen: set[str] = field(default_factory=set)
-    ledger: CheckpointLedger | None = None
 
 
 def open_attempt(
@@ -164,7 +163,6 @@ def open_attempt(
     *,
     relaunch: bool = False,
     records: bool = True,
-    keep_best: bool = False,
     wait: float = 0.0,
     reserve_bytes: int = 0,
 ) -> Attempt:
@@ -174,7 +172,7 @@ def open_attempt(
     journal's run (``resume="auto"``: from its newest complete checkpoint; with no journal,
     that checkpoint's run is adopted; ``relaunch``: its launcher launches it again), open
     the writer (``records``; ``reserve_bytes`` of disk held for ``train_end``) and read
-    forward once for the command ids answered and (``keep_best``) the run's checkpoints."""
+    forward once for the command ids answered."""
     given = Path(ckpt_dir)
     lock = JournalLock(run_dir(given), role=role)
     lock.acquire(timeout=wait)
@@ -195,13 +193,9 @@ def open_attempt(
             )
         fallback = (run if again else None) or adopted or uuid.uuid4().hex[:12]  # no records
         attempt = Attempt(lock, writer, writer.run_id if writer else fallback, ckpt)
-        attempt.ledger = CheckpointLedger(given) if writer and keep_best else None
-        wanted = {"control", *CheckpointLedger.EVENTS} if attempt.ledger else {"control"}
-        for rec in iter_events(jpath, wanted) if known else ():
-            if rec["event"] == "control" and isinstance(rec["data"].get("id"), str):
+        for rec in iter_events(jpath, {"control"}) if known else ():
+            if isinstance(rec["data"].get("id"), str):
                 attempt.commands_seen.add(rec["data"]["id"])
-            elif attempt.ledger is not None and rec["run_id"] == attempt.run_id:
-                attempt.ledger.add(rec)
         return attempt
     except BaseException:
         lock.release()
@@ -212,19 +206,16 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
     """Rotate the run of the last ``train_begin`` when no trainer is writing, by its policy
     (``keep_last_n``, ``keep_best``) and among its own checkpoints, journaling each
     deletion as a guest. Does nothing while a trainer holds the journal: it rotates at its
-    next save."""
-    from journal.views.best import MetricGoal
-    from journal.views.query import find_best, find_last
+    next save. The run is its fold (the index and what came since: one read)."""
+    from journal.views import index
 
     ckpt_dir = run_dir(ckpt_dir)  # journaled paths in one spelling (absolute, resolved)
-    begin = find_last(journal_path(ckpt_dir), "train_begin")
-    config = (begin["data"].get("config") if begin else None) or {}
-    keep_last_n, keep_best = config.get("keep_last_n"), config.get("keep_best")
-    run_id = begin["run_id"] if begin else None
-    if not isinstance(run_id, str) or not isinstance(keep_last_n, int):
+    folded = index.summarize(journal_path(ckpt_dir))
+    run_id, keep_last_n = folded.fold.run_id, folded.fold.summarizer.summary.keep_last_n
+    if run_id is None or keep_last_n is None:
         return []
     if len(list_checkpoints(ckpt_dir, run_id=run_id)) <= keep_last_n:
-        return []  # the common case: nothing surplus, no lock and no scan
+        return []  # the common case: nothing surplus, no lock
     try:
         with guest(ckpt_dir, role=role) as w:
 
@@ -233,12 +224,11 @@ def prune_finished_run(ckpt_dir: Path, *, role: str) -> list[Path]:
                     data = {**data, "by": role}  # who removed it, for the run's story
                 w.append(event, data)
 
-            keep: set[str] = set()
-            if isinstance(keep_best, str):
-                goal = MetricGoal.parse(keep_best)
-                best = find_best(journal_path(ckpt_dir), goal, run_id=run_id)
-                keep = {Path(best.checkpoint_path).name} if best else set()
-            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=run_id)
+            fold = index.fold(journal_path(ckpt_dir), folded, final=True).fold  # and since
+            goal = fold.keep_best()
+            best = fold.best(goal, ckpt_dir) if goal is not None else None
+            keep = {Path(best.checkpoint_path).name} if best else set()
+            return rotate(ckpt_dir, keep_last_n, keep=keep, emit=emit, run_id=fold.run_id)
     except JournalLocked:  # a trainer writes: it rotates at its next save
         return []
 

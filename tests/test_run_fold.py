@@ -119,11 +119,43 @@ def test_the_best_comes_from_the_reports_not_from_train_ends_snapshot(run: Path)
 
 def test_the_index_answers_what_a_full_read_does(run: Path) -> None:
     journal = run / "journal.jsonl"
-    index.refresh(journal)
+    index.save(journal, index.advance(journal, None))
     assert index.load(journal) is not None
     fast, full = index.summarize(journal).fold, index.summarize(journal, use_index=False).fold
     assert fast.summary(now=1e12) == full.summary(now=1e12)
     assert [v.to_dict() for v in fast.checkpoints()] == [v.to_dict() for v in full.checkpoints()]
+
+
+def test_the_writers_live_fold_starts_again_when_the_journal_is_cut_under_it(
+    tmp_path: Path,
+) -> None:
+    """The writer keeps its fold in memory and folds on from where it was; a journal cut to
+    nothing under it (logrotate's copytruncate) is folded again from byte 0, so the fold the
+    trainer's keep_best asks and the index say what a full read of the file says."""
+    run = tmp_path / "run"
+    with JournalWriter(run) as w:
+        w.append("train_begin", begin_payload(30, config={"keep_best": "acc:max"}))
+
+        def saved(step: int, acc: float) -> None:
+            path = str(make_checkpoint(run, step, w.run_id))
+            save = {"checkpoint_path": path, "kind": ["full_state"], "duration": 0}
+            w.append("save", save, step=step)
+            w.append("report", {"checkpoint_path": path, "metrics": {"acc": acc}}, step=step)
+
+        saved(10, 0.9)
+        saved(20, 0.5)
+        live = w.live_fold()
+        assert live is not None and [f.name for f in live.fates] == ["step-000010", "step-000020"]
+        os.truncate(w.path, 0)
+        saved(30, 0.1)
+        live = w.live_fold()
+    full = index.summarize(w.path, use_index=False).fold
+    saved_index = index.load(w.path)
+    assert live is not None and saved_index is not None
+    assert [f.name for f in live.fates] == ["step-000030"]
+    assert live.to_state() == full.to_state() == saved_index.fold.to_state()
+    best = live.best("acc:max")
+    assert best is not None and Path(best.checkpoint_path).name == "step-000030"
 
 
 def test_a_symlinked_or_relative_run_dir_gives_the_same_paths(run: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ position every record carries. Real journals and run dirs, in this process (one 
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,56 @@ def test_the_best_checkpoint_is_the_journals_own(ckpt: Path) -> None:
     assert end["best_checkpoint"]["checkpoint_path"] == path6
     assert end["best_checkpoint"]["value"] == 0.25
     assert end["journal"]["records"] == 2 and end["journal"]["step_time_s_total"] == 1.0
+
+
+def test_keep_best_answers_when_the_index_cannot_be_written(ckpt: Path) -> None:
+    """The index is a cache: with ``journal.index.json`` unwritable (a directory there),
+    training goes on and the writer's live fold still answers keep_best and train_end."""
+    (ckpt / "journal.index.json").mkdir()
+    j = RunJournal(ckpt, main=True, role="test", keep_best="val_loss:min")
+    j.open(resume="never")
+    j.begin({"lr": 1e-4}, total_steps=4, device_type="cpu")
+    j.follow(state := TrainerState(step=2))
+    paths = {}
+    for step, loss in ((2, 0.5), (4, 0.75)):
+        state.step = step
+        j.emit("evaluate", {"val_loss": loss})
+        paths[step] = str(add_checkpoint(ckpt, step))
+        j.emit("save", {"checkpoint_path": paths[step], "kind": ["hf"], "duration": 0})
+    best = j.best_checkpoint()
+    j.end({"status": "completed", "reason": None, "final_checkpoint": paths[4]})
+    j.close()
+    assert best is not None and best.checkpoint_path == paths[2]
+    assert records(ckpt)[-1]["data"]["best_checkpoint"]["checkpoint_path"] == paths[2]
+    assert (ckpt / "journal.index.json").is_dir()
+
+
+def test_keep_best_remembers_the_best_across_a_cut_of_the_journal(ckpt: Path) -> None:
+    """logrotate's copytruncate cuts the journal under the trainer: the writer's live fold
+    starts again from the new file, yet the best saved before the cut is still kept by
+    rotation (``--keep-last-n 1 --keep-best val_loss:min``) and named by train_end."""
+    j = RunJournal(ckpt, main=True, role="test", keep_best="val_loss:min")
+    j.open(resume="never")
+    j.begin({"lr": 1e-4}, total_steps=8, device_type="cpu")
+    j.follow(state := TrainerState(step=2))
+    paths = {}
+    for step, loss in ((2, 0.25), (4, 0.5), (6, 0.75), (8, 0.9)):
+        state.step = step
+        j.emit("evaluate", {"val_loss": loss})
+        paths[step] = str(add_checkpoint(ckpt, step, j.run_id))
+        j.emit("save", {"checkpoint_path": paths[step], "kind": ["full_state"], "duration": 0})
+        j.rotate(1)
+        if step == 4:
+            os.truncate(ckpt / "journal.jsonl", 0)
+    best = j.best_checkpoint()
+    j.end({"status": "completed", "reason": None, "final_checkpoint": paths[8]})
+    j.close()
+    assert best is not None and best.checkpoint_path == paths[2]
+    assert sorted(p.name for p in (ckpt / "checkpoints").iterdir()) == [
+        "step-000002",
+        "step-000008",
+    ]
+    assert records(ckpt)[-1]["data"]["best_checkpoint"]["checkpoint_path"] == paths[2]
 
 
 def test_train_end_is_written_once(ckpt: Path) -> None:

@@ -18,7 +18,6 @@ from journal.rundir.ledger import claims
 from journal.rundir.lock import writer_gone
 from journal.store import follow as follow_store
 from journal.views import index
-from journal.views.fold import RunFold
 from journal.views.query import last_records
 from journal.views.summary import STATE_EXIT_CODES, Summarizer
 
@@ -59,7 +58,7 @@ def follow_journal(
         return 0
     # Start-up costs what is new since the index, not the whole file: the summary (progress,
     # state) from the index plus the tail, the first records read backwards from there.
-    folded = index.fold(path, index.load(path) or index.Folded(RunFold(path.parent)), final=False)
+    folded = index.advance(path, None)
     reader = follow_store(path, folded.cursor)  # holds the file now: a rotation loses nothing
     if first_n > 0:
         for rec in last_records(path, first_n, end=folded.cursor.offset)[0]:

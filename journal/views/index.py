@@ -5,10 +5,11 @@ only the records written since (O(new records), not O(file)).
 ``offset`` (records, invalid lines, the latest attempt, the best checkpoint, ...) and a
 fingerprint of the journal's first line. The journal's writer refreshes it after each durable
 record (save, train_end, control, report, checkpoint_removed, journal_gap) and train_begin:
-it folds what was written since the last refresh (a few hundred records at most for a
-typical save interval), then replaces the file atomically. Readers trust it only when the
-fingerprint matches and the offset lies on a line boundary inside the file; otherwise they
-scan everything, as before. The index is a cache: deleting it loses nothing.
+it keeps the fold in memory and folds what was written since the last refresh
+(:func:`advance`: a few hundred records at most for a typical save interval), then replaces
+the file atomically (:func:`save`); the trainer's ``--keep-best`` asks that same live fold.
+Readers trust the file only when the fingerprint matches and the offset lies on a line
+boundary inside the file; otherwise they scan everything, as before. The index is a cache: deleting it loses nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Folded:
     fold: RunFold
     cursor: Cursor = START  # where the fold got to (a line start)
     invalid: int = 0
+    fingerprint: str | None = None  # of the journal's first line when it was folded
 
 
 def index_path(journal: Path) -> Path:
@@ -54,24 +56,32 @@ def load(journal: Path) -> Folded | None:
     """The index of ``journal`` if it can be trusted, else None."""
     try:
         raw: Any = orjson.loads(_read_small(index_path(journal)))
-        fp = first_line_fingerprint(journal)  # None (a symlink, no first line): no index
-        if fp is None or raw.get("version") != VERSION or raw.get("fingerprint") != fp:
+        offset, fp = int(raw["offset"]), raw.get("fingerprint")
+        if raw.get("version") != VERSION or not _holds(journal, fp, offset):
             return None
-        offset = int(raw["offset"])
-        fd = open_for_reading(journal)
-        try:
-            size = os.fstat(fd).st_size
-            if offset > size or (offset and os.pread(fd, 1, offset - 1) != b"\n"):
-                return None
-        finally:
-            os.close(fd)
         return Folded(
             RunFold.from_state(raw["state"], journal.parent),
             Cursor(offset, int(raw["line_no"])),
             int(raw["invalid"]),
+            fp,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
         return None
+
+
+def _holds(journal: Path, fingerprint: Any, offset: int) -> bool:
+    """Whether a fold of ``journal`` up to ``offset``, made when its first line had
+    ``fingerprint``, is a fold of the file there now: the same first line (None: a symlink,
+    no first line: never), and ``offset`` a line start inside it (not truncated, rotated or
+    recreated since)."""
+    if fingerprint is None or first_line_fingerprint(journal) != fingerprint:
+        return False
+    fd = open_for_reading(journal)
+    try:
+        size = os.fstat(fd).st_size
+        return offset <= size and (not offset or os.pread(fd, 1, offset - 1) == b"\n")
+    finally:
+        os.close(fd)
 
 
 def _read_small(path: Path) -> bytes:
@@ -101,17 +111,24 @@ def fold(journal: Path, folded: Folded, *, final: bool) -> Folded:
     return folded
 
 
-def refresh(journal: Path) -> None:
-    """Fold what was written since the index was last saved, and save it (the writer calls
-    this; a torn tail is left for next time)."""
-    folded = load(journal) or Folded(RunFold(journal.parent))
+def advance(journal: Path, folded: Folded | None) -> Folded:
+    """``folded`` (the writer's live fold) read on to the end of ``journal``; when it is no
+    fold of the file there now (none yet; truncated, rotated or recreated since), the index's
+    or a fold from byte 0 instead. A torn tail is left for next time."""
+    if folded is None or not _holds(journal, folded.fingerprint, folded.cursor.offset):
+        folded = load(journal) or Folded(RunFold(journal.parent))
     fold(journal, folded, final=False)
-    fp = first_line_fingerprint(journal)
-    if fp is None:
+    folded.fingerprint = first_line_fingerprint(journal)
+    return folded
+
+
+def save(journal: Path, folded: Folded) -> None:
+    """Write ``folded`` as the index of ``journal`` (atomically; not without a first line)."""
+    if folded.fingerprint is None:
         return
     body = {
         "version": VERSION,
-        "fingerprint": fp,
+        "fingerprint": folded.fingerprint,
         "offset": folded.cursor.offset,
         "line_no": folded.cursor.line_no,
         "invalid": folded.invalid,

@@ -1,6 +1,6 @@
 """Every checkpoint of a run and its fate, and which is the best by any metric: the
-ledger a run's fold keeps (:mod:`journal.views.fold`), and the trainer's ``--keep-best``
-rotation and ``query --best`` ask on their own.
+ledger a run's fold keeps (:mod:`journal.views.fold`; the trainer's ``--keep-best`` rotation
+asks the fold its journal's writer keeps live), and ``query --best`` asks on its own.
 
 A checkpoint is known by :func:`~journal.rundir.paths.checkpoint_key` (its ``step-NNNNNN``
 name), so the same checkpoint journaled once with an absolute path (the trainer's save) and
@@ -112,9 +112,8 @@ class CheckpointLedger:
 
     def add(self, rec: Mapping[str, Any]) -> None:
         """Fold one record (any event; only :attr:`EVENTS` matter). Not only a reader's
-        :class:`~journal.record.record.Record`: the trainer folds what it emits as it
-        emits it (``{"event", "data", "step"}``, trainer/journaling/run_journal.py), and the
-        backtest what it simulates, so the envelope is read here as it may be (absent)."""
+        :class:`~journal.record.record.Record`: the backtest folds what it simulates, so
+        the envelope is read here as it may be (absent)."""
         event = rec.get("event")
         if event not in self.EVENTS:
             return

@@ -27,6 +27,7 @@ from journal.record.events import DURABLE_EVENTS, SCHEMA_VERSION
 from journal.rundir.paths import RESERVE_NAME, resolve_journal
 from journal.rundir.safety import CREATE, open_no_follow
 from journal.views import index
+from journal.views.fold import RunFold
 from journal.write.recreate import RecreatesJournal, first_seq, identity
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,6 @@ class JournalWriter(RecreatesJournal):
             records, write a ``journal_gap`` record once writing works again);
             ``"raise"`` raises :class:`JournalWriteError`.
         durable_events: events followed by ``fsync``.
-        keep_index: keep ``journal.index.json`` (what ``status`` needs) current after each
-            durable record and train_begin, so readers fold only what came since.
         tail: the journal's :class:`~journal.read.lines.Tail` read with ``torn`` by the
             caller holding the lock (the store's ``open_attempt``), so it is not read again.
         reserve_bytes: keep this much disk in ``journal.reserve`` while open; when the disk
@@ -99,17 +98,19 @@ class JournalWriter(RecreatesJournal):
         durable_events: frozenset[str] = DURABLE_EVENTS,
         mode: int = 0o640,
         reserve_bytes: int = 0,
-        keep_index: bool = True,
         tail: Tail | None = None,
     ) -> None:
         self.path = resolve_journal(path, must_exist=False)
         self.on_error = on_error
-        self.keep_index = keep_index
         self.durable_events = durable_events
         self.dropped = 0
         self._gap: tuple[int, int, str] | None = None  # first seq, last seq, error text
         self._torn = False
         self._pending: list[tuple[Any, ...]] = []
+        self._folded: index.Folded | None = None  # the live fold (see live_fold)
+        #: the live folds of the files this writer wrote before the journal was cut under it
+        #: (copytruncate, a recreated file): what they knew, ``--keep-best`` still knows
+        self.folds_before_cut: list[RunFold] = []
         self._mode = mode
         self._fd = self._open()
         self._ident = identity(self._fd)
@@ -194,7 +195,7 @@ class JournalWriter(RecreatesJournal):
                 self._dropped(seq, exc)
                 return None
             if durable or event == "train_begin":
-                self._refresh_index()
+                self.live_fold(save=True)
             return seq
         rec = (seq, ts, event, step, epoch, samples_seen, data)
         self._pending.append(rec)
@@ -203,7 +204,7 @@ class JournalWriter(RecreatesJournal):
         if not self._write_pending(durable=durable):
             return None
         if durable or event == "train_begin":
-            self._refresh_index()
+            self.live_fold(save=True)
         return seq
 
     def append_at_last_position(self, event: str, data: Mapping[str, Any]) -> int | None:
@@ -323,14 +324,22 @@ class JournalWriter(RecreatesJournal):
                 self._torn = True  # a short write: the disk or quota is full; go on
         self._torn = False
 
-    def _refresh_index(self) -> None:
-        """Keep the status index current (a cache: a failure costs readers time, not data)."""
-        if not self.keep_index:
-            return
+    def live_fold(self, *, save: bool = False) -> RunFold | None:
+        """The journal's fold (the one ``status`` reads), kept in memory and read on to the
+        file's end (:func:`journal.views.index.advance`); None when the journal cannot be
+        read now. ``save``: write ``journal.index.json`` too, so readers fold only what came
+        since: after each durable record and train_begin (a cache: a failure there costs
+        readers time, never training)."""
+        folded, self._folded = self._folded, None  # an error part way: start again
         try:
-            index.refresh(self.path)
+            self._folded = index.advance(self.path, folded)
+            if folded is not None and self._folded is not folded:  # the journal was cut
+                self.folds_before_cut.append(folded.fold)
+            if save:
+                index.save(self.path, self._folded)
         except Exception as exc:  # never let a cache stop training
             log.debug("journal index not refreshed: %s", exc)
+        return self._folded.fold if self._folded is not None else None
 
     def _make_reserve(self, size: int) -> None:
         """Hold ``size`` bytes of disk for the last records (train_end) of a full disk."""

@@ -37,7 +37,6 @@ from journal.rundir.lock import JournalLock
 from journal.rundir.phase import PhaseMarker
 from journal.store import Resume, open_attempt
 from journal.views.best import BestCheckpoint, MetricGoal
-from journal.views.ledger import CheckpointLedger
 from trainer.journaling.emitter import Emitter, Position, failure_payload
 from trainer.journaling.inbox import SteeringInbox
 from trainer.steering.policy import Capabilities
@@ -97,7 +96,6 @@ class RunJournal:
         self.main, self.role, self.detail = main, role, detail
         self.goal = MetricGoal.parse(keep_best) if keep_best else None
         self.emitter = Emitter(None, detail)
-        self.ledger: CheckpointLedger | None = None  # the checkpoints: the best (keep_best)
         # Every rank polls it (each takes part in the step's agreement); open() starts its
         # readers on the main rank.
         self.inbox = SteeringInbox(
@@ -138,11 +136,10 @@ class RunJournal:
             self.role,
             relaunch=relaunch,
             records=self.detail != "off",
-            keep_best=self.goal is not None,
             wait=LOCK_WAIT_S,
             reserve_bytes=RESERVE_BYTES,
         )
-        self.lock, self.ledger, self._run_id = attempt.lock, attempt.ledger, attempt.run_id
+        self.lock, self._run_id = attempt.lock, attempt.run_id
         if attempt.writer is not None:
             self.emitter = Emitter(attempt.writer, self.detail, self.emitter.position)
         try:
@@ -198,12 +195,9 @@ class RunJournal:
     # -- records -----------------------------------------------------------------------------
 
     def emit(self, event: str, data: dict[str, Any] | None = None) -> None:
-        """Append a record (the main rank; nothing elsewhere) and fold it into the best."""
+        """Append a record (the main rank; nothing elsewhere)."""
         self.emitter.emit(event, data)
         self.saved = self.saved or event == "save"
-        if self.ledger is not None and event in CheckpointLedger.EVENTS:
-            step = self.emitter.position.step
-            self.ledger.add({"event": event, "data": data or {}, "step": step})
 
     def emit_micro(self, event: str, data: dict[str, Any]) -> None:
         """Per-micro-batch events, recorded only at ``detail="microbatch"``."""
@@ -285,8 +279,20 @@ class RunJournal:
     # -- checkpoints -------------------------------------------------------------------------
 
     def best_checkpoint(self) -> BestCheckpoint | None:
-        """The best checkpoint of this run still on disk (``keep_best``), or None."""
-        return self.ledger.best(self.goal, self.dir) if self.ledger and self.goal else None
+        """The best checkpoint of this run still on disk (``keep_best``), or None: from the
+        writer's live fold of the journal, the one ``status`` reads, read on to the end first
+        (reports and verdicts journaled since count), and from what the folds of the files
+        it wrote before a cut of the journal knew."""
+        w, goal = self.emitter.writer, self.goal
+        fold = w.live_fold() if w is not None and goal is not None else None
+        if w is None or fold is None or goal is None:
+            return None
+        best = None
+        for f in (*w.folds_before_cut, fold):  # (a new run's fold before its train_begin:
+            if f.run_id in (None, self.run_id):  # the last run's, not this one's)
+                b = f.best(goal, self.dir)
+                best = b if best is None or (b and goal.better(b.value, best.value)) else best
+        return best
 
     def rotate(
         self, keep_last_n: int | None, *, keep: set[str] | None = None, root: Path | None = None
