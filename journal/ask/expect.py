@@ -184,18 +184,18 @@ class _Parser:
         self.pos += 1
 
     def expr(self) -> Node:
-        args = [self.conj()]
-        while self.peek("or"):
-            self.pos += 1
-            args.append(self.conj())
-        return args[0] if len(args) == 1 else Logic("or", tuple(args))
+        return self.chain("or", self.conj)
 
     def conj(self) -> Node:
-        args = [self.neg()]
-        while self.peek("and"):
+        return self.chain("and", self.neg)
+
+    def chain(self, op: str, operand: Callable[[], Node]) -> Node:
+        """``operand (op operand)*``: one operand as itself, more joined by ``op``."""
+        args = [operand()]
+        while self.peek(op):
             self.pos += 1
-            args.append(self.neg())
-        return args[0] if len(args) == 1 else Logic("and", tuple(args))
+            args.append(operand())
+        return args[0] if len(args) == 1 else Logic(op, tuple(args))
 
     def neg(self) -> Node:
         if self.peek("not"):

@@ -257,6 +257,21 @@ def _lease(path: Path) -> tuple[float, dict[str, Any]]:
     return float(expires), obj
 
 
+def _files_of(ckpt_dir: str | os.PathLike[str], names: set[str]) -> Iterator[tuple[str, Path]]:
+    """The lease files of the checkpoints ``names``, each with its checkpoint's name, told
+    from the file names of one directory listing (plain strings): no file is read."""
+    d = leases_dir(ckpt_dir)
+    try:
+        entries = os.listdir(d)
+    except FileNotFoundError:
+        return
+    by_key = {lease_key(name): name for name in names}
+    for entry in entries:
+        name = by_key.get(entry.rpartition(_SEP)[0])
+        if name is not None and entry.endswith(_SUFFIX):
+            yield name, d / entry
+
+
 def leased(
     ckpt_dir: str | os.PathLike[str],
     names: set[str],
@@ -271,18 +286,10 @@ def leased(
     nothing: it is moved to ``leases/rejected/`` and ``on_reject`` gets the record that
     journals it."""
     now = time.time() if now is None else now
-    d = leases_dir(ckpt_dir)
-    try:
-        entries = os.listdir(d)
-    except FileNotFoundError:
-        return set()
-    by_key = {lease_key(name): name for name in names}
     out: set[str] = set()
-    for entry in entries:
-        name = by_key.get(entry.rpartition(_SEP)[0])
-        if name is None or name in out or not entry.endswith(_SUFFIX):
+    for name, path in _files_of(ckpt_dir, names):
+        if name in out:
             continue
-        path = d / entry
         try:
             expires, _ = _lease(path)
             if expires > now + MAX_TTL_S + _CLOCK_SLACK_S:  # no lease is taken for that long
@@ -305,18 +312,10 @@ def leased(
 def expiries(ckpt_dir: str | os.PathLike[str], names: set[str]) -> dict[str, list[float]]:
     """When each lease of the checkpoints ``names`` ends (expired ones included), read only:
     nothing is removed or moved, for ``status``. Files that are not leases are skipped."""
-    try:
-        entries = os.listdir(leases_dir(ckpt_dir))
-    except FileNotFoundError:
-        return {}
-    by_key = {lease_key(name): name for name in names}
     out: dict[str, list[float]] = {}
-    for entry in entries:
-        name = by_key.get(entry.rpartition(_SEP)[0])
-        if name is None or not entry.endswith(_SUFFIX):
-            continue
+    for name, path in _files_of(ckpt_dir, names):
         try:
-            expires, _ = _lease(leases_dir(ckpt_dir) / entry)
+            expires, _ = _lease(path)
         except (FileNotFoundError, RejectedFile):
             continue
         out.setdefault(name, []).append(expires)

@@ -227,12 +227,7 @@ def finish_interrupted_removals(ckpt_dir: Path, emit: Emit, root: Path | None = 
         return
     for name in names:
         if name.startswith(REMOVING_PREFIX):
-            original = root / name[len(REMOVING_PREFIX) :]
-            emit(
-                "checkpoint_removed",
-                {
-                    "checkpoint_path": str(original),
-                    "reason": "rotation (finishing an interrupted removal)",
-                },
-            )
+            original = root / name.removeprefix(REMOVING_PREFIX)
+            reason = "rotation (finishing an interrupted removal)"
+            emit("checkpoint_removed", {"checkpoint_path": str(original), "reason": reason})
             _delete(root / name)

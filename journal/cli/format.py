@@ -101,16 +101,9 @@ def print_records_table(records: Iterable[Record]) -> None:
     from rich.text import Text
 
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col, just in (
-        ("seq", "right"),
-        ("time", "left"),
-        ("att", "right"),
-        ("step", "right"),
-        ("ep", "right"),
-        ("event", "left"),
-        ("data", "left"),
-    ):
-        table.add_column(col, justify="right" if just == "right" else "left", no_wrap=col != "data")
+    for col in ("seq", "time", "att", "step", "ep", "event", "data"):
+        left = col in ("time", "event", "data")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "data")
     for rec in records:
         event, data = rec["event"], rec["data"]
         failed = event == "train_end" and data.get("status") == "failed"

@@ -61,10 +61,7 @@ def checkpoint_marks(views: Iterable[CheckpointView]) -> dict[str, str]:
     (:func:`~journal.rundir.paths.checkpoint_key`): ``best`` (the run's keep_best), ``removed``
     (journaled as removed, or gone from disk without a record), else ``kept``. Pure: the
     differential test compares it with the fold."""
-    out = {}
-    for v in views:
-        out[v.fate.key] = "best" if v.best else "kept" if v.on_disk else "removed"
-    return out
+    return {v.fate.key: "best" if v.best else "kept" if v.on_disk else "removed" for v in views}
 
 
 def story(path: Path) -> PlotStory:

@@ -21,10 +21,9 @@ def _sources(given: tuple[str, ...]) -> list[tuple[str, Path, bool]]:
     copy. A path that does not exist yet is kept: its run is waited for."""
     out = []
     for text in given or (".",):
-        if is_uri(text):
-            out.append((text, Path(RUN_DIR_OR_URI.convert(text, None, None)), True))
-            continue
-        out.append((text, Path(text), False))
+        remote = is_uri(text)
+        local = RUN_DIR_OR_URI.convert(text, None, None) if remote else text
+        out.append((text, Path(local), remote))
     return out
 
 
@@ -83,7 +82,9 @@ def serve(
     token = secrets.token_urlsafe(24) if allow_control else None
     app = build_app(ServeConfig(runs, allow_control, token, loopback))
     try:
-        sock = socket.create_server((host, port), family=_family(host))
+        sock = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
     except OSError as exc:
         # (socket.create_server adds "(while attempting to bind on address ...)": said already)
         why = (exc.strerror or str(exc)).split(" (while attempting")[0]
@@ -106,7 +107,3 @@ def serve(
         )
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -17,6 +17,7 @@ same is put in ``incomplete``, for the reader to complete
 
 from __future__ import annotations
 
+import functools
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,7 @@ def _source() -> tuple[str, tuple[str, ...], dict[str, frozenset[type]]]:
     return "\n".join(out) + "\n", names, types.sets
 
 
+@functools.cache  # compiled once, at its first use
 def _compile() -> Check:
     source, names, sets = _source()
     namespace: dict[str, Any] = {
@@ -108,15 +110,9 @@ def _compile() -> Check:
     return fn
 
 
-_compiled: Check | None = None
-
-
 def records_ok(objs: list[Any], incomplete: list[Any] | None = None) -> bool:
     """Whether ``record_problem`` finds nothing in any of ``objs`` (module doc); the valid
     ones that lack an envelope field are appended to ``incomplete`` (when given). The check
     is compiled at its first use, not at import: ``status`` reads a few records and need
     not pay for it."""
-    global _compiled
-    if _compiled is None:
-        _compiled = _compile()
-    return _compiled(objs, [] if incomplete is None else incomplete)
+    return _compile()(objs, [] if incomplete is None else incomplete)

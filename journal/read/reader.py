@@ -43,7 +43,6 @@ SLICE_BYTES = 256 * 1024
 #: A full scan's batch (:func:`iter_batches`): about 5,000 records in memory at a time
 #: (4 MiB batches scanned 4 % slower: the records are cold by the time the caller uses them).
 BATCH_BYTES = 1 << 20
-_SNIPPET = SNIPPET
 
 
 class InvalidLine(NamedTuple):
@@ -156,23 +155,20 @@ def _parse_slow(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
         if not line or line.isspace():
             continue
         if len(line) > MAX_LINE_BYTES:
-            batch.invalid.append(
-                InvalidLine(line_no, start, too_long_reason(len(line)), line[:_SNIPPET])
-            )
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            batch.invalid.append(
-                InvalidLine(line_no, start, f"invalid JSON: {exc}", line[:_SNIPPET])
-            )
-            continue
-        reason = record_problem(obj)
-        if reason is None:
-            _note_version(obj, newer_version)
-            batch.records.append(obj if batch.as_written else complete(obj))
+            reason = too_long_reason(len(line))
         else:
-            batch.invalid.append(InvalidLine(line_no, start, reason, line[:_SNIPPET]))
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                reason = f"invalid JSON: {exc}"
+            else:
+                problem = record_problem(obj)
+                if problem is None:
+                    _note_version(obj, newer_version)
+                    batch.records.append(obj if batch.as_written else complete(obj))
+                    continue
+                reason = problem
+        batch.invalid.append(InvalidLine(line_no, start, reason, line[:SNIPPET]))
     batch.offset = pos
     batch.line_no = line_no
 

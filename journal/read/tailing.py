@@ -128,10 +128,8 @@ class RotatingReader:
         held = os.fstat(self._held)
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            return None  # moved or deleted: its writer goes on in the held file for a while
-        except OSError:
-            return None  # cannot tell now
+        except OSError:  # moved or deleted (its writer goes on in the held file for a while),
+            return None  # or cannot tell now
         if (st.st_dev, st.st_ino) != self._ident:
             if not self._path_has_a_line():
                 return None  # the writer may still write to the held file

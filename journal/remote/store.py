@@ -14,7 +14,9 @@ import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from journal.remote.errors import StoreURIError, classify
+# StoreURIError is re-exported: the mirror's and the restore's callers import it from here
+from journal.remote.errors import StoreURIError as StoreURIError
+from journal.remote.errors import classify
 
 #: Names of URI parameters (query, fragment, ``;`` path parameters) that would carry a
 #: credential: any of these in a name refuses the URI.
@@ -229,15 +231,3 @@ _LOCAL = ("file", "local")
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
-
-
-__all__ = [
-    "READ_TIMEOUT_S",
-    "RESTORE_FROM_HELP",
-    "Store",
-    "StoreURIError",
-    "TooLarge",
-    "check_uri",
-    "credential_in",
-    "is_uri",
-]

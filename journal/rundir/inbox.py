@@ -100,16 +100,11 @@ def read_json_object(path: Path, limit: int = MAX_FILE_BYTES) -> dict[str, Any]:
     return obj
 
 
-def rejected_dir(path: Path) -> Path:
-    """Where a refused file of ``path``'s inbox goes."""
-    return path.parent / REJECTED_DIR_NAME
-
-
 def move_aside(path: Path) -> Path | None:
     """Move a refused file into its inbox's ``rejected/`` so no reader trips on it again;
     returns where it went, or None when it could not be moved (logged; the caller must
     then remember it itself)."""
-    dest = rejected_dir(path)
+    dest = path.parent / REJECTED_DIR_NAME  # the inbox's rejected/
     try:  # renames the entry: a FIFO or symlink is not opened; rejected/ is no link
         os.replace(path, safe_dir(path.parent, dest) / path.name)
     except FileNotFoundError:

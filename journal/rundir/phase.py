@@ -109,10 +109,8 @@ class PhaseMarker:
         """Declare ``name`` from now (None: no phase)."""
         self.current = name
         if self.dir is not None:
-            write_phase(
-                self.dir,
-                Phase(name, time.time(), self.run_id, self.attempt, os.getpid(), limit_s),
-            )
+            phase = Phase(name, time.time(), self.run_id, self.attempt, os.getpid(), limit_s)
+            write_phase(self.dir, phase)
 
     @contextlib.contextmanager
     def __call__(self, name: str, limit_s: float | None = None) -> Any:

@@ -116,19 +116,13 @@ def build_app(cfg: ServeConfig) -> Starlette:
     def api_runs(request: Request) -> Response:
         return _json({"runs": runs.rows()})
 
-    def _run(request: Request) -> Any:
-        run = runs.get(request.path_params["key"])
-        return run if run is not None else _error(404, "no such run")
-
     def _fold(request: Request) -> Any:
-        """The run's fold read on, or the answer saying why there is none (one line)."""
-        run = _run(request)
-        if isinstance(run, Response):
-            return run, run
+        """The run and its fold read on, or the answer saying why there is none (one line)."""
+        run = runs.get(request.path_params["key"])
+        if run is None:
+            return None, _error(404, "no such run")
         fold = run.opened()
-        if fold.unreadable:
-            return run, _error(500, fold.unreadable)
-        return run, fold
+        return run, _error(500, fold.unreadable) if fold.unreadable else fold
 
     def api_run(request: Request) -> Response:
         run, fold = _fold(request)

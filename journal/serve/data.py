@@ -56,14 +56,10 @@ def downsample(
     span = x[-1] - x[0] or 1.0
     bucket = np.minimum(((x - x[0]) / span * width).astype(np.int64), width - 1)
     edges = np.flatnonzero(np.diff(bucket)) + 1
-    starts = np.concatenate(([0], edges))
-    keep = np.concatenate(
-        (
-            starts + np.array([np.argmin(part) for part in np.split(y, edges)]),
-            starts + np.array([np.argmax(part) for part in np.split(y, edges)]),
-        )
-    )
-    keep = np.unique(keep)  # sorted: step order
+    starts, parts = np.concatenate(([0], edges)), np.split(y, edges)
+    lows = starts + np.array([np.argmin(part) for part in parts])
+    highs = starts + np.array([np.argmax(part) for part in parts])
+    keep = np.unique(np.concatenate((lows, highs)))  # sorted: step order
     return x[keep].tolist(), y[keep].tolist()
 
 
@@ -211,15 +207,9 @@ def updates(
             n = len(series.steps)
             if series.reset_at > since or have > n or n - have > 2 * width:
                 out_series.append({**_series_out(series, None, None, width), "reset": True})
-            elif have < len(series.steps):
-                out_series.append(
-                    {
-                        "name": series.name,
-                        "x": series.steps[have:].tolist(),
-                        "y": series.values[have:].tolist(),
-                        "n": len(series.steps),
-                    }
-                )
+            elif have < n:
+                xs, ys = series.steps[have:].tolist(), series.values[have:].tolist()
+                out_series.append({"name": series.name, "x": xs, "y": ys, "n": n})
         return {
             "summary": summary(fold, stale_after=stale_after),
             "count": fold.count,

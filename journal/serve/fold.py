@@ -29,6 +29,7 @@ import orjson
 
 from journal.read.reader import CHUNK_SIZE, iter_events
 from journal.read.tailing import RotatingReader
+from journal.record.events import LIFECYCLE_EVENTS
 from journal.record.fields import PAYLOAD_TYPES
 from journal.record.record import Record
 from journal.serve.marks import MARKER_KINDS
@@ -38,18 +39,8 @@ from journal.views.fold import RunFold as RunTruth
 from journal.views.ledger import CheckpointLedger, finite_number
 
 #: Events that are neither a curve nor a marker: folded into the summary only.
-_PLAIN = frozenset(
-    {
-        "step_begin",
-        "before_optimizer_step",
-        "after_optimizer_step",
-        "epoch_begin",
-        "epoch_end",
-        "before_forward",
-        "after_forward",
-        "before_backward",
-        "after_backward",
-    }
+_PLAIN = frozenset(LIFECYCLE_EVENTS).difference(
+    ("train_begin", "log", "evaluate", "save", "step_end", "train_end")
 )
 #: The prefix of a reported metric's curve (its x: the checkpoint's step), so that a
 #: reported ``loss`` is not the training loss.
@@ -235,14 +226,8 @@ class RunFold:
             return
         if event == "log":
             self.prev_log, self.last_log = self.last_log, rec
-        series, count = self.series, self.count
         for key, value in metric_points(event, step, data)[2].items():  # type: ignore[index]
-            curve = series.get(key)
-            if curve is None:
-                curve = self._new_series(str(key))
-                if curve is None:
-                    continue
-            curve.add(step, value, count)
+            self._point(str(key), step, value)
 
     def _marker(self, rec: Record, kind: str) -> None:
         data, step = rec["data"], rec["step"]

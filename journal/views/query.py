@@ -6,6 +6,7 @@ name, so "newest checkpoint path" on a journal of millions of records costs mill
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -145,34 +146,13 @@ def _is_first_attempt(path: str | os.PathLike[str], rec: Record) -> bool:
 
 def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
     """Start offset of the last line before byte ``end`` that contains ``needle`` (None if
-    no line does), found with a C-speed search over blocks read backwards."""
+    no line does), found with a C-speed search backwards over the mapped file."""
     with open(path, "rb") as f:
-        overlap = len(needle) - 1
-        while end > 0:
-            start = max(0, end - _BLOCK)
-            f.seek(start)
-            buf = f.read(end - start + overlap)[: end - start + overlap]
-            hit = buf.rfind(needle)
-            if hit >= 0:
-                line_start = start + buf.rfind(b"\n", 0, hit) + 1
-                if line_start > start or start == 0:
-                    return line_start
-                return _line_start_before_slow(f, start + hit)
-            end = start
-    return None
-
-
-def _line_start_before_slow(f: Any, pos: int) -> int:
-    """The start of the line holding byte ``pos`` when it begins in an earlier block."""
-    while pos > 0:
-        start = max(0, pos - _BLOCK)
-        f.seek(start)
-        buf = f.read(pos - start)
-        nl = buf.rfind(b"\n")
-        if nl >= 0:
-            return start + nl + 1
-        pos = start
-    return 0
+        if not os.fstat(f.fileno()).st_size:  # emptied meanwhile (mmap maps no empty file)
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            hit = mm.rfind(needle, 0, end + len(needle) - 1)  # one that starts before ``end``
+            return None if hit < 0 else mm.rfind(b"\n", 0, hit) + 1
 
 
 def relaunch_coming(path: str | os.PathLike[str]) -> bool:

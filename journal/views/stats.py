@@ -4,7 +4,6 @@ from the run's summary (journal/views/summary.py), which ``status`` reads on eve
 
 from __future__ import annotations
 
-import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 
 from journal.read.reader import iter_batches
 from journal.record.record import Record
+from journal.views.ledger import finite_number
 
 
 @dataclass
@@ -58,24 +58,16 @@ class JournalStats:
     first_ts: float | None = None
     last_ts: float | None = None
 
-    def add(self, rec: Record) -> None:
-        self.add_batch([rec])
-
     def add_batch(self, records: list[Record]) -> None:
         """Add records in file order. Counting runs in C; Python touches only the first and
         last timestamps and the log/evaluate/save records (about 1 in 5)."""
         events = list(map(_EVENT, records))
         self.counts.update(events)
-        for r in records:
-            ts = r["ts"]
-            if ts is not None:
-                self.first_ts = ts if self.first_ts is None else self.first_ts
-                break
-        for r in reversed(records):
-            ts = r["ts"]
-            if ts is not None:
-                self.last_ts = ts
-                break
+        if self.first_ts is None:
+            self.first_ts = next((r["ts"] for r in records if r["ts"] is not None), None)
+        self.last_ts = next(
+            (r["ts"] for r in reversed(records) if r["ts"] is not None), self.last_ts
+        )
         for r, ev in zip(records, events, strict=True):
             if ev in _PHASE_EVENTS:
                 self._add_phase(ev, r["data"])
@@ -106,8 +98,8 @@ class JournalStats:
                 self.tokens += _count(bm.get("total_length"))
                 self.samples += _count(bm.get("total_samples"))
         else:
-            d = data.get("duration")
-            if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+            d = finite_number(data.get("duration"))
+            if d is not None:
                 self.phases[ev].count += 1
                 self.phases[ev].total_s += d
             else:  # no duration recorded (a bridge's save): not known, so not 0 s

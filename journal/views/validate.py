@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
@@ -170,14 +171,9 @@ class _Part:
     tail_bytes: int = 0
 
 
-_SCHEMA: BatchValidator | None = None  # built once per process (forked workers inherit it)
-
-
+@functools.cache  # built once per process (forked workers inherit it)
 def _schema() -> BatchValidator:
-    global _SCHEMA
-    if _SCHEMA is None:
-        _SCHEMA = BatchValidator()
-    return _SCHEMA
+    return BatchValidator()
 
 
 def _scan(path: Path, start: int, end: int | None) -> _Part:
@@ -209,14 +205,12 @@ def _gap_ranges(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     """The seq ranges that ``journal_gap`` records say were lost (rare: looked for in C)."""
     if "journal_gap" not in map(operator.itemgetter("event"), records):
         return []
-    out = []
-    for rec in records:
-        if rec["event"] != "journal_gap":
-            continue
-        d = rec.get("data") or {}
-        if isinstance(d.get("first_seq"), int) and isinstance(d.get("last_seq"), int):
-            out.append((d["first_seq"], d["last_seq"]))
-    return out
+    gaps = (rec.get("data") or {} for rec in records if rec["event"] == "journal_gap")
+    return [
+        (d["first_seq"], d["last_seq"])
+        for d in gaps
+        if isinstance(d.get("first_seq"), int) and isinstance(d.get("last_seq"), int)
+    ]
 
 
 def validate_journal(path: Path, jobs: int | None = None) -> ValidationReport:
@@ -275,10 +269,8 @@ def _merge(parts: list[_Part]) -> ValidationReport:
             else:
                 report.warnings.append(f"line {line}: torn final line (writer still appending?)")
         lines_before += part.lines
-    for part in parts:
-        note(part.schema.items, part.schema.count)
-    for part in parts:
-        note(part.order.items, part.order.count)
+    for kept in [p.schema for p in parts] + [p.order for p in parts]:
+        note(kept.items, kept.count)
     ranges = _merged(explained)
     unexplained = [g for g in gaps if not _covered(g, ranges)]
     note(
