@@ -430,6 +430,9 @@ def test_the_runs_list_marks_alerted_hung_and_diverged_runs_and_a_hung_run_has_n
         k: page.text_content(f"tr.run[data-key='{k}'] td:nth-child(7)") for k in ("running", "hung")
     }
     assert eta == {"running": "23s", "hung": "–"}, eta  # 90 steps of 0.25 s, and none
+    # tokens/s in one format, whether the journal wrote 4096 or 4252.7 (it read "4096")
+    rates = {k: page.text_content(f"tr.run[data-key='{k}'] td:nth-child(6)") for k in "ab"}
+    assert rates == {"a": "4,096", "b": "4,273"}, rates
     if SCREENSHOTS:
         page.locator("#runs").screenshot(path=str(Path(SCREENSHOTS) / "serve-runs.png"))
     page.close()

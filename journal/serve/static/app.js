@@ -112,8 +112,9 @@ function tickLabels(splits, log) {
 function fmt(v, digits) {
   if (v === null || v === undefined) return "–";
   if (typeof v === "number") {
-    if (Number.isInteger(v)) return String(v);
+    // a rate in whole units reads alike whether the journal wrote 4096 or 4096.3: "4,096"
     if (digits === 0) return Math.round(v).toLocaleString("en-US");
+    if (Number.isInteger(v)) return String(v);
     return num(v);
   }
   return String(v);
