@@ -127,22 +127,17 @@ def _hangs(journals: list[Path], hang_after: str, as_json: bool) -> None:
 @click.option("--on-train-end", multiple=True, metavar="FILE.py:FUNC", help="--on train_end ...")
 @click.option(
     "--keep-last-n",
-    default=None,
     metavar="N|A..B|[N,...]",
     help="Retention as ilab-train's (default: each run's own); a range or list sweeps.",
 )
-@click.option(
-    "--keep-best", default=None, metavar="METRIC:max|min", help="Default: each run's own."
-)
+@click.option("--keep-best", metavar="METRIC:max|min", help="Default: each run's own.")
 @click.option(
     "--metric",
-    default=None,
     metavar="METRIC:max|min",
     help="What a stop's loss is judged by (default: the run's --keep-best, else the policy's).",
 )
 @click.option(
     "--hang-after",
-    default=None,
     metavar="SECONDS|auto",
     help="List the hang alarms ilab-watch --hang-after (the same rule) would have raised "
     "on these runs, and how many were false (not the end of an aborted or dead attempt).",
