@@ -99,15 +99,7 @@ class CommandRunner:
             return
         report_file = event_file.with_name(f"{stem}.json")
         _discard(report_file)  # a killed predecessor's attempt must not count
-        env = command_env(
-            d.record,
-            payload,
-            event_file,
-            ckpt_dir=self.ckpt_dir,
-            journal=str(self.journal),
-            delivery_id=d.delivery_id,
-        )
-        env["ILAB_REPORT"] = str(report_file)
+        env = command_env(d, payload, event_file, report_file, self.journal)
         try:
             ran = run_command(
                 argv, env, event_file, timeout, lambda pid: self._mark_running(pid, d)
