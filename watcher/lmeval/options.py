@@ -250,16 +250,8 @@ def lm_eval_pairs(
 ) -> list[tuple[str, str]]:
     """The ``("save", command)`` hook of ``--lm-eval`` (none without it), checked."""
     if tasks is None:
-        given = [
-            name
-            for name, v in (
-                ("--lm-eval-args", args),
-                ("--limit", limit),
-                ("--include-path", include_path),
-            )
-            if v is not None
-        ]
-        if given:
+        options = {"--lm-eval-args": args, "--limit": limit, "--include-path": include_path}
+        if given := [name for name, v in options.items() if v is not None]:
             raise click.UsageError(f"{', '.join(given)} need(s) --lm-eval TASKS")
         return []
     names = [t.strip() for t in tasks.split(",") if t.strip()]
