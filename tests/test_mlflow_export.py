@@ -305,7 +305,7 @@ def test_a_tracking_server_killed_mid_run_is_one_line_and_the_replay_it_names_re
     launcher does not wait out its grace period (600 s here) on MLflow's minutes of retries,
     says so in one line (not a line per record), and the replay that line names completes
     the run (status FINISHED, every step)."""
-    from watcher.embedded import EmbeddedWatcher, start_exporters
+    from watcher.embedded import EmbeddedWatcher, Trackers
 
     ckpt, store, port = tmp_path / "run", tmp_path / "mlflow", free_port()
     store.mkdir()
@@ -319,7 +319,7 @@ def test_a_tracking_server_killed_mid_run_is_one_line_and_the_replay_it_names_re
             hooks={},
             callbacks=[],
             start_offset=0,
-            exporters=start_exporters(ckpt.resolve(), ["mlflow"]),
+            exporters=list(Trackers(ckpt.resolve(), ["mlflow"]).exporters.values()),
         )
         watcher.start()
         client = mlflow_tracking.MlflowClient(uri)

@@ -4,7 +4,7 @@ It is the same engine as ``ilab-watch``, running on a thread of the launching pr
 delivers only the records of this launch (from the journal's size at launch time) and keeps
 its cursor in memory; results still go to ``<ckpt_dir>/watch/embedded.results.jsonl``.
 It also runs the experiment-tracker exporters of ``TrainingArgs.report_to``
-(:func:`start_exporters`), so a user gets them without a second process.
+(:class:`Trackers`), so a user gets them without a second process.
 """
 
 from __future__ import annotations
@@ -30,28 +30,9 @@ log = logging.getLogger("watcher")
 def _log_result(out: DeliveryResult) -> None:
     if out.status == "abandoned" or already_said(out.error):
         return  # one line for all of them: finish()'s, or the tracker's own notice
-    if out.failed:
-        log.error(
-            "callback %s on %s (step %s) %s: %s",
-            out.hook,
-            out.event,
-            out.step,
-            out.status,
-            out.error,
-        )
-    else:
-        log.info(
-            "callback %s on %s (step %s) ok in %.3fs",
-            out.hook,
-            out.event,
-            out.step,
-            out.duration or 0,
-        )
-
-
-def start_exporters(ckpt_dir: Path, names: list[str]) -> list[Any]:
-    """The exporters of ``report_to`` that can work here (see :class:`Trackers`)."""
-    return list(Trackers(ckpt_dir, names).exporters.values())
+    what = f"{out.status}: {out.error}" if out.failed else f"ok in {out.duration or 0:.3f}s"
+    level = logging.ERROR if out.failed else logging.INFO
+    log.log(level, "callback %s on %s (step %s) %s", out.hook, out.event, out.step, what)
 
 
 class Trackers:
@@ -107,7 +88,7 @@ class EmbeddedWatcher:
         callbacks: callback objects with ``on_<event>`` methods.
         start_offset: the journal's size at launch: earlier records are not delivered (but
             are given to ``restore_state``).
-        exporters: experiment-tracker exporters (:func:`start_exporters`): every record
+        exporters: experiment-tracker exporters (:class:`Trackers`): every record
             goes to them, not only the newest pending one; closed when the watcher is done.
         node_rank: this launcher's node: its cursor in ``<ckpt_dir>/watch`` (results file,
             running markers, lock) is ``embedded`` on node 0, ``embedded-node<N>`` elsewhere.
@@ -169,9 +150,7 @@ class EmbeddedWatcher:
             self._thread.join(10)
             n = self.watcher.count("abandoned")
             log.warning(
-                "callbacks still running after %.0fs grace; abandoned %d deliveries",
-                grace_s,
-                n,
+                "callbacks still running after %.0fs grace; abandoned %d deliveries", grace_s, n
             )
         close_all(self.exporters)
         done = self.watcher.completions

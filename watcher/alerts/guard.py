@@ -407,9 +407,7 @@ def find_abort(run_dir: Path, run_id: str | None, attempt: int | None) -> dict[s
             marker = orjson.loads((root / name / ABORT_FILE).read_bytes())
         except (OSError, orjson.JSONDecodeError):
             continue
-        if isinstance(marker, dict) and (marker.get("run_id"), marker.get("attempt")) == (
-            run_id,
-            attempt,
-        ):
+        ours = isinstance(marker, dict) and marker.get("run_id") == run_id
+        if ours and marker.get("attempt") == attempt:
             return marker
     return None

@@ -28,7 +28,6 @@ GUARD_OPTIONS = [
     click.option(
         "--hang-after",
         "hang_after",
-        default=None,
         metavar="SECONDS|auto",
         callback=_hang_after,
         help="Alert when the run makes no step progress for this long outside a phase the "

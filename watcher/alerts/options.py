@@ -42,7 +42,6 @@ NOTIFY_OPTIONS = [
     click.option(
         "--notify-on",
         "notify_on",
-        default=None,
         metavar="KINDS",
         help="Which alerts are raised: a comma-separated list of "
         f"{', '.join(NOTIFY_KINDS)}, or all [default: every kind but completed].",

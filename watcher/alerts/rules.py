@@ -116,26 +116,20 @@ class AlertRules:
             self._conditions()  # the attempt before, as it stood at its last record
         self._fold(event)
 
-    def on_log(self, event: Event, **data: Any) -> None:
+    def _measured(self, event: Event, **data: Any) -> None:
+        """A ``log``, ``evaluate`` or ``report`` record: the detector's, if of its event
+        (``--divergence metric=<a reported metric>`` watches reports)."""
         self._fold(event)
-        if self.detector.event == "log":
+        if self.detector.event == event.name:
             self._diverged(event.record, live=True)
 
-    def on_evaluate(self, event: Event, **data: Any) -> None:
-        self._fold(event)
-        if self.detector.event == "evaluate":
-            self._diverged(event.record, live=True)
+    on_log = on_evaluate = on_report = _measured
 
     def on_train_end(self, event: Event, **data: Any) -> None:
         self._fold(event)
         self._ended(event.record)
         self._conditions()  # each attempt is judged at its end, however records were batched
         self._warn_unknown_metrics()
-
-    def on_report(self, event: Event, **data: Any) -> None:
-        self._fold(event)
-        if self.detector.event == "report":  # --divergence metric=<a reported metric>
-            self._diverged(event.record, live=True)
 
     def _any(self, event: Event, **data: Any) -> None:
         self._fold(event)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -27,6 +28,14 @@ from watcher.hooks.hook import HookOptions, HookSet, assemble_hooks, instantiate
 from watcher.hooks.loading import load_object
 
 _ON = ("evaluate", "report", "save", "log", "train_end")
+
+
+def _on_event_options(fn: Any) -> Any:
+    """``--on-<event> FILE.py:FUNC`` for each of :data:`_ON` (``--on <event>`` for short)."""
+    for event in reversed(_ON):
+        name = f"--on-{event.replace('_', '-')}"
+        fn = click.option(name, multiple=True, metavar="FILE.py:FUNC", help=f"--on {event} ...")(fn)
+    return fn
 
 
 def _goal(text: str | None, option: str) -> str | None:
@@ -120,29 +129,20 @@ def _hangs(journals: list[Path], hang_after: str, as_json: bool) -> None:
     metavar="EVENT FILE.py:FUNC",
     help="A Python function hooked to an event (as watch(on_<event>=func)).",
 )
-@click.option("--on-evaluate", multiple=True, metavar="FILE.py:FUNC", help="--on evaluate ...")
-@click.option("--on-report", multiple=True, metavar="FILE.py:FUNC", help="--on report ...")
-@click.option("--on-save", multiple=True, metavar="FILE.py:FUNC", help="--on save ...")
-@click.option("--on-log", multiple=True, metavar="FILE.py:FUNC", help="--on log ...")
-@click.option("--on-train-end", multiple=True, metavar="FILE.py:FUNC", help="--on train_end ...")
+@_on_event_options
 @click.option(
     "--keep-last-n",
-    default=None,
     metavar="N|A..B|[N,...]",
     help="Retention as ilab-train's (default: each run's own); a range or list sweeps.",
 )
-@click.option(
-    "--keep-best", default=None, metavar="METRIC:max|min", help="Default: each run's own."
-)
+@click.option("--keep-best", metavar="METRIC:max|min", help="Default: each run's own.")
 @click.option(
     "--metric",
-    default=None,
     metavar="METRIC:max|min",
     help="What a stop's loss is judged by (default: the run's --keep-best, else the policy's).",
 )
 @click.option(
     "--hang-after",
-    default=None,
     metavar="SECONDS|auto",
     help="List the hang alarms ilab-watch --hang-after (the same rule) would have raised "
     "on these runs, and how many were false (not the end of an aborted or dead attempt).",
@@ -156,16 +156,12 @@ def backtest(
     target: tuple[str, ...],
     callbacks: tuple[str, ...],
     on_pairs: tuple[tuple[str, str], ...],
-    on_evaluate: tuple[str, ...],
-    on_report: tuple[str, ...],
-    on_save: tuple[str, ...],
-    on_log: tuple[str, ...],
-    on_train_end: tuple[str, ...],
     keep_last_n: str | None,
     keep_best: str | None,
     metric: str | None,
     hang_after: str | None,
     as_json: bool,
+    **on_event: tuple[str, ...],
 ) -> None:
     """Replay finished runs through stopping and retention policies; nothing is written.
 
@@ -179,15 +175,11 @@ def backtest(
     journals = _journals(runs)
     if hang_after is not None:
         _hangs(journals, hang_after, as_json)
-        policies_given = (early_stopping, divergence, target, callbacks, on_pairs, on_evaluate)
-        hooks_given = (on_report, on_save, on_log, on_train_end, keep_last_n, keep_best, metric)
+        policies_given = (early_stopping, divergence, target, callbacks, on_pairs)
+        hooks_given = (*on_event.values(), keep_last_n, keep_best, metric)
         if not any(policies_given) and not any(hooks_given):
             return
-    pairs = list(on_pairs)
-    for event, specs in zip(
-        _ON, (on_evaluate, on_report, on_save, on_log, on_train_end), strict=True
-    ):
-        pairs += [(event, spec) for spec in specs]
+    pairs = [*on_pairs, *((event, spec) for event in _ON for spec in on_event[f"on_{event}"])]
     try:
         policies = stop_policies(early_stopping, divergence, target)
         user = user_callbacks(callbacks, pairs)

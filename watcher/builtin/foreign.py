@@ -53,34 +53,21 @@ ILAB_HOOKS: dict[str, str] = {
     "on_epoch_end": "epoch_end",
     "on_train_end": "train_end",
 }
-#: training_hub's hooks (adapters.distributed.HUB_HOOKS): a subset of InstructLab's.
-HUB_HOOKS = (
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_step_begin",
-    "on_log",
-    "on_evaluate",
-    "on_save",
-    "on_step_end",
-    "on_epoch_end",
-    "on_train_end",
-)
+#: training_hub's hooks (adapters.distributed.HUB_HOOKS): InstructLab's, in its order, but
+#: those around the forward pass and the optimizer step.
+_NOT_HUB = {"on_before_forward", "on_after_backward", "on_pre_optimizer_step", "on_optimizer_step"}
+HUB_HOOKS = tuple(h for h in ILAB_HOOKS if h not in _NOT_HUB)
 #: Hooks that fire per micro-batch: they need ``journal_detail="microbatch"``.
 MICROBATCH_HOOKS = frozenset({"on_before_forward", "on_after_backward"})
 #: Hooks that fire within a step: a control command they send is awaited by the next step
 #: (callback pacing), so it applies at that step on every rank.
-STEP_HOOKS = frozenset(
-    {
-        "on_step_begin",
-        "on_before_forward",
-        "on_after_backward",
-        "on_pre_optimizer_step",
-        "on_optimizer_step",
-        "on_log",
-        "on_evaluate",
-        "on_step_end",
-    }
-)
+STEP_HOOKS = frozenset(ILAB_HOOKS) - {
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_save",
+    "on_epoch_end",
+    "on_train_end",
+}
 #: The records the context is filled from, whatever the callback hooks.
 STATE_EVENTS = frozenset({"train_begin", "log", "evaluate"})
 _BASES = {

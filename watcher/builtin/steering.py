@@ -99,16 +99,13 @@ class _MetricCallback(TrainerCallback):
         if self.event == "evaluate":
             self._check_config(event.run_id, data.get("config"))
 
-    def on_log(self, event: Event, **data: Any) -> Control | None:
-        return self._on(event.run_id, data, live=True) if self.event == "log" else None
-
-    def on_evaluate(self, event: Event, **data: Any) -> Control | None:
-        return self._on(event.run_id, data, live=True) if self.event == "evaluate" else None
-
-    def on_report(self, event: Event, **data: Any) -> Control | None:
-        if self.event != "report":
+    def _measured(self, event: Event, **data: Any) -> Control | None:
+        """A ``log``, ``evaluate`` or ``report`` record: the metric's, if of its event."""
+        if event.name != self.event:
             return None
-        return self._on(event.run_id, _values("report", data), live=True)
+        return self._on(event.run_id, _values(self.event, data), live=True)
+
+    on_log = on_evaluate = on_report = _measured
 
     def restore_state(self, records: list[Record]) -> None:
         # A condition already met in history counts as acted upon: no second command.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import click
@@ -15,7 +14,6 @@ import click
 from journal.record.events import EVENTS
 from watcher.builtin.foreign import adapt
 from watcher.builtin.steering import parse_builtin
-from watcher.exporters.registry import exporters_for
 from watcher.hooks.callbacks import CallbackSpecError
 from watcher.hooks.hook import HookOptions, HookSet, QueuePolicy, assemble_hooks, instantiate
 from watcher.hooks.loading import load_object
@@ -64,17 +62,6 @@ def callback_objects(
         yield parse_builtin("early-stopping", early_stopping)
     if divergence is not None:
         yield parse_builtin("divergence", divergence)
-
-
-def tracker_exporters(
-    ckpt_dir: Path,
-    tensorboard_dir: Path | None,
-    mlflow_uri: str | None,
-    mlflow_log_artifacts: bool,
-    wandb: bool,
-) -> Iterator[Any]:
-    """The exporters asked for, made when iterated: once every other hook is made."""
-    yield from exporters_for(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb)
 
 
 def build_hooks(

@@ -20,7 +20,7 @@ from watcher.alerts.guard_options import check_on_hang, start_guard
 from watcher.alerts.hang import HangRule
 from watcher.alerts.options import open_alerts
 from watcher.assembly import WatchPlan, assemble
-from watcher.cli.hooks import build_hooks, callback_objects, hook_options, tracker_exporters
+from watcher.cli.hooks import build_hooks, callback_objects, hook_options
 from watcher.cli.options import parse_queue, watch_options
 from watcher.engine.console import ConsoleReporter, PrintableFormatter
 from watcher.engine.cursor import CursorBusy
@@ -28,6 +28,7 @@ from watcher.engine.engine import Watcher
 from watcher.engine.fsinfo import needs_polling
 from watcher.engine.signals import StopOnSignal
 from watcher.exporters.base import close_all
+from watcher.exporters.registry import exporters_for
 from watcher.hooks.delivery import already_said
 from watcher.hooks.hook import Hook
 from watcher.lmeval.options import lm_eval_pairs
@@ -263,7 +264,7 @@ def main(
             callback_objects(callbacks, early_stopping, divergence),
             [alerting.rules] if alerting is not None else [],
         ),
-        tracker_exporters(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb),
+        exporters_for(ckpt_dir, tensorboard_dir, mlflow_uri, mlflow_log_artifacts, wandb),
         options_for,
         shell=shell,
         board=board,

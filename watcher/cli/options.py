@@ -78,13 +78,11 @@ _OPTIONS = [
     click.option(
         "--early-stopping",
         "early_stopping",
-        default=None,
         metavar="K=V,...",
         help="Built-in EarlyStopping, e.g. metric=val_loss,patience=3,min_delta=0.01,mode=min.",
     ),
     click.option(
         "--divergence",
-        default=None,
         metavar="K=V,...",
         help="Built-in DivergenceDetector, e.g. threshold=1.0,patience=3,warmup=10,action=abort "
         "(NaN/Inf loss triggers at once).",
@@ -93,7 +91,6 @@ _OPTIONS = [
         "--tensorboard",
         "tensorboard_dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=None,
         metavar="LOGDIR",
         help="Write loss, lr, grad_norm, throughput, val_* and reported metrics as TensorBoard "
         "scalars (and save/control/train_end as text) to LOGDIR/<run dir name>-<run id> (one "
@@ -105,7 +102,6 @@ _OPTIONS = [
         "mlflow_uri",
         is_flag=False,
         flag_value="",
-        default=None,
         metavar="[TRACKING_URI]",
         help="Write params, metrics, checkpoint paths and the run status to MLflow (one run per "
         "journal run; default URI: $MLFLOW_TRACKING_URI); restarts add no duplicate points. "
@@ -125,7 +121,6 @@ _OPTIONS = [
     ),
     click.option(
         "--name",
-        default=None,
         callback=_cursor_name,
         help="Cursor identity: one word of letters, digits and . _ - (default: derived from "
         "the hooks). It names the cursor's files in the state dir.",
@@ -133,7 +128,6 @@ _OPTIONS = [
     click.option(
         "--state-dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=None,
         help="Cursor, results file and delivery logs (default: DIR/watch).",
     ),
     click.option(
@@ -151,7 +145,6 @@ _OPTIONS = [
     click.option(
         "--timeout",
         type=Seconds(low_open=True),
-        default=None,
         help="Seconds per delivery before its process group is killed [default: 3600].",
     ),
     click.option(
@@ -190,7 +183,6 @@ _OPTIONS = [
     click.option(
         "--poll",
         type=Seconds(low_open=True),
-        default=None,
         metavar="SECONDS",
         help="Poll instead of filesystem events (automatic on network filesystems).",
     ),

@@ -62,13 +62,13 @@ class Attempt:
     t0: float  # its perf_counter start
 
 
+@dataclass(eq=False)
 class Retries:
     """The retry loop of one executor: ``stop`` ends retries and backoff waits early;
     ``checkpoints`` skips a save whose checkpoint was removed."""
 
-    def __init__(self, stop: threading.Event, checkpoints: Checkpoints) -> None:
-        self.stop = stop
-        self.checkpoints = checkpoints
+    stop: threading.Event
+    checkpoints: Checkpoints
 
     def run(self, d: Delivery, attempt: AttemptFn, first_t0: float | None = None) -> DeliveryResult:
         """``attempt`` until it succeeds, its retries are spent, or the watcher stops.

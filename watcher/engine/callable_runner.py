@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from watcher.engine.attempts import TAIL_BYTES, Attempt, Finished, Retries, abandoned
@@ -35,24 +36,19 @@ Ran = tuple[list[Finished], list[Run]]
 TRACEBACKS_SAID = 3
 
 
+@dataclass(eq=False)
 class CallableRunner:
     """Runs the deliveries of callable hooks (lone callables and callback objects' methods).
     ``handback`` sends what they return; ``notice`` says a tracker's failure once."""
 
-    def __init__(
-        self,
-        ckpt_dir: str,
-        *,
-        retries: Retries,
-        handback: HandBack,
-        notice: Callable[[str], None],
-    ) -> None:
-        self.ckpt_dir = ckpt_dir
-        self.retries = retries
-        self.handback = handback
-        self.notice = notice
-        self._tracebacks: dict[str, int] = {}  # hook id -> full tracebacks printed
-        self._tracebacks_lock = threading.Lock()
+    ckpt_dir: str
+    _: KW_ONLY
+    retries: Retries
+    handback: HandBack
+    notice: Callable[[str], None]
+    #: hook id -> full tracebacks printed
+    _tracebacks: dict[str, int] = field(default_factory=dict, init=False)
+    _tracebacks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def deliver(self, d: Delivery, first: Attempt | None = None) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops, each

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +35,24 @@ DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 REPORT_FILE_MAX_BYTES = 64 * 1024
 
 
+@dataclass(eq=False)
 class CommandRunner:
     """Runs the deliveries of command hooks in the watcher's processes. ``files``: the
     watcher's state files (logs, running markers, scratch; None: none written, scratch in
     the system's temp dir); ``notice`` says (once) that the state dir cannot be written."""
 
-    def __init__(
-        self,
-        journal: Path,
-        *,
-        files: StateFiles | None,
-        retries: Retries,
-        handback: HandBack,
-        notice: Callable[[str], None],
-    ) -> None:
-        self.journal = journal
-        self.ckpt_dir = str(journal.parent)
-        self.files = files
-        self.retries = retries
-        self.handback = handback
-        self.notice = notice
-        self._tmp_scratch: Path | None = None  # the same in the system's temp dir (fallback)
+    journal: Path
+    _: KW_ONLY
+    files: StateFiles | None
+    retries: Retries
+    handback: HandBack
+    notice: Callable[[str], None]
+    #: the scratch dir in the system's temp dir (the fallback)
+    _tmp_scratch: Path | None = field(default=None, init=False)
+
+    @property
+    def ckpt_dir(self) -> str:
+        return str(self.journal.parent)
 
     def deliver(self, d: Delivery) -> DeliveryResult:
         """Run ``d`` until it succeeds, its retries are spent, or the watcher stops."""
@@ -101,15 +99,7 @@ class CommandRunner:
             return
         report_file = event_file.with_name(f"{stem}.json")
         _discard(report_file)  # a killed predecessor's attempt must not count
-        env = command_env(
-            d.record,
-            payload,
-            event_file,
-            ckpt_dir=self.ckpt_dir,
-            journal=str(self.journal),
-            delivery_id=d.delivery_id,
-        )
-        env["ILAB_REPORT"] = str(report_file)
+        env = command_env(d, payload, event_file, report_file, self.journal)
         try:
             ran = run_command(
                 argv, env, event_file, timeout, lambda pid: self._mark_running(pid, d)

@@ -214,9 +214,7 @@ class Completions:
                 errors = self.errors.setdefault((out.hook, out.event), [])
                 if len(errors) < ERRORS_KEPT:
                     errors.append(str(out.error))
-                hook_failures = self.failures.get((out.hook, out.event))
-                if hook_failures is None:
-                    hook_failures = self.failures[out.hook, out.event] = HookFailures()
+                hook_failures = self.failures.setdefault((out.hook, out.event), HookFailures())
                 if not hook_failures.add(out):
                     hidden.add(id(out))
                     if line := hook_failures.so_far():
@@ -264,16 +262,9 @@ class Completions:
                 continue
             if f.count > FAILURES_SHOWN and not already_said(last.error):
                 where = f"; every failure is in {self.results_path}" if self.results_path else ""
-                log.warning(
-                    "%s on %s failed %d times in all (seq %d to %d), the last: %s%s",
-                    last.hook,
-                    last.event,
-                    f.count,
-                    f.first_seq,
-                    last.seq,
-                    last.error,
-                    where,
-                )
+                seqs = f"seq {f.first_seq} to {last.seq}"
+                said = f"{last.hook} on {last.event} failed {f.count} times in all ({seqs})"
+                log.warning("%s, the last: %s%s", said, last.error, where)
             if f.tails:
                 tails = "".join(
                     f"--- seq {t.seq} ({t.delivery_id}): {t.error}\n"

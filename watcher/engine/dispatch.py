@@ -9,10 +9,11 @@ them in place.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
+from journal.record.events import AFTER_END_EVENTS
 from journal.record.record import Record
 from watcher.hooks.delivery import Batch, Delivery, Run, undeliverable
 from watcher.hooks.hook import Hook
@@ -26,8 +27,8 @@ class Routed(NamedTuple):
 
     #: lane index -> its deliveries in journal order (only the lanes that got some)
     deliveries: dict[int, list[Delivery]]
-    #: the run's end as the records say: True after a ``train_end``, False after a
-    #: ``train_begin`` (a resumed attempt), None when they hold neither
+    #: whether the attempt has ended as the records say (:func:`attempt_ended`; None: they
+    #: hold only records others append after an end)
     ended: bool | None
     #: the inline lanes' deliveries, as runs (lane index -> in journal order)
     plain: dict[int, list[Run]]
@@ -110,8 +111,7 @@ class Dispatcher:
             self.inline
             and (fast := self._route_plain(records, batch, events, kinds, whole)) is not None
         ):
-            ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
-            return Routed({}, ended, {0: fast} if fast else {})
+            return Routed({}, attempt_ended(events), {0: fast} if fast else {})
         lease_for = self._lease_for
         done, done_max = self._done, self._done_max
         made: list[list[Any]] = [[] for _ in self.lanes]
@@ -150,8 +150,7 @@ class Dispatcher:
                 add(Delivery(hook, rec, batch, None, lease))
         per_lane = {lane: todo for lane, todo in enumerate(made) if todo and lane not in inline}
         plain = {lane: made[lane] for lane in inline if made[lane]}
-        ended = _ended(events) if kinds is None or not kinds.isdisjoint(_ENDS) else None
-        return Routed(per_lane, ended, plain)
+        return Routed(per_lane, attempt_ended(events), plain)
 
     def _route_plain(
         self,
@@ -200,21 +199,21 @@ def events_of(records: list[Record]) -> tuple[list[Any], set[str] | None]:
         return [ev if type(ev) is str else None for ev in events], None
 
 
-def _ended(events: list[Any]) -> bool | None:
-    """The run's end as ``events`` say (:data:`Routed`): the last ``train_end`` or
-    ``train_begin`` (a resumed attempt: its predecessor's end is not ours) decides."""
+def attempt_ended(events: Sequence[Any], ended: bool | None = None) -> bool | None:
+    """Whether the attempt has ended after ``events`` (in journal order), by the journal's
+    one rule (``journal.store.tail``'s ``Tail.ended``): the last event that is not one of
+    :data:`~journal.record.events.AFTER_END_EVENTS` (a late report, a job, an alert...)
+    decides, ended when it is ``train_end``. ``ended``: what was known before them (the
+    answer when they are all such records)."""
     for ev in reversed(events):
-        if ev == "train_end":
-            return True
-        if ev == "train_begin":
-            return False
-    return None
+        if ev not in AFTER_END_EVENTS:
+            return ev == "train_end"
+    return ended
 
 
 _event_of = methodcaller("get", "event")
 _run_id_of = itemgetter("run_id")
 _ts_of = itemgetter("ts")
-_ENDS = frozenset({"train_end", "train_begin"})
 
 
 def lanes(hooks: list[Hook]) -> list[list[Hook]]:

@@ -37,6 +37,7 @@ import os
 import re
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,13 +158,10 @@ class MlflowExport(MetricsExport):
 
     def on_save(self, event: Event, **data: Any) -> None:
         with self._lock:
-            fold = self._folds.add(event)
-            fate = self._fate(fold, data)
-            run = self._run(event)
-            if run is None or fate is None:
+            found = self._checkpoint(event, data, lambda fate: story.save_tags(fate, event.step))
+            if found is None:
                 return
-            self._tags(run, story.save_tags(fate, event.step))
-            self._best(run, fold)
+            run, fate = found
             where = f"checkpoints/{fate.name}"
             gone = not os.path.isdir(str(data["checkpoint_path"]))  # a replay's removed one
             if self.log_artifacts and not gone and not self.client.list_artifacts(run.id, where):
@@ -198,22 +196,12 @@ class MlflowExport(MetricsExport):
 
     def on_report(self, event: Event, **data: Any) -> None:
         super().on_report(event, **data)  # the metrics, at the checkpoint's step
-        with self._lock:
-            fold = self._folds.add(event)
-            fate = self._fate(fold, data)
-            run = self._run(event)
-            if run is not None and fate is not None:
-                self._tags(run, story.report_tags(fate, data))
-                self._best(run, fold)  # a late report may change it, after train_end too
+        with self._lock:  # a late report may change the best, after train_end too
+            self._checkpoint(event, data, lambda fate: story.report_tags(fate, data))
 
     def on_checkpoint_removed(self, event: Event, **data: Any) -> None:
-        with self._lock:
-            fold = self._folds.add(event)
-            fate = self._fate(fold, data)
-            run = self._run(event)
-            if run is not None and fate is not None:
-                self._tags(run, story.removed_tags(fate, event.step, data))
-                self._best(run, fold)  # the best removed: the next one is
+        with self._lock:  # the best removed: the next one is
+            self._checkpoint(event, data, lambda fate: story.removed_tags(fate, event.step, data))
 
     def on_control(self, event: Event, **data: Any) -> None:
         with self._lock:
@@ -223,6 +211,21 @@ class MlflowExport(MetricsExport):
                 self._tags(run, story.control_tags(data))
 
     # -- the run's fold ------------------------------------------------------------------
+
+    def _checkpoint(
+        self, event: Event, data: dict[str, Any], tags: Callable[[CheckpointFate], dict[str, str]]
+    ) -> tuple[_Run, CheckpointFate] | None:
+        """Fold a record about a checkpoint (under the lock) and tag its run: ``tags`` of
+        the checkpoint's fate, and the fold's best. The run and the fate (None: no run, or
+        a checkpoint the fold does not know)."""
+        fold = self._folds.add(event)
+        fate = self._fate(fold, data)
+        run = self._run(event)
+        if run is None or fate is None:
+            return None
+        self._tags(run, tags(fate))
+        self._best(run, fold)
+        return run, fate
 
     @staticmethod
     def _fate(fold: RunFold, data: dict[str, Any]) -> CheckpointFate | None:

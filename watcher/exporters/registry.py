@@ -6,7 +6,7 @@ a tracker's package is loaded only when it is asked for."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,23 +70,22 @@ def exporters_for(
     mlflow_uri: str | None,
     mlflow_log_artifacts: bool,
     wandb: bool,
-) -> list[Any]:
-    """The exporters ``ilab-watch``'s options ask for (CallbackSpecError: one unusable)."""
+) -> Iterator[Any]:
+    """The exporters ``ilab-watch``'s options ask for (CallbackSpecError: one unusable),
+    made when iterated: once every other hook is made."""
     if mlflow_log_artifacts and mlflow_uri is None:
         raise CallbackSpecError("--mlflow-log-artifacts needs --mlflow")
     wanted = {"tensorboard": tensorboard_dir is not None, "mlflow": mlflow_uri is not None}
     wanted["wandb"] = wandb
-    return [
-        make_exporter(
-            name,
-            ckpt_dir,
-            tensorboard_dir=tensorboard_dir,
-            mlflow_uri=mlflow_uri or None,
-            mlflow_log_artifacts=mlflow_log_artifacts,
-        )
-        for name, on in wanted.items()
-        if on
-    ]
+    for name, on in wanted.items():
+        if on:
+            yield make_exporter(
+                name,
+                ckpt_dir,
+                tensorboard_dir=tensorboard_dir,
+                mlflow_uri=mlflow_uri or None,
+                mlflow_log_artifacts=mlflow_log_artifacts,
+            )
 
 
 def replay_command(name: str, ckpt_dir: Path, settings: Mapping[str, str] | None = None) -> str:

@@ -23,9 +23,9 @@ from typing import IO
 
 import orjson
 
-from journal.record.record import Record
 from journal.rundir.files import json_files
 from journal.rundir.procs import spawn_dying_with_us, start_time
+from watcher.hooks.delivery import Delivery
 
 #: The last bytes of each output stream kept (for the delivery log; results keep less).
 OUTPUT_KEEP_BYTES = 64 * 1024
@@ -64,17 +64,14 @@ def _fits(value: str) -> bool:
 
 
 def command_env(
-    rec: Record,
-    payload: bytes,
-    event_file: Path,
-    *,
-    ckpt_dir: str,
-    journal: str,
-    delivery_id: str,
+    d: Delivery, payload: bytes, event_file: Path, report_file: Path, journal: Path
 ) -> dict[str, str]:
-    """The environment of one delivery: the watcher's, plus ``ILAB_*`` from the record.
-    Values that cannot be environment strings (over 64 KiB, or with a NUL byte) and fields
-    whose names cannot be variable names are left out: they are in the event file."""
+    """The environment of ``d``'s command (``payload``: its record as JSON, in
+    ``event_file``; ``report_file``: its ``$ILAB_REPORT``): the watcher's, plus ``ILAB_*``
+    from the record. Values that cannot be environment strings (over 64 KiB, or with a NUL
+    byte) and fields whose names cannot be variable names are left out: they are in the
+    event file."""
+    rec = d.record
     env = dict(os.environ)
     budget = PAYLOAD_ENV_BUDGET
     for k, v in rec["data"].items():
@@ -93,10 +90,11 @@ def command_env(
     }
     env.update({k: str(v) for k, v in envelope.items() if _fits(str(v))})
     env.update(
-        ILAB_CKPT_DIR=ckpt_dir,
-        ILAB_JOURNAL=journal,
-        ILAB_DELIVERY_ID=delivery_id,
+        ILAB_CKPT_DIR=str(journal.parent),
+        ILAB_JOURNAL=str(journal),
+        ILAB_DELIVERY_ID=d.delivery_id,
         ILAB_EVENT_FILE=str(event_file),
+        ILAB_REPORT=str(report_file),
     )
     env.pop("ILAB_EVENT_JSON", None)  # never one inherited from the watcher's environment
     if len(payload) <= MAX_ENV_VALUE_BYTES and b"\0" not in payload:

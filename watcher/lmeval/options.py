@@ -31,7 +31,6 @@ LM_EVAL_OPTIONS = [
     click.option(
         "--lm-eval",
         "lm_eval_tasks",
-        default=None,
         metavar="TASKS",
         help="Run lm-evaluation-harness on each save's HF export (comma-separated tasks, e.g. "
         "hellaswag,arc_easy) and report every metric as TASK/METRIC (hellaswag/acc_norm), for "
@@ -39,7 +38,6 @@ LM_EVAL_OPTIONS = [
     ),
     click.option(
         "--lm-eval-args",
-        default=None,
         metavar="ARGS",
         help="With --lm-eval: more lm-eval options, e.g. '--batch_size 8 --num_fewshot 5' "
         "(--model_args are added to pretrained=<hf_path>).",
@@ -48,7 +46,6 @@ LM_EVAL_OPTIONS = [
         "--limit",
         "lm_eval_limit",
         type=Number(0, low_open=True),  # FloatRange let nan and inf through
-        default=None,
         metavar="N",
         help="With --lm-eval: at most N examples per task (a fraction below 1).",
     ),
@@ -56,7 +53,6 @@ LM_EVAL_OPTIONS = [
         "--include-path",
         "lm_eval_include",
         type=click.Path(exists=True, file_okay=False, path_type=Path),
-        default=None,
         metavar="DIR",
         help="With --lm-eval: a folder of your own task YAML files.",
     ),
@@ -254,16 +250,8 @@ def lm_eval_pairs(
 ) -> list[tuple[str, str]]:
     """The ``("save", command)`` hook of ``--lm-eval`` (none without it), checked."""
     if tasks is None:
-        given = [
-            name
-            for name, v in (
-                ("--lm-eval-args", args),
-                ("--limit", limit),
-                ("--include-path", include_path),
-            )
-            if v is not None
-        ]
-        if given:
+        options = {"--lm-eval-args": args, "--limit": limit, "--include-path": include_path}
+        if given := [name for name, v in options.items() if v is not None]:
             raise click.UsageError(f"{', '.join(given)} need(s) --lm-eval TASKS")
         return []
     names = [t.strip() for t in tasks.split(",") if t.strip()]

@@ -37,6 +37,7 @@ from journal.record.record import Record
 from journal.remote.errors import classify
 from journal.remote.owner import NotOwner, OwnedStore, PrefixGone
 from journal.rundir.paths import checkpoint_root, journal_path
+from watcher.engine.dispatch import attempt_ended
 from watcher.engine.leasing import LeaseKeeper
 from watcher.mirror.checkpoints import Uploaded, lease_role, remove_checkpoint, upload_checkpoint
 from watcher.mirror.inbound import bring_in
@@ -200,9 +201,9 @@ class Mirror:
             end = read.offset
             fresh = end > self._parsed  # its records may have queued work: not done yet
             if fresh:
+                ended = bool(attempt_ended([rec["event"] for rec in read.records], ended))
                 for rec in read.records:
                     ev = rec["event"]
-                    ended = (ended or ev == "train_end") and ev != "train_begin"
                     if ev in ("save", "train_end"):
                         urgent_to = end
                     self._note(rec)

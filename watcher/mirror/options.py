@@ -26,7 +26,6 @@ _OPTIONS = [
     click.option(
         "--mirror",
         "mirror_uri",
-        default=None,
         metavar="URI",
         help="Copy each complete checkpoint (marker last) and the journal (as segments) to URI "
         "(any fsspec URI; s3:// needs s3fs, the `s3` extra), leasing each checkpoint until it "
@@ -48,7 +47,6 @@ _OPTIONS = [
         "--download",
         "download_dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=None,
         metavar="DIR",
         help="With a store URI for DIR: keep the run in DIR and fetch each checkpoint there "
         "before its callbacks run (default: the checkpoint's URI in checkpoint_uri, no "

@@ -24,7 +24,6 @@ SCHEDULER_OPTIONS = [
     click.option(
         "--via",
         type=click.Choice(["slurm", "ray", "local"]),
-        default=None,
         help="Run the command hooks as scheduler jobs: slurm (sbatch --parsable, one squeue "
         "per poll for all jobs), ray (Ray's job API, one list_jobs per poll) or local "
         "(processes). A delivery runs, and its checkpoint stays leased, until its job ends; a "
@@ -32,21 +31,18 @@ SCHEDULER_OPTIONS = [
     ),
     click.option(
         "--ray-address",
-        default=None,
         metavar="URL",
         help="With --via ray: the job endpoint, e.g. http://head:8265 (a KubeRay cluster's "
         "too) [default: $RAY_ADDRESS].",
     ),
     click.option(
         "--ray-resources",
-        default=None,
         metavar="K=V,...",
         help="With --via ray: what each job's entrypoint needs, e.g. num_gpus=1 (it waits "
         "PENDING for a free GPU), num_cpus=2, memory=BYTES, or a custom resource.",
     ),
     click.option(
         "--sbatch-args",
-        default=None,
         metavar="ARGS",
         help="With --via slurm: options for every sbatch, e.g. '--gres=gpu:1 --time=30' "
         "(not --array or --hold: an eval would run several times, or never).",

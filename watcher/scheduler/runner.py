@@ -145,15 +145,7 @@ class JobRunner:
         except OSError as exc:
             out.status, out.error = "failed", f"cannot write the job's files: {exc.strerror or exc}"
             return None
-        env = command_env(
-            d.record,
-            payload,
-            event,
-            ckpt_dir=self.site.ckpt_dir,
-            journal=str(self.site.journal),
-            delivery_id=d.delivery_id,
-        )
-        env["ILAB_REPORT"] = str(prefix.with_suffix(".report.json"))
+        env = command_env(d, payload, event, prefix.with_suffix(".report.json"), self.site.journal)
         digest = hashlib.sha1(f"{self.dir}/{d.file_stem}".encode()).hexdigest()[:12]
         marker: dict[str, Any] = {
             "delivery_id": d.delivery_id,
