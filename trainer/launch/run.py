@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -336,17 +336,14 @@ def _launch(
     records = (
         store.read(journal, Cursor(start_offset), final=True).records if journal.exists() else []
     )
-    end: Mapping[str, Any] | None = next(
-        (r for r in reversed(records) if r["event"] == "train_end"), None
-    )
-    last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
+    end = _last(records, "train_end")
+    last_save = _last(records, "save")
     if end is None and train_args.journal_detail != "off":
         # The workers are gone and wrote no train_end (killed, OOM, a collective that failed
         # when another rank ended). They were the only writer; now that they have exited,
         # record the ending so watchers and status see it: the rank torchrun saw end first.
         # A hang guard (ours or an ilab-watch's) that aborted them left a marker: a hang.
-        begin = next((r for r in reversed(records) if r["event"] == "train_begin"), None)
-        hang = abort_marker(ckpt_dir, begin)
+        hang = abort_marker(ckpt_dir, _last(records, "train_begin"))
         facts = cfg.relaunch_facts(last_save is not None)
         if hang is None:
             facts |= first_failure(ckpt_dir, first_path, sink.targets if sink else [])
@@ -357,7 +354,7 @@ def _launch(
     if alerting is not None:  # the rules saw train_end: what they raised is sent, or given up
         alerting.close()
     data = end["data"] if end is not None else {}
-    last_log = next((r for r in reversed(records) if r["event"] == "log"), None)
+    last_log = _last(records, "log")
     result = TrainingResult(
         status=data.get("status", "completed" if rc == 0 else "failed"),
         reason=data.get("reason"),
@@ -379,6 +376,11 @@ def _launch(
             f"training failed: {result.reason or 'unknown error'} (log: {log_path})", result
         )
     return result
+
+
+def _last(records: Sequence[Mapping[str, Any]], event: str) -> Mapping[str, Any] | None:
+    """The last of ``records`` with this ``event``, or None."""
+    return next((r for r in reversed(records) if r["event"] == event), None)
 
 
 def _write_fallback_end(

@@ -29,31 +29,7 @@ from journal.rundir.inbox import (
 from journal.rundir.paths import PROCESSED_DIR_NAME, control_dir
 from journal.rundir.safety import safe_dir
 from trainer.steering.dir_watch import DirWatch
-from trainer.steering.policy import (  # the command list is the policy's; re-exported here
-    ABORT,
-    BITS,
-    EVALUATE,
-    LOG,
-    SAVE,
-    STOP,
-    Capabilities,
-    command_names,
-)
-
-__all__ = [
-    "ABORT",
-    "BITS",
-    "EVALUATE",
-    "LOG",
-    "SAVE",
-    "STOP",
-    "Command",
-    "ControlPoller",
-    "Rejection",
-    "command_files",
-    "command_names",
-    "rejection_line",
-]
+from trainer.steering.policy import BITS, Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +92,20 @@ def rejection_line(rej: Rejection) -> str:
     what = " ".join(x for x in (rej.command, f"({who})" if who else None) if x)
     line = f"control {what} rejected: {rej.reason}" if what else f"control: {rej.reason}"
     return printable(line)
+
+
+def _control_record(
+    verdict: Command | Rejection, accepted: bool, step: int | None
+) -> dict[str, Any]:
+    """The ``control`` record of a command applied at ``step``, or of a rejection."""
+    return {
+        "command": verdict.command,
+        "id": verdict.id,
+        "source": verdict.source,
+        "accepted": accepted,
+        "reason": verdict.reason,
+        "applied_at_step": step,
+    }
 
 
 class ControlPoller:
@@ -200,30 +190,11 @@ class ControlPoller:
         ``control`` records; returns the applied ones' records."""
         for rej in self.take_rejected():
             log.warning("%s", rejection_line(rej))  # one line on the trainer's console
-            emit(
-                "control",
-                {
-                    "command": rej.command,
-                    "id": rej.id,
-                    "source": rej.source,
-                    "accepted": False,
-                    "reason": rej.reason,
-                    "applied_at_step": None,
-                },
-            )
-        out = []
-        for cmd in self.take_applied():
-            rec = {
-                "command": cmd.command,
-                "id": cmd.id,
-                "source": cmd.source,
-                "accepted": True,
-                "reason": cmd.reason,
-                "applied_at_step": step,
-            }
+            emit("control", _control_record(rej, False, None))
+        applied = [_control_record(cmd, True, step) for cmd in self.take_applied()]
+        for rec in applied:
             emit("control", rec)
-            out.append(rec)
-        return out
+        return applied
 
     def _scan(self) -> None:
         try:
