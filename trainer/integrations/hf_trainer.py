@@ -43,38 +43,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainer.integrations.common import Steering, open_journal
+from trainer.integrations.common import Steering, StepPosition, open_journal
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
-
-
-class HFPosition:
-    """HF's ``TrainerState`` as the journal's position. Inside a step (``on_step_begin`` to
-    ``on_step_end``) HF has not counted the step yet: its records carry global_step + 1.
-
-    ``samples_seen`` counts the samples of the steps done, on all ranks: each optimizer step
-    takes ``per_step`` of them (HF's total train batch size: the per-device batch, which
-    ``auto_find_batch_size`` may have lowered, times gradient accumulation times the ranks),
-    so it follows a resume too."""
-
-    def __init__(self, state: Any, per_step: int = 0) -> None:
-        self.state = state
-        self.per_step = per_step
-        self.in_step = False
-
-    @property
-    def step(self) -> int:
-        return int(self.state.global_step) + (1 if self.in_step else 0)
-
-    @property
-    def epoch(self) -> int:
-        return int(self.state.epoch or 0)
-
-    @property
-    def samples_seen(self) -> int:
-        return int(self.state.global_step) * self.per_step
 
 
 def samples_per_step(args: Any, state: Any, world: int) -> int:
@@ -113,7 +86,9 @@ class JournalCallback(TrainerCallback):
         self.keep_last_n = keep_last_n
         self.capabilities = self.capabilities.adding(cannot)
         self._run_journal: RunJournal | None = None
-        self.position: HFPosition | None = None
+        # HF's TrainerState; per_step: HF's total train batch size (the per-device batch, which
+        # auto_find_batch_size may have lowered, times gradient accumulation times the ranks)
+        self.position: StepPosition | None = None
         self.device = torch.device("cpu")
         self.steering = Steering()
         self.step_t0 = time.perf_counter()
@@ -129,7 +104,7 @@ class JournalCallback(TrainerCallback):
         self.device = torch.device(args.device)
         # samples per step needs the journal's world size: set once it is open (no record
         # is written in between)
-        self.position = HFPosition(state)
+        self.position = StepPosition(state)
         self._run_journal = open_journal(
             self.ckpt_dir or args.output_dir,
             main=state.is_world_process_zero,

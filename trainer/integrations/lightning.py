@@ -56,32 +56,19 @@ from journal.checkpoints import leases
 from journal.checkpoints.leases import LeaseError
 from journal.checkpoints.rotation import finish_interrupted_removals, remove_unless_leased
 from journal.rundir.paths import checkpoints_dir
-from trainer.integrations.common import Steering, open_journal
+from trainer.integrations.common import Steering, StepPosition, open_journal
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
 
 
-class LightningPosition:
-    """The Trainer's counters as the journal's position. Inside a step Lightning has not
-    counted it yet: its records carry ``global_step + 1``."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.in_step = False
-
-    @property
-    def step(self) -> int:
-        return int(self.trainer.global_step) + (1 if self.in_step else 0)
+class LightningPosition(StepPosition):
+    """The Trainer's counters as the journal's position (no samples count)."""
 
     @property
     def epoch(self) -> int:
-        return int(self.trainer.current_epoch)
-
-    @property
-    def samples_seen(self) -> int:
-        return 0
+        return int(self.counters.current_epoch)
 
 
 _ROTATION = "ModelCheckpoint rotation"

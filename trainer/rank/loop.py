@@ -43,9 +43,9 @@ from trainer.rank.profiling import StepProfiler
 from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
 from trainer.steering.callback_pacing import CallbackPacer
-from trainer.steering.decisions import EndReason, decide, export_decision
+from trainer.steering.decisions import decide, export_decision
 from trainer.steering.lease_pacing import LeasePacer, save_scheduled
-from trainer.steering.policy import command_names, ending_command, train_end
+from trainer.steering.policy import EndReason, command_names, ending_command, train_end
 
 log = logging.getLogger("trainer")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +77,7 @@ class PaceResult:
     leased: int  # checkpoints leased when the wait began
 
 
+@dataclass(eq=False)  # a pacer is one wait's state, equal to itself only
 class LeasePacer:
     """Rank 0's wait for leases before a scheduled save.
 
@@ -91,24 +92,17 @@ class LeasePacer:
         tick_s: how often the flags are looked at while waiting.
     """
 
-    def __init__(
-        self,
-        ckpt_dir: str | Path,
-        max_leased: int,
-        limit_s: float,
-        *,
-        control: DirWatch | None = None,
-        interrupted: Callable[[], bool] = lambda: False,
-        tick_s: float = 0.05,
-    ) -> None:
-        if max_leased < 1:
-            raise ValueError(f"max_leased must be >= 1, not {max_leased}")
-        self.ckpt_dir = Path(ckpt_dir)
-        self.max_leased = max_leased
-        self.limit_s = limit_s
-        self.control = control
-        self.interrupted = interrupted
-        self.tick_s = tick_s
+    ckpt_dir: Path
+    max_leased: int
+    limit_s: float
+    _: KW_ONLY
+    control: DirWatch | None = None
+    interrupted: Callable[[], bool] = lambda: False
+    tick_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.max_leased < 1:
+            raise ValueError(f"max_leased must be >= 1, not {self.max_leased}")
 
     @classmethod
     def for_run(
