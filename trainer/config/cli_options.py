@@ -117,11 +117,6 @@ class FieldOption:
         return self.decls[-1]
 
 
-def is_callback(info: FieldInfo) -> bool:
-    """Callback fields are the ones the workers' copy excludes (see trainer.config)."""
-    return bool(info.exclude)
-
-
 def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
     """``(path, field)`` for every plain-data leaf field of ``model``, nested ones walked."""
     for name, info in model.model_fields.items():
@@ -129,7 +124,7 @@ def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, Fie
         sub = info.annotation
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             yield from model_fields(path, sub)
-        elif not is_callback(info):
+        elif not info.exclude:  # callback fields: the workers' copy excludes them
             yield path, info
 
 

@@ -92,7 +92,8 @@ class JournalCheckpointIO(CheckpointIO):
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if Path(path).exists():  # a complete file: the write above returned
             self.last = str(Path(path).resolve())
-            self._forget(Path(self.last))  # written again: no longer to be deleted
+            # a kept file written again is a new checkpoint: no longer to be deleted
+            self.kept = {n: kept for n, kept in self.kept.items() if kept != Path(self.last)}
             self.journal.emit(
                 "save",
                 {
@@ -120,7 +121,10 @@ class JournalCheckpointIO(CheckpointIO):
             self.inner.remove_checkpoint(path)
             self._removed(target)
             return
-        if not self._remove(name, target):
+        leased = target.exists() and leases.leased(
+            self.journal.dir, {name}, on_reject=self._refused
+        )
+        if leased or not self._delete(name, target):
             self.kept[name] = target
             log.info("keeping %s: leased", target)
             self.journal.emit(
@@ -136,13 +140,6 @@ class JournalCheckpointIO(CheckpointIO):
         for name, target in list(self.kept.items()):
             if name not in held and self._delete(name, target):
                 del self.kept[name]
-
-    def _remove(self, name: str, target: Path) -> bool:
-        """Delete ``target`` unless leased, journaling ``checkpoint_removed``; True once it
-        is gone."""
-        if target.exists() and leases.leased(self.journal.dir, {name}, on_reject=self._refused):
-            return False
-        return self._delete(name, target)
 
     def _delete(self, name: str, target: Path) -> bool:
         """Delete ``target``, unleased at the last look; True once it is gone (see
@@ -167,12 +164,6 @@ class JournalCheckpointIO(CheckpointIO):
     def _refused(self, record: dict[str, Any]) -> None:
         """A file in ``leases/`` that is not a lease: moved aside, journaled."""
         self.journal.emit("control", record)
-
-    def _forget(self, target: Path) -> None:
-        """A kept file written again is a new checkpoint: it is no longer to be deleted."""
-        for name, kept in list(self.kept.items()):
-            if kept == target:
-                del self.kept[name]
 
     def teardown(self) -> None:
         self.inner.teardown()
