@@ -188,12 +188,12 @@ def run_training(
             run_lock.acquire(timeout=0.5)
         except Locked:
             raise RunDirBusy(_busy_message(ckpt_dir)) from None
-    if run_lock is not None and run_lock.previous:
-        print(
-            f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
-            "ended without releasing the directory; taking over",
-            file=sys.stderr,
-        )
+        if run_lock.previous:
+            print(
+                f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
+                "ended without releasing the directory; taking over",
+                file=sys.stderr,
+            )
     try:
         restore_if_empty(train_args, ckpt_dir)  # under the run lock: one restore per dir
         if train_args.resume == "never":
