@@ -32,8 +32,6 @@ from trainer.launch import TrainingResult
 
 #: The name to pass as ``sft(..., backend=...)``.
 BACKEND = "ilab-journal"
-#: sft()'s torchrun parameters: those of InstructLab's TorchrunArgs (one list, run.py).
-TORCHRUN_KEYS = frozenset(TORCH_FIELDS)
 #: training_hub's parameter -> instructlab-training's field, as its backend renames them.
 RENAMED = {
     "max_tokens_per_gpu": "max_batch_len",
@@ -46,7 +44,8 @@ def hub_to_instructlab(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     """``(torch_args, train_args)`` as instructlab-training mappings for training_hub's SFT
     parameters (those its ``instructlab-training`` backend receives)."""
     params = dict(params)
-    torch = {k: params.pop(k) for k in list(params) if k in TORCHRUN_KEYS}
+    # sft()'s torchrun parameters: those of InstructLab's TorchrunArgs (one list, run.py)
+    torch = {k: params.pop(k) for k in list(params) if k in TORCH_FIELDS}
     try:
         torch = utils.get_torchrun_params(torch)  # its precedence: arguments, PET_*, defaults
     except ValueError as exc:

@@ -63,9 +63,8 @@ def leased_count(ckpt_dir: str | Path, now: float | None = None) -> tuple[int, f
     """How many checkpoints of this run hold an unexpired lease (a checkpoint with two
     leases counts once), and when the first of those leases expires (None when none)."""
     held = leases.active(ckpt_dir, now)
-    return len({lease.checkpoint for lease in held}), min(
-        (lease.expires for lease in held), default=None
-    )
+    first_expiry = min((lease.expires for lease in held), default=None)
+    return len({lease.checkpoint for lease in held}), first_expiry
 
 
 @dataclass(frozen=True)
