@@ -51,10 +51,8 @@ class TrainingArgs(Settings):
     )
     demo: bool = Field(
         False,
-        description=(
-            "Generated arithmetic demo data instead of --data (the built-in model unless "
-            "--model-path)."
-        ),
+        description="Generated arithmetic demo data instead of --data (the built-in model "
+        "unless --model-path).",
     )
     demo_samples: int = Field(6000, ge=64, description="Generated demo training samples.")
 

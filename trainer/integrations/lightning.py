@@ -240,7 +240,7 @@ class JournalCallback(Callback):
         trainer.strategy.checkpoint_io = self.io
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        config = {k: v for k, v in dict(pl_module.hparams).items()}
+        config = dict(pl_module.hparams)
         config.update(max_steps=trainer.max_steps, max_epochs=trainer.max_epochs)
         notes = unprotected_dirs(trainer, self.journal.dir) if self.journal.main else []
         for note in notes:

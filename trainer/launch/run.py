@@ -32,7 +32,7 @@ from journal.store import Cursor, guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch.cluster_env import torchrun_command, torchrun_env
-from trainer.launch.console import ConsoleFilter
+from trainer.launch.console import ConsoleFilter, say
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight, resolve_backend, visible_gpus
@@ -174,7 +174,7 @@ def run_training(
     with _checkpoint_dir_errors(train_args.ckpt_dir):
         check_run_dir(train_args.ckpt_dir)
     for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
-        print(f"ilab-train: warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     fresh = not os.path.lexists(train_args.ckpt_dir)
     with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
         make_dir(train_args.ckpt_dir)
@@ -189,10 +189,9 @@ def run_training(
         except Locked:
             raise RunDirBusy(_busy_message(ckpt_dir)) from None
         if run_lock.previous:
-            print(
-                f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
-                "ended without releasing the directory; taking over",
-                file=sys.stderr,
+            say(
+                f"warning: the previous launcher ({describe(run_lock.previous)}) ended without "
+                "releasing the directory; taking over"
             )
     try:
         restore_if_empty(train_args, ckpt_dir)  # under the run lock: one restore per dir
@@ -418,7 +417,7 @@ def _write_fallback_end(
         with guest(ckpt_dir, role="launcher", timeout=10) as w:
             seq = w.append("train_end", payload)  # closes their attempt
     except JournalLocked as exc:  # a worker outlived torchrun and still writes
-        print(f"ilab-train: cannot record the workers' end: {exc}", file=sys.stderr)
+        say(f"cannot record the workers' end: {exc}")
     drain(ckpt_dir, role="launcher")
     end = find_last(journal_path(ckpt_dir), "train_end")
     if seq is None or end is None or end["seq"] != seq:  # not written (disk full?)
