@@ -182,9 +182,8 @@ def _option(path: str, info: FieldInfo, section: str | None) -> FieldOption:
     default = None if info.is_required() else info.get_default(call_default_factory=True)
     if default == []:  # an empty list: nothing to show
         default = None
-    decl = flag
-    if is_flag and default:  # a flag that is on unless switched off: --x/--no-x
-        decl = f"{flag}/--no-{flag[2:]}"
+    # a flag that is on unless switched off: --x/--no-x
+    decl = f"{flag}/--no-{flag[2:]}" if is_flag and default else flag
     attrs = {
         "type": ptype,
         "is_flag": is_flag,

@@ -175,10 +175,7 @@ def _trackers(_v: Any, a: Mapping[str, Any]) -> dict[str, Any]:
     if a["tensorboard_log_dir"]:
         report.append("tensorboard")
     mlflow_env = env.get("MLFLOW_TRACKING_URI") or env.get("MLFLOW_EXPERIMENT_NAME")
-    if (
-        any(a[k] for k in ("mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name"))
-        or mlflow_env
-    ):
+    if any(a[k] for k in _TRACKERS if k.startswith("mlflow_")) or mlflow_env:
         report.append("mlflow")
     if a["wandb_project"] or env.get("WANDB_PROJECT"):
         report.append("wandb")
