@@ -146,7 +146,7 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
         train_forward=lambda m, loss: setattr(m.head, "impl", loss),
         blocks=lambda m: m.blocks,
         extra_units=lambda m: m.shard_units(),
-        writer=lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
+        writer=lambda tied: partial(save_consolidated, cfg=cfg, dtype=spec.export_dtype),
     )
 
 
@@ -182,9 +182,3 @@ def _shard(
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], **kw)
     fully_shard(model, **kw)
-
-
-def _save_builtin(
-    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any], dtype: torch.dtype
-) -> None:
-    save_consolidated(out_dir, state_dict, cfg, dtype)

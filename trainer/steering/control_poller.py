@@ -174,24 +174,17 @@ class ControlPoller:
             mask |= BITS[cmd.command]
         return mask
 
-    def take_applied(self) -> list[Command]:
-        """The commands carried by the last reduce; cleared once taken."""
-        out, self.pending = self.pending, []
-        return out
-
-    def take_rejected(self) -> list[Rejection]:
-        out, self.rejected = self.rejected, []
-        return out
-
     def journal(
         self, emit: Callable[[str, dict[str, Any]], Any], step: int
     ) -> list[dict[str, Any]]:
         """Journal the rejections and the commands carried by this step's agreement as
         ``control`` records; returns the applied ones' records."""
-        for rej in self.take_rejected():
+        rejected, self.rejected = self.rejected, []  # taken: each is journaled once
+        carried, self.pending = self.pending, []
+        for rej in rejected:
             log.warning("%s", rejection_line(rej))  # one line on the trainer's console
             emit("control", _control_record(rej, False, None))
-        applied = [_control_record(cmd, True, step) for cmd in self.take_applied()]
+        applied = [_control_record(cmd, True, step) for cmd in carried]
         for rec in applied:
             emit("control", rec)
         return applied
