@@ -131,7 +131,8 @@ class JournalCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         # a callback of the user's (EarlyStoppingCallback) may stop it: no command of ours
         finished = not (state.global_step < state.max_steps and control.should_training_stop)
-        final = None if self.steering.end == "abort" else self._last_ckpt(args, state)
+        last = self._ckpt_path(args, state)  # the newest checkpoint, when it was saved
+        final = None if self.steering.end == "abort" or not last.is_dir() else str(last)
         self.steering.finish(self.journal, state.global_step, final, finished=finished)
 
     # -- the step ------------------------------------------------------------------------
@@ -232,7 +233,3 @@ class JournalCallback(TrainerCallback):
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         return Path(args.output_dir).resolve() / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-
-    def _last_ckpt(self, args: Any, state: Any) -> str | None:
-        path = self._ckpt_path(args, state)
-        return str(path) if path.is_dir() else None

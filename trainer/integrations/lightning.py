@@ -274,7 +274,9 @@ class JournalCallback(Callback):
     def _end(self, trainer: Trainer) -> None:
         if self.io is not None and not self.journal.ended:
             self.io.remove_released()  # leases released during the last steps
-        self.steering.finish(self.journal, trainer.global_step, self._last_ckpt())
+        last = self.io.last if self.io is not None else None
+        final = last if last and Path(last).is_file() else None
+        self.steering.finish(self.journal, trainer.global_step, final)
 
     # -- the step ------------------------------------------------------------------------
 
@@ -345,8 +347,7 @@ class JournalCallback(Callback):
     def _save(self, trainer: Trainer) -> None:
         """Every rank, at the same step (Lightning's save is collective): a checkpoint the
         control channel asked for, journaled by :class:`JournalCheckpointIO` once written."""
-        cb = trainer.checkpoint_callback
-        dirpath = getattr(cb, "dirpath", None)
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
         root = Path(dirpath) if dirpath else checkpoints_dir(self.journal.dir)
         path = root / f"control-step={trainer.global_step}.ckpt"
         assert self.io is not None
@@ -355,7 +356,3 @@ class JournalCallback(Callback):
             trainer.save_checkpoint(path)
         finally:
             self.io.trigger = "lightning"
-
-    def _last_ckpt(self) -> str | None:
-        last = self.io.last if self.io is not None else None
-        return last if last and Path(last).is_file() else None
