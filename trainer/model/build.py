@@ -64,19 +64,18 @@ def build_model(
     ddp = args.sharding == "replicate"
     if not ddp:
         _shard(model, units, compute_dtype(args, device), args.sharding, device)
-    if not meta:
-        return (_ddp(model, device) if ddp else model), write
-    model.to_empty(device=device)  # this rank's shards only
-    with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-    full = parts.make().state_dict() if dist.get_rank() == 0 else {}
-    set_model_state_dict(
-        model,
-        full,
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
-    del full
+    if meta:
+        model.to_empty(device=device)  # this rank's shards only
+        with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+        full = parts.make().state_dict() if dist.get_rank() == 0 else {}
+        set_model_state_dict(
+            model,
+            full,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        del full
     return (_ddp(model, device) if ddp else model), write
 
 

@@ -57,15 +57,19 @@ def command_files(directory: Path) -> dict[str, FileIdentity]:
     written for an earlier attempt (a stop left by a callback of the last one must not end a
     resumed run); every file that arrives later is fresh, whatever the writer's clock said.
     """
-    out: dict[str, FileIdentity] = {}
     try:
-        names = [n for n in os.listdir(directory) if n.endswith(COMMAND_FILE_SUFFIX)]
+        names = _command_names(directory)
     except OSError:
-        return out
-    for name in names:
-        if not name.startswith(".") and (ident := file_identity(directory / name)) is not None:
-            out[name] = ident
-    return out
+        return {}
+    identities = {name: file_identity(directory / name) for name in names}
+    return {name: ident for name, ident in identities.items() if ident is not None}
+
+
+def _command_names(directory: Path) -> list[str]:
+    """The command files in ``directory``, sorted, hidden ones left out (OSError when it
+    cannot be listed)."""
+    names = os.listdir(directory)
+    return sorted(n for n in names if n.endswith(COMMAND_FILE_SUFFIX) and not n.startswith("."))
 
 
 @dataclass
@@ -191,11 +195,7 @@ class ControlPoller:
 
     def _scan(self) -> None:
         try:
-            names = sorted(
-                n
-                for n in os.listdir(self.dir)
-                if n.endswith(COMMAND_FILE_SUFFIX) and not n.startswith(".")
-            )
+            names = _command_names(self.dir)
         except OSError as exc:
             log.warning("cannot list %s: %s", self.dir, exc)
             return
@@ -234,10 +234,9 @@ class ControlPoller:
             return None
         except RejectedFile as exc:
             return Rejection(stem, None, None, f"command file refused: {exc}", malformed=True)
-        given_id = obj.get("id")
-        cid = (
-            given_id if isinstance(given_id, str) and 0 < len(given_id) <= MAX_NAME_CHARS else stem
-        )
+        cid = obj.get("id")
+        if not (isinstance(cid, str) and 0 < len(cid) <= MAX_NAME_CHARS):
+            cid = stem  # no usable id of its own: the file's name
         command, source, reason = obj.get("command"), obj.get("source"), obj.get("reason")
         source = clip(source, MAX_NAME_CHARS) if isinstance(source, str) else None
         reason = clip(reason) if isinstance(reason, str) else None  # a 50 MB reason: a few KB
