@@ -151,9 +151,7 @@ class AsyncCheckpointer:
         assert isinstance(written, Future)
         future: Future[Any] = written
         write_small_files(tmp, state, scheduler)
-        kinds = ["full_state"]
-        if write_consolidated is not None:
-            kinds.append("hf")
+        kinds = ["full_state"] + (["hf"] if write_consolidated is not None else [])
         if dist.get_rank() == 0 and (write_consolidated is not None or self.write_delay):
             # the export from the shards, once every rank has written them
             future = self.exporter.submit(

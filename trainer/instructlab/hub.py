@@ -54,9 +54,9 @@ def hub_to_instructlab(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         raise InstructLabConfigError(
             "is_pretraining: not supported here (block-based pretraining sampling)"
         )
-    params.pop("block_size", None)
-    params.pop("document_column_name", None)
-    params.pop("enable_jit_checkpoint", None)  # on_demand_checkpointing: always on here
+    # enable_jit_checkpoint is on_demand_checkpointing: always on here
+    for unused in ("block_size", "document_column_name", "enable_jit_checkpoint"):
+        params.pop(unused, None)
     storage = params.pop("checkpoint_storage", None)
     try:
         remote = resolve_checkpoint_storage(storage)
