@@ -91,7 +91,7 @@ class LeasePacer:
         tick_s: how often the flags are looked at while waiting.
     """
 
-    ckpt_dir: Path
+    ckpt_dir: str | Path
     max_leased: int
     limit_s: float
     _: KW_ONLY
@@ -102,6 +102,7 @@ class LeasePacer:
     def __post_init__(self) -> None:
         if self.max_leased < 1:
             raise ValueError(f"max_leased must be >= 1, not {self.max_leased}")
+        self.ckpt_dir = Path(self.ckpt_dir)
 
     @classmethod
     def for_run(
