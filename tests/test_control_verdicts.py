@@ -23,7 +23,7 @@ from journal import JournalWriter, read_all
 from journal.rundir.lock import JournalLock
 from tests.helpers import BIN, cli, wait_for
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import ABORT, SAVE, STOP
+from trainer.steering.policy import ABORT, SAVE, STOP
 
 
 def drop_command(ckpt: Path, cid: str, command: str, ts: float) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainer.config import TrainingArgs
-from trainer.steering.control_poller import ABORT, EVALUATE, LOG, SAVE, STOP
-from trainer.steering.decisions import Actions, decide, export_decision
+from trainer.steering.decisions import decide, export_decision
+from trainer.steering.policy import ABORT, EVALUATE, LOG, SAVE, STOP, Actions
 
 
 def args(**kw: object) -> TrainingArgs:

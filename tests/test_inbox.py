@@ -20,7 +20,8 @@ from journal import JournalWriter, read_all, send_command
 from journal.channels.reports import ingest, pending
 from journal.checkpoints import leases
 from tests.helpers import cli, make_checkpoint
-from trainer.steering.control_poller import SAVE, ControlPoller
+from trainer.steering.control_poller import ControlPoller
+from trainer.steering.policy import SAVE
 from trainer.steering.report_inbox import ReportInbox
 
 #: What the readers must survive. None of them hangs, exhausts memory or is followed.

@@ -22,7 +22,7 @@ from tests.helpers import records, write_run
 from trainer.checkpoint.sharded import TrainerState
 from trainer.journaling.emitter import Where
 from trainer.journaling.run_journal import RunJournal
-from trainer.steering.control_poller import STOP
+from trainer.steering.policy import STOP
 
 
 def attempt(ckpt: Path, resume: Any, **kw: Any) -> tuple[Path | None, dict[str, Any]]:

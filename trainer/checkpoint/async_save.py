@@ -119,13 +119,9 @@ class AsyncCheckpointer:
         # One stager for the whole run (HostStager): reusing its host copies is safe because
         # the next save starts only once this one is written.
         self.stager = HostStager(cuda=torch.cuda.is_available())
-        self._export_thread: ThreadPoolExecutor | None = None
+        # rank 0's export thread: started by its first export (ThreadPoolExecutor is lazy)
+        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="ilab-export")
         self.write_delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
-
-    def _exporter(self) -> ThreadPoolExecutor:
-        if self._export_thread is None:
-            self._export_thread = ThreadPoolExecutor(1, thread_name_prefix="ilab-export")
-        return self._export_thread
 
     def start(
         self,
@@ -155,12 +151,10 @@ class AsyncCheckpointer:
         assert isinstance(written, Future)
         future: Future[Any] = written
         write_small_files(tmp, state, scheduler)
-        kinds = ["full_state"]
-        if write_consolidated is not None:
-            kinds.append("hf")
+        kinds = ["full_state"] + (["hf"] if write_consolidated is not None else [])
         if dist.get_rank() == 0 and (write_consolidated is not None or self.write_delay):
             # the export from the shards, once every rank has written them
-            future = self._exporter().submit(
+            future = self.exporter.submit(
                 _finish_write, future, tmp, write_consolidated, self.write_delay
             )
         blocked = time.perf_counter() - t0

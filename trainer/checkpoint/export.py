@@ -34,11 +34,11 @@ from journal.rundir.files import fsync_dir
 from journal.rundir.paths import checkpoints_dir, logs_dir, step_dir_name
 from journal.store import tail
 from trainer.checkpoint.files import CheckpointError, SafeLoadPlanner, SafeReader
+from trainer.checkpoint.fit import MODEL_PREFIX  # the model's entries in full_state
 from trainer.model.spec import ConsolidatedWriter
 
 log = logging.getLogger(__name__)
 
-MODEL_PREFIX = "model."  # the model's entries in a checkpoint's full_state (see checkpoint.py)
 EXPORT_DIR_NAME = "hf"
 
 # dcp.load warns that it "assumes the intent is to load in a single process" even when told
@@ -117,8 +117,7 @@ def run_writer(ckpt_dir: Path) -> ConsolidatedWriter:
         raise ExportError(
             f"{ckpt_dir}: no worker config in {logs_dir(ckpt_dir)} (not an ilab-train run?)"
         )
-    args = WorkerConfig.model_validate_json(configs[-1].read_bytes()).args
-    return consolidated_writer(args)
+    return consolidated_writer(WorkerConfig.model_validate_json(configs[-1].read_bytes()).args)
 
 
 def export_checkpoint(

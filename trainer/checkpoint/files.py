@@ -92,9 +92,8 @@ def read_scheduler_state(full_state: Path) -> dict[str, Any]:
 def read_rng_state(path: Path) -> dict[str, torch.Tensor]:
     """A rank's RNG state: ``{"cpu": ByteTensor, "cuda": ByteTensor (optional)}``."""
     st = load_data(path)
-    if not (isinstance(st, dict) and isinstance(st.get("cpu"), torch.Tensor)):
-        raise CheckpointError(f"{path}: not an RNG state")
-    if not all(isinstance(v, torch.Tensor) for v in st.values()):
+    tensors = isinstance(st, dict) and all(isinstance(v, torch.Tensor) for v in st.values())
+    if not (tensors and "cpu" in st):
         raise CheckpointError(f"{path}: not an RNG state")
     return st
 

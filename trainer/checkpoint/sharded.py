@@ -87,21 +87,20 @@ def put_in_place(tmp: Path, final: Path, run_id: str | None) -> None:
     run (a re-save of the same step after a resume) is replaced, renamed aside first so a
     crash leaves one complete checkpoint, never a half-deleted one; one of another run is
     kept, renamed ``step-NNNNNN.run-<its run>`` (which no rotation or resume looks at)."""
+    replaced = None
     if final.exists():
         owner = checkpoint_run_id(final)
         if owner is not None and owner != run_id:
-            aside = final.with_name(f"{final.name}.run-{owner}")
-            os.rename(final, aside)
-            log.warning("%s is run %s's checkpoint: moved aside to %s", final, owner, aside.name)
+            kept = final.with_name(f"{final.name}.run-{owner}")
+            os.rename(final, kept)
+            log.warning("%s is run %s's checkpoint: moved aside to %s", final, owner, kept.name)
         else:  # a .tmp-step-* name: a crash before the deletion leaves it to remove at start
-            aside = final.with_name(f".tmp-{final.name}.replaced")
-            os.rename(final, aside)
-            os.rename(tmp, final)
-            fsync_dir(final.parent)
-            shutil.rmtree(aside, ignore_errors=True)
-            return
+            replaced = final.with_name(f".tmp-{final.name}.replaced")
+            os.rename(final, replaced)
     os.rename(tmp, final)
     fsync_dir(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
 
 
 def remove_partial_saves(ckpt_dir: Path) -> list[Path]:
@@ -123,8 +122,7 @@ def prepare_tmp(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
     tmp, final = root / f".tmp-{name}", root / name
     if dist.get_rank() == 0:
         make_dir(root)  # writable by us alone, whatever the umask: resume loads from it
-        for stale in root.glob(".tmp-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_partial_saves(ckpt_dir)
         (tmp / "full_state").mkdir(parents=True)
     dist.barrier()
     return tmp, final

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 from journal.record.events import CALLBACK_EVENTS
 from journal.remote.store import RESTORE_FROM_HELP
@@ -19,6 +19,7 @@ from trainer.config.fields import (
     Seed,
     Settings,
     TrackerSettings,
+    checked_by,
     data_file_problem,
     parse_profile_steps,
 )
@@ -50,10 +51,8 @@ class TrainingArgs(Settings):
     )
     demo: bool = Field(
         False,
-        description=(
-            "Generated arithmetic demo data instead of --data (the built-in model unless "
-            "--model-path)."
-        ),
+        description="Generated arithmetic demo data instead of --data (the built-in model "
+        "unless --model-path).",
     )
     demo_samples: int = Field(6000, ge=64, description="Generated demo training samples.")
 
@@ -144,7 +143,7 @@ class TrainingArgs(Settings):
         "training stays at most N saves ahead of them. A control command, a signal or 3/4 of "
         "--pg-timeout ends the wait (default: no pacing).",
     )
-    keep_best: str | None = Field(
+    keep_best: Annotated[str | None, checked_by(MetricGoal.parse)] = Field(
         None,
         description="Also keep the best checkpoint by a reported or evaluate metric, as "
         "METRIC:max|min, e.g. accuracy:max or val_loss:min.",
@@ -237,7 +236,7 @@ class TrainingArgs(Settings):
         description="torch.compile each transformer block (regional compilation; auto: on "
         "with CUDA).",
     )
-    profile_steps: str | None = Field(
+    profile_steps: Annotated[str | None, checked_by(parse_profile_steps)] = Field(
         None,
         description="Profile steps A to B (A:B, or N for one step) with torch.profiler on "
         "every rank: a Chrome trace and a table of the costliest ops in logs/profile/ (and, "
@@ -318,20 +317,6 @@ class TrainingArgs(Settings):
     on_report: CallbackField = Field(None, exclude=True)
     on_checkpoint_removed: CallbackField = Field(None, exclude=True)
 
-    @field_validator("profile_steps")
-    @classmethod
-    def _profile_range(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_profile_steps(v)  # raises ValueError with the expected form
-        return v
-
-    @field_validator("keep_best")
-    @classmethod
-    def _goal(cls, v: str | None) -> str | None:
-        if v is not None:
-            MetricGoal.parse(v)  # raises ValueError with the expected form
-        return v
-
     @model_validator(mode="after")
     def _check(self) -> TrainingArgs:
         if self.demo == (self.data_path is not None):  # neither, or both (--demo replaces data)
@@ -377,13 +362,10 @@ class TrainingArgs(Settings):
 
     def hooks(self) -> dict[str, list[CallbackSpec]]:
         """The flat ``on_<event>`` fields as ``{event: [callable or command, ...]}``."""
-        out: dict[str, list[CallbackSpec]] = {}
-        for event in CALLBACK_EVENTS:
-            value = getattr(self, f"on_{event}")
-            if value is None:
-                continue
-            out[event] = list(value) if isinstance(value, list) else [value]
-        return out
+        hooks = {event: getattr(self, f"on_{event}") for event in CALLBACK_EVENTS}
+        return {
+            e: list(v) if isinstance(v, list) else [v] for e, v in hooks.items() if v is not None
+        }
 
     def has_callbacks(self) -> bool:
         return bool(self.callbacks) or bool(self.hooks())

@@ -117,11 +117,6 @@ class FieldOption:
         return self.decls[-1]
 
 
-def is_callback(info: FieldInfo) -> bool:
-    """Callback fields are the ones the workers' copy excludes (see trainer.config)."""
-    return bool(info.exclude)
-
-
 def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
     """``(path, field)`` for every plain-data leaf field of ``model``, nested ones walked."""
     for name, info in model.model_fields.items():
@@ -129,7 +124,7 @@ def model_fields(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, Fie
         sub = info.annotation
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             yield from model_fields(path, sub)
-        elif not is_callback(info):
+        elif not info.exclude:  # callback fields: the workers' copy excludes them
             yield path, info
 
 
@@ -187,9 +182,8 @@ def _option(path: str, info: FieldInfo, section: str | None) -> FieldOption:
     default = None if info.is_required() else info.get_default(call_default_factory=True)
     if default == []:  # an empty list: nothing to show
         default = None
-    decl = flag
-    if is_flag and default:  # a flag that is on unless switched off: --x/--no-x
-        decl = f"{flag}/--no-{flag[2:]}"
+    # a flag that is on unless switched off: --x/--no-x
+    decl = f"{flag}/--no-{flag[2:]}" if is_flag and default else flag
     attrs = {
         "type": ptype,
         "is_flag": is_flag,

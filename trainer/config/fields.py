@@ -14,6 +14,7 @@ are refused when the settings are made, in the launcher, as one line naming the 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -116,6 +117,18 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
     if first < 1 or last < first:
         raise ValueError(f"expected steps 1 <= A <= B, got {spec!r}")
     return first, last
+
+
+def checked_by(parse: Callable[[str], object]) -> AfterValidator:
+    """The check of an optional text setting: ``parse`` raises ValueError (one line, naming
+    the expected form) for a bad value; the value is kept as given."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None:
+            parse(value)
+        return value
+
+    return AfterValidator(check)
 
 
 def parse_hang_after(spec: str) -> str:

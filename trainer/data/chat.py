@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from journal.rundir.files import atomic_write
-from trainer.data.rows import IGNORE_INDEX, DataError
+from trainer.data.rows import IGNORE_INDEX, DataError, json_object, numbered_lines
 
 ROLES = ("system", "user", "assistant")
 CACHE_DIR = "data_cache"
@@ -146,20 +146,11 @@ def tokenize_chat_file(
     """Every row tokenized (rows over ``max_seq_len`` dropped and counted)."""
     stats = ChatStats()
     rows: list[dict[str, list[int]]] = []
-    try:
-        raw_lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise DataError(f"{path}: {exc.strerror}") from None
-    for n, raw in enumerate(raw_lines, start=1):
-        if not raw.strip():
-            continue
+    for n, raw in numbered_lines(path):  # the launcher's reading of a row (data_check)
         where = f"{path}:{n}"
-        try:
-            row = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc})") from None
+        messages = check_messages(json_object(raw, where), where)
         stats.rows += 1
-        ids, labels = tokenize_row(tokenizer, check_messages(row, where), where, train_on_all)
+        ids, labels = tokenize_row(tokenizer, messages, where, train_on_all)
         if len(ids) > max_seq_len:
             stats.dropped_too_long += 1
             stats.first_dropped = stats.first_dropped or where

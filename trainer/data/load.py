@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from trainer.config import TrainingArgs
 from trainer.data import validation_split
-from trainer.data.plan import StepPlanner, load_jsonl, make_demo_data
+from trainer.data.plan import Sample, StepPlanner, load_jsonl, make_demo_data
 from trainer.data.rows import DataError
 
 log = logging.getLogger("trainer")
@@ -61,14 +61,14 @@ def load_data(
             len(samples), args.validation_split, args.seed
         )
         samples, val = validation_split.split(samples, args.validation_split, args.seed)
-    planner = StepPlanner(
-        samples, args.effective_batch_size, args.max_batch_len, world, rank, args.seed, pack_kernel
-    )
-    val_planner = (
-        StepPlanner(val, len(val), args.max_batch_len, world, rank, args.seed, pack_kernel)
-        if val and len(val) >= world
-        else None
-    )
+
+    def plan(rows: list[Sample], batch_size: int) -> StepPlanner:  # one batching for both
+        return StepPlanner(
+            rows, batch_size, args.max_batch_len, world, rank, args.seed, pack_kernel
+        )
+
+    planner = plan(samples, args.effective_batch_size)
+    val_planner = plan(val, len(val)) if val and len(val) >= world else None
     info["train_samples"] = len(samples)
     return planner, val_planner, {k: v for k, v in info.items() if v is not None}
 

@@ -93,11 +93,6 @@ def make_demo_data(
     n_held = max(len(pairs) // 10, 20)
     held, train_pairs = pairs[:n_held], pairs[n_held:]
     val_pairs, eval_pairs = held[: n_held // 2], held[n_held // 2 :]
-    files = {
-        "train": out_dir / "train.jsonl",
-        "val": out_dir / "val.jsonl",
-        "heldout": out_dir / "heldout.jsonl",
-    }
     contents = {
         "train": _jsonl(_demo_sample(*rng.choice(train_pairs)) for _ in range(n_train)),
         "val": _jsonl(_demo_sample(a, b) for a, b in val_pairs),
@@ -106,6 +101,7 @@ def make_demo_data(
             for a, b in eval_pairs
         ),
     }
+    files = {key: out_dir / f"{key}.jsonl" for key in contents}
     for key, path in files.items():  # readers never see a partial file; out_dir is no link
         atomic_write(path, contents[key], root=out_dir.parent, durable=False)
     return files
@@ -172,7 +168,7 @@ class StepPlanner:
         seed: int,
         pack_kernel: str | None = None,
     ) -> None:
-        if batch_size > len(samples) and batch_size != len(samples):
+        if batch_size > len(samples):
             raise DataError(
                 f"effective_batch_size {batch_size} exceeds the {len(samples)} training samples"
             )

@@ -155,24 +155,15 @@ DEEPSPEED_NOOP = {
     "cpu_offload_optimizer_pin_memory": False,
     "save_samples": None,
 }
-#: InstructLab's tracker fields -> our ``tracker_settings`` keys (and what each sets).
-_TRACKER_NOTES = {
-    "mlflow_tracking_uri": "report_to mlflow, to this tracking URI",
-    "mlflow_experiment_name": "report_to mlflow, in this experiment",
-    "mlflow_run_name": "report_to mlflow, the MLflow run's name",
-    "wandb_project": "report_to wandb, in this project",
-    "wandb_entity": "the W&B entity (with wandb_project)",
-    "wandb_run_name": "the W&B run's name (with wandb_project)",
-    "tensorboard_log_dir": "report_to tensorboard, into this directory",
-}
-_SETTING = {
-    "mlflow_tracking_uri": "mlflow_tracking_uri",
-    "mlflow_experiment_name": "mlflow_experiment",
-    "mlflow_run_name": "mlflow_run_name",
-    "wandb_project": "wandb_project",
-    "wandb_entity": "wandb_entity",
-    "wandb_run_name": "wandb_run_name",
-    "tensorboard_log_dir": "tensorboard_dir",
+#: InstructLab's tracker fields -> our ``tracker_settings`` key, and what each sets.
+_TRACKERS = {
+    "mlflow_tracking_uri": ("mlflow_tracking_uri", "report_to mlflow, to this tracking URI"),
+    "mlflow_experiment_name": ("mlflow_experiment", "report_to mlflow, in this experiment"),
+    "mlflow_run_name": ("mlflow_run_name", "report_to mlflow, the MLflow run's name"),
+    "wandb_project": ("wandb_project", "report_to wandb, in this project"),
+    "wandb_entity": ("wandb_entity", "the W&B entity (with wandb_project)"),
+    "wandb_run_name": ("wandb_run_name", "the W&B run's name (with wandb_project)"),
+    "tensorboard_log_dir": ("tensorboard_dir", "report_to tensorboard, into this directory"),
 }
 
 
@@ -184,14 +175,11 @@ def _trackers(_v: Any, a: Mapping[str, Any]) -> dict[str, Any]:
     if a["tensorboard_log_dir"]:
         report.append("tensorboard")
     mlflow_env = env.get("MLFLOW_TRACKING_URI") or env.get("MLFLOW_EXPERIMENT_NAME")
-    if (
-        any(a[k] for k in ("mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name"))
-        or mlflow_env
-    ):
+    if any(a[k] for k in _TRACKERS if k.startswith("mlflow_")) or mlflow_env:
         report.append("mlflow")
     if a["wandb_project"] or env.get("WANDB_PROJECT"):
         report.append("wandb")
-    settings = {_SETTING[k]: str(a[k]) for k in _SETTING if a[k] is not None}
+    settings = {ours: str(a[k]) for k, (ours, _) in _TRACKERS.items() if a[k] is not None}
     return {"report_to": report, "tracker_settings": settings} if report else {}
 
 
@@ -311,7 +299,7 @@ TRAIN_RULES: dict[str, Rule] = {
             _trackers,
             f"{note}; run by the launcher from the journal, as ilab-train --report-to runs it",
         )
-        for name, note in _TRACKER_NOTES.items()
+        for name, (_, note) in _TRACKERS.items()
     },
     "validation_split": same("validation_split", 0.0),
     "validation_frequency": mapped(

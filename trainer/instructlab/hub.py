@@ -32,8 +32,6 @@ from trainer.launch import TrainingResult
 
 #: The name to pass as ``sft(..., backend=...)``.
 BACKEND = "ilab-journal"
-#: sft()'s torchrun parameters: those of InstructLab's TorchrunArgs (one list, run.py).
-TORCHRUN_KEYS = frozenset(TORCH_FIELDS)
 #: training_hub's parameter -> instructlab-training's field, as its backend renames them.
 RENAMED = {
     "max_tokens_per_gpu": "max_batch_len",
@@ -46,7 +44,8 @@ def hub_to_instructlab(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     """``(torch_args, train_args)`` as instructlab-training mappings for training_hub's SFT
     parameters (those its ``instructlab-training`` backend receives)."""
     params = dict(params)
-    torch = {k: params.pop(k) for k in list(params) if k in TORCHRUN_KEYS}
+    # sft()'s torchrun parameters: those of InstructLab's TorchrunArgs (one list, run.py)
+    torch = {k: params.pop(k) for k in list(params) if k in TORCH_FIELDS}
     try:
         torch = utils.get_torchrun_params(torch)  # its precedence: arguments, PET_*, defaults
     except ValueError as exc:
@@ -55,9 +54,9 @@ def hub_to_instructlab(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         raise InstructLabConfigError(
             "is_pretraining: not supported here (block-based pretraining sampling)"
         )
-    params.pop("block_size", None)
-    params.pop("document_column_name", None)
-    params.pop("enable_jit_checkpoint", None)  # on_demand_checkpointing: always on here
+    # enable_jit_checkpoint is on_demand_checkpointing: always on here
+    for unused in ("block_size", "document_column_name", "enable_jit_checkpoint"):
+        params.pop(unused, None)
     storage = params.pop("checkpoint_storage", None)
     try:
         remote = resolve_checkpoint_storage(storage)

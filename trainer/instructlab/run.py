@@ -75,9 +75,8 @@ def to_ours(
     torch_args: Any, train_args: Any, **overrides: Any
 ) -> tuple[TrainingArgs, TorchrunArgs]:
     """Our ``(TrainingArgs, TorchrunArgs)`` for InstructLab's pair (see :func:`run_training`)."""
-    return map_train_args(as_fields(train_args, "train_args"), overrides), map_torch_args(
-        as_fields(torch_args, "torch_args")
-    )
+    ours = map_train_args(as_fields(train_args, "train_args"), overrides)
+    return ours, map_torch_args(as_fields(torch_args, "torch_args"))
 
 
 def load_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -74,7 +74,6 @@ class JournalTracker(GeneralTracker):
         #: journal follows it.
         self.where = Where()
         self.steering = Steering()
-        self.last_save: tuple[int, str] | None = None
 
     @property
     def tracker(self) -> RunJournal | None:
@@ -128,7 +127,6 @@ class JournalTracker(GeneralTracker):
         """Journal a checkpoint once it is complete on disk (after ``save_state``)."""
         j = self._journal()
         self.where.step = step
-        self.last_save = (step, str(Path(path).resolve()))
         j.emit(
             "save",
             {

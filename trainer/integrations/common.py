@@ -1,5 +1,6 @@
 """What the three bridges share: opening rank 0's journal the bridges' way
-(:func:`open_journal`) and following the steering policy from step to step to the run's
+(:func:`open_journal`), the trainer's step counter as the records' position
+(:class:`StepPosition`) and following the steering policy from step to step to the run's
 ``train_end`` (:class:`Steering`). A bridge adds only what its trainer's hooks differ in."""
 
 from __future__ import annotations
@@ -44,6 +45,30 @@ def open_journal(
     journal.fail_on_uncaught_exception()
     journal.follow(position)
     return journal
+
+
+class StepPosition:
+    """A trainer's step counter (``counters.global_step``) as the journal's position. Inside
+    a step (``in_step``) the trainer has not counted it yet: its records carry
+    ``global_step + 1``. ``samples_seen`` counts the samples of the steps done, ``per_step``
+    on all ranks each (0 where the bridge does not know it), so it follows a resume too."""
+
+    def __init__(self, counters: Any, per_step: int = 0) -> None:
+        self.counters = counters
+        self.per_step = per_step
+        self.in_step = False
+
+    @property
+    def step(self) -> int:
+        return int(self.counters.global_step) + (1 if self.in_step else 0)
+
+    @property
+    def epoch(self) -> int:
+        return int(self.counters.epoch or 0)
+
+    @property
+    def samples_seen(self) -> int:
+        return int(self.counters.global_step) * self.per_step
 
 
 class Steering:

@@ -43,38 +43,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainer.integrations.common import Steering, open_journal
+from trainer.integrations.common import Steering, StepPosition, open_journal
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
-
-
-class HFPosition:
-    """HF's ``TrainerState`` as the journal's position. Inside a step (``on_step_begin`` to
-    ``on_step_end``) HF has not counted the step yet: its records carry global_step + 1.
-
-    ``samples_seen`` counts the samples of the steps done, on all ranks: each optimizer step
-    takes ``per_step`` of them (HF's total train batch size: the per-device batch, which
-    ``auto_find_batch_size`` may have lowered, times gradient accumulation times the ranks),
-    so it follows a resume too."""
-
-    def __init__(self, state: Any, per_step: int = 0) -> None:
-        self.state = state
-        self.per_step = per_step
-        self.in_step = False
-
-    @property
-    def step(self) -> int:
-        return int(self.state.global_step) + (1 if self.in_step else 0)
-
-    @property
-    def epoch(self) -> int:
-        return int(self.state.epoch or 0)
-
-    @property
-    def samples_seen(self) -> int:
-        return int(self.state.global_step) * self.per_step
 
 
 def samples_per_step(args: Any, state: Any, world: int) -> int:
@@ -113,7 +86,9 @@ class JournalCallback(TrainerCallback):
         self.keep_last_n = keep_last_n
         self.capabilities = self.capabilities.adding(cannot)
         self._run_journal: RunJournal | None = None
-        self.position: HFPosition | None = None
+        # HF's TrainerState; per_step: HF's total train batch size (the per-device batch, which
+        # auto_find_batch_size may have lowered, times gradient accumulation times the ranks)
+        self.position: StepPosition | None = None
         self.device = torch.device("cpu")
         self.steering = Steering()
         self.step_t0 = time.perf_counter()
@@ -129,7 +104,7 @@ class JournalCallback(TrainerCallback):
         self.device = torch.device(args.device)
         # samples per step needs the journal's world size: set once it is open (no record
         # is written in between)
-        self.position = HFPosition(state)
+        self.position = StepPosition(state)
         self._run_journal = open_journal(
             self.ckpt_dir or args.output_dir,
             main=state.is_world_process_zero,
@@ -156,7 +131,8 @@ class JournalCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         # a callback of the user's (EarlyStoppingCallback) may stop it: no command of ours
         finished = not (state.global_step < state.max_steps and control.should_training_stop)
-        final = None if self.steering.end == "abort" else self._last_ckpt(args, state)
+        last = self._ckpt_path(args, state)  # the newest checkpoint, when it was saved
+        final = None if self.steering.end == "abort" or not last.is_dir() else str(last)
         self.steering.finish(self.journal, state.global_step, final, finished=finished)
 
     # -- the step ------------------------------------------------------------------------
@@ -257,7 +233,3 @@ class JournalCallback(TrainerCallback):
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         return Path(args.output_dir).resolve() / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-
-    def _last_ckpt(self, args: Any, state: Any) -> str | None:
-        path = self._ckpt_path(args, state)
-        return str(path) if path.is_dir() else None

@@ -56,32 +56,19 @@ from journal.checkpoints import leases
 from journal.checkpoints.leases import LeaseError
 from journal.checkpoints.rotation import finish_interrupted_removals, remove_unless_leased
 from journal.rundir.paths import checkpoints_dir
-from trainer.integrations.common import Steering, open_journal
+from trainer.integrations.common import Steering, StepPosition, open_journal
 from trainer.journaling.run_journal import RunJournal
 from trainer.steering.policy import Capabilities
 
 log = logging.getLogger(__name__)
 
 
-class LightningPosition:
-    """The Trainer's counters as the journal's position. Inside a step Lightning has not
-    counted it yet: its records carry ``global_step + 1``."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.in_step = False
-
-    @property
-    def step(self) -> int:
-        return int(self.trainer.global_step) + (1 if self.in_step else 0)
+class LightningPosition(StepPosition):
+    """The Trainer's counters as the journal's position (no samples count)."""
 
     @property
     def epoch(self) -> int:
-        return int(self.trainer.current_epoch)
-
-    @property
-    def samples_seen(self) -> int:
-        return 0
+        return int(self.counters.current_epoch)
 
 
 _ROTATION = "ModelCheckpoint rotation"
@@ -105,7 +92,8 @@ class JournalCheckpointIO(CheckpointIO):
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if Path(path).exists():  # a complete file: the write above returned
             self.last = str(Path(path).resolve())
-            self._forget(Path(self.last))  # written again: no longer to be deleted
+            # a kept file written again is a new checkpoint: no longer to be deleted
+            self.kept = {n: kept for n, kept in self.kept.items() if kept != Path(self.last)}
             self.journal.emit(
                 "save",
                 {
@@ -133,7 +121,10 @@ class JournalCheckpointIO(CheckpointIO):
             self.inner.remove_checkpoint(path)
             self._removed(target)
             return
-        if not self._remove(name, target):
+        leased = target.exists() and leases.leased(
+            self.journal.dir, {name}, on_reject=self._refused
+        )
+        if leased or not self._delete(name, target):
             self.kept[name] = target
             log.info("keeping %s: leased", target)
             self.journal.emit(
@@ -149,13 +140,6 @@ class JournalCheckpointIO(CheckpointIO):
         for name, target in list(self.kept.items()):
             if name not in held and self._delete(name, target):
                 del self.kept[name]
-
-    def _remove(self, name: str, target: Path) -> bool:
-        """Delete ``target`` unless leased, journaling ``checkpoint_removed``; True once it
-        is gone."""
-        if target.exists() and leases.leased(self.journal.dir, {name}, on_reject=self._refused):
-            return False
-        return self._delete(name, target)
 
     def _delete(self, name: str, target: Path) -> bool:
         """Delete ``target``, unleased at the last look; True once it is gone (see
@@ -180,12 +164,6 @@ class JournalCheckpointIO(CheckpointIO):
     def _refused(self, record: dict[str, Any]) -> None:
         """A file in ``leases/`` that is not a lease: moved aside, journaled."""
         self.journal.emit("control", record)
-
-    def _forget(self, target: Path) -> None:
-        """A kept file written again is a new checkpoint: it is no longer to be deleted."""
-        for name, kept in list(self.kept.items()):
-            if kept == target:
-                del self.kept[name]
 
     def teardown(self) -> None:
         self.inner.teardown()
@@ -262,7 +240,7 @@ class JournalCallback(Callback):
         trainer.strategy.checkpoint_io = self.io
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        config = {k: v for k, v in dict(pl_module.hparams).items()}
+        config = dict(pl_module.hparams)
         config.update(max_steps=trainer.max_steps, max_epochs=trainer.max_epochs)
         notes = unprotected_dirs(trainer, self.journal.dir) if self.journal.main else []
         for note in notes:
@@ -296,7 +274,9 @@ class JournalCallback(Callback):
     def _end(self, trainer: Trainer) -> None:
         if self.io is not None and not self.journal.ended:
             self.io.remove_released()  # leases released during the last steps
-        self.steering.finish(self.journal, trainer.global_step, self._last_ckpt())
+        last = self.io.last if self.io is not None else None
+        final = last if last and Path(last).is_file() else None
+        self.steering.finish(self.journal, trainer.global_step, final)
 
     # -- the step ------------------------------------------------------------------------
 
@@ -367,8 +347,7 @@ class JournalCallback(Callback):
     def _save(self, trainer: Trainer) -> None:
         """Every rank, at the same step (Lightning's save is collective): a checkpoint the
         control channel asked for, journaled by :class:`JournalCheckpointIO` once written."""
-        cb = trainer.checkpoint_callback
-        dirpath = getattr(cb, "dirpath", None)
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
         root = Path(dirpath) if dirpath else checkpoints_dir(self.journal.dir)
         path = root / f"control-step={trainer.global_step}.ckpt"
         assert self.io is not None
@@ -377,7 +356,3 @@ class JournalCallback(Callback):
             trainer.save_checkpoint(path)
         finally:
             self.io.trigger = "lightning"
-
-    def _last_ckpt(self) -> str | None:
-        last = self.io.last if self.io is not None else None
-        return last if last and Path(last).is_file() else None

@@ -10,6 +10,7 @@ in the journal carries the failing rank's traceback.
 from __future__ import annotations
 
 import re
+import sys
 
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = (
@@ -59,6 +60,11 @@ class ConsoleFilter:
                 self._in_traceback = True
                 return False
         return True
+
+
+def say(message: str) -> None:
+    """One line of the launcher's own on the console (stderr): ``ilab-train: <message>``."""
+    print(f"ilab-train: {message}", file=sys.stderr)
 
 
 def _strip_rank_prefix(text: str) -> str:

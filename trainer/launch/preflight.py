@@ -160,8 +160,7 @@ def preflight(
         raise ConfigError(reason)
     if not needs_probe(args.backend, args.mixed_precision, torchrun.nproc_per_node):
         return
-    worker_env = {**os.environ, **(env or {})}
-    machine = probe(args, torchrun, worker_env)
+    machine = probe(args, torchrun, {**os.environ, **(env or {})})  # the workers' environment
     reason = problem(args.backend, args.mixed_precision, torchrun.nproc_per_node, machine)
     if reason is not None:
         raise ConfigError(reason)

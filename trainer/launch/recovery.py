@@ -10,7 +10,6 @@ the launching process, which knows its torchrun agent and outlives its workers.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from journal.rundir.safety import open_no_follow
 from journal.store import Cursor
 from trainer.config import ConfigError, TrainingArgs
 from trainer.config.worker_config import relaunch
+from trainer.launch.console import say
 from trainer.launch.result import NoProgress, TrainingFailed, TrainingResult
 
 #: What a failure's alert quotes of the log of the rank that ended first, at most.
@@ -56,10 +56,7 @@ def launch_with_restarts(
             if not after.left:
                 raise
             restarts, stalled = restarts + 1, after.stalled
-            print(
-                f"ilab-train: attempt {attempt} ended {got.status}: {reason}; {after.says}",
-                file=sys.stderr,
-            )
+            say(f"attempt {attempt} ended {got.status}: {reason}; {after.says}")
             train_args = train_args.model_copy(update={"resume": "auto"})
             continue
         result.restarts = restarts
@@ -198,5 +195,5 @@ def hang_end(marker: dict[str, Any], rc: int) -> dict[str, Any]:
     from watcher.alerts.guard import hang_end_payload
 
     payload = hang_end_payload(marker, written_by="launcher", rc=rc)
-    print(f"ilab-train: {payload['reason']}", file=sys.stderr)
+    say(payload["reason"])
     return payload

@@ -5,13 +5,13 @@ goes up, ``seq`` continues, the step is the checkpoint's."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from journal.remote.restore import RestoreError, restore_run
 from journal.remote.store import StoreURIError, check_uri
 from journal.rundir.paths import journal_path
 from trainer.config import ConfigError, TrainingArgs
+from trainer.launch.console import say
 
 
 def check_restore_uri(args: TrainingArgs) -> None:
@@ -32,10 +32,8 @@ def restore_if_empty(args: TrainingArgs, ckpt_dir: Path) -> None:
     if uri is None:
         return
     if journal_path(ckpt_dir).exists():
-        print(
-            f"ilab-train: {ckpt_dir} holds a journal: resuming from it (--restore-from is for "
-            "an empty run dir)",
-            file=sys.stderr,
+        say(
+            f"{ckpt_dir} holds a journal: resuming from it (--restore-from is for an empty run dir)"
         )
         return
     try:
@@ -43,8 +41,7 @@ def restore_if_empty(args: TrainingArgs, ckpt_dir: Path) -> None:
     except (RestoreError, StoreURIError) as exc:
         raise ConfigError(f"--restore-from: {exc}") from None
     what = f"{got.checkpoint} (step {got.step})" if got.checkpoint else "no checkpoint"
-    print(
-        f"ilab-train: restored {what} and the journal ({got.journal_bytes} bytes) from {uri} "
-        f"in {got.seconds:.1f}s",
-        file=sys.stderr,
+    say(
+        f"restored {what} and the journal ({got.journal_bytes} bytes) from {uri} in "
+        f"{got.seconds:.1f}s"
     )

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +32,7 @@ from journal.store import Cursor, guest
 from journal.views.query import find_last
 from trainer.config import ConfigError, TorchrunArgs, TrainingArgs, WorkerConfig
 from trainer.launch.cluster_env import torchrun_command, torchrun_env
-from trainer.launch.console import ConsoleFilter
+from trainer.launch.console import ConsoleFilter, say
 from trainer.launch.data_check import check_data, start_warnings
 from trainer.launch.interrupts import StoppedNow, wait_for_torchrun
 from trainer.launch.preflight import preflight, resolve_backend, visible_gpus
@@ -174,7 +174,7 @@ def run_training(
     with _checkpoint_dir_errors(train_args.ckpt_dir):
         check_run_dir(train_args.ckpt_dir)
     for warning in start_warnings(train_args, check_data(train_args)):  # DataError: file:line
-        print(f"ilab-train: warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     fresh = not os.path.lexists(train_args.ckpt_dir)
     with _checkpoint_dir_errors(train_args.ckpt_dir):  # a path that cannot be a dir: exit 2
         make_dir(train_args.ckpt_dir)
@@ -188,12 +188,11 @@ def run_training(
             run_lock.acquire(timeout=0.5)
         except Locked:
             raise RunDirBusy(_busy_message(ckpt_dir)) from None
-    if run_lock is not None and run_lock.previous:
-        print(
-            f"ilab-train: warning: the previous launcher ({describe(run_lock.previous)}) "
-            "ended without releasing the directory; taking over",
-            file=sys.stderr,
-        )
+        if run_lock.previous:
+            say(
+                f"warning: the previous launcher ({describe(run_lock.previous)}) ended without "
+                "releasing the directory; taking over"
+            )
     try:
         restore_if_empty(train_args, ckpt_dir)  # under the run lock: one restore per dir
         if train_args.resume == "never":
@@ -336,17 +335,14 @@ def _launch(
     records = (
         store.read(journal, Cursor(start_offset), final=True).records if journal.exists() else []
     )
-    end: Mapping[str, Any] | None = next(
-        (r for r in reversed(records) if r["event"] == "train_end"), None
-    )
-    last_save = next((r for r in reversed(records) if r["event"] == "save"), None)
+    end = _last(records, "train_end")
+    last_save = _last(records, "save")
     if end is None and train_args.journal_detail != "off":
         # The workers are gone and wrote no train_end (killed, OOM, a collective that failed
         # when another rank ended). They were the only writer; now that they have exited,
         # record the ending so watchers and status see it: the rank torchrun saw end first.
         # A hang guard (ours or an ilab-watch's) that aborted them left a marker: a hang.
-        begin = next((r for r in reversed(records) if r["event"] == "train_begin"), None)
-        hang = abort_marker(ckpt_dir, begin)
+        hang = abort_marker(ckpt_dir, _last(records, "train_begin"))
         facts = cfg.relaunch_facts(last_save is not None)
         if hang is None:
             facts |= first_failure(ckpt_dir, first_path, sink.targets if sink else [])
@@ -357,7 +353,7 @@ def _launch(
     if alerting is not None:  # the rules saw train_end: what they raised is sent, or given up
         alerting.close()
     data = end["data"] if end is not None else {}
-    last_log = next((r for r in reversed(records) if r["event"] == "log"), None)
+    last_log = _last(records, "log")
     result = TrainingResult(
         status=data.get("status", "completed" if rc == 0 else "failed"),
         reason=data.get("reason"),
@@ -379,6 +375,11 @@ def _launch(
             f"training failed: {result.reason or 'unknown error'} (log: {log_path})", result
         )
     return result
+
+
+def _last(records: Sequence[Mapping[str, Any]], event: str) -> Mapping[str, Any] | None:
+    """The last of ``records`` with this ``event``, or None."""
+    return next((r for r in reversed(records) if r["event"] == event), None)
 
 
 def _write_fallback_end(
@@ -416,7 +417,7 @@ def _write_fallback_end(
         with guest(ckpt_dir, role="launcher", timeout=10) as w:
             seq = w.append("train_end", payload)  # closes their attempt
     except JournalLocked as exc:  # a worker outlived torchrun and still writes
-        print(f"ilab-train: cannot record the workers' end: {exc}", file=sys.stderr)
+        say(f"cannot record the workers' end: {exc}")
     drain(ckpt_dir, role="launcher")
     end = find_last(journal_path(ckpt_dir), "train_end")
     if seq is None or end is None or end["seq"] != seq:  # not written (disk full?)

@@ -40,13 +40,8 @@ def varlen_available() -> bool:
 def attention_kernel(device: torch.device, compute_dtype: torch.dtype) -> str:
     """The packed-attention kernel for this run: ``varlen`` where flash attention runs
     (CUDA, bf16/fp16 compute, torch >= 2.10), else ``sdpa_mask``."""
-    if (
-        device.type == "cuda"
-        and compute_dtype in (torch.bfloat16, torch.float16)
-        and varlen_available()
-    ):
-        return "varlen"
-    return "sdpa_mask"
+    flash = device.type == "cuda" and compute_dtype in (torch.bfloat16, torch.float16)
+    return "varlen" if flash and varlen_available() else "sdpa_mask"
 
 
 @cache

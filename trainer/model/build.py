@@ -64,19 +64,18 @@ def build_model(
     ddp = args.sharding == "replicate"
     if not ddp:
         _shard(model, units, compute_dtype(args, device), args.sharding, device)
-    if not meta:
-        return (_ddp(model, device) if ddp else model), write
-    model.to_empty(device=device)  # this rank's shards only
-    with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-    full = parts.make().state_dict() if dist.get_rank() == 0 else {}
-    set_model_state_dict(
-        model,
-        full,
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
-    del full
+    if meta:
+        model.to_empty(device=device)  # this rank's shards only
+        with torch.no_grad():  # non-persistent buffers (e.g. rotary tables) are in no state dict
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+        full = parts.make().state_dict() if dist.get_rank() == 0 else {}
+        set_model_state_dict(
+            model,
+            full,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        del full
     return (_ddp(model, device) if ddp else model), write
 
 
@@ -146,7 +145,7 @@ def _model_parts(args: TrainingArgs, spec: ModelSpec) -> ModelParts:
         train_forward=lambda m, loss: setattr(m.head, "impl", loss),
         blocks=lambda m: m.blocks,
         extra_units=lambda m: m.shard_units(),
-        writer=lambda tied: partial(_save_builtin, cfg=cfg, dtype=spec.export_dtype),
+        writer=lambda tied: partial(save_consolidated, cfg=cfg, dtype=spec.export_dtype),
     )
 
 
@@ -182,9 +181,3 @@ def _shard(
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], **kw)
     fully_shard(model, **kw)
-
-
-def _save_builtin(
-    out_dir: Path, state_dict: dict[str, torch.Tensor], *, cfg: dict[str, Any], dtype: torch.dtype
-) -> None:
-    save_consolidated(out_dir, state_dict, cfg, dtype)

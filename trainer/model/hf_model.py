@@ -45,10 +45,6 @@ def hf_config(model_path: Path) -> Any:
     return load_transformers().AutoConfig.from_pretrained(model_path, local_files_only=True)
 
 
-def has_weights(model_path: Path) -> bool:
-    return any(model_path.glob("*.safetensors")) or any(model_path.glob("*.bin"))
-
-
 def context_length(config: Any) -> int | None:
     """The longest sequence the model was built for (None when the config does not say)."""
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
@@ -76,7 +72,7 @@ def build_hf_model(
     kw: dict[str, Any] = {"dtype": torch.float32}
     if attn_implementation is not None:
         kw["attn_implementation"] = attn_implementation
-    if has_weights(model_path):
+    if any(model_path.glob("*.safetensors")) or any(model_path.glob("*.bin")):  # has weights
         return tf.AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, **kw)
     return tf.AutoModelForCausalLM.from_config(config or hf_config(model_path), **kw)
 

@@ -10,8 +10,7 @@ pack length), the chunked loss, no compilation. AdamW runs its fused kernel on b
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -40,9 +39,6 @@ class Kernels:
     def pack_kernel(self) -> str | None:
         """The attention kernel packed micro-batches are built for; None when padded."""
         return self.attention if self.packing else None
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def choose_kernels(args: TrainingArgs, device: torch.device, compute: torch.dtype) -> Kernels:

@@ -43,10 +43,9 @@ from trainer.rank.profiling import StepProfiler
 from trainer.rank.startup import Built
 from trainer.rank.step_metrics import StepMetrics, log_payload, reset_peak_memory
 from trainer.steering.callback_pacing import CallbackPacer
-from trainer.steering.control_poller import command_names
-from trainer.steering.decisions import EndReason, decide, export_decision
+from trainer.steering.decisions import decide, export_decision
 from trainer.steering.lease_pacing import LeasePacer, save_scheduled
-from trainer.steering.policy import ending_command, train_end
+from trainer.steering.policy import EndReason, command_names, ending_command, train_end
 
 log = logging.getLogger("trainer")
 
@@ -321,32 +320,17 @@ class Trainer:
         self.last_saved_step = self.state.step
         lease_wait = self.lease_wait_s if self.args.max_leased_checkpoints else None
         self.lease_wait_s = 0.0
+        where = (Path(self.args.ckpt_dir), self.state, self.model, self.opt, self.sched)
         if self.saver is not None:
             waited = time.perf_counter()
             self._journal_save(self.saver.wait())  # at most one save in flight
             waited = time.perf_counter() - waited
-            self.saver.start(
-                Path(self.args.ckpt_dir),
-                self.state,
-                self.model,
-                self.opt,
-                self.sched,
-                why=why,
-                export_skipped=skipped,
-                write_consolidated=writer,
-            )
+            self.saver.start(*where, why=why, export_skipped=skipped, write_consolidated=writer)
             if self.saver.pending is not None:
                 self.saver.pending.waited_s = waited
                 self.saver.pending.lease_wait_s = lease_wait
             return
-        path, kinds = ckpt.save_checkpoint(
-            Path(self.args.ckpt_dir),
-            self.state,
-            self.model,
-            self.opt,
-            self.sched,
-            write_consolidated=writer,
-        )
+        path, kinds = ckpt.save_checkpoint(*where, write_consolidated=writer)
         duration = time.perf_counter() - t0
         times = {"duration": duration, "blocked_s": duration, "lease_wait_s": lease_wait}
         self._emit_save(path, kinds, why, skipped, times)

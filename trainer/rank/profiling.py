@@ -76,11 +76,10 @@ class StepProfiler:
 
     def step_end(self, step: int) -> float:
         """After the step's work, before its ``step_end``: the seconds :meth:`close` took."""
-        if self._prof is None:
-            return 0.0
-        self._last_recorded = step
-        if self.steps is not None and step >= self.steps[1]:
-            return self.close()
+        if self._prof is not None:
+            self._last_recorded = step
+            if self.steps is not None and step >= self.steps[1]:
+                return self.close()
         return 0.0
 
     def close(self) -> float:

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -178,7 +179,7 @@ def _begin_fields(built: Built) -> dict[str, Any]:
         "resumed_from": str(built.resumed_from) if built.resumed_from else None,
         "backend": built.backend,
         "steps_per_epoch": built.planner.steps_per_epoch,
-        "kernels": built.kernels.record(),
+        "kernels": asdict(built.kernels),
         "train_samples": built.train_samples,
         **({"data": built.data_info} if built.data_info else {}),
     }

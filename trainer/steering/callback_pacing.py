@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def read_progress(path: Path) -> int | None:
         return None
 
 
+@dataclass(eq=False)  # a pacer is one wait's state, equal to itself only
 class CallbackPacer:
     """Rank 0's wait for the paced callbacks before a step's all-reduce.
 
@@ -53,19 +55,14 @@ class CallbackPacer:
         interrupted: true once this rank got SIGINT/SIGTERM.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        first_step: int,
-        limit_s: float,
-        *,
-        control: DirWatch | None = None,
-        interrupted: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.path, self.first_step, self.limit_s = path, first_step, limit_s
-        self.control, self.interrupted = control, interrupted
-        self.on = True
-        self._seen = -1  # the progress read at the last wait
+    path: Path
+    first_step: int
+    limit_s: float
+    _: KW_ONLY
+    control: DirWatch | None = None
+    interrupted: Callable[[], bool] = lambda: False
+    on: bool = field(default=True, init=False)
+    _seen: int = field(default=-1, init=False)  # the progress read at the last wait
 
     @classmethod
     def for_run(

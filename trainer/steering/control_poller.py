@@ -29,31 +29,7 @@ from journal.rundir.inbox import (
 from journal.rundir.paths import PROCESSED_DIR_NAME, control_dir
 from journal.rundir.safety import safe_dir
 from trainer.steering.dir_watch import DirWatch
-from trainer.steering.policy import (  # the command list is the policy's; re-exported here
-    ABORT,
-    BITS,
-    EVALUATE,
-    LOG,
-    SAVE,
-    STOP,
-    Capabilities,
-    command_names,
-)
-
-__all__ = [
-    "ABORT",
-    "BITS",
-    "EVALUATE",
-    "LOG",
-    "SAVE",
-    "STOP",
-    "Command",
-    "ControlPoller",
-    "Rejection",
-    "command_files",
-    "command_names",
-    "rejection_line",
-]
+from trainer.steering.policy import BITS, Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +57,19 @@ def command_files(directory: Path) -> dict[str, FileIdentity]:
     written for an earlier attempt (a stop left by a callback of the last one must not end a
     resumed run); every file that arrives later is fresh, whatever the writer's clock said.
     """
-    out: dict[str, FileIdentity] = {}
     try:
-        names = [n for n in os.listdir(directory) if n.endswith(COMMAND_FILE_SUFFIX)]
+        names = _command_names(directory)
     except OSError:
-        return out
-    for name in names:
-        if not name.startswith(".") and (ident := file_identity(directory / name)) is not None:
-            out[name] = ident
-    return out
+        return {}
+    identities = {name: file_identity(directory / name) for name in names}
+    return {name: ident for name, ident in identities.items() if ident is not None}
+
+
+def _command_names(directory: Path) -> list[str]:
+    """The command files in ``directory``, sorted, hidden ones left out (OSError when it
+    cannot be listed)."""
+    names = os.listdir(directory)
+    return sorted(n for n in names if n.endswith(COMMAND_FILE_SUFFIX) and not n.startswith("."))
 
 
 @dataclass
@@ -116,6 +96,20 @@ def rejection_line(rej: Rejection) -> str:
     what = " ".join(x for x in (rej.command, f"({who})" if who else None) if x)
     line = f"control {what} rejected: {rej.reason}" if what else f"control: {rej.reason}"
     return printable(line)
+
+
+def _control_record(
+    verdict: Command | Rejection, accepted: bool, step: int | None
+) -> dict[str, Any]:
+    """The ``control`` record of a command applied at ``step``, or of a rejection."""
+    return {
+        "command": verdict.command,
+        "id": verdict.id,
+        "source": verdict.source,
+        "accepted": accepted,
+        "reason": verdict.reason,
+        "applied_at_step": step,
+    }
 
 
 class ControlPoller:
@@ -184,54 +178,24 @@ class ControlPoller:
             mask |= BITS[cmd.command]
         return mask
 
-    def take_applied(self) -> list[Command]:
-        """The commands carried by the last reduce; cleared once taken."""
-        out, self.pending = self.pending, []
-        return out
-
-    def take_rejected(self) -> list[Rejection]:
-        out, self.rejected = self.rejected, []
-        return out
-
     def journal(
         self, emit: Callable[[str, dict[str, Any]], Any], step: int
     ) -> list[dict[str, Any]]:
         """Journal the rejections and the commands carried by this step's agreement as
         ``control`` records; returns the applied ones' records."""
-        for rej in self.take_rejected():
+        rejected, self.rejected = self.rejected, []  # taken: each is journaled once
+        carried, self.pending = self.pending, []
+        for rej in rejected:
             log.warning("%s", rejection_line(rej))  # one line on the trainer's console
-            emit(
-                "control",
-                {
-                    "command": rej.command,
-                    "id": rej.id,
-                    "source": rej.source,
-                    "accepted": False,
-                    "reason": rej.reason,
-                    "applied_at_step": None,
-                },
-            )
-        out = []
-        for cmd in self.take_applied():
-            rec = {
-                "command": cmd.command,
-                "id": cmd.id,
-                "source": cmd.source,
-                "accepted": True,
-                "reason": cmd.reason,
-                "applied_at_step": step,
-            }
+            emit("control", _control_record(rej, False, None))
+        applied = [_control_record(cmd, True, step) for cmd in carried]
+        for rec in applied:
             emit("control", rec)
-            out.append(rec)
-        return out
+        return applied
 
     def _scan(self) -> None:
         try:
-            names = sorted(
-                n
-                for n in os.listdir(self.dir)
-                if n.endswith(COMMAND_FILE_SUFFIX) and not n.startswith(".")
-            )
+            names = _command_names(self.dir)
         except OSError as exc:
             log.warning("cannot list %s: %s", self.dir, exc)
             return
@@ -270,10 +234,9 @@ class ControlPoller:
             return None
         except RejectedFile as exc:
             return Rejection(stem, None, None, f"command file refused: {exc}", malformed=True)
-        given_id = obj.get("id")
-        cid = (
-            given_id if isinstance(given_id, str) and 0 < len(given_id) <= MAX_NAME_CHARS else stem
-        )
+        cid = obj.get("id")
+        if not (isinstance(cid, str) and 0 < len(cid) <= MAX_NAME_CHARS):
+            cid = stem  # no usable id of its own: the file's name
         command, source, reason = obj.get("command"), obj.get("source"), obj.get("reason")
         source = clip(source, MAX_NAME_CHARS) if isinstance(source, str) else None
         reason = clip(reason) if isinstance(reason, str) else None  # a 50 MB reason: a few KB

@@ -18,8 +18,6 @@ from __future__ import annotations
 from trainer.config import TrainingArgs
 from trainer.steering.policy import Actions, EndReason, SaveTrigger, steer
 
-__all__ = ["Actions", "EndReason", "SaveTrigger", "decide", "export_decision", "samples_due"]
-
 
 def decide(
     step: int,

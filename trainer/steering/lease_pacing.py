@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -63,9 +63,8 @@ def leased_count(ckpt_dir: str | Path, now: float | None = None) -> tuple[int, f
     """How many checkpoints of this run hold an unexpired lease (a checkpoint with two
     leases counts once), and when the first of those leases expires (None when none)."""
     held = leases.active(ckpt_dir, now)
-    return len({lease.checkpoint for lease in held}), min(
-        (lease.expires for lease in held), default=None
-    )
+    first_expiry = min((lease.expires for lease in held), default=None)
+    return len({lease.checkpoint for lease in held}), first_expiry
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,7 @@ class PaceResult:
     leased: int  # checkpoints leased when the wait began
 
 
+@dataclass(eq=False)  # a pacer is one wait's state, equal to itself only
 class LeasePacer:
     """Rank 0's wait for leases before a scheduled save.
 
@@ -91,24 +91,18 @@ class LeasePacer:
         tick_s: how often the flags are looked at while waiting.
     """
 
-    def __init__(
-        self,
-        ckpt_dir: str | Path,
-        max_leased: int,
-        limit_s: float,
-        *,
-        control: DirWatch | None = None,
-        interrupted: Callable[[], bool] = lambda: False,
-        tick_s: float = 0.05,
-    ) -> None:
-        if max_leased < 1:
-            raise ValueError(f"max_leased must be >= 1, not {max_leased}")
-        self.ckpt_dir = Path(ckpt_dir)
-        self.max_leased = max_leased
-        self.limit_s = limit_s
-        self.control = control
-        self.interrupted = interrupted
-        self.tick_s = tick_s
+    ckpt_dir: str | Path
+    max_leased: int
+    limit_s: float
+    _: KW_ONLY
+    control: DirWatch | None = None
+    interrupted: Callable[[], bool] = lambda: False
+    tick_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.max_leased < 1:
+            raise ValueError(f"max_leased must be >= 1, not {self.max_leased}")
+        self.ckpt_dir = Path(self.ckpt_dir)
 
     @classmethod
     def for_run(

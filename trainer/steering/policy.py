@@ -53,10 +53,6 @@ STATUS: dict[Ending, str] = {
     "failed": "failed",
 }
 
-#: What :meth:`Actions.strongest` names, strongest first.
-STRENGTH = ("abort", "stop", "save", "evaluate", "log")
-assert set(STRENGTH) == set(BITS)
-
 
 @dataclass(frozen=True)
 class Actions:
