@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from journal.read.lines import LongLine, too_long_reason
-from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
+from journal.read.reader import iter_events, lines_backwards, record_problem
 from journal.record.record import Record, complete
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
@@ -133,15 +133,8 @@ def _is_first_attempt(path: str | os.PathLike[str], rec: Record) -> bool:
     """Whether ``rec`` belongs to the attempt the file starts with (its first line is of
     the same run and attempt): then no earlier attempt exists."""
     with open(path, "rb") as f:
-        first = f.readline(1 << 16)
-    try:
-        head = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    if record_problem(head) is not None:
-        return False
-    head_rec = complete(head)
-    return head_rec["run_id"] == rec["run_id"] and head_rec["attempt"] == rec["attempt"]
+        head = _record_or_note(f.readline(1 << 16), 0, [])
+    return head is not None and (head["run_id"], head["attempt"]) == (rec["run_id"], rec["attempt"])
 
 
 def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
@@ -166,15 +159,7 @@ def relaunch_coming(path: str | os.PathLike[str]) -> bool:
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:
     """The oldest complete record of ``event``, or None."""
-    reader = JournalReader(path)
-    while True:
-        before = reader.offset
-        batch = reader.read(max_bytes=_BLOCK * 4)
-        for rec in batch.records:
-            if rec["event"] == event:
-                return rec
-        if reader.offset == before:
-            return None
+    return next(iter_events(path, {event}), None)  # parses only the lines naming it
 
 
 def find_best(

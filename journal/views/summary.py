@@ -9,7 +9,6 @@ from typing import Any
 
 from journal.record.fields import accepted
 from journal.record.record import Record
-from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.stops import ending
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
@@ -153,10 +152,9 @@ class Summarizer:
                 k: data.get(k) for k in ("checkpoint_path", "step", "metrics", "source")
             }
         elif event == "control" and data.get("command") is None:
-            from journal.rundir.inbox import refused_file  # rare: not at every start
+            from journal.channels.reports import refused_report  # rare: not at every start
 
-            refused = refused_file(data)  # a report file refused: its metrics are lost
-            if refused is not None and refused.inbox == REPORTS_DIR_NAME:
+            if refused_report(data) is not None:  # a report file refused: its metrics are lost
                 s.refused_reports += 1
         elif event == "control" and accepted(data) and data.get("command") in _ENDERS:
             src = data.get("source")
@@ -211,13 +209,9 @@ class Summarizer:
             if hung is not None and not _pid_gone(s.hostname, s.pid):
                 s.state, s.reason = "hung", hung
             elif stale_after is not None and now - s.last_ts > stale_after:
-                s.state, s.reason = (
-                    "stale",
-                    f"no record for {now - s.last_ts:.0f}s and no train_end",
-                )
+                s.state = "stale"
+                s.reason = f"no record for {now - s.last_ts:.0f}s and no train_end"
             elif _pid_gone(s.hostname, s.pid):
-                s.state, s.reason = (
-                    "stale",
-                    f"trainer process {s.pid} is gone and wrote no train_end",
-                )
+                s.state = "stale"
+                s.reason = f"trainer process {s.pid} is gone and wrote no train_end"
         return s
