@@ -19,7 +19,6 @@ from journal.record.record import Record, complete
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
 
-_BLOCK = 1 << 20
 _MISSING = object()
 
 
@@ -38,7 +37,7 @@ def _match(line: bytes, needle: bytes, event: str) -> Record | None:
 def find_last(path: str | os.PathLike[str], event: str) -> Record | None:
     """The newest complete record of ``event``, or None."""
     needle = f'"{event}"'.encode()
-    for _, line in lines_backwards(path, block=_BLOCK):
+    for _, line in lines_backwards(path):
         rec = _match(line, needle, event)
         if rec is not None:
             return rec
@@ -76,7 +75,7 @@ def last_records(
     needles = [f'"{e}"'.encode() for e in events] if events else []
     found: list[Record] = []
     invalid: list[tuple[int, str]] = []
-    for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+    for offset, line in lines_backwards(path, end=end):
         if isinstance(line, LongLine):  # unread, so it may be of any event: report it
             _record_or_note(line, offset, invalid)
             continue
@@ -107,7 +106,7 @@ def records_since_step(
     end: int | None = None
     while True:
         jump: int | None = None
-        for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+        for offset, line in lines_backwards(path, end=end):
             if not line.strip() and not isinstance(line, LongLine):
                 continue
             obj = _record_or_note(line, offset, invalid)
