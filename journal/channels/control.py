@@ -24,7 +24,7 @@ from journal.read.reader import end_of_complete_lines
 from journal.record.events import AFTER_END_EVENTS, CONTROL_COMMANDS
 from journal.record.fields import accepted
 from journal.record.text import printable
-from journal.rundir.files import atomic_write
+from journal.rundir.files import atomic_write, json_files
 from journal.rundir.inbox import MAX_NAME_CHARS, RejectedFile, clip, read_json_object
 from journal.rundir.lock import JournalLocked, lock_holder, run_holder, writer_gone
 from journal.rundir.paths import control_dir, journal_path
@@ -332,17 +332,14 @@ def unapplied_commands(
     if tail.trainer is None or not tail.ended:
         return None, []
     end = tail.trainer
-    directory = control_dir(ckpt_dir)
     try:
-        names = sorted(
-            n for n in os.listdir(directory) if n.endswith(COMMAND_FILE_SUFFIX) and n[0] != "."
-        )
-    except OSError:
-        names = []
+        paths = json_files(control_dir(ckpt_dir))
+    except OSError:  # control/ unreadable, or not a directory: nothing to tell
+        paths = []
     out = []
-    for name in names:
+    for path in paths:
         try:
-            obj = read_json_object(directory / name)
+            obj = read_json_object(path)
         except FileNotFoundError:
             continue  # gone meanwhile
         except RejectedFile:
@@ -351,7 +348,7 @@ def unapplied_commands(
         cid = given if isinstance(given, str) and 0 < len(given) <= MAX_NAME_CHARS else None
         out.append(
             UnappliedCommand(
-                cid or name.removesuffix(COMMAND_FILE_SUFFIX),
+                cid or path.stem,
                 command if isinstance(command, str) and command in CONTROL_COMMANDS else None,
             )
         )

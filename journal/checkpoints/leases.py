@@ -24,7 +24,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,7 +187,7 @@ def renew(ckpt_dir: str | os.PathLike[str], lease: Lease) -> Lease:
 def release(ckpt_dir: str | os.PathLike[str], lease_id: str) -> str:
     """End a lease by id; returns the checkpoint it held (its name, as in the lease file's
     name; for a hashed long name, the start of it). Raises LeaseError if unknown."""
-    for path in _files(ckpt_dir):
+    for path in json_files(leases_dir(ckpt_dir)):
         key, _, rest = path.name.rpartition(_SEP)
         if rest == f"{lease_id}{_SUFFIX}":
             path.unlink(missing_ok=True)
@@ -208,7 +208,7 @@ def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: fl
     ttl = check_ttl(ttl)
     now = time.time()
     out = []
-    for path, expires, obj in _leases(ckpt_dir):
+    for path, expires, obj in _leases(json_files(leases_dir(ckpt_dir))):
         if obj.get("holder") != holder:
             continue
         lease_id, checkpoint = obj.get("id"), obj.get("checkpoint")
@@ -225,14 +225,10 @@ def take_over(ckpt_dir: str | os.PathLike[str], holder: str, *, by: str, ttl: fl
     return out
 
 
-def _files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    return json_files(leases_dir(ckpt_dir))
-
-
-def _leases(ckpt_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, float, dict[str, Any]]]:
-    """Each lease file with when it ends and what it holds; files that are not leases (and
-    ones released meanwhile) are skipped, left where they are."""
-    for path in _files(ckpt_dir):
+def _leases(paths: Iterable[Path]) -> Iterator[tuple[Path, float, dict[str, Any]]]:
+    """Each lease file of ``paths`` with when it ends and what it holds; files that are not
+    leases (and ones released meanwhile) are skipped, left where they are."""
+    for path in paths:
         try:
             expires, obj = _lease(path)
         except (FileNotFoundError, RejectedFile):
@@ -312,13 +308,10 @@ def leased(
 def expiries(ckpt_dir: str | os.PathLike[str], names: set[str]) -> dict[str, list[float]]:
     """When each lease of the checkpoints ``names`` ends (expired ones included), read only:
     nothing is removed or moved, for ``status``. Files that are not leases are skipped."""
+    of = {path: name for name, path in _files_of(ckpt_dir, names)}
     out: dict[str, list[float]] = {}
-    for name, path in _files_of(ckpt_dir, names):
-        try:
-            expires, _ = _lease(path)
-        except (FileNotFoundError, RejectedFile):
-            continue
-        out.setdefault(name, []).append(expires)
+    for path, expires, _ in _leases(of):
+        out.setdefault(of[path], []).append(expires)
     return out
 
 
@@ -327,7 +320,7 @@ def active(ckpt_dir: str | os.PathLike[str], now: float | None = None) -> list[L
     skipped (and left alone: rotation moves them aside)."""
     now = time.time() if now is None else now
     out = []
-    for _, expires, obj in _leases(ckpt_dir):
+    for _, expires, obj in _leases(json_files(leases_dir(ckpt_dir))):
         if expires > now:
             ttl = obj.get("ttl")
             out.append(

@@ -41,29 +41,31 @@ def fmt_num(v: Any) -> str:
     return str(v)
 
 
+#: The payload fields a digest shows, in order, by event (others: every scalar field).
+_DIGEST_KEYS = {
+    "log": ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time"),
+    "train_begin": ("world_size", "device_type", "total_steps", "resumed_from"),
+    # the verdict before the (long) source: a refusal must show
+    "control": ("command", "id", "accepted", "applied_at_step", "reason", "source"),
+    # what went wrong before its (long) id (docs/alerts.md)
+    "alert": ("kind", "step", "attempt", "message", "evidence", "id"),
+    "alert_told": ("id", "told", "failed"),
+}
+
+
 def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
     """A one-line, human-readable digest of a payload."""
-    keys: tuple[str, ...]
     if event == "report":
         return _report_digest(data, width)
     if event == "job":  # which job evaluated which checkpoint (journal/channels/jobs.py)
         where = Path(str(data.get("checkpoint_path") or "-")).name
-        keys = ("state", "node", "exit_code", "attempt")
-        parts = [f"{k}={data[k]}" for k in keys if data.get(k) is not None]
+        said = ("state", "node", "exit_code", "attempt")
+        parts = [f"{k}={data[k]}" for k in said if data.get(k) is not None]
         text = f"{data.get('scheduler')} job {data.get('job_id')} {where} " + " ".join(parts)
         return text if len(text) <= width else text[: width - 1] + "…"
-    if event == "log":
-        keys = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_time")
-    elif event == "train_begin":
-        keys = ("world_size", "device_type", "total_steps", "resumed_from")
-    elif event == "control":  # the verdict before the (long) source: a refusal must show
-        keys = ("command", "id", "accepted", "applied_at_step", "reason", "source")
-    elif event == "alert":  # what went wrong before its (long) id (docs/alerts.md)
-        keys = ("kind", "step", "attempt", "message", "evidence", "id")
-    elif event == "alert_told":
-        keys = ("id", "told", "failed")
-    else:
-        keys = tuple(k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind")
+    keys = _DIGEST_KEYS.get(event) or tuple(
+        k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind"
+    )
     parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
     text = " ".join(parts)
     return text if len(text) <= width else text[: width - 1] + "…"

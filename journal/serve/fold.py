@@ -114,8 +114,9 @@ class Series:
 class RunFold:
     """Everything the page shows about one journal, folded incrementally (thread-safe)."""
 
-    def __init__(self, journal: Path) -> None:
+    def __init__(self, journal: Path, only: str | None = None) -> None:
         self.journal = journal
+        self.only = only  # a listed name's fold (listed_curve): that one curve, and no other
         # the one fold: status, every checkpoint with its fate, the best (never folded here)
         self.run = RunTruth(journal.parent)
         self.series: dict[str, Series] = {}
@@ -186,10 +187,11 @@ class RunFold:
 
     def _new_series(self, name: str, by_report: bool = False) -> Series | None:
         """A curve for a name met for the first time, or None past the cap (then listed)."""
-        if name in PRIORITY or self._capped[by_report] < MAX_CURVES:
+        if self.only is not None and name != self.only:
+            return None
+        if name == self.only or name in PRIORITY or self._capped[by_report] < MAX_CURVES:
             self._capped[by_report] += name not in PRIORITY
-            series = self.series[name] = Series(name, by_report=by_report)
-            return series
+            return self.series.setdefault(name, Series(name, by_report=by_report))
         if name not in self.listed:
             if len(self.listed) < MAX_LISTED:
                 self.listed[name] = None
@@ -205,7 +207,7 @@ class RunFold:
         if name not in self.listed:
             return None
         key = name.removeprefix(REPORTED)
-        one = _OneCurve(self.journal, name)
+        one = RunFold(self.journal, only=name)
         for rec in iter_events(self.journal, set(), holding=(orjson.dumps(key).decode()[1:-1],)):
             one._add(rec)
         return one.series.get(name) or Series(name, by_report=name.startswith(REPORTED))
@@ -266,17 +268,3 @@ class RunFold:
                 m["detail"]["told_at"] = scalar(data.get("told_at"))
                 self.told[m["i"]] = self.count
                 return
-
-
-class _OneCurve(RunFold):
-    """A fold that keeps one curve: a listed name's, from the records that hold it."""
-
-    def __init__(self, journal: Path, name: str) -> None:
-        super().__init__(journal)
-        self.only = name
-
-    def _new_series(self, name: str, by_report: bool = False) -> Series | None:
-        if name != self.only:
-            return None
-        series = self.series[name] = Series(name, by_report=by_report)
-        return series

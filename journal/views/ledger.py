@@ -122,21 +122,36 @@ class CheckpointLedger:
             return
         step = int_or_none(rec.get("step"))
         if event == "save":
-            self._save(rec, data, step)
-        elif event == "evaluate":
+            return self._save(rec, data, step)
+        if event == "evaluate":
             values = {k: v for k, x in data.items() if (v := finite_number(x)) is not None}
             if step is not None and values:
                 self._pending_eval[step] = values
-        elif event == "report":
-            self._report(rec, data, step)
+            return
+        # the rest name a checkpoint, with its step (a removal: none; a keep: the record's)
+        own = {"checkpoint_removed": None, "checkpoint_kept": step}
+        fate = self._fate(
+            data.get("checkpoint_path"), own.get(event, int_or_none(data.get("step")))
+        )
+        if fate is None:
+            return
+        if event == "report":
+            self._report(fate, rec, data, step)
         elif event == "checkpoint_removed":
-            self._removed(rec, data, step)
+            fate.removed = Removal(
+                step,
+                finite_number(rec.get("ts")),
+                str_or_none(data.get("reason")) or "removed",
+                str_or_none(data.get("by")),
+                self.ended,
+            )
         elif event == "checkpoint_kept":
-            fate = self._fate(data.get("checkpoint_path"), step)
-            if fate is not None:
-                fate.kept = str_or_none(data.get("reason")) or "kept"
-        elif event == "job":
-            self._job(data)
+            fate.kept = str_or_none(data.get("reason")) or "kept"
+        else:  # a scheduler job's state
+            fate.jobs[str(data.get("job_id"))] = {
+                k: data.get(k)
+                for k in ("job_id", "scheduler", "state", "node", "exit_code", "hook", "log_path")
+            }
 
     def new_run(self, run_id: str | None) -> None:
         """A ``train_begin`` of another run: its checkpoints are its own."""
@@ -186,10 +201,13 @@ class CheckpointLedger:
         # validations before this save belong to no checkpoint: forget them
         self._pending_eval = {s: v for s, v in self._pending_eval.items() if s > step}
 
-    def _report(self, rec: Mapping[str, Any], data: Mapping[str, Any], step: int | None) -> None:
-        fate = self._fate(data.get("checkpoint_path"), int_or_none(data.get("step")))
-        if fate is None:
-            return
+    def _report(
+        self,
+        fate: CheckpointFate,
+        rec: Mapping[str, Any],
+        data: Mapping[str, Any],
+        step: int | None,
+    ) -> None:
         metrics = data.get("metrics")
         metrics = dict(metrics) if isinstance(metrics, Mapping) else {}
         if fate.removed is None:  # a report about a removed checkpoint does not bring it back
@@ -207,28 +225,6 @@ class CheckpointLedger:
         )
         if len(fate.reports) > MAX_REPORTS_PER_CHECKPOINT:
             del fate.reports[0]
-
-    def _removed(self, rec: Mapping[str, Any], data: Mapping[str, Any], step: int | None) -> None:
-        fate = self._fate(data.get("checkpoint_path"), None)
-        if fate is None:
-            return
-        fate.removed = Removal(
-            step,
-            finite_number(rec.get("ts")),
-            str_or_none(data.get("reason")) or "removed",
-            str_or_none(data.get("by")),
-            self.ended,
-        )
-
-    def _job(self, data: Mapping[str, Any]) -> None:
-        fate = self._fate(data.get("checkpoint_path"), int_or_none(data.get("step")))
-        if fate is None:
-            return
-        job_id = str(data.get("job_id"))
-        fate.jobs[job_id] = {
-            k: data.get(k)
-            for k in ("job_id", "scheduler", "state", "node", "exit_code", "hook", "log_path")
-        }
 
     @property
     def fates(self) -> list[CheckpointFate]:

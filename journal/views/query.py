@@ -14,12 +14,11 @@ from typing import Any
 import orjson
 
 from journal.read.lines import LongLine, too_long_reason
-from journal.read.reader import JournalReader, iter_events, lines_backwards, record_problem
+from journal.read.reader import iter_events, lines_backwards, record_problem
 from journal.record.record import Record, complete
 from journal.views.best import BestCheckpoint, MetricGoal
 from journal.views.ledger import CheckpointLedger
 
-_BLOCK = 1 << 20
 _MISSING = object()
 
 
@@ -38,7 +37,7 @@ def _match(line: bytes, needle: bytes, event: str) -> Record | None:
 def find_last(path: str | os.PathLike[str], event: str) -> Record | None:
     """The newest complete record of ``event``, or None."""
     needle = f'"{event}"'.encode()
-    for _, line in lines_backwards(path, block=_BLOCK):
+    for _, line in lines_backwards(path):
         rec = _match(line, needle, event)
         if rec is not None:
             return rec
@@ -76,7 +75,7 @@ def last_records(
     needles = [f'"{e}"'.encode() for e in events] if events else []
     found: list[Record] = []
     invalid: list[tuple[int, str]] = []
-    for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+    for offset, line in lines_backwards(path, end=end):
         if isinstance(line, LongLine):  # unread, so it may be of any event: report it
             _record_or_note(line, offset, invalid)
             continue
@@ -107,7 +106,7 @@ def records_since_step(
     end: int | None = None
     while True:
         jump: int | None = None
-        for offset, line in lines_backwards(path, block=_BLOCK, end=end):
+        for offset, line in lines_backwards(path, end=end):
             if not line.strip() and not isinstance(line, LongLine):
                 continue
             obj = _record_or_note(line, offset, invalid)
@@ -133,15 +132,8 @@ def _is_first_attempt(path: str | os.PathLike[str], rec: Record) -> bool:
     """Whether ``rec`` belongs to the attempt the file starts with (its first line is of
     the same run and attempt): then no earlier attempt exists."""
     with open(path, "rb") as f:
-        first = f.readline(1 << 16)
-    try:
-        head = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    if record_problem(head) is not None:
-        return False
-    head_rec = complete(head)
-    return head_rec["run_id"] == rec["run_id"] and head_rec["attempt"] == rec["attempt"]
+        head = _record_or_note(f.readline(1 << 16), 0, [])
+    return head is not None and (head["run_id"], head["attempt"]) == (rec["run_id"], rec["attempt"])
 
 
 def _line_start_before(path: str | os.PathLike[str], needle: bytes, end: int) -> int | None:
@@ -166,15 +158,7 @@ def relaunch_coming(path: str | os.PathLike[str]) -> bool:
 
 def find_first(path: str | os.PathLike[str], event: str) -> Record | None:
     """The oldest complete record of ``event``, or None."""
-    reader = JournalReader(path)
-    while True:
-        before = reader.offset
-        batch = reader.read(max_bytes=_BLOCK * 4)
-        for rec in batch.records:
-            if rec["event"] == event:
-                return rec
-        if reader.offset == before:
-            return None
+    return next(iter_events(path, {event}), None)  # parses only the lines naming it
 
 
 def find_best(

@@ -211,13 +211,9 @@ class Summarizer:
             if hung is not None and not _pid_gone(s.hostname, s.pid):
                 s.state, s.reason = "hung", hung
             elif stale_after is not None and now - s.last_ts > stale_after:
-                s.state, s.reason = (
-                    "stale",
-                    f"no record for {now - s.last_ts:.0f}s and no train_end",
-                )
+                s.state = "stale"
+                s.reason = f"no record for {now - s.last_ts:.0f}s and no train_end"
             elif _pid_gone(s.hostname, s.pid):
-                s.state, s.reason = (
-                    "stale",
-                    f"trainer process {s.pid} is gone and wrote no train_end",
-                )
+                s.state = "stale"
+                s.reason = f"trainer process {s.pid} is gone and wrote no train_end"
         return s
