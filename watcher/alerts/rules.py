@@ -46,7 +46,7 @@ from journal.record.events import EVENTS
 from journal.record.record import Record
 from journal.rundir.paths import resolve_journal
 from watcher.alerts.alert import Alert, AlertSink
-from watcher.builtin.steering import DivergenceDetector
+from watcher.builtin.steering import DivergenceDetector, record_metrics
 from watcher.hooks.callbacks import Event
 
 log = logging.getLogger("watcher")
@@ -114,25 +114,25 @@ class AlertRules:
     def on_train_begin(self, event: Event, **data: Any) -> None:
         if (event.run_id, event.attempt) != self._begun:
             self._conditions()  # the attempt before, as it stood at its last record
-        self._fold(event)
+        self._fold(event.record)
 
     def _measured(self, event: Event, **data: Any) -> None:
         """A ``log``, ``evaluate`` or ``report`` record: the detector's, if of its event
         (``--divergence metric=<a reported metric>`` watches reports)."""
-        self._fold(event)
+        self._fold(event.record)
         if self.detector.event == event.name:
             self._diverged(event.record, live=True)
 
     on_log = on_evaluate = on_report = _measured
 
     def on_train_end(self, event: Event, **data: Any) -> None:
-        self._fold(event)
+        self._fold(event.record)
         self._ended(event.record)
         self._conditions()  # each attempt is judged at its end, however records were batched
         self._warn_unknown_metrics()
 
     def _any(self, event: Event, **data: Any) -> None:
-        self._fold(event)
+        self._fold(event.record)
 
     def after_deliveries(self) -> None:
         """After each batch of records: the ``--notify-when`` conditions."""
@@ -144,7 +144,7 @@ class AlertRules:
         end: Record | None = None
         diverged: Record | None = None
         for rec in records:
-            self._fold_record(rec)
+            self._fold(rec)
             event = rec.get("event")
             if event == "train_begin":
                 end = diverged = None
@@ -160,10 +160,7 @@ class AlertRules:
 
     # -- the rules --------------------------------------------------------------------------
 
-    def _fold(self, event: Event) -> None:
-        self._fold_record(event.record)
-
-    def _fold_record(self, rec: Record) -> None:
+    def _fold(self, rec: Record) -> None:
         event, data = rec.get("event"), rec.get("data") or {}
         if event == "train_begin":
             begun = (rec.get("run_id"), rec.get("attempt"))
@@ -182,8 +179,7 @@ class AlertRules:
         if "diverged" not in self.kinds:
             return False
         data = rec.get("data") or {}
-        values = data.get("metrics") if rec.get("event") == "report" else data
-        reason = self.detector.observe(values if isinstance(values, dict) else {})
+        reason = self.detector.observe(record_metrics(rec.get("event"), data))
         if reason is None:
             return False
         self._reason = reason

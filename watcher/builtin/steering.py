@@ -57,6 +57,11 @@ def setting(name: str, value: Any, where: str = "") -> Any:
         raise CallbackSpecError(f"{where}{name}={shown_value(value)}: {exc}") from None
 
 
+def _unless_none(name: str, value: Any) -> Any:
+    """A setting that None switches off, or :func:`setting`'s judgement of it."""
+    return None if value is None else setting(name, value)
+
+
 def _event_for(metric: str) -> str:
     """Where a metric comes from: ``val_*`` from evaluate, the trainer's own log fields from
     log, anything else (accuracy, pass rates, judge scores) from report records."""
@@ -65,7 +70,7 @@ def _event_for(metric: str) -> str:
     return "log" if metric in log_metrics() else "report"
 
 
-def _values(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
+def record_metrics(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
     """The metrics of a record: a report's are nested under ``metrics``."""
     if event == "report":
         metrics = data.get("metrics")
@@ -103,7 +108,7 @@ class _MetricCallback(TrainerCallback):
         """A ``log``, ``evaluate`` or ``report`` record: the metric's, if of its event."""
         if event.name != self.event:
             return None
-        return self._on(event.run_id, _values(self.event, data), live=True)
+        return self._on(event.run_id, record_metrics(self.event, data), live=True)
 
     on_log = on_evaluate = on_report = _measured
 
@@ -112,7 +117,7 @@ class _MetricCallback(TrainerCallback):
         begin: Record | None = None
         for rec in records:
             if rec["event"] == self.event:
-                self._on(rec["run_id"], _values(self.event, rec["data"]), live=False)
+                self._on(rec["run_id"], record_metrics(self.event, rec["data"]), live=False)
             elif rec["event"] == "train_begin":
                 begin = rec
         if begin is not None and self.event == "evaluate":  # the newest run's settings
@@ -128,21 +133,16 @@ class _MetricCallback(TrainerCallback):
         if "eval_every" not in config or "val_data_path" not in config:
             return
         self.config_checked.add(run_id)
-        name = type(self).__name__
         if not (config.get("val_data_path") or config.get("demo")):
-            log.warning(
-                "%s: the run has no validation data (val_data_path / --val-data), so %r "
-                "never comes and it cannot act",
-                name,
-                self.metric,
+            lacks = (
+                "validation data (val_data_path / --val-data), so %r never comes and it cannot act"
             )
         elif not config.get("eval_every"):
-            log.warning(
-                "%s: the run has no eval_every (--eval-every), so %r comes only when "
-                "someone sends 'ilab-journal control evaluate'",
-                name,
-                self.metric,
-            )
+            lacks = "eval_every (--eval-every), so %r comes only when someone sends "
+            lacks += "'ilab-journal control evaluate'"
+        else:
+            return
+        log.warning(f"%s: the run has no {lacks}", type(self).__name__, self.metric)
 
     def _on(self, run_id: str | None, data: dict[str, Any], *, live: bool) -> Control | None:
         if run_id != self.run_id:  # a fresh run in the same directory: start over
@@ -259,13 +259,9 @@ class DivergenceDetector(_MetricCallback):
         if threshold is None and relative_threshold is None:
             raise CallbackSpecError("give threshold and/or relative_threshold")
         self.smoothing: float = setting("smoothing", smoothing)
-        self.threshold: float | None = (
-            None if threshold is None else setting("threshold", threshold)
-        )
-        self.relative_threshold: float | None = (
-            None
-            if relative_threshold is None
-            else setting("relative_threshold", relative_threshold)
+        self.threshold: float | None = _unless_none("threshold", threshold)
+        self.relative_threshold: float | None = _unless_none(
+            "relative_threshold", relative_threshold
         )
         self.patience: int = setting("patience", patience)
         self.warmup: int = setting("warmup", warmup)

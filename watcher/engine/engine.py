@@ -230,7 +230,7 @@ class Watcher:
         self.claim()
         follower = self._follower
         follower.waker.start()
-        self._checkpoints.start()
+        self._checkpoints.leases.start()
         try:
             self._begin()
             waiting_at: int | None = None
@@ -265,7 +265,9 @@ class Watcher:
                     # says this is following, not about to finish.
                     waiting_at = follower.position.offset
                     log.debug("idle at byte %d; waiting for more records", waiting_at)
-                self._checkpoints.caught_up()  # a dead predecessor's leases: only those needed
+                # every save read so far is leased: a dead predecessor's lease none of them
+                # claimed holds a checkpoint nobody needs any more
+                self._checkpoints.leases.release_adopted()
                 follower.waker.wait(SAFETY_POLL_S)
             if self._run.ended and not self._stop.is_set():
                 self._say_unapplied()
@@ -297,7 +299,8 @@ class Watcher:
         if files is not None and (n := end_leftovers(files.running)):
             self._notices(f"ended {n} callback process group(s) a previous watcher left running")
         if self._lock is not None:  # its leases are ours now, not held until their ttl
-            self._checkpoints.take_over(self._lock.previous)
+            # (kept for the saves delivered again, released for the others once caught up)
+            self._checkpoints.leases.take_over_from(self._lock.previous)
         saved = self.cursor.load()
         if self.cursor.warning:
             self._notices(self.cursor.warning)
@@ -375,7 +378,7 @@ class Watcher:
         for queue in self._queues:
             if left := queue.close():
                 self.completions.complete([(d, abandoned(d)) for d in left], time.time())
-        self._checkpoints.stop()
+        self._checkpoints.leases.stop()
         self._executor.close()
         self.completions.close()  # a hook's repeated failures: their count, said once
         if self._lock is not None:

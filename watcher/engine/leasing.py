@@ -223,25 +223,6 @@ class CheckpointGuard:
         self._removed: set[str] = set()  # checkpoints journaled as removed (by key)
         self._removed_cond = threading.Condition()
 
-    def start(self) -> None:
-        """Start renewing leases."""
-        self.leases.start()
-
-    def stop(self) -> None:
-        """Stop renewing and release every lease still held."""
-        self.leases.stop()
-
-    def take_over(self, previous: dict[str, Any] | None) -> None:
-        """The cursor's previous watcher died holding it (``previous``: its lock file's
-        description): its leases become ours, kept for the saves delivered again, released
-        by :meth:`caught_up` for the others. Its successor does not wait for their ttl."""
-        self.leases.take_over_from(previous)
-
-    def caught_up(self) -> None:
-        """Every record read so far is dispatched (its saves leased): a taken-over lease no
-        save claimed holds a checkpoint nobody needs any more."""
-        self.leases.release_adopted()
-
     def note_removals(self, records: list[Record]) -> None:
         """Remember which checkpoints are gone before the batch's saves are dispatched (a
         later save of the same step brings one back)."""

@@ -88,11 +88,7 @@ class Event:
         through the frozen ``__init__`` (3x slower); what callbacks get is as frozen, with
         the same fields, as ever."""
         event = object.__new__(cls)
-        d = event.__dict__
-        d["record"] = rec
-        d["ckpt_dir"] = ckpt_dir
-        d["data"] = data
-        d["_hook"] = hook
+        event.__dict__.update(record=rec, ckpt_dir=ckpt_dir, data=data, _hook=hook)
         return event
 
     def __getattr__(self, name: str) -> Any:

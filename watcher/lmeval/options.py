@@ -101,11 +101,7 @@ print(json.dumps({"allow_abbrev": run.allow_abbrev, "prefix_chars": run.prefix_c
 
 
 class _Sets(Exception):
-    """The probe met an option ilab-watch sets (its dest)."""
-
-    def __init__(self, dest: str) -> None:
-        super().__init__(dest)
-        self.dest = dest
+    """The probe met an option ilab-watch sets (its dest: the one argument)."""
 
 
 class _Unparsed(Exception):
@@ -164,7 +160,8 @@ def owned_option(args: list[str]) -> tuple[str, str, str | None] | None:
         try:
             probe.parse_known_args(args[:k])
         except _Sets as hit:
-            return args[k - 1], names[hit.dest], _OWNED[hit.dest][1]
+            dest = hit.args[0]
+            return args[k - 1], names[dest], _OWNED[dest][1]
         except _Unparsed:
             continue
     return None

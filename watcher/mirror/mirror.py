@@ -20,6 +20,7 @@ and no checkpoint is touched before the prefix is found to be this run's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -113,7 +114,9 @@ class Mirror:
         self._threads: list[threading.Thread] = []
         self._read_at = journal_store.START  # where the next read of the local journal starts
         self._parsed = 0  # journal bytes read for records (the complete lines before it)
-        self._sent = 0  # journal bytes in the store, once the prefix is found to be ours
+        #: journal bytes in the store (0 before the store first answered and the prefix was
+        #: found to be ours)
+        self.sent = 0
         self._claimed = threading.Event()  # no checkpoint is touched before
         self._deferred: list[_Job] = []  # removals a remote lease holds back
 
@@ -164,17 +167,8 @@ class Mirror:
         self.leases.stop()
         return self.code
 
-    def run(self) -> int:
-        self.start()
-        return self.join()
-
     def request_stop(self) -> None:
         self._stop.set()
-
-    @property
-    def sent(self) -> int:
-        """Journal bytes in the store (0 before the store first answered)."""
-        return self._sent
 
     def _give_up(self, code: int, line: str) -> None:
         """Stop for good (one line): nothing more is written to the store, and the leases
@@ -217,17 +211,18 @@ class Mirror:
                 if not self._claimed.is_set():
                     ok = self._try("reading the store", self._claim)
                 claimed = self._claimed.is_set()
-                if claimed and self._parsed > self._sent:
-                    due = self._sent < urgent_to or ended or now - last_sent >= self.interval
+                if claimed and self._parsed > self.sent:
+                    due = self.sent < urgent_to or ended or now - last_sent >= self.interval
                     if due and (ok := self._try("uploading a journal segment", self._send)):
                         last_sent = now
                 if ok and claimed and now - last_inbound >= self.interval:
-                    ok = self._try("reading reports/ and control/", self._bring_in)
+                    bring = functools.partial(bring_in, self.store, self.ckpt_dir)
+                    ok = self._try("reading reports/ and control/", bring)
                     last_inbound = now if ok else last_inbound
                 backoff.after(ok, now)
             if self.failed:
                 break
-            if (ended or not self.follow) and idle and not fresh and self._sent == end:
+            if (ended or not self.follow) and idle and not fresh and self.sent == end:
                 # all mirrored; with --linger, reports sent after the end are still awaited
                 done_at = done_at or now
                 if now - done_at >= self.linger:
@@ -248,21 +243,18 @@ class Mirror:
         """Find the prefix to be this run's (or make it so) and how much of the journal it
         holds; until the journal has a first line (a restore writes it whole), later."""
         if self.store.claim():
-            self._sent = uploaded_end(self.store, self.journal)
+            self.sent = uploaded_end(self.store, self.journal)
             self._claimed.set()
 
     def _send(self) -> None:
-        if is_replaced(self.journal, self._sent):
+        if is_replaced(self.journal, self.sent):
             log.error(
-                "mirror: %s was replaced; its mirror stops at byte %d", self.journal, self._sent
+                "mirror: %s was replaced; its mirror stops at byte %d", self.journal, self.sent
             )
             self.code = REFUSED
             return
-        while self._sent < self._parsed:
-            self._sent = upload_segment(self.store, self.journal, self._sent, self._parsed)
-
-    def _bring_in(self) -> None:
-        bring_in(self.store, self.ckpt_dir)
+        while self.sent < self._parsed:
+            self.sent = upload_segment(self.store, self.journal, self.sent, self._parsed)
 
     def _note(self, rec: Record) -> None:
         """Queue the work a record asks for: a save's upload (leased now), a removal."""
@@ -282,10 +274,8 @@ class Mirror:
         """A record's checkpoint in this run dir (records keep the path the run had when
         it was written: a restored run's earlier ones name another dir)."""
         given = Path(path)
-        try:
+        with contextlib.suppress(ValueError):
             return self.ckpt_dir / given.relative_to(self.ckpt_dir)
-        except ValueError:
-            pass
         return checkpoint_root(self.ckpt_dir, given.name) / given.name
 
     # -- the checkpoint thread ------------------------------------------------------------
@@ -370,7 +360,7 @@ class Mirror:
                 self.ckpt_dir, role="mirror"
             )  # the trainer gone: rotation is ours
 
-    def _try(self, what: str, fn: Callable[[], None]) -> bool:
+    def _try(self, what: str, fn: Callable[[], object]) -> bool:
         """Run one step against the store; whether it went through. What waiting can fix
         is waited out (said once); a refusal stops the mirror (:meth:`_give_up`)."""
         try:
