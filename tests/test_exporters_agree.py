@@ -119,7 +119,8 @@ def mlflow_says(out: Path, run_id: str) -> dict[str, Any]:
     tags = found.data.tags
     names = {k.split(".")[1] for k in tags if k.startswith("checkpoint.")}
     return {
-        "stop": (tags.get("ilab.stop_source"), tags.get("ilab.stopped_by")),
+        # an emptied tag says none (a later attempt completed: MLflow keeps the key)
+        "stop": (tags.get("ilab.stop_source") or None, tags.get("ilab.stopped_by") or None),
         "last": tags.get("ilab.last_checkpoint"),
         "saves": {n: f"checkpoint.{n}.removed" in tags for n in names},
         "series": {

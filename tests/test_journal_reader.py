@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import JournalReader, JournalWriter, read_all
+from journal.read.lines import lines_backwards
 from journal.read.reader import iter_records
 from journal.record.fields import record_problem
 from tests.helpers import records_st
@@ -375,7 +376,8 @@ def test_records_since_step_read_backwards_match_a_full_scan(
     ]
     got, _ = records_since_step(path, since, events)
     assert got == full
-    with patch("journal.views.query._BLOCK", 37):  # lines and needles across block boundaries
+    small = {"block": 37}  # lines and needles across block boundaries
+    with patch.dict(lines_backwards.__kwdefaults__, small):
         assert records_since_step(path, since, events)[0] == full
 
 

@@ -78,8 +78,8 @@ def end_tags(summary: RunSummary) -> dict[str, str]:
     """``train_end``: who stopped the run, as the fold says it (``status``'s stop source: a
     hang abort, an eval's stop, ...); the best and the description: :func:`best_tags`,
     :func:`note`, from the same fold."""
-    if summary.stop_source is None:
-        return {}
+    if summary.stop_source is None:  # a later attempt that completed: no stop (removed)
+        return {"ilab.stop_source": "", "ilab.stopped_by": ""}
     return {"ilab.stop_source": summary.stop_source, "ilab.stopped_by": summary.stopped_by or "?"}
 
 
