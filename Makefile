@@ -13,6 +13,9 @@ VENV_PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP  := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
+# pip's cache would keep a second copy of every wheel it downloads (over a GB with Ray and
+# MLflow): a clean CI machine has no use for it and its disk ran out during the install
+export PIP_NO_CACHE_DIR := 1
 ILAB_PKGS := instructlab-training==0.16.2 aiofiles==25.1.0 training-hub==0.11.2 \
 	rhai-innovation-mini-trainer==0.9.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
 	xxhash==4.1.0 numba==0.68.1 llvmlite==0.50.0 Deprecated==1.3.1 wrapt==2.5.2

@@ -165,7 +165,7 @@ def wandb_says(out: Path, run_id: str) -> dict[str, Any]:
                 series.setdefault(key, []).append((row[f"{prefix}/step"], value))
     names = {k.split("/")[1] for k in s if k.startswith("checkpoint/")}
     return {
-        "stop": (s.get("ilab/stop_source"), s.get("ilab/stopped_by")),
+        "stop": (s.get("ilab/stop_source") or None, s.get("ilab/stopped_by") or None),
         "last": s.get("ilab/last_checkpoint"),
         "saves": {n: f"checkpoint/{n}/removed" in s for n in names},
         "series": {k: sorted(v) for k, v in series.items()},

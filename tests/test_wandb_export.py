@@ -41,7 +41,10 @@ def points(ckpt: Path, key: str) -> list[tuple[int, float]]:
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_PROJECT"):
+    # WANDB_SERVICE: a W&B run in this process (test_exporters_agree exports in-process)
+    # leaves its service's address there, and a watcher started from here would share that
+    # service, where a killed watcher's run stays open ("run ID ... is in use")
+    for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_PROJECT", "WANDB_SERVICE"):
         monkeypatch.delenv(name, raising=False)
 
 

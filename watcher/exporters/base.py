@@ -26,6 +26,7 @@ from journal.record.record import Record, complete
 from journal.rundir.paths import resolve_journal
 from journal.store import iter_events
 from journal.views.fold import CheckpointLedger, RunFold, metric_points
+from journal.views.summary import RunSummary
 from watcher.hooks.callbacks import Event, TrainerCallback, callable_name
 from watcher.hooks.delivery import TrackerUnavailable as TrackerUnavailable
 
@@ -58,6 +59,15 @@ def close_all(exporters: list[Any]) -> None:
 def destination_digest(destination: str) -> str:
     """A short stable digest of an exporter's resolved destination (8 hex digits)."""
     return hashlib.sha1(destination.encode()).hexdigest()[:8]
+
+
+def stop_said(summary: RunSummary) -> tuple[str, str]:
+    """Who stopped the run and by what, as ``status`` says it (journal/views/stops.py), for
+    every exporter at ``train_end``: ``("", "")`` clears what an earlier attempt's stop set
+    when a later attempt completed (the fold then says no stop)."""
+    if summary.stop_source is None:
+        return "", ""
+    return summary.stop_source, summary.stopped_by or "?"
 
 
 class MetricsExport(TrainerCallback):

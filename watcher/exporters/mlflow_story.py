@@ -23,6 +23,7 @@ from journal.record.fields import accepted
 from journal.views.best import BestCheckpoint
 from journal.views.fold import CheckpointFate
 from journal.views.summary import RunSummary
+from watcher.exporters.base import stop_said
 
 #: MLflow's limit on a tag key's length is 250; values are cut to the exporter's limit.
 _MAX_KEY = 250
@@ -78,9 +79,8 @@ def end_tags(summary: RunSummary) -> dict[str, str]:
     """``train_end``: who stopped the run, as the fold says it (``status``'s stop source: a
     hang abort, an eval's stop, ...); the best and the description: :func:`best_tags`,
     :func:`note`, from the same fold."""
-    if summary.stop_source is None:  # a later attempt that completed: no stop (removed)
-        return {"ilab.stop_source": "", "ilab.stopped_by": ""}
-    return {"ilab.stop_source": summary.stop_source, "ilab.stopped_by": summary.stopped_by or "?"}
+    source, by = stop_said(summary)  # "": no stop (a later attempt completed): removed
+    return {"ilab.stop_source": source, "ilab.stopped_by": by}
 
 
 def best_tags(best: BestCheckpoint | None) -> dict[str, str]:

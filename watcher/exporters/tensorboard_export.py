@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.record.fields import accepted
-from watcher.exporters.base import MetricsExport, RunFolds, destination_digest
+from watcher.exporters.base import MetricsExport, RunFolds, destination_digest, stop_said
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -109,9 +109,8 @@ class TensorBoardExport(MetricsExport):
         reason = f": {data['reason']}" if data.get("reason") else ""
         self._text("events/train_end", event, f"{data.get('status')}{reason}")
         with self._lock:
-            s = self._folds.add(event).summary()
-        if s.stop_source is not None:  # who ended it, as status says (journal/views/stops.py)
-            self._text("ilab/stop_source", event, f"{s.stop_source} ({s.stopped_by or '?'})")
+            source, by = stop_said(self._folds.add(event).summary())
+        self._text("ilab/stop_source", event, f"{source} ({by})" if source else "")  # "": none
 
     def _last(self, event: Event) -> None:
         """``ilab/last_checkpoint``: the newest checkpoint not removed, as the fold says."""

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.views.fold import RunFold
-from watcher.exporters.base import MetricsExport, RunFolds
+from watcher.exporters.base import MetricsExport, RunFolds, stop_said
 from watcher.exporters.wandb_log import history_rows, project, run_files
 from watcher.hooks.callbacks import CallbackSpecError, Event
 
@@ -123,10 +123,8 @@ class WandbExport(MetricsExport):
             run.summary["ilab/status"] = status
             if data.get("reason"):
                 run.summary["ilab/reason"] = str(data["reason"])
-            s = self._folds.add(event).summary()
-            if s.stop_source is not None:  # as status says it (journal/views/stops.py)
-                run.summary["ilab/stop_source"] = s.stop_source
-                run.summary["ilab/stopped_by"] = s.stopped_by or "?"
+            source, by = stop_said(self._folds.add(event).summary())
+            run.summary["ilab/stop_source"], run.summary["ilab/stopped_by"] = source, by
             # finished by close(): hooks of other events may still deliver earlier records
             self._exit_code = _EXIT_CODES.get(status, 1)
 
