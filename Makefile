@@ -88,10 +88,10 @@ XDIST = $$($(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dis
 # area. The tests marked extended are further end-to-end scenarios (more faults, resumes and
 # bridge paths, each a real 2-rank launch); CI runs them after this (.ci/run).
 test: $(READY)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not extended" $(XDIST) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not extended" --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 test-extended: $(READY)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "extended and not slow" $(XDIST) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "extended and not slow" --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # Only the tests marked gpu (NCCL, bf16 on CUDA, device memory, resume on CUDA). Without
 # CUDA they skip, each with its reason; `make test` runs them too.
