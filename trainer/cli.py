@@ -78,6 +78,8 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
     from trainer.launch.interrupts import StoppedNow
     from trainer.launch.result import NoProgress
 
+    # the exit code of each error: the first class that matches (see the docstring)
+    exits = {ConfigError: 2, DataError: 2, RunDirBusy: 3, NoProgress: 4, TrainingFailed: 1}
     base: dict[str, Any] = {}
     if instructlab_config is not None:
         base = _instructlab_base(instructlab_config, config)
@@ -107,18 +109,12 @@ def main(config: Path | None, instructlab_config: Path | None, quiet: bool, **op
         raise click.UsageError(_errors(exc, "torchrun.", given, source)) from None
     try:
         result = run_training(targs, trun, echo=not quiet)
-    except (ConfigError, DataError) as exc:  # one line, no usage banner: options parsed
-        click.echo(f"ilab-train: {exc}", err=True)
-        sys.exit(2)
-    except RunDirBusy as exc:
-        click.echo(f"ilab-train: {exc}", err=True)
-        sys.exit(3)
+    except (ConfigError, DataError, RunDirBusy, TrainingFailed) as exc:  # one line, no usage
+        click.echo(f"ilab-train: {exc}", err=True)  # banner: the options were parsed
+        sys.exit(next(code for kind, code in exits.items() if isinstance(exc, kind)))
     except OSError as exc:  # e.g. a full disk before the workers started
         click.echo(f"ilab-train: {exc.strerror or exc}: {exc.filename or targs.ckpt_dir}", err=True)
         sys.exit(1)
-    except TrainingFailed as exc:
-        click.echo(f"ilab-train: {exc}", err=True)
-        sys.exit(4 if isinstance(exc, NoProgress) else 1)
     except StoppedNow:  # Ctrl-C twice: said in one line when it came
         sys.exit(130)
     except KeyboardInterrupt:  # before the workers started, or while ending: no traceback

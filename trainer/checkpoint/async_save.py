@@ -35,12 +35,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from trainer.checkpoint.export import export_from_shards
-from trainer.checkpoint.sharded import (
-    TrainerState,
-    prepare_tmp,
-    put_in_place,
-    write_small_files,
-)
+from trainer.checkpoint.sharded import TrainerState, prepare_tmp, put_in_place, write_small_files
 from trainer.model.spec import ConsolidatedWriter
 
 log = logging.getLogger(__name__)

@@ -66,10 +66,7 @@ def read_model_state(full_state: Path) -> dict[str, torch.Tensor]:
         if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)
     }
     dcp.load(
-        {"model": state},
-        storage_reader=reader,
-        planner=SafeLoadPlanner(full_state),
-        no_dist=True,
+        {"model": state}, storage_reader=reader, planner=SafeLoadPlanner(full_state), no_dist=True
     )
     return state
 

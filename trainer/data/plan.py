@@ -259,6 +259,7 @@ class StepPlanner:
         to the longest (-100 targets on padding). An empty list is a padding pass: two
         tokens, no loss (so every rank runs the same number of passes)."""
         rows = [self.samples[i] for i in indices] or [_PADDING_PASS]
+        loss_tokens = sum(self.loss_tokens[i] for i in indices)  # a sample's targets' count
         if self.pack_kernel:
             ids = [t for s in rows for t in s.input_ids]
             targets = [t for s in rows for t in _targets(s.labels)]
@@ -266,15 +267,12 @@ class StepPlanner:
             positions = [p for n in lengths for p in range(n)]
             ids_t, targets_t, pos_t = _to_device([[ids], [targets], [positions]], device)
             pack = Pack.build(lengths, self.pack_kernel, device)
-            return Batch(ids_t, targets_t, _count(targets), pos_t, pack)
+            return Batch(ids_t, targets_t, loss_tokens, pos_t, pack)
         width = max(len(s.input_ids) for s in rows)
-        rows_ids, rows_targets = [], []
-        for s in rows:
-            pad = width - len(s.input_ids)
-            rows_ids.append(s.input_ids + [PAD_INPUT] * pad)
-            rows_targets.append(_targets(s.labels) + [IGNORE_INDEX] * pad)
+        rows_ids = [_padded(s.input_ids, width, PAD_INPUT) for s in rows]
+        rows_targets = [_padded(_targets(s.labels), width, IGNORE_INDEX) for s in rows]
         ids_t, targets_t = _to_device([rows_ids, rows_targets], device)
-        return Batch(ids_t, targets_t, sum(_count(t) for t in rows_targets))
+        return Batch(ids_t, targets_t, loss_tokens)
 
 
 _PADDING_PASS = Sample([PAD_INPUT, PAD_INPUT], [IGNORE_INDEX, IGNORE_INDEX])
@@ -285,8 +283,8 @@ def _targets(labels: list[int]) -> list[int]:
     return [*labels[1:], IGNORE_INDEX]
 
 
-def _count(targets: list[int]) -> int:
-    return sum(1 for t in targets if t != IGNORE_INDEX)
+def _padded(row: list[int], width: int, fill: int) -> list[int]:
+    return row + [fill] * (width - len(row))
 
 
 def _to_device(planes: list[list[list[int]]], device: torch.device) -> list[torch.Tensor]:

@@ -183,17 +183,15 @@ def _trackers(_v: Any, a: Mapping[str, Any]) -> dict[str, Any]:
     return {"report_to": report, "tracker_settings": settings} if report else {}
 
 
+_OWN_TEMPLATE = "not supported: messages are formatted with the tokenizer's own chat template"
+
 #: instructlab-training 0.16.2 ``TrainingArgs``, in its order.
 TRAIN_RULES: dict[str, Rule] = {
     "model_path": same(
         "model_path", note="a local Hugging Face directory or .gguf file; nothing is downloaded"
     ),
-    "chat_tmpl_path": refused(
-        None, "not supported: messages are formatted with the tokenizer's own chat template"
-    ),
-    "use_legacy_tmpl": refused(
-        False, "not supported: messages are formatted with the tokenizer's own chat template"
-    ),
+    "chat_tmpl_path": refused(None, _OWN_TEMPLATE),
+    "use_legacy_tmpl": refused(False, _OWN_TEMPLATE),
     "data_path": mapped(
         ("data_path",),
         REQUIRED,

@@ -103,10 +103,7 @@ class JournalTracker(GeneralTracker):
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._journal().begin(
-            values,
-            total_steps=self.total_steps,
-            device_type=self.device.type,
-            trainer="accelerate",
+            values, total_steps=self.total_steps, device_type=self.device.type, trainer="accelerate"
         )
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:

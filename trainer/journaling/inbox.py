@@ -84,7 +84,7 @@ class SteeringInbox:
         self.steps += 1
         if self.poller is None:
             return 0
-        looked = self.poller.changed
+        looked = self.poller.watch.changed  # whether this poll reads the directory
         t = time.perf_counter_ns()
         mask = self.poller.poll()
         dt = time.perf_counter_ns() - t

@@ -135,12 +135,8 @@ def check_against_data(args: TrainingArgs, data: DataSummary) -> None:
 def start_warnings(args: TrainingArgs, data: DataSummary) -> list[str]:
     """Settings that silently do less than they say, one line each."""
     out = []
-    if (
-        args.eval_every is not None
-        and args.val_data_path is None
-        and not args.demo
-        and not args.validation_split
-    ):
+    no_val = args.val_data_path is None and not args.demo and not args.validation_split
+    if args.eval_every is not None and no_val:
         out.append(
             f"--eval-every {args.eval_every} has no validation data to evaluate: no evaluate "
             "records will be written (give --val-data FILE)"

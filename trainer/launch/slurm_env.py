@@ -25,10 +25,7 @@ def first_host(nodelist: str) -> str:
     ``scontrol show hostnames`` or, where scontrol cannot answer, parsed here."""
     try:
         out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=10,
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
         )
         if out.returncode == 0 and out.stdout.split():
             return out.stdout.split()[0]

@@ -53,9 +53,7 @@ def build_model(
     if kernels.compile:  # before the checkpoint wrapper and FSDP: their hooks stay eager
         compile_blocks(blocks)
     if args.activation_checkpointing:  # inside the FSDP units, as torchtitan does
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
-        )
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         for i, block in enumerate(blocks):
             blocks[i] = checkpoint_wrapper(block)
@@ -71,9 +69,7 @@ def build_model(
                 b.copy_(buffers[name])
         full = parts.make().state_dict() if dist.get_rank() == 0 else {}
         set_model_state_dict(
-            model,
-            full,
-            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         )
         del full
     return (_ddp(model, device) if ddp else model), write

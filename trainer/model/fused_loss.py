@@ -226,18 +226,10 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_h, grad_w, grad_b = ctx.saved_tensors
         go = grad_out.to(_accum_dtype(ctx.dtypes[0]))
-        h_dt, w_dt, b_dt = ctx.dtypes
-        return (
-            _scaled(grad_h, go, h_dt),
-            _scaled(grad_w, go, w_dt),
-            _scaled(grad_b, go, b_dt) if b_dt is not None else None,
-            None,
-            None,
-            None,
-            None,
-        )
+        # a gradient forward did not make (no bias, or not wanted) stays None
+        grads = [_scaled(g, go, dt) for g, dt in zip(ctx.saved_tensors, ctx.dtypes, strict=True)]
+        return (*grads, None, None, None, None)  # targets, logit_scale, chunk_rows, grad_enabled
 
 
 # --------------------------------------------------------------------------- public

@@ -144,11 +144,6 @@ class ControlPoller:
         self.there_at_start = command_files(self.dir)
         self.watch.start()
 
-    @property
-    def changed(self) -> bool:
-        """Whether the next poll will look at the directory."""
-        return self.watch.changed
-
     def close(self) -> None:
         self.watch.close()
 

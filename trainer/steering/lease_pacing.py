@@ -45,11 +45,7 @@ WaitEnd = Literal["free", "released", "control", "interrupt", "deadline"]
 
 
 def save_scheduled(
-    args: TrainingArgs,
-    step: int,
-    samples_seen: int,
-    step_samples: int,
-    epoch_ends: bool,
+    args: TrainingArgs, step: int, samples_seen: int, step_samples: int, epoch_ends: bool
 ) -> bool:
     """Whether the boundary after ``step`` saves by schedule (``save_every``,
     ``save_samples``, the epoch's end), known before its all-reduce. ``samples_seen``
@@ -106,10 +102,7 @@ class LeasePacer:
 
     @classmethod
     def for_run(
-        cls,
-        args: TrainingArgs,
-        control: DirWatch | None,
-        interrupted: Callable[[], bool],
+        cls, args: TrainingArgs, control: DirWatch | None, interrupted: Callable[[], bool]
     ) -> LeasePacer | None:
         """The pacer ``args`` ask for (None when ``max_leased_checkpoints`` is not set)."""
         if args.max_leased_checkpoints is None:

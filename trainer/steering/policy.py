@@ -166,14 +166,11 @@ def train_end(
             "command_id": (command or {}).get("id"),
             "command_source": (command or {}).get("source"),  # who stopped it (status)
         }
-    if how == "interrupt":
-        reason = f"{signal or 'a signal on another rank'} at step {step}"
-    elif how == "completed":
-        reason = f"reached step {step}"
-    elif how == "stopped":
-        reason = f"stopped at step {step}"
-    else:
-        reason = error or f"failed at step {step}"
+    reason = {
+        "interrupt": f"{signal or 'a signal on another rank'} at step {step}",
+        "completed": f"reached step {step}",
+        "stopped": f"stopped at step {step}",
+    }.get(how, error or f"failed at step {step}")  # failed: its error
     return {"status": status, "reason": reason}
 
 
