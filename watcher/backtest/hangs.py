@@ -205,38 +205,26 @@ def _abnormal(end: dict[str, Any]) -> bool:
 
 
 def _look(
-    tracker: AttemptTracker,
-    rule: HangRule,
-    now: float,
-    key: Key,
-    declared: Declared,
+    tracker: AttemptTracker, rule: HangRule, now: float, key: Key, declared: Declared
 ) -> list[HangAlarm]:
     """The alarms of the gap from the last progress to ``now`` (a record arriving)."""
     start = tracker.last_progress_ts
     if start is None or now <= start:
         return []
-    gap = now - start
-    taken = declared.take(key, gap)
-    found = []
+    taken = declared.take(key, now - start)
+    run, attempt = tracker.run_id, tracker.attempt
+    looks = []  # each phase, and when it is judged
     if taken and tracker.steps:  # the phase itself, at its end, against its limit
-        phase = Phase(declared.names(key), start, tracker.run_id, tracker.attempt)
-        if f := check(tracker, phase, start + taken, rule):
-            found.append(f)
-    f = check(tracker, Phase(None, start + taken, tracker.run_id, tracker.attempt), now, rule)
-    if f is not None:
-        found.append(f)
-    return [
-        HangAlarm(
-            f.run_id,
-            f.attempt,
-            f.step,
-            f.since + f.threshold_s,
-            round(f.quiet_s, 3),
-            round(f.threshold_s, 3),
-            f.phase,
-        )
-        for f in found
-    ]
+        looks.append((Phase(declared.names(key), start, run, attempt), start + taken))
+    looks.append((Phase(None, start + taken, run, attempt), now))
+    alarms = []
+    for phase, at in looks:
+        if f := check(tracker, phase, at, rule):
+            quiet, limit = round(f.quiet_s, 3), round(f.threshold_s, 3)
+            alarms.append(
+                HangAlarm(run, attempt, f.step, f.since + f.threshold_s, quiet, limit, f.phase)
+            )
+    return alarms
 
 
 def table(results: list[HangBacktest]) -> str:

@@ -37,39 +37,41 @@ from journal.record.record import Record
 from journal.rundir.files import atomic_write
 from watcher.hooks.callbacks import ACTIONS, Event, forgot_call
 
-#: instructlab-training's hooks (callbacks.HOOK_NAMES) -> the journal event that fires each.
-ILAB_HOOKS: dict[str, str] = {
-    "on_train_begin": "train_begin",
-    "on_epoch_begin": "epoch_begin",
-    "on_step_begin": "step_begin",
-    "on_before_forward": "before_forward",
-    "on_after_backward": "after_backward",
-    "on_pre_optimizer_step": "before_optimizer_step",
-    "on_optimizer_step": "after_optimizer_step",
-    "on_log": "log",
-    "on_evaluate": "evaluate",
-    "on_save": "save",
-    "on_step_end": "step_end",
-    "on_epoch_end": "epoch_end",
-    "on_train_end": "train_end",
-}
-#: training_hub's hooks (adapters.distributed.HUB_HOOKS): InstructLab's, in its order, but
-#: those around the forward pass and the optimizer step.
-_NOT_HUB = {"on_before_forward", "on_after_backward", "on_pre_optimizer_step", "on_optimizer_step"}
-HUB_HOOKS = tuple(h for h in ILAB_HOOKS if h not in _NOT_HUB)
-#: Hooks that fire per micro-batch: they need ``journal_detail="microbatch"``.
-MICROBATCH_HOOKS = frozenset({"on_before_forward", "on_after_backward"})
-#: Hooks that fire within a step: a control command they send is awaited by the next step
-#: (callback pacing), so it applies at that step on every rank.
-STEP_HOOKS = frozenset(ILAB_HOOKS) - {
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_save",
-    "on_epoch_end",
-    "on_train_end",
-}
+#: instructlab-training's hooks (callbacks.HOOK_NAMES), in its order: the journal event that
+#: fires each, and where it is hooked too: "hub" (training_hub has it:
+#: adapters.distributed.HUB_HOOKS, InstructLab's but those around the forward pass and the
+#: optimizer step), "step" (within a step: a control command it sends is awaited by the next
+#: step, callback pacing, so it applies at that step on every rank), "micro" (per
+#: micro-batch: it needs ``journal_detail="microbatch"``).
+_HOOKS = [
+    ("on_train_begin", "train_begin", ("hub",)),
+    ("on_epoch_begin", "epoch_begin", ("hub",)),
+    ("on_step_begin", "step_begin", ("hub", "step")),
+    ("on_before_forward", "before_forward", ("step", "micro")),
+    ("on_after_backward", "after_backward", ("step", "micro")),
+    ("on_pre_optimizer_step", "before_optimizer_step", ("step",)),
+    ("on_optimizer_step", "after_optimizer_step", ("step",)),
+    ("on_log", "log", ("hub", "step")),
+    ("on_evaluate", "evaluate", ("hub", "step")),
+    ("on_save", "save", ("hub",)),
+    ("on_step_end", "step_end", ("hub", "step")),
+    ("on_epoch_end", "epoch_end", ("hub",)),
+    ("on_train_end", "train_end", ("hub",)),
+]
+ILAB_HOOKS = {hook: event for hook, event, _ in _HOOKS}
+HUB_HOOKS = tuple(hook for hook, _, where in _HOOKS if "hub" in where)
+STEP_HOOKS = frozenset(hook for hook, _, where in _HOOKS if "step" in where)
+MICROBATCH_HOOKS = frozenset(hook for hook, _, where in _HOOKS if "micro" in where)
 #: The records the context is filled from, whatever the callback hooks.
 STATE_EVENTS = frozenset({"train_begin", "log", "evaluate"})
+#: The fields of a log record's ``batch_metrics`` that a ``TrainingContext`` keeps.
+_BATCH_METRICS = (
+    "total_samples",
+    "total_length",
+    "num_loss_counted_tokens",
+    "grad_accum_steps",
+    "num_minibatches",
+)
 _BASES = {
     ("instructlab.training.callbacks", "TrainerCallback"): "instructlab",
     ("training_hub.callbacks", "TrainingHubCallback"): "training_hub",
@@ -161,17 +163,7 @@ class ContextState:
                 elapsed_time=data.get("elapsed_time"),
                 overall_throughput=data.get("samples_per_s"),
                 cuda_mem_allocated=None if mem is None else mem / 1024**3,  # GiB, as theirs
-                batch_metrics={
-                    k: batch[k]
-                    for k in (
-                        "total_samples",
-                        "total_length",
-                        "num_loss_counted_tokens",
-                        "grad_accum_steps",
-                        "num_minibatches",
-                    )
-                    if k in batch
-                },
+                batch_metrics={k: batch[k] for k in _BATCH_METRICS if k in batch},
             )
         elif event.name == "evaluate":
             v["val_metrics"] = {

@@ -81,7 +81,7 @@ def record_metrics(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
 class _MetricCallback(TrainerCallback):
     """Shared plumbing: one metric from log, evaluate or report records, per run, fire once."""
 
-    def __init__(self, metric: str, action: Action) -> None:
+    def __init__(self, metric: str, action: Action, patience: int) -> None:
         if action not in ("stop", "abort"):
             raise CallbackSpecError(f"action must be 'stop' or 'abort', not {action!r}")
         self.metric = metric
@@ -94,10 +94,16 @@ class _MetricCallback(TrainerCallback):
             self.subscribed_events = ("train_begin", self.event)
             self.context_events = ("train_begin",)
         self.action: Action = action
+        self.patience: int = setting("patience", patience)
         self.run_id: str | None = None
-        self.fired = False
         self.warned_missing = False
         self.config_checked: set[str | None] = set()  # run ids whose config was looked at
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh run's state: not fired, no best value yet."""
+        self.fired = False
+        self.best: float | None = None
 
     # TrainerCallback hooks: only the one matching the metric's event is active.
     def on_train_begin(self, event: Event, **data: Any) -> None:
@@ -164,9 +170,6 @@ class _MetricCallback(TrainerCallback):
         self.fired = True
         return Control(self.action, reason) if live else None
 
-    def reset(self) -> None:
-        self.fired = False
-
     def observe(self, data: dict[str, Any]) -> str | None:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -194,17 +197,14 @@ class EarlyStopping(_MetricCallback):
         min_delta: float = 0.0,
         action: Action = "stop",
     ) -> None:
-        super().__init__(metric, action)
+        super().__init__(metric, action, patience)
         if mode not in ("min", "max"):
             raise CallbackSpecError(f"mode must be 'min' or 'max', not {mode!r}")
         self.mode = mode
-        self.patience: int = setting("patience", patience)
         self.min_delta: float = setting("min_delta", min_delta)
-        self.reset()
 
     def reset(self) -> None:
         super().reset()
-        self.best: float | None = None
         self.bad = 0
 
     def observe(self, data: dict[str, Any]) -> str | None:
@@ -255,7 +255,7 @@ class DivergenceDetector(_MetricCallback):
         metric: str = "loss",
         action: Action = "stop",
     ) -> None:
-        super().__init__(metric, action)
+        super().__init__(metric, action, patience)
         if threshold is None and relative_threshold is None:
             raise CallbackSpecError("give threshold and/or relative_threshold")
         self.smoothing: float = setting("smoothing", smoothing)
@@ -263,14 +263,11 @@ class DivergenceDetector(_MetricCallback):
         self.relative_threshold: float | None = _unless_none(
             "relative_threshold", relative_threshold
         )
-        self.patience: int = setting("patience", patience)
         self.warmup: int = setting("warmup", warmup)
-        self.reset()
 
     def reset(self) -> None:
         super().reset()
         self.ema: float | None = None
-        self.best: float | None = None
         self.seen = 0
         self.over = 0
 

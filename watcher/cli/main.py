@@ -32,7 +32,7 @@ from watcher.exporters.registry import exporters_for
 from watcher.hooks.delivery import already_said
 from watcher.hooks.hook import Hook
 from watcher.lmeval.options import lm_eval_pairs
-from watcher.mirror.options import MirrorRun, mirror_options, open_mirror, run_alone
+from watcher.mirror.options import MirrorRun, open_mirror, run_alone
 from watcher.mirror.remote import RemoteFollow, follow_remote
 from watcher.scheduler.board import JobBoard
 from watcher.scheduler.options import job_board, skipped_words
@@ -125,8 +125,9 @@ def _run(
 ) -> tuple[int, bool]:
     """Deliver until the run's end (and the mirror's); the exit code, and whether a signal
     stopped it."""
-    stops = [watcher.request_stop] if mirror is None else [watcher.request_stop, mirror.stop]
-    with StopOnSignal(*stops) as signals:  # every SIGINT/SIGTERM: the same graceful stop
+    mirror_stop = [] if mirror is None else [mirror.mirror.request_stop]
+    # every SIGINT/SIGTERM: the same graceful stop
+    with StopOnSignal(watcher.request_stop, *mirror_stop) as signals:
         if not quiet:
             click.echo(
                 f"ilab-watch: {len(watcher.hooks)} hook(s) on {watcher.journal} (cursor "
@@ -161,7 +162,6 @@ def _summarise(watcher: Watcher, board: JobBoard | None) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @watch_options
-@mirror_options
 def main(
     dir: Path | str,
     on_pairs: tuple[tuple[str, str], ...],

@@ -16,6 +16,7 @@ from watcher.alerts.guard_options import GUARD_OPTIONS
 from watcher.alerts.options import NOTIFY_OPTIONS
 from watcher.hooks.hook import QueuePolicy
 from watcher.lmeval.options import LM_EVAL_OPTIONS
+from watcher.mirror.options import MIRROR_OPTIONS
 from watcher.mirror.remote import RunDirOrURI
 from watcher.scheduler.options import SCHEDULER_OPTIONS
 
@@ -209,6 +210,6 @@ _OPTIONS = [
 def watch_options(fn: Any) -> Any:
     """Every ``ilab-watch`` option (in ``--help`` order) on ``fn``."""
     every = [*_OPTIONS, *LM_EVAL_OPTIONS, *SCHEDULER_OPTIONS, *NOTIFY_OPTIONS, *GUARD_OPTIONS]
-    for option in reversed(every):
+    for option in reversed(every + MIRROR_OPTIONS):
         fn = option(fn)
     return event_options(fn)  # applied last: the --on-<event> options come first

@@ -44,7 +44,6 @@ class HandBack:
         #: id of each report sent and not yet seen journaled -> who made it (hook, record)
         self._awaited: OrderedDict[str, str] = OrderedDict()
         self._awaited_lock = threading.Lock()
-        self.refused_reports = 0  # reports sent that the journal's writer refused
 
     def source(self, d: Delivery) -> str:
         """Who sent a command or report: ``watcher:<cursor>:<hook>``, cut to 256 characters
@@ -132,7 +131,6 @@ class HandBack:
             with self._awaited_lock:
                 who = self._awaited.pop(rid, None) if isinstance(rid, str) else None
             if who is not None and refused is not None:
-                self.refused_reports += 1
                 self.notice(
                     f"report {rid} from {who} was refused by the journal's writer: "
                     f"{refused.why} (its metrics are not in the journal)"

@@ -14,6 +14,16 @@ from pathlib import Path
 from watcher.hooks.delivery import Delivery
 
 
+class _File:
+    """A state file of a cursor: ``<name><suffix>`` in its state dir."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def __get__(self, files: StateFiles, _owner: type | None = None) -> Path:
+        return files.dir / f"{files.name}{self.suffix}"
+
+
 @dataclass(frozen=True)
 class StateFiles:
     """The files of cursor ``name`` in state dir ``dir``; no symlink is followed below
@@ -24,47 +34,24 @@ class StateFiles:
     name: str
     root: Path
 
+    #: What completed (watcher.engine.cursor).
+    cursor = _File(".cursor.json")
+    #: One line per finished delivery (watcher.engine.completion).
+    results = _File(".results.jsonl")
+    #: A command's output, one file per attempt (:func:`delivery_log_name`).
+    logs = _File(".logs")
+    #: A marker per running command: a restarted watcher ends what a killed one left.
+    running = _File(".running")
+    #: The record and ``$ILAB_REPORT`` files of running commands.
+    scratch = _File(".reports")
+    #: A marker per scheduler job (``--via``), and its script and record files.
+    jobs = _File(".jobs")
+    #: Held by the one watcher process that uses this cursor (watcher.engine.cursor).
+    lock = _File(".lock")
+
     @classmethod
     def of(cls, state_dir: Path, name: str, run_dir: Path) -> StateFiles:
         return cls(state_dir, name, run_dir if state_dir.parent == run_dir else state_dir)
-
-    def _file(self, suffix: str) -> Path:
-        return self.dir / f"{self.name}{suffix}"
-
-    @property
-    def cursor(self) -> Path:
-        """What completed (watcher.engine.cursor)."""
-        return self._file(".cursor.json")
-
-    @property
-    def results(self) -> Path:
-        """One line per finished delivery (watcher.engine.completion)."""
-        return self._file(".results.jsonl")
-
-    @property
-    def logs(self) -> Path:
-        """A command's output, one file per attempt (:func:`delivery_log_name`)."""
-        return self._file(".logs")
-
-    @property
-    def running(self) -> Path:
-        """A marker per running command: a restarted watcher ends what a killed one left."""
-        return self._file(".running")
-
-    @property
-    def scratch(self) -> Path:
-        """The record and ``$ILAB_REPORT`` files of running commands."""
-        return self._file(".reports")
-
-    @property
-    def jobs(self) -> Path:
-        """A marker per scheduler job (``--via``), and its script and record files."""
-        return self._file(".jobs")
-
-    @property
-    def lock(self) -> Path:
-        """Held by the one watcher process that uses this cursor (watcher.engine.cursor)."""
-        return self._file(".lock")
 
 
 def delivery_log_name(d: Delivery, attempt: int) -> str:

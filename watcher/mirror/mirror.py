@@ -43,12 +43,7 @@ from watcher.engine.leasing import LeaseKeeper
 from watcher.mirror.checkpoints import Uploaded, lease_role, remove_checkpoint, upload_checkpoint
 from watcher.mirror.inbound import bring_in
 from watcher.mirror.outage import Backoff, Outage
-from watcher.mirror.segments import (
-    JournalMismatch,
-    is_replaced,
-    upload_segment,
-    uploaded_end,
-)
+from watcher.mirror.segments import JournalMismatch, is_replaced, upload_segment, uploaded_end
 
 log = logging.getLogger("watcher.mirror")
 T = TypeVar("T")
@@ -235,9 +230,8 @@ class Mirror:
             for t in self._threads[1:]:  # without a mirror from now, not from our exit
                 t.join()
             self.leases.stop()
-            journal_store.prune_finished_run(
-                self.ckpt_dir, role="mirror"
-            )  # the trainer gone: ours to do
+            # the trainer gone: ours to do
+            journal_store.prune_finished_run(self.ckpt_dir, role="mirror")
 
     def _claim(self) -> None:
         """Find the prefix to be this run's (or make it so) and how much of the journal it
@@ -326,13 +320,8 @@ class Mirror:
         up = upload_checkpoint(self.store, job.local, job.name, about=about)
         if up is not None:
             self.uploaded.append(up)
-            log.info(
-                "mirror: %s: %d files, %.1f MB in %.1fs",
-                up.name,
-                up.files,
-                up.bytes / 1e6,
-                up.seconds,
-            )
+            mb = up.bytes / 1e6
+            log.info("mirror: %s: %d files, %.1f MB in %.1fs", up.name, up.files, mb, up.seconds)
             # before the lease ends: a report on a checkpoint rotated away is refused
             self._journal_upload(up, job.local, rec["step"])
         self._release(job)
@@ -356,9 +345,8 @@ class Mirror:
         if job.lease is not None:
             self.leases.release(job.lease)
             job.lease = None
-            journal_store.prune_finished_run(
-                self.ckpt_dir, role="mirror"
-            )  # the trainer gone: rotation is ours
+            # the trainer gone: rotation is ours
+            journal_store.prune_finished_run(self.ckpt_dir, role="mirror")
 
     def _try(self, what: str, fn: Callable[[], object]) -> bool:
         """Run one step against the store; whether it went through. What waiting can fix

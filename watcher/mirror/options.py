@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -22,7 +21,8 @@ from watcher.mirror.mirror import Mirror
 #: How much lower than training a mirroring watcher alone runs (``nice``).
 MIRROR_NICE = 10
 
-_OPTIONS = [
+#: The mirror's options (``ilab-watch``'s, watcher.cli.options).
+MIRROR_OPTIONS = [
     click.option(
         "--mirror",
         "mirror_uri",
@@ -53,13 +53,6 @@ _OPTIONS = [
         "download).",
     ),
 ]
-
-
-def mirror_options(fn: Any) -> Any:
-    """The mirror's options on ``fn``."""
-    for option in reversed(_OPTIONS):
-        fn = option(fn)
-    return fn
 
 
 class MirrorRun:
@@ -107,9 +100,6 @@ class MirrorRun:
         self.check()
         self.mirror.start()
 
-    def stop(self) -> None:
-        self.mirror.request_stop()
-
     def finish(self, quiet: bool) -> int:
         """Wait for the mirror to be done; its exit code."""
         code = self.mirror.join()
@@ -139,7 +129,9 @@ def open_mirror(
 def run_alone(run: MirrorRun, quiet: bool) -> int:
     """``ilab-watch DIR --mirror URI`` with no hooks: the mirror until the run's end is in
     the store; 130 when interrupted."""
-    with StopOnSignal(run.stop) as signals:  # every SIGINT/SIGTERM: the same graceful stop
+    with StopOnSignal(
+        run.mirror.request_stop
+    ) as signals:  # every SIGINT/SIGTERM: one graceful stop
         run.check()  # a store that refuses is its one line, not after a "mirroring" line
         if not quiet:
             click.echo(

@@ -111,20 +111,16 @@ def job_board(
     ray_given = [
         n for n, v in (("--ray-address", ray_address), ("--ray-resources", ray_resources)) if v
     ]
-    if via is None:
-        if sbatch_args is not None or cancel_on_abort:
-            raise click.UsageError("--sbatch-args and --cancel-on-abort need --via")
-        if job_env:
-            raise click.UsageError(
-                "--job-env needs --via (a local command gets the whole environment)"
-            )
-        if ray_given:
-            raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
-        return None
-    if sbatch_args is not None and via != "slurm":
+    if via is None and (sbatch_args is not None or cancel_on_abort):
+        raise click.UsageError("--sbatch-args and --cancel-on-abort need --via")
+    if via is None and job_env:
+        raise click.UsageError("--job-env needs --via (a local command gets the whole environment)")
+    if sbatch_args is not None and via != "slurm":  # without --via: said above
         raise click.UsageError("--sbatch-args needs --via slurm")
     if ray_given and via != "ray":
         raise click.UsageError(f"{' and '.join(ray_given)} need(s) --via ray")
+    if via is None:
+        return None
     if via == "slurm" and (missing := [c for c in _SLURM_COMMANDS if shutil.which(c) is None]):
         raise click.UsageError(f"--via slurm: {', '.join(missing)} not found on PATH")
     check_job_env(job_env, via)
