@@ -45,9 +45,9 @@ FINAL_JOB_STATES = frozenset(
         "LOST",  # ours: the scheduler no longer knows the job and it left no exit code
     }
 )
-#: A job's text fields, in their record's order (a ``*_path`` may be long, a name not).
-_TEXT = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source")
-_TEXT += ("log_path", "checkpoint_path")
+#: A job's text fields, in their record's order: names, then paths (which may be long).
+_NAMES = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source")
+_PATHS = ("log_path", "checkpoint_path")
 
 
 class InvalidJob(ValueError):
@@ -93,8 +93,8 @@ def check_job(obj: dict[str, Any]) -> dict[str, Any]:
     """The ``job`` record payload of a job file's object, with exactly the documented
     fields; raises :class:`InvalidJob` naming the first bad one."""
     out: dict[str, Any] = {"id": checked_id(obj, InvalidJob)}
-    for key in _TEXT:
-        limit = MAX_TEXT_CHARS if key.endswith("_path") else MAX_NAME_CHARS
+    for key in (*_NAMES, *_PATHS):
+        limit = MAX_TEXT_CHARS if key in _PATHS else MAX_NAME_CHARS
         out[key] = checked_text(obj, key, InvalidJob, limit)
     for key in ("job_id", "scheduler", "state", "delivery_id"):
         if not out[key]:
