@@ -16,7 +16,6 @@ took it or was given up, naming which (the fold joins them by ``id``).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -26,7 +25,16 @@ import orjson
 
 from journal.record.events import ALERT_KINDS
 from journal.rundir.files import atomic_write
-from journal.rundir.inbox import MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS, clip
+from journal.rundir.inbox import (
+    MAX_FILE_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    checked_id,
+    checked_int,
+    checked_text,
+    checked_time,
+    clip,
+)
 from journal.rundir.paths import reports_dir
 
 #: The ``kind`` of an inbox file that is an ``alert`` record, and of one that is its
@@ -117,15 +125,13 @@ def check_alert(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The event (``alert`` or ``alert_told``) and record payload of an alert file's object,
     with exactly the documented fields; raises :class:`InvalidAlert` naming the first bad one."""
     kind = obj.get("kind")
-    aid = obj.get("id")
-    if not isinstance(aid, str) or not 0 < len(aid) <= MAX_NAME_CHARS:
-        raise InvalidAlert(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
+    aid = checked_id(obj, InvalidAlert)
     if kind == TOLD_KIND:
         return TOLD_KIND, {
             "id": aid,
             "told": _texts(obj, "told"),
             "failed": _failed(obj.get("failed")),
-            "told_at": _time(obj, "told_at"),
+            "told_at": checked_time(obj, "told_at", InvalidAlert),
         }
     if kind != ALERT_KIND:
         raise InvalidAlert(f"kind must be {ALERT_KIND!r} or {TOLD_KIND!r}")
@@ -137,18 +143,12 @@ def check_alert(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         raise InvalidAlert(f"message must be a string of at most {MAX_TEXT_CHARS} characters")
     out: dict[str, Any] = {"id": aid, "kind": what, "message": message}
     for key in ("step", "attempt"):
-        value = obj.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InvalidAlert(f"{key} must be an integer or null")
-        out[key] = value
+        out[key] = checked_int(obj, key, InvalidAlert)
     for key in ("evidence", "missing", "targets"):
         out[key] = _texts(obj, key)
     for key in ("condition", "run", "host", "source", "resolves"):
-        value = obj.get(key)
-        if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT_CHARS):
-            raise InvalidAlert(f"{key} must be a string or null")
-        out[key] = value
-    out["raised_at"] = _time(obj, "raised_at")
+        out[key] = checked_text(obj, key, InvalidAlert)
+    out["raised_at"] = checked_time(obj, "raised_at", InvalidAlert)
     return ALERT_KIND, out
 
 
@@ -182,10 +182,3 @@ def _failed(value: Any) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _time(obj: Mapping[str, Any], key: str) -> float:
-    at = obj.get(key)
-    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
-        raise InvalidAlert(f"{key} must be a Unix time (a number)")
-    return float(at)

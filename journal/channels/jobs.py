@@ -10,14 +10,21 @@ evaluated which checkpoint: ``job_id`` and ``checkpoint_path`` in one record.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from typing import Any
 
 import orjson
 
-from journal.rundir.inbox import MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
+from journal.rundir.inbox import (
+    MAX_FILE_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    checked_id,
+    checked_int,
+    checked_text,
+    checked_time,
+)
 
 #: The ``kind`` of an inbox file that is a job record (a report file has none).
 JOB_KIND = "job"
@@ -38,7 +45,9 @@ FINAL_JOB_STATES = frozenset(
         "LOST",  # ours: the scheduler no longer knows the job and it left no exit code
     }
 )
-_TEXT = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source", "log_path")
+#: A job's text fields, in their record's order: names, then paths (which may be long).
+_NAMES = ("job_id", "scheduler", "state", "node", "delivery_id", "hook", "source")
+_PATHS = ("log_path", "checkpoint_path")
 
 
 class InvalidJob(ValueError):
@@ -83,35 +92,16 @@ def job_payload(
 def check_job(obj: dict[str, Any]) -> dict[str, Any]:
     """The ``job`` record payload of a job file's object, with exactly the documented
     fields; raises :class:`InvalidJob` naming the first bad one."""
-    out: dict[str, Any] = {}
-    rid = obj.get("id")
-    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_NAME_CHARS:
-        raise InvalidJob(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
-    out["id"] = rid
-    for key in _TEXT:
-        value = obj.get(key)
-        limit = MAX_TEXT_CHARS if key == "log_path" else MAX_NAME_CHARS
-        if value is not None and (not isinstance(value, str) or len(value) > limit):
-            raise InvalidJob(f"{key} must be a string of at most {limit} characters")
-        out[key] = value
+    out: dict[str, Any] = {"id": checked_id(obj, InvalidJob)}
+    for key in (*_NAMES, *_PATHS):
+        limit = MAX_TEXT_CHARS if key in _PATHS else MAX_NAME_CHARS
+        out[key] = checked_text(obj, key, InvalidJob, limit)
     for key in ("job_id", "scheduler", "state", "delivery_id"):
         if not out[key]:
             raise InvalidJob(f"{key} is required")
-    checkpoint = obj.get("checkpoint_path")
-    if checkpoint is not None and (
-        not isinstance(checkpoint, str) or len(checkpoint) > MAX_TEXT_CHARS
-    ):
-        raise InvalidJob("checkpoint_path must be a string or null")
-    out["checkpoint_path"] = checkpoint
     for key in ("step", "exit_code", "attempt"):
-        value = obj.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InvalidJob(f"{key} must be an integer or null")
-        out[key] = value
-    at = obj.get("reported_at")
-    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
-        raise InvalidJob("reported_at must be a Unix time (a number)")
-    out["reported_at"] = float(at)
+        out[key] = checked_int(obj, key, InvalidJob)
+    out["reported_at"] = checked_time(obj, "reported_at", InvalidJob)
     if len(orjson.dumps(out)) > MAX_FILE_BYTES:
         raise InvalidJob("job record too large")
     return out

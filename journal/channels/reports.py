@@ -40,6 +40,8 @@ from journal.rundir.inbox import (
     MAX_NAME_CHARS,
     RefusedFile,
     RejectedFile,
+    checked_id,
+    checked_time,
     clip,
     move_aside,
     read_json_object,
@@ -280,20 +282,12 @@ def pending(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
 def check_payload(ckpt_dir: str | os.PathLike[str], obj: dict[str, Any]) -> dict[str, Any]:
     """The ``report`` record payload of a report file's object, with exactly the documented
     fields (others are dropped); raises :class:`InvalidReport` naming the first bad one."""
-    rid = obj.get("id")
-    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_NAME_CHARS:
-        raise InvalidReport(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
+    rid = checked_id(obj, InvalidReport)
     metrics = check_metrics(obj.get("metrics"))
     step = obj.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise InvalidReport("step must be a non-negative integer or null")
-    reported_at = obj.get("reported_at")
-    if (
-        not isinstance(reported_at, (int, float))
-        or isinstance(reported_at, bool)
-        or not math.isfinite(reported_at)
-    ):
-        raise InvalidReport("reported_at must be a Unix time (a number)")
+    reported_at = checked_time(obj, "reported_at", InvalidReport)
     out: dict[str, Any] = {"id": rid, "checkpoint_path": None, "step": step, "metrics": metrics}
     checkpoint = obj.get("checkpoint_path")
     if checkpoint is not None:
@@ -307,7 +301,7 @@ def check_payload(ckpt_dir: str | os.PathLike[str], obj: dict[str, Any]) -> dict
         # who reported is ours to shorten, never a reason to drop the metrics (an older
         # watcher put a hook's whole command line in it)
         out[key] = None if value is None else clip(value, MAX_NAME_CHARS)
-    out["reported_at"] = float(reported_at)
+    out["reported_at"] = reported_at
     return out
 
 

@@ -33,7 +33,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from journal.rundir.files import atomic_write, json_files
-from journal.rundir.inbox import RejectedFile, move_aside, read_json_object, refusal
+from journal.rundir.inbox import RejectedFile, checked_time, move_aside, read_json_object, refusal
 from journal.rundir.paths import checkpoint_root, checkpoint_step, is_checkpoint_file, leases_dir
 
 log = logging.getLogger(__name__)
@@ -242,15 +242,7 @@ def _lease(path: Path) -> tuple[float, dict[str, Any]]:
     FileNotFoundError for one released meanwhile. Lease files are written by rename, so a
     complete name always holds a complete lease."""
     obj = read_json_object(path)
-    expires = obj.get("expires")
-    if (
-        not isinstance(expires, (int, float))
-        or isinstance(expires, bool)
-        or not math.isfinite(expires)
-    ):
-        shown = orjson.dumps(expires)[:40].decode(errors="replace")
-        raise RejectedFile(f"expires must be a Unix time, not {shown}")
-    return float(expires), obj
+    return checked_time(obj, "expires", RejectedFile), obj
 
 
 def _files_of(ckpt_dir: str | os.PathLike[str], names: set[str]) -> Iterator[tuple[str, Path]]:

@@ -41,7 +41,6 @@ def exporter_module() -> str:
 @click.option(
     "--step",
     type=click.IntRange(min=0),
-    default=None,
     help="The checkpoint's step (default: the newest complete checkpoint).",
 )
 @click.option("--force", is_flag=True, help="Write it again where the checkpoint has one.")

@@ -62,12 +62,16 @@ def summarize_data(event: str, data: dict[str, Any], width: int = 90) -> str:
         said = ("state", "node", "exit_code", "attempt")
         parts = [f"{k}={data[k]}" for k in said if data.get(k) is not None]
         text = f"{data.get('scheduler')} job {data.get('job_id')} {where} " + " ".join(parts)
-        return text if len(text) <= width else text[: width - 1] + "…"
+        return _cut(text, width)
     keys = _DIGEST_KEYS.get(event) or tuple(
         k for k, v in data.items() if not isinstance(v, (dict, list)) or k == "kind"
     )
     parts = [f"{k}={fmt_num(data[k])}" for k in keys if k in data and data[k] is not None]
-    text = " ".join(parts)
+    return _cut(" ".join(parts), width)
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, an ellipsis saying where it was cut."""
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -85,15 +89,13 @@ def error_line(text: str, width: int = 200) -> str:
         for ln in lines
         if not ln[0].isspace() and not ln.startswith(_TRACEBACK_NOISE)  # frames are indented
     ]
-    text = "; ".join(dict.fromkeys(said or lines[:1]))
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return _cut("; ".join(dict.fromkeys(said or lines[:1])), width)
 
 
 def _report_digest(data: dict[str, Any], width: int) -> str:
     metrics = data.get("metrics") or {}
     where = Path(str(data.get("checkpoint_path") or "-")).name
-    text = f"{where} " + " ".join(f"{k}={fmt_num(v)}" for k, v in metrics.items())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return _cut(f"{where} " + " ".join(f"{k}={fmt_num(v)}" for k, v in metrics.items()), width)
 
 
 def print_records_table(records: Iterable[Record]) -> None:

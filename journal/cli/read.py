@@ -162,17 +162,10 @@ def spread_values(args: list[str], greedy: tuple[str, ...], takes_value: set[str
     help="Only these events: -e save report (or -e save -e report).",
 )
 @click.option(
-    "--since-step",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Only records at or after this step.",
+    "--since-step", type=click.IntRange(min=0), help="Only records at or after this step."
 )
 @click.option(
-    "--last",
-    "last_n",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Only the last N matching records.",
+    "--last", "last_n", type=click.IntRange(min=1), help="Only the last N matching records."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSONL (one record per line).")
 @user_errors
@@ -250,11 +243,9 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
 
 @click.command()
 @click.argument("dir", type=RUN_DIR_OR_URI)
-@click.option("--event", "-e", default=None, help="Event name, e.g. save.")
+@click.option("--event", "-e", help="Event name, e.g. save.")
 @click.option(
     "--best",
-    "best",
-    default=None,
     metavar="METRIC:max|min",
     help="Instead of an event: the path of the best surviving checkpoint of the journal's "
     "current run by a reported (or evaluate) metric, e.g. accuracy:max.",
@@ -266,7 +257,6 @@ def tail(dir: str, follow: bool, n: int, interval: float, as_json: bool) -> None
 @click.option(
     "--field",
     "field_name",
-    default=None,
     help="Dotted path to print, e.g. checkpoint_path or metrics.accuracy (looked up in the "
     "envelope, then in data). Default: the whole record as JSON.",
 )

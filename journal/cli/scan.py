@@ -22,7 +22,6 @@ from journal.rundir.paths import resolve_journal
 JOBS_OPTION = click.option(
     "--jobs",
     type=click.IntRange(min=1),
-    default=None,
     help="Processes that scan parts of a large journal at once "
     "[default: one per core, at most 4, one per 16 MB].",
 )
@@ -104,7 +103,6 @@ def schema() -> None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False),
-    default=None,
     help="PNG path (default: <ckpt_dir>/journal.png).",
 )
 @user_errors

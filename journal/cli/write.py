@@ -26,17 +26,15 @@ WAIT_DEFAULT_S = 300.0  # ``control --wait`` without SECONDS
 @click.command()
 @click.argument("command", type=click.Choice(CONTROL_COMMANDS))
 @click.argument("dir", type=click.Path())
-@click.option("--reason", default=None, help="Why; recorded in the journal's control record.")
+@click.option("--reason", help="Why; recorded in the journal's control record.")
 @click.option(
     "--source",
-    default=None,
     help="Who asks (default: host:pid; in a watcher hook: hook:EVENT:DELIVERY_ID). It says "
     "who stopped a run in status's stop_source: start it with eval: for an eval.",
 )
 @click.option(
     "--id",
     "command_id",
-    default=None,
     help="Command id: 1 to 200 letters, digits and _.:@+=- (default: a fresh unique id).",
 )
 @click.option(
@@ -135,17 +133,14 @@ def _refuse_used_id(run_dir: Path, command_id: str) -> None:
 @click.argument("dir", type=click.Path())
 @click.argument("metrics", nargs=-1, metavar="NAME=VALUE...")
 @click.option(
-    "--checkpoint",
-    default=None,
-    help="The checkpoint the results belong to [default: $ILAB_CHECKPOINT_PATH].",
+    "--checkpoint", help="The checkpoint the results belong to [default: $ILAB_CHECKPOINT_PATH]."
 )
 @click.option(
     "--step",
     type=click.IntRange(min=0),
-    default=None,
     help="Its step [default: $ILAB_STEP, else from the checkpoint's name].",
 )
-@click.option("--source", default=None, help="Who reports (default: host:pid).")
+@click.option("--source", help="Who reports (default: host:pid).")
 @user_errors
 def report(
     dir: str, metrics: tuple[str, ...], checkpoint: str | None, step: int | None, source: str | None

@@ -11,6 +11,7 @@ the refusal once (:func:`refusal`: a ``control`` record naming no command).
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
@@ -98,6 +99,42 @@ def read_json_object(path: Path, limit: int = MAX_FILE_BYTES) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise RejectedFile("not a JSON object")
     return obj
+
+
+def checked_id(obj: Mapping[str, Any], error: type[ValueError]) -> str:
+    """An inbox file's ``id``: a string of 1 to :data:`MAX_NAME_CHARS` characters; raises
+    ``error`` (the inbox's own refusal) otherwise."""
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_NAME_CHARS:
+        raise error(f"id must be a string of 1 to {MAX_NAME_CHARS} characters")
+    return rid
+
+
+def checked_text(
+    obj: Mapping[str, Any], key: str, error: type[ValueError], limit: int = MAX_TEXT_CHARS
+) -> str | None:
+    """``obj[key]``: a string of at most ``limit`` characters, or None; raises ``error``."""
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > limit):
+        raise error(f"{key} must be a string of at most {limit} characters, or null")
+    return value
+
+
+def checked_time(obj: Mapping[str, Any], key: str, error: type[ValueError]) -> float:
+    """``obj[key]`` as a Unix time: a finite number, not a boolean; raises ``error``."""
+    at = obj.get(key)
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+        shown = orjson.dumps(at)[:40].decode(errors="replace")
+        raise error(f"{key} must be a Unix time, not {shown}")
+    return float(at)
+
+
+def checked_int(obj: Mapping[str, Any], key: str, error: type[ValueError]) -> int | None:
+    """``obj[key]``: an integer (not a boolean) or None; raises ``error``."""
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise error(f"{key} must be an integer or null")
+    return value
 
 
 def move_aside(path: Path) -> Path | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -63,15 +64,29 @@ def downsample(
     return x[keep].tolist(), y[keep].tolist()
 
 
-def alert_marks(s: RunSummary, alerts: list[AlertSeen]) -> dict[str, Any]:
-    """What the page marks a run with: its alerts' kinds (hang, diverged, ...; raised and
-    not journaled yet too: :meth:`~journal.views.fold.RunFold.judged`'s), the newest, and
-    ``stuck``: the run is hung, or that one is a death that no step has ended since (no
-    ETA)."""
+def run_row(s: RunSummary, alerts: list[AlertSeen], log: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's page and its row in the runs list both say of it (``log``: the payload
+    of its last ``log`` record), with its marks: its alerts' kinds (hang, diverged, ...;
+    raised and not journaled yet too: :meth:`~journal.views.fold.RunFold.judged`'s), the
+    newest, and ``stuck``: the run is hung, or that one is a death that no step has ended
+    since (no ETA)."""
     last = s.last_alert
     died = last is not None and last["kind"] == "died" and (last["step"] or 0) >= s.last_step
-    kinds = sorted({a.kind for a in alerts} - {"recovered"})
-    return {"alert_kinds": kinds, "stuck": s.state == "hung" or died, "last_alert": last}
+    return {
+        "run_id": s.run_id,
+        "attempt": s.attempt,
+        "state": s.state,
+        "reason": s.reason,
+        "step": s.last_step,
+        "total_steps": s.total_steps,
+        "tokens_per_s": log.get("tokens_per_s"),
+        "best": s.best_checkpoint,
+        "last_loss": s.last_loss,
+        "last_ts": s.last_ts,
+        "alert_kinds": sorted({a.kind for a in alerts} - {"recovered"}),
+        "stuck": s.state == "hung" or died,
+        "last_alert": last,
+    }
 
 
 def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> dict[str, Any]:
@@ -79,32 +94,23 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
     run stale or stuck), best and alerts."""
     now = time.time() if now is None else now
     s, alerts = fold.run.judged(stale_after=stale_after, now=now)
-    marks = alert_marks(s, alerts)
     prev, last = fold.prev_log, fold.last_log
     log = last["data"] if last is not None else {}
+    row = run_row(s, alerts, log)
     eta = None
     # (a log record's ts is None when its writer left it out: no rate from it)
-    if s.state == "running" and not marks["stuck"] and prev and last and s.total_steps:
+    if s.state == "running" and not row["stuck"] and prev and last and s.total_steps:
         steps, t1, t0 = last["step"] - prev["step"], last["ts"], prev["ts"]
         if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
             eta = (s.total_steps - s.last_step) * (t1 - t0) / steps
     return {
-        "run_id": s.run_id,
-        "attempt": s.attempt,
-        "state": s.state,
+        **row,
         "meaning": STATE_MEANING.get(s.state, ""),
         "exit_code": STATE_EXIT_CODES.get(s.state, 1),
-        "reason": s.reason,
-        "step": s.last_step,
-        "total_steps": s.total_steps,
-        "tokens_per_s": log.get("tokens_per_s"),
         "samples_per_s": log.get("samples_per_s"),
         "eta_s": eta,
-        "best": s.best_checkpoint,
         "keep_best": s.keep_best,
-        "last_loss": s.last_loss,
         "last_val_loss": s.last_val_loss,
-        "last_ts": s.last_ts,
         "age_s": None if s.last_ts is None else max(0.0, now - s.last_ts),
         "stale": s.state == "stale",
         # the run's last attempt has journaled its end: a command would never be applied
@@ -113,7 +119,6 @@ def summary(fold: RunFold, *, stale_after: float, now: float | None = None) -> d
         "invalid_lines": fold.invalid,
         "error": s.error,
         "guards": [{**g, "age_s": now - g["looked_at"]} for g in s.guards],
-        **marks,
     }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from journal.rundir.ledger import claims_dir
 from journal.rundir.paths import JOURNAL_NAME
-from journal.serve.data import STATE_MEANING, alert_marks
+from journal.serve.data import STATE_MEANING, run_row
 from journal.serve.fold import RunFold
 from journal.views.index import summarize
 from journal.views.query import find_last
@@ -120,30 +120,17 @@ class RunSet:
         s, alerts = truth.judged(stale_after=None, now=now, run_dir=run.dir)
         last_log = find_last(run.journal, "log")
         log = last_log["data"] if last_log is not None else {}
-        marks = alert_marks(s, alerts)
-        per_step = None if marks["stuck"] else log.get("elapsed_time")  # stuck: no ETA
-        eta = None
-        if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):
-            eta = max(0, s.total_steps - s.last_step) * per_step
         row = {
             "key": run.key,
             "source": run.source,
             "remote": run.remote,
-            "run_id": s.run_id,
-            "attempt": s.attempt,
-            "state": s.state,
-            "reason": s.reason,
-            "step": s.last_step,
-            "total_steps": s.total_steps,
-            "tokens_per_s": log.get("tokens_per_s"),
-            "eta_s": eta,
-            "best": s.best_checkpoint,
-            "last_loss": s.last_loss,
-            "started_ts": s.started_ts,
-            "last_ts": s.last_ts,
-            "records": s.records,
-            **marks,
+            **run_row(s, alerts, log),
         }
+        per_step = None if row["stuck"] else log.get("elapsed_time")  # stuck: no ETA
+        eta = None
+        if s.state == "running" and s.total_steps and isinstance(per_step, (int, float)):
+            eta = max(0, s.total_steps - s.last_step) * per_step
+        row |= {"eta_s": eta, "started_ts": s.started_ts, "records": s.records}
         run._row = (ident, row)
         return _aged(row, now, self.stale_after)
 

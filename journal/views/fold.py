@@ -168,26 +168,14 @@ class CheckpointView:
         return "leased" if self.leases else "on_disk"
 
     def to_dict(self) -> dict[str, Any]:
-        f = self.fate
         return {
-            "key": f.key,
-            "path": f.path,
-            "name": f.name,
-            "step": f.step,
-            "run_id": f.run_id,
-            "attempt": f.attempt,
-            "saved_ts": f.saved_ts,
-            "trigger": f.trigger,
-            "saved": f.saved,
+            **asdict(self.fate),  # its removal and reports as dicts too
+            "name": self.fate.name,
+            "jobs": list(self.fate.jobs.values()),
             "state": self.state,
             "on_disk": self.on_disk,
             "best": self.best,
-            "removed": asdict(f.removed) if f.removed is not None else None,
-            "kept": f.kept,
             "leases": self.leases,
-            "metrics": dict(f.metrics),
-            "reports": [asdict(r) for r in f.reports],
-            "jobs": list(f.jobs.values()),
         }
 
 

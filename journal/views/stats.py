@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,11 @@ class PhaseStats:
         return self.total_s / self.count if self.count else None
 
     def to_dict(self) -> dict[str, Any]:
-        total = self.total_s if self.count else None
+        # no time is known when nothing was measured (not 0 s)
         return {
-            "count": self.count,
-            "total_s": total,
+            **asdict(self),
+            "total_s": self.total_s if self.count else None,
             "mean_s": self.mean_s,
-            "unmeasured": self.unmeasured,
         }
 
 

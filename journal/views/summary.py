@@ -10,6 +10,7 @@ from typing import Any
 from journal.record.fields import accepted
 from journal.record.record import Record
 from journal.rundir.paths import REPORTS_DIR_NAME
+from journal.views.ledger import int_or_none, str_or_none
 from journal.views.stops import ending
 
 #: Exit codes of ``ilab-journal status``, one per state (documented in docs/cli.md).
@@ -128,10 +129,8 @@ class Summarizer:
             s.run_id, s.attempt = rec["run_id"], rec["attempt"]
         if event == "train_begin":
             config = data.get("config") or {}
-            keep_best = config.get("keep_best")
-            s.keep_best = keep_best if isinstance(keep_best, str) else None
-            n = config.get("keep_last_n")
-            s.keep_last_n = n if isinstance(n, int) and not isinstance(n, bool) else None
+            s.keep_best = str_or_none(config.get("keep_best"))
+            s.keep_last_n = int_or_none(config.get("keep_last_n"))
             self.ended = False
             s.state, s.reason, s.error = "running", None, None
             s.stop_source = s.stopped_by = None
@@ -159,8 +158,7 @@ class Summarizer:
             if refused is not None and refused.inbox == REPORTS_DIR_NAME:
                 s.refused_reports += 1
         elif event == "control" and accepted(data) and data.get("command") in _ENDERS:
-            src = data.get("source")
-            self._enders[str(data.get("id"))] = src if isinstance(src, str) else None
+            self._enders[str(data.get("id"))] = str_or_none(data.get("source"))
             if len(self._enders) > 64:  # a flood of stops: the ending one is among the last
                 self._enders.pop(next(iter(self._enders)))
         elif event == "train_end":
