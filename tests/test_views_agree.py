@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal.checkpoints.leases import acquire, active, release
@@ -281,6 +281,12 @@ def assert_views_agree(run: Path, keep_best: str | None) -> None:
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=ops, keep_last_n=st.integers(1, 3), keep_best=st.sampled_from([GOAL, None]))
+# hung in its second attempt: backtest once folded no alert and said "running"
+@example(
+    steps=[("save",), ("end",), ("restart",), ("alert", "hang", False, True)],
+    keep_last_n=2,
+    keep_best=None,
+)
 def test_every_view_tells_the_folds_story(
     steps: list[tuple[Any, ...]], keep_last_n: int, keep_best: str | None
 ) -> None:

@@ -26,9 +26,6 @@ from journal.views.ledger import finite_number
 
 #: Records kept whole: what the best checkpoint, reported metrics and retention come from.
 _KEPT = frozenset({"evaluate", "report", "save", "checkpoint_removed"})
-#: Records the run's fold is fed besides those (not the per-step ones: they are the most,
-#: and status, the stop's source and the checkpoints do not need them).
-_FOLDED = _KEPT | {"train_begin", "train_end", "control", "job", "checkpoint_kept"}
 
 
 class Boundaries:
@@ -132,6 +129,7 @@ def read_run(
                 started = True
             if of_other_run(rec, run_id):  # the fold's rule: no view counts it
                 continue
+            fold.add(rec)  # every record: the state (hung included) is status's, to the step
             ev = rec["event"]
             if ev == "step_end":
                 ends.add(_ts(rec), rec["seq"], rec["step"], rec["samples_seen"])
@@ -148,21 +146,20 @@ def read_run(
                     if (v := values.get(name)) is not None:
                         col = logged.get(name) or logged.setdefault(name, Boundaries("d"))
                         col.add(ts, seq, step, v)
-            elif ev in _FOLDED:
-                fold.add(rec)
-                if ev in _KEPT and not fold.ledger.outside(rec["data"].get("checkpoint_path")):
+            elif ev in _KEPT:
+                if not fold.ledger.outside(rec["data"].get("checkpoint_path")):
                     kept.append(rec)
                     if ev not in ("report", "checkpoint_removed") and rec["step"] > last:
                         last = rec["step"]
-                elif ev == "train_begin":
-                    kept.append(rec)
-                    goal = fold.keep_best()
-                    if goal is not None:  # the run's own goal: its log values from here on
-                        wanted.add(goal.metric)
-                elif ev == "train_end":
-                    kept.append(rec)
-                    tl.end_ts = rec["ts"]
-                    last = max(last, rec["step"])
+            elif ev == "train_begin":
+                kept.append(rec)
+                goal = fold.keep_best()
+                if goal is not None:  # the run's own goal: its log values from here on
+                    wanted.add(goal.metric)
+            elif ev == "train_end":
+                kept.append(rec)
+                tl.end_ts = rec["ts"]
+                last = max(last, rec["step"])
             if on_record is not None:
                 on_record(rec)
     s = fold.summary()  # status's answer: the state, who stopped it, the run's retention
