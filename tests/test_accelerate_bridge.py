@@ -90,6 +90,7 @@ def run_loop(tmp_path: Path, steps: int, stop_at: int) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.extended  # the default suite's Accelerate run: the two ranks' docs-shape test
 def test_accelerate_loop_journal_reads_with_status_and_stats(tmp_path: Path) -> None:
     proc = run_loop(tmp_path, steps=7, stop_at=-1)
     assert proc.returncode == 0, proc.stderr[-3000:]
