@@ -148,15 +148,20 @@ class Precheck:
     def covers(self, start: int, end: int) -> bool:
         """Whether every line of ``[start, end)`` (line starts) has been vouched for.
         Asked with a ``start`` that never goes back: the spans before it are dropped."""
-        self._hear()
         spans = self._spans
-        while spans and spans[0][1] <= start:
-            del spans[0]
-        return bool(spans) and spans[0][0] <= start and end <= spans[0][1]
+        for hear in (False, True):  # the verdicts heard so far, most often enough
+            if hear:
+                self._hear()
+            while spans and spans[0][1] <= start:
+                del spans[0]
+            if spans and spans[0][0] <= start and end <= spans[0][1]:
+                return True
+        return False
 
     def reading(self, limit: int) -> None:
-        """Tell the checker the reader goes up to ``limit`` now (it skips past)."""
-        if limit <= self._told or self._to.closed:
+        """Tell the checker the reader goes up to ``limit`` now (it skips past), unless
+        it has vouched for that far already (a hint per read costs a write)."""
+        if limit <= self._told or self._to.closed or self._last >= limit:
             return
         self._told = limit
         with contextlib.suppress(OSError):  # full (it is busy) or gone: only a hint

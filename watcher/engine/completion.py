@@ -52,6 +52,13 @@ FAILURES_SHOWN = 3
 #: Every failure has its results line; the first and the last this many of a hook keep
 #: their output tails (a callback's traceback), the others their one-line error only.
 TAILS_KEPT = 5
+#: A replay's plain successes are written (one results line, one cursor save) once this
+#: many wait, or after :data:`RECORD_EVERY_S`: a write costs as much as hundreds of calls,
+#: and a batch small enough to stay in the CPU's caches holds about 130 (docs/performance.md).
+#: A ``kill -9`` so repeats at most these and the batch that was running: under the 4,096
+#: of a worker's batch (watcher.engine.queues ``TAKE_MAX``).
+RECORD_AFTER = 2_048
+RECORD_EVERY_S = 0.1
 
 
 @dataclasses.dataclass
@@ -97,7 +104,8 @@ class Completions:
 
     Deliveries complete in batches (:meth:`complete`: what a queue's worker or a replay's
     inline lane ran in one go): the results file gets one write and the cursor one save per
-    batch, so a crash repeats at most the batch that was running. Nothing here grows with
+    batch (a replay's plain successes: per :data:`RECORD_AFTER`), so a crash repeats at most
+    the batch that was running. Nothing here grows with
     the number of deliveries already made: finished results are counted (:attr:`tally`),
     not kept.
 
@@ -136,6 +144,11 @@ class Completions:
         self._batches: deque[Batch] = deque()
         self._pending = 0  # deliveries of the open batches not completed yet
         self._floor: int | None = None  # the min seq of the head batch, done sets pruned to it
+        #: plain successes not written yet (complete's ``defer``): id(hook) -> [its first
+        #: delivery, count, last seq, started]
+        self._lines: dict[int, list[Any]] = {}
+        self._unsaved = False  # the cursor moved since it was last saved
+        self._recorded = 0.0  # time.monotonic() of the last save
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
 
@@ -159,8 +172,9 @@ class Completions:
             self._batches.append(batch)
             self._read_end = end
             self._pending += batch.pending
-        if not batch.pending:
-            self.advance()
+            if not batch.pending:
+                self._move_head()  # saved with the next record, or by flush
+                self._unsaved = True
 
     def read_to(self, end: Cursor) -> None:
         """Read up to ``end`` with no record to deliver (only invalid lines, or nothing)."""
@@ -168,15 +182,20 @@ class Completions:
             self._read_end = end
 
     def complete(
-        self, finished: Sequence[Finished], started: float, ok: Sequence[Run] = ()
+        self,
+        finished: Sequence[Finished],
+        started: float,
+        ok: Sequence[Run] = (),
+        defer: bool = False,
     ) -> None:
         """Deliveries run in one go since ``started`` (a queue's worker, a replay's inline
         lane: watcher.engine.callable_runner ``CallableRunner.run``), recorded together:
         ``finished`` with their results, in order; ``ok`` a callable's plain successes, as
-        runs, whose records of one hook become one results line (:func:`plain_line`)."""
+        runs, whose records of one hook become one results line (:func:`plain_line`).
+        ``defer`` (the engine's thread, which calls :meth:`flush` before it waits): plain
+        successes alone wait to be written (:data:`RECORD_AFTER`), their lines growing."""
         leased = [d for d, _ in finished if d.lease is not None]
         outs: list[DeliveryResult] = []
-        lines: dict[int, list[Any]] = {}  # id(hook) -> [its first delivery, count, last seq]
         with self._lock:
             done = self.state.done
             for d, out in finished:
@@ -194,13 +213,35 @@ class Completions:
                 # seqs need not be remembered (a replay's every batch, in order)
                 if batch.pending > 0 or not self._batches or self._batches[0] is not batch:
                     done.setdefault(hook.id, set()).update(map(_seq_of, recs))
-                line = lines.setdefault(id(hook), [Delivery(hook, recs[0], batch), 0, 0])
+                line = self._lines.setdefault(
+                    id(hook), [Delivery(hook, recs[0], batch), 0, 0, started]
+                )
                 line[1] += len(recs)
                 line[2] = recs[-1]["seq"]
-            ended = time.time()
-            outs += [plain_line(d, n, last, started, ended) for d, n, last in lines.values()]
+            self._move_head()
+            waiting = sum(line[1] for line in self._lines.values())
+            due = waiting >= RECORD_AFTER or time.monotonic() - self._recorded >= RECORD_EVERY_S
+            if defer and not finished and not due:
+                return
+            outs += self._take_lines()
             hidden, said = self._count(outs)
         self._record(outs, leased, hidden, said)
+
+    def flush(self) -> None:
+        """Write what :meth:`complete` let wait: the plain successes' lines, and the cursor."""
+        with self._lock:
+            if not self._lines and not self._unsaved:
+                return
+            outs = self._take_lines()
+            hidden, said = self._count(outs)
+        self._record(outs, [], hidden, said)
+
+    def _take_lines(self) -> list[DeliveryResult]:
+        """The plain successes' lines so far, ended now (under the lock)."""
+        ended = time.time()
+        outs = [plain_line(d, n, last, t0, ended) for d, n, last, t0 in self._lines.values()]
+        self._lines.clear()
+        return outs
 
     def _count(self, outs: list[DeliveryResult]) -> tuple[set[int], list[str]]:
         """Tally ``outs`` (under the lock): the failures the console does not show one by
@@ -232,7 +273,7 @@ class Completions:
         cursor and wake the engine."""
         for d in leased:  # before the cursor moves past the delivery (module doc)
             self.checkpoints.release(d)
-        if self.results_path is not None:
+        if self.results_path is not None and outs:
             self._append_results(self.results_path, outs)
         if self.reporter is not None:
             for out in outs:
@@ -253,6 +294,7 @@ class Completions:
         """The watcher ends: for each hook that failed more often than the console showed,
         one line with the count, and a ``failures`` line in the results file holding the
         output tails of its last failures (the first ones have theirs in their own lines)."""
+        self.flush()
         summaries = []
         with self._lock:
             failures, self.failures = self.failures, {}
@@ -307,20 +349,9 @@ class Completions:
         `CursorFile.save`)."""
         with self._save_lock:  # saves in the order their states were taken
             with self._lock:
-                while self._batches and self._batches[0].pending <= 0:
-                    self._batches.popleft()
-                if self._batches:
-                    head = self._batches[0]
-                    self.state.at = head.start
-                    if head.min_seq != self._floor:  # only when the head moved: linear in all
-                        self._floor = floor = head.min_seq
-                        self.state.done = {
-                            k: {s for s in v if s >= floor} for k, v in self.state.done.items()
-                        }
-                else:
-                    self.state.at = self._read_end
-                    self.state.done = {}
-                    self._floor = None
+                self._move_head()
+                self._unsaved = False
+                self._recorded = time.monotonic()
                 if self.cursor.path is None:
                     return
                 data = self.state.to_json()  # under the lock: the done sets change outside it
@@ -328,6 +359,24 @@ class Completions:
                 self.cursor.save(data, durable=durable)
             except OSError as exc:
                 self._notice(state_write_failed(self.cursor.path.parent, exc))
+
+    def _move_head(self) -> None:
+        """The cursor's state past every leading batch whose deliveries are all done (under
+        the lock; saved by :meth:`advance`)."""
+        while self._batches and self._batches[0].pending <= 0:
+            self._batches.popleft()
+        if self._batches:
+            head = self._batches[0]
+            self.state.at = head.start
+            if head.min_seq != self._floor:  # only when the head moved: linear in all
+                self._floor = floor = head.min_seq
+                self.state.done = {
+                    k: {s for s in v if s >= floor} for k, v in self.state.done.items()
+                }
+        else:
+            self.state.at = self._read_end
+            self.state.done = {}
+            self._floor = None
 
 
 def plain_line(

@@ -57,9 +57,13 @@ from watcher.hooks.hook import Hook
 log = logging.getLogger("watcher")
 
 SAFETY_POLL_S = 1.0
-#: Bytes of journal read (and dispatched) at once: about 2,000 ``log`` records, still in
-#: the CPU's caches when dispatched and run (4 MiB replayed 10 % slower).
-READ_BYTES = 1 << 20
+#: Bytes of journal read (and dispatched) at once: about 130 ``log`` records, still in the
+#: CPU's caches when dispatched, run and freed (a replay into a callable: 1 MiB ran 30-40 %
+#: slower, once a replay's plain successes were recorded per 2,048: docs/performance.md).
+READ_BYTES = 64 << 10
+#: Bytes of a backlog read between two looks at whether the journal was replaced (and at
+#: every wait for more).
+IDENTITY_EVERY_BYTES = 8 << 20
 #: Deliveries pending before reading waits for some to complete: memory stays bounded.
 #: Counted in deliveries, not batches: live, a slow eval leaves many small batches open,
 #: and the saves that arrive meanwhile must still be read (and leased). 4,096 keeps a
@@ -234,8 +238,11 @@ class Watcher:
         try:
             self._begin()
             waiting_at: int | None = None
+            full, checked = False, 0
             while not self._stop.is_set():
-                self._check_identity()
+                if not full or follower.position.offset - checked >= IDENTITY_EVERY_BYTES:
+                    self._check_identity()  # not at every chunk of a backlog: 3 system calls
+                    checked = follower.position.offset
                 if self.completions.pending >= MAX_PENDING:
                     follower.waker.wait(SAFETY_POLL_S)  # a completion wakes it
                     continue
@@ -251,9 +258,12 @@ class Watcher:
                 else:
                     self.completions.read_to(follower.position)
                 progressed = follower.position != before
+                full = follower.position.offset - before.offset >= READ_BYTES // 2
+                if not full:  # before a wait or the end: what ran is written
+                    self.completions.flush()
                 if self._finished(final, progressed=progressed):
                     break
-                if follower.position.offset - before.offset >= READ_BYTES // 2:
+                if full:
                     continue  # a full chunk: more is there to read at once
                 if final and progressed:
                     # nothing more can come: the next read finds the end at once, and only

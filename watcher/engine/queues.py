@@ -20,8 +20,9 @@ Deliver = Callable[[Delivery], DeliveryResult]
 #: runner's ``run``): the deliveries with a result, and the plain successes as runs.
 RunMany = Callable[[list[Run], Callable[[], bool]], tuple[list[Finished], list[Run]]]
 #: Records deliveries run in one go (``Completions.complete``): those with a result, when
-#: their run started, and plain successes as runs.
-Complete = Callable[[Sequence[Finished], float, Sequence[Run]], None]
+#: their run started, plain successes as runs, and whether plain successes alone may wait
+#: to be written (the engine's own thread: it flushes them).
+Complete = Callable[[Sequence[Finished], float, Sequence[Run], bool], None]
 
 #: The most deliveries a worker of a callable lane takes at once: it runs them in order and
 #: records them together (one results write, one cursor save), so a crash repeats at most
@@ -157,7 +158,7 @@ class HookQueue:
         thread, and record them as a worker does; ``stop`` abandons what is left."""
         started = time.time()
         assert self._many is not None  # an inline lane is a callable's
-        self._finish(*self._many(runs, stop.is_set), started, stop.is_set)
+        self._finish(*self._many(runs, stop.is_set), started, stop.is_set, defer=True)
 
     def _closed(self) -> bool:
         return self.closed
@@ -182,13 +183,15 @@ class HookQueue:
         ok: list[Run],
         started: float,
         stopped: Callable[[], bool],
+        *,
+        defer: bool = False,
     ) -> None:
         """Record what ran since ``started``, after the object's ``after_deliveries()``
         (unless ``stopped``): if it fails, so did the deliveries it was writing."""
         error = None if stopped() else self.after_deliveries()
         if error is not None:
             finished, ok = failed_with(finished, ok, error), []
-        self._complete(finished, started, ok)
+        self._complete(finished, started, ok, defer)
 
     def after_deliveries(self) -> str | None:
         """The object's ``after_deliveries()`` (an exporter writes what it buffered), if it
@@ -208,10 +211,14 @@ class HookQueue:
         return None
 
     def _complete(
-        self, finished: Sequence[Finished], started: float, ok: Sequence[Run] = ()
+        self,
+        finished: Sequence[Finished],
+        started: float,
+        ok: Sequence[Run] = (),
+        defer: bool = False,
     ) -> None:
         try:
-            self._complete_fn(finished, started, ok)
+            self._complete_fn(finished, started, ok, defer)
         except Exception as exc:
             d = finished[0][0] if finished else Delivery(ok[0].hook, ok[0].records[0], ok[0].batch)
             self._notice(

@@ -37,6 +37,7 @@ class CallbackSpecError(ValueError):
 #: first use (a reader's record has every one: journal/record/record.py).
 _FROM_RECORD = {f: f for f in ENVELOPE_FIELDS if f not in ("v", "event", "data")}
 _FROM_RECORD["name"] = "event"
+_new, _set = object.__new__, object.__setattr__  # Event.of: two C calls and a dict
 
 
 def delivery_id_for(rec: Record, short_id: str) -> str:
@@ -87,8 +88,8 @@ class Event:
         (:meth:`__getattr__`), ``delivery_id`` made from ``hook``'s ``short_id`` too. Not
         through the frozen ``__init__`` (3x slower); what callbacks get is as frozen, with
         the same fields, as ever."""
-        event = object.__new__(cls)
-        event.__dict__.update(record=rec, ckpt_dir=ckpt_dir, data=data, _hook=hook)
+        event = _new(cls)
+        _set(event, "__dict__", {"record": rec, "ckpt_dir": ckpt_dir, "data": data, "_hook": hook})
         return event
 
     def __getattr__(self, name: str) -> Any:
