@@ -134,8 +134,7 @@ def check(
     facts = folder.facts(s, names)
     if s.state in UNJUDGED:
         _unjudged(s.state, f"{path.parent}: {s.state}{waited}: cannot judge", as_json, path)
-    missing = {m for m in metrics if not folder.values[m].values}
-    if missing:
+    if missing := {m for m in metrics if not folder.values[m].values}:
         _unknown_metrics(reading, missing, expectations, s.keep_best, pending, wait, quiet)
     results = [(e.text, e.holds(facts), e.values(facts)) for e in expectations]
     ok = all(h for _, h, _ in results)
