@@ -113,9 +113,8 @@ def guest(
     :class:`~journal.rundir.lock.JournalLocked` when it stays busy (its holder, a trainer,
     journals for itself). ``lock``: one the caller already holds (it stays held)."""
     path = run_dir(ckpt_dir)
-    own = lock is None
     held = JournalLock(path, role=role) if lock is None else lock
-    if own:
+    if lock is None:
         held.acquire(timeout=timeout)
     writer = GuestWriter(path)
     try:
@@ -124,7 +123,7 @@ def guest(
         try:
             writer.close()
         finally:
-            if own:
+            if lock is None:  # ours: the caller's stays held
                 held.release()
 
 

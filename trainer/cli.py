@@ -31,11 +31,10 @@ def _errors(
     lines = []
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
+        path = prefix + ".".join(str(x) for x in e["loc"])
         if not e["loc"]:  # a check across fields: its message names them
             lines.append(msg)
-            continue
-        path = prefix + ".".join(str(x) for x in e["loc"])
-        if e["type"] == "extra_forbidden":  # only a config file can carry unknown keys
+        elif e["type"] == "extra_forbidden":  # only a config file can carry unknown keys
             lines.append(f"unknown setting {path!r} in --config")
         else:
             lines.append(f"{setting_name(path, flags, source or '--config')}: {msg}")

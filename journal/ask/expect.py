@@ -142,9 +142,7 @@ def parse(text: str) -> Expectation:
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
     out, pos = [], 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
+    while text[pos:].strip():  # blanks left: the end
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             bad = text[pos:].lstrip()[:20]
@@ -370,8 +368,7 @@ def _truth(node: Node, facts: Mapping[str, Any]) -> Any:
         left = _value(node.left, facts)
         rights = [_value(r, facts) for r in node.right]
         if node.op in ("in", "not in"):
-            found = any(_equal(left, r) for r in rights)
-            return found if node.op == "in" else not found
+            return any(_equal(left, r) for r in rights) == (node.op == "in")
         right = rights[0]
         if node.op in ("==", "!="):
             return _equal(left, right) == (node.op == "==")

@@ -12,6 +12,7 @@ import click
 from journal.cli.common import (
     Seconds,
     UserError,
+    as_user_error,
     dumps,
     require_journal,
     stale_after_option,
@@ -106,10 +107,8 @@ def check(
     from journal.rundir.lock import run_holder
     from journal.rundir.paths import JournalNotFound
 
-    try:
+    with as_user_error(ExpectError):
         expectations = [parse(text) for text in exprs]
-    except ExpectError as exc:
-        raise UserError(str(exc)) from None
     path = resolve_journal(run, must_exist=False)
     waited = f" after waiting {wait:g}s" if wait is not None else ""
     if wait is not None and not path.exists():  # not there yet: wait for it, same deadline
@@ -135,8 +134,7 @@ def check(
     facts = folder.facts(s, names)
     if s.state in UNJUDGED:
         _unjudged(s.state, f"{path.parent}: {s.state}{waited}: cannot judge", as_json, path)
-    missing = {m for m in metrics if not folder.values[m].values}
-    if missing:
+    if missing := {m for m in metrics if not folder.values[m].values}:
         _unknown_metrics(reading, missing, expectations, s.keep_best, pending, wait, quiet)
     results = [(e.text, e.holds(facts), e.values(facts)) for e in expectations]
     ok = all(h for _, h, _ in results)

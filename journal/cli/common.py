@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +40,15 @@ def user_errors(fn: F) -> F:
             raise UserError(f"{exc.filename}: {exc.strerror}") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def as_user_error(*errors: type[Exception]) -> Iterator[None]:
+    """Any of ``errors`` raised inside as a :class:`UserError` with its message."""
+    try:
+        yield
+    except errors as exc:
+        raise UserError(str(exc)) from None
 
 
 class Number(click.ParamType):

@@ -278,12 +278,11 @@ def query(
         raise UserError("give exactly one of --event EVENT and --best METRIC:max|min")
     path = resolve_journal(dir)
     if best is not None:
+        from journal.cli.common import as_user_error
         from journal.views.best import MetricGoal
 
-        try:
+        with as_user_error(ValueError):
             goal = MetricGoal.parse(best)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
         top = find_best(path, goal, run_id=tail(path).run_id)  # the journal's run only
         if top is None:
             click.echo(f"no surviving checkpoint has a {goal.metric!r} value in {path}", err=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import orjson
 
-from journal.cli.common import UserError, dumps, require_journal, user_errors
+from journal.cli.common import as_user_error, dumps, require_journal, user_errors
 from journal.cli.format import stats_text
 from journal.record.text import printable
 from journal.remote.readers import RUN_DIR_OR_URI
@@ -112,8 +112,6 @@ def plot(dir: str, output: str | None) -> None:
 
     path = resolve_journal(dir)
     out = Path(output) if output else path.parent / "journal.png"
-    try:
+    with as_user_error(MissingPlotExtra, NothingToPlot):
         plot_journal(path, out)
-    except (MissingPlotExtra, NothingToPlot) as exc:
-        raise UserError(str(exc)) from None
     click.echo(str(out))

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from journal.checkpoints.leases import MAX_TTL_S
-from journal.cli.common import Seconds, UserError, user_errors
+from journal.cli.common import Seconds, UserError, as_user_error, user_errors
 from journal.record.events import CONTROL_COMMANDS
 from journal.record.text import printable
 from journal.rundir.paths import JOURNAL_NAME, checkpoint_step, ckpt_dir_of, resolve_journal
@@ -80,11 +80,9 @@ def control(
         wait_for_verdict,
     )
 
-    try:
-        if command_id is not None:  # before anything is read or written
+    if command_id is not None:  # before anything is read or written
+        with as_user_error(InvalidCommand):
             check_command_id(command_id)
-    except InvalidCommand as exc:
-        raise UserError(str(exc)) from None
     p = _run_dir(dir)
     if not p.is_dir():
         raise UserError(f"{dir}: no such checkpoint directory")
@@ -163,10 +161,8 @@ def report(
 
     path = resolve_journal(dir)  # it must exist
     _run_dir(dir)
-    try:
+    with as_user_error(InvalidReport):
         values = parse_assignments(metrics)
-    except InvalidReport as exc:
-        raise UserError(str(exc)) from None
     checkpoint = checkpoint or os.environ.get("ILAB_CHECKPOINT_PATH") or None
     if step is None:
         step = _default_step(checkpoint)
@@ -183,15 +179,13 @@ def report(
                 f"{goal.metric}={value!r}: the run keeps the best checkpoint by {goal}, "
                 "so this metric must be a number"
             )
-    try:
+    with as_user_error(InvalidReport):  # a checkpoint of another run or not on disk, over 64 KiB
         rid = submit_report(
             path.parent,
             Report(values, checkpoint_path=checkpoint, step=step),
             source=source,
             delivery_id=os.environ.get("ILAB_DELIVERY_ID") or None,
         )
-    except InvalidReport as exc:  # a checkpoint of another run or not on disk, over 64 KiB
-        raise UserError(str(exc)) from None
     click.echo(rid)
 
 
@@ -249,10 +243,8 @@ def lease(dir: str, checkpoint: str, ttl: float) -> None:
     from journal.checkpoints.leases import LeaseError, acquire
 
     ckpt_dir = _run_dir(dir)
-    try:
+    with as_user_error(LeaseError):
         held = acquire(ckpt_dir, checkpoint, ttl=ttl)
-    except LeaseError as exc:
-        raise UserError(str(exc)) from None
     click.echo(held.id)
 
 
@@ -265,10 +257,8 @@ def release(dir: str, lease_id: str) -> None:
     from journal.checkpoints.leases import LeaseError
     from journal.checkpoints.leases import release as release_lease
 
-    try:
+    with as_user_error(LeaseError):
         release_lease(_run_dir(dir), lease_id)
-    except LeaseError as exc:
-        raise UserError(str(exc)) from None
 
 
 def _run_dir(dir: str) -> Path:

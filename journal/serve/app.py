@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ from starlette.staticfiles import StaticFiles
 
 from journal.channels.control import CommandRefused, InvalidCommand, send_command
 from journal.serve import data
+from journal.serve.fold import RunFold
 from journal.serve.marks import style_table
-from journal.serve.runs import RunSet
+from journal.serve.runs import Run, RunSet
 
 STATIC = Path(__file__).parent / "static"
 #: Commands the page's buttons send (stop, save, evaluate; abort stays a CLI decision).
@@ -116,26 +118,25 @@ def build_app(cfg: ServeConfig) -> Starlette:
     def api_runs(request: Request) -> Response:
         return _json({"runs": runs.rows()})
 
-    def _fold(request: Request) -> Any:
-        """The run and its fold read on, or the answer saying why there is none (one line)."""
-        run = runs.get(request.path_params["key"])
-        if run is None:
-            return None, _error(404, "no such run")
-        fold = run.opened()
-        return run, _error(500, fold.unreadable) if fold.unreadable else fold
+    def with_fold(handler: Callable[[Request, Run, RunFold], Response]) -> Callable[..., Response]:
+        """A run's route: ``handler`` given the run and its fold read on, or the answer
+        saying why there is none (one line)."""
 
-    def api_run(request: Request) -> Response:
-        run, fold = _fold(request)
-        if isinstance(fold, Response):
-            return fold
+        def answer(request: Request) -> Response:
+            run = runs.get(request.path_params["key"])
+            if run is None:
+                return _error(404, "no such run")
+            fold = run.opened()
+            return _error(500, fold.unreadable) if fold.unreadable else handler(request, run, fold)
+
+        return answer
+
+    def api_run(request: Request, run: Run, fold: RunFold) -> Response:
         body = data.snapshot(fold, width=_width(request), stale_after=runs.stale_after)
         body.update(key=run.key, source=run.source, remote=run.remote)
         return _json(body)
 
-    def api_updates(request: Request) -> Response:
-        _, fold = _fold(request)
-        if isinstance(fold, Response):
-            return fold
+    def api_updates(request: Request, run: Run, fold: RunFold) -> Response:
         lengths = [int(n) for n in request.query_params.get("n", "").split(",") if n.isdigit()]
         body = data.updates(
             fold,
@@ -148,10 +149,7 @@ def build_app(cfg: ServeConfig) -> Starlette:
         )
         return _json(body)
 
-    def api_series(request: Request) -> Response:
-        _, fold = _fold(request)
-        if isinstance(fold, Response):
-            return fold
+    def api_series(request: Request, run: Run, fold: RunFold) -> Response:
         name = request.query_params.get("name", "")
         lo, hi = _float(request, "lo"), _float(request, "hi")
         out = data.series_range(fold, name, lo, hi, _width(request))
@@ -194,9 +192,9 @@ def build_app(cfg: ServeConfig) -> Starlette:
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Route("/api/config", api_config),
         Route("/api/runs", api_runs),
-        Route("/api/runs/{key}", api_run),
-        Route("/api/runs/{key}/updates", api_updates),
-        Route("/api/runs/{key}/series", api_series),
+        Route("/api/runs/{key}", with_fold(api_run)),
+        Route("/api/runs/{key}/updates", with_fold(api_updates)),
+        Route("/api/runs/{key}/series", with_fold(api_series)),
         Route("/api/runs/{key}/control", api_control, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -166,12 +166,11 @@ class CheckpointLedger:
         if not isinstance(path, str) or not path or self.outside(path):
             return None
         key = checkpoint_key(path)
-        fate = self._fates.get(key)
-        if fate is None:
-            fate = self._fates[key] = CheckpointFate(
+        if key not in self._fates:
+            self._fates[key] = CheckpointFate(
                 key, canonical_checkpoint(self.run_dir, path), step, run_id=self.run_id
             )
-        return fate
+        return self._fates[key]
 
     def outside(self, path: Any) -> bool:
         """Whether a record names a path outside the run dir (when known): no checkpoint
@@ -275,8 +274,7 @@ class CheckpointLedger:
         ledger.run_id, ledger.ended = state["run_id"], bool(state["ended"])
         for raw in state["fates"]:
             raw = dict(raw)
-            removed = raw.pop("removed")
-            reports = raw.pop("reports")
+            removed, reports = raw.pop("removed"), raw.pop("reports")
             fate = CheckpointFate(**raw)
             fate.removed = Removal(**removed) if removed else None
             fate.reports = [ReportSeen(**r) for r in reports]

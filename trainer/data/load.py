@@ -96,8 +96,7 @@ def _tokenized(
             error = str(exc)
     errors: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
-    first = next((e for e in errors if e), None)
-    if first:
+    if first := next((e for e in errors if e), None):
         raise DataError(first)
     out, stats, hit = prepared or (*chat.cached_chat_data(*settings), False)
     if stats.dropped_too_long and dist.get_rank() == 0:

@@ -109,17 +109,16 @@ def as_fields(obj: Any, what: str) -> dict[str, Any]:
     """The fields of an instructlab-training object or a mapping, as plain values (enums
     as their values, nested objects as mappings)."""
     if isinstance(obj, Mapping):
-        fields = {str(k): _plain(v) for k, v in obj.items()}
-    elif isinstance(obj, BaseModel):  # instructlab-training's own TrainingArgs/TorchrunArgs
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, BaseModel):  # instructlab-training's own TrainingArgs/TorchrunArgs
         fields = obj.model_dump(mode="json")
         if hasattr(obj, "callbacks"):  # excluded from its dump: never dropped silently
             fields["callbacks"] = obj.callbacks
-    else:
-        kind = "TorchrunArgs" if what == "torch_args" else "TrainingArgs"
-        raise InstructLabConfigError(
-            f"{what} must be a mapping or instructlab-training's {kind}, not {type(obj).__name__}"
-        )
-    return fields
+        return fields
+    kind = "TorchrunArgs" if what == "torch_args" else "TrainingArgs"
+    raise InstructLabConfigError(
+        f"{what} must be a mapping or instructlab-training's {kind}, not {type(obj).__name__}"
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -284,8 +284,7 @@ class RunJournal:
         (reports and verdicts journaled since count), and from what the folds of the files
         it wrote before a cut of the journal knew."""
         w, goal = self.emitter.writer, self.goal
-        fold = w.live_fold() if w is not None and goal is not None else None
-        if w is None or fold is None or goal is None:
+        if w is None or goal is None or (fold := w.live_fold()) is None:
             return None
         best = None
         for f in (*w.folds_before_cut, fold):  # (a new run's fold before its train_begin:

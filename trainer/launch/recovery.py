@@ -44,6 +44,8 @@ def launch_with_restarts(
     while True:
         try:
             result = launch(train_args, restarts, stalled)
+            result.restarts = restarts
+            return result
         except TrainingFailed as exc:
             got = exc.result
             got.restarts = restarts
@@ -58,9 +60,6 @@ def launch_with_restarts(
             restarts, stalled = restarts + 1, after.stalled
             say(f"attempt {attempt} ended {got.status}: {reason}; {after.says}")
             train_args = train_args.model_copy(update={"resume": "auto"})
-            continue
-        result.restarts = restarts
-        return result
 
 
 def resolve_notify(train_args: TrainingArgs) -> TrainingArgs:

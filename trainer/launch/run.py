@@ -217,8 +217,7 @@ def _refuse_another_runs_checkpoints(ckpt_dir: Path) -> None:
     """``--resume never`` starts a new run: beside another run's checkpoints a later resume,
     or a save of the same step, would mix the two. Refused before any worker starts; nothing
     is deleted."""
-    found = list_checkpoints(ckpt_dir)
-    if found:
+    if found := list_checkpoints(ckpt_dir):
         runs = sorted({r for p in found if (r := checkpoint_run_id(p))})
         raise ConfigError(
             f"--resume never: {checkpoints_dir(ckpt_dir)} holds {len(found)} checkpoints of "
@@ -398,9 +397,8 @@ def _write_fallback_end(
     and payload (no envelope)."""
     reason = f"workers exited with code {rc} without writing train_end; see {log_path}"
     signalled = rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM)
-    status = "interrupted" if interrupted or signalled else "failed"
     payload: dict[str, Any] = {
-        "status": status,
+        "status": "interrupted" if interrupted or signalled else "failed",
         "reason": reason,
         "final_checkpoint": None,
         "error_type": "WorkerExit",

@@ -64,8 +64,7 @@ def lora_config(args: TrainingArgs, base_path: Path | None = None) -> Any:
 def add_adapters(model: nn.Module, args: TrainingArgs) -> nn.Module:
     """Inject the adapters in place and freeze everything else. A target that names no
     module, or a module peft cannot wrap, is a ValueError from peft (one line)."""
-    peft = _peft()
-    peft.inject_adapter_in_model(lora_config(args), model, adapter_name=ADAPTER)
+    _peft().inject_adapter_in_model(lora_config(args), model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
     return model

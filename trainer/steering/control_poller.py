@@ -196,8 +196,7 @@ class ControlPoller:
             return
         for name in names[:MAX_FILES_PER_POLL]:
             path = self.dir / name
-            cmd_or_rej = self._parse(path)
-            if cmd_or_rej is None:
+            if (cmd_or_rej := self._parse(path)) is None:
                 continue  # gone meanwhile
             cid = cmd_or_rej.id
             if cid is not None and cid in self.seen:
