@@ -55,9 +55,10 @@ TAILS_KEPT = 5
 #: A replay's plain successes are written (one results line, one cursor save) once this
 #: many wait, or after :data:`RECORD_EVERY_S`: a write costs as much as hundreds of calls,
 #: and a batch small enough to stay in the CPU's caches holds about 130 (docs/performance.md).
-#: A ``kill -9`` so repeats at most these and the batch that was running: under the 4,096
-#: of a worker's batch (watcher.engine.queues ``TAKE_MAX``).
-RECORD_AFTER = 2_048
+#: A ``kill -9`` so repeats at most these and the batch that was running (64 KiB: at most
+#: 700 of the smallest records), under the 4,096 of a worker's (watcher.engine.queues
+#: ``TAKE_MAX``).
+RECORD_AFTER = 3_072
 RECORD_EVERY_S = 0.1
 
 

@@ -57,10 +57,13 @@ from watcher.hooks.hook import Hook
 log = logging.getLogger("watcher")
 
 SAFETY_POLL_S = 1.0
-#: Bytes of journal read (and dispatched) at once: about 130 ``log`` records, still in the
-#: CPU's caches when dispatched, run and freed (a replay into a callable: 1 MiB ran 30-40 %
-#: slower, once a replay's plain successes were recorded per 2,048: docs/performance.md).
-READ_BYTES = 64 << 10
+#: Bytes of journal read (and dispatched) at once: about 2,000 ``log`` records, still in
+#: the CPU's caches when a queue's worker runs them (4 MiB replayed 10 % slower, 64 KiB 15 %).
+READ_BYTES = 1 << 20
+#: The same for a replay run in the engine's thread (module doc): about 130 records, still
+#: in the caches when called and freed (1 MiB ran 30-40 % slower once its plain successes
+#: were recorded per 3,072, not per read: docs/performance.md).
+INLINE_READ_BYTES = 64 << 10
 #: Bytes of a backlog read between two looks at whether the journal was replaced (and at
 #: every wait for more).
 IDENTITY_EVERY_BYTES = 8 << 20
@@ -239,6 +242,7 @@ class Watcher:
             self._begin()
             waiting_at: int | None = None
             full, checked = False, 0
+            read_bytes = INLINE_READ_BYTES if self._dispatcher.inline else READ_BYTES
             while not self._stop.is_set():
                 if not full or follower.position.offset - checked >= IDENTITY_EVERY_BYTES:
                     self._check_identity()  # not at every chunk of a backlog: 3 system calls
@@ -248,7 +252,7 @@ class Watcher:
                     continue
                 final = self._run.final  # taken before the read: it reads to the end
                 before = follower.position
-                batch = follower.read(final=final, max_bytes=READ_BYTES)
+                batch = follower.read(final=final, max_bytes=read_bytes)
                 for bad in batch.invalid:
                     self._notices(
                         f"{self.journal}:{bad.line_no}: skipped invalid line ({bad.reason})"
@@ -258,7 +262,7 @@ class Watcher:
                 else:
                     self.completions.read_to(follower.position)
                 progressed = follower.position != before
-                full = follower.position.offset - before.offset >= READ_BYTES // 2
+                full = follower.position.offset - before.offset >= read_bytes // 2
                 if not full:  # before a wait or the end: what ran is written
                     self.completions.flush()
                 if self._finished(final, progressed=progressed):
