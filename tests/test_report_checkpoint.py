@@ -93,6 +93,17 @@ def test_the_python_api_refuses_a_checkpoint_of_another_run(ckpt: Path, tmp_path
     assert pending(ckpt) == []
 
 
+@pytest.mark.parametrize("own", ["alerts", "logs", "watch", "control"])
+def test_the_run_dirs_own_directories_are_never_a_checkpoint(ckpt: Path, own: str) -> None:
+    """A report naming ``RUN/alerts`` (or another of the run dir's own directories) is
+    refused: the guard's alert ledger was taken for a checkpoint."""
+    run_with_checkpoints(ckpt, 2)
+    (ckpt / own).mkdir(exist_ok=True)
+    with pytest.raises(InvalidReport, match="not a checkpoint of"):
+        submit_report(ckpt, Report(accuracy=1.0, checkpoint_path=ckpt / own))
+    assert pending(ckpt) == []
+
+
 def test_a_planted_report_naming_a_path_elsewhere_is_refused_at_ingest(ckpt: Path) -> None:
     """A report file written by hand (not through `report`) gets the same rule."""
     run_with_checkpoints(ckpt, 4)

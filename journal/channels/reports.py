@@ -50,16 +50,14 @@ from journal.rundir.inbox import (
 )
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
-    LOGS_DIR_NAME,
     PROCESSED_DIR_NAME,
     REPORTS_DIR_NAME,
-    WATCH_DIR_NAME,
     checkpoint_root,
     checkpoint_step,
     checkpoints_dir,
     reports_dir,
 )
-from journal.rundir.safety import STEERING_DIRS, safe_dir
+from journal.rundir.safety import STEERING_DIRS, WRITTEN_DIRS, safe_dir
 from journal.store import guest
 
 log = logging.getLogger(__name__)
@@ -67,7 +65,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 Append = Callable[[str, dict[str, Any]], Any]
 #: The run dir's own directories: never a checkpoint.
-_RUN_DIRS = frozenset({*STEERING_DIRS, LOGS_DIR_NAME, WATCH_DIR_NAME})
+_RUN_DIRS = frozenset({*STEERING_DIRS, *WRITTEN_DIRS})
 
 
 class InvalidReport(ValueError):
