@@ -79,8 +79,7 @@ class CallableRunner:
         at its first attempt) as runs, with no :class:`Delivery` or result of their own."""
         finished: list[Finished] = []
         ok: list[Run] = []
-        ckpt_dir, perf_counter = self.ckpt_dir, time.perf_counter
-        new, set_dict = object.__new__, object.__setattr__
+        ckpt_dir, event_of, perf_counter = self.ckpt_dir, Event.of, time.perf_counter
         plain = _PLAIN_KEYS.issuperset  # the common payload, passed as it is (_keywords)
         asked = 0.0  # when ``stopped`` was last asked
         for hook, batch, recs, ds in runs:
@@ -104,11 +103,11 @@ class CallableRunner:
                         acted.add(i)
                         continue
                 data = rec["data"]
-                event = new(Event)  # Event.of, inlined: a replay makes millions of calls
-                fields = {"record": rec, "ckpt_dir": ckpt_dir, "data": data, "_hook": hook}
-                set_dict(event, "__dict__", fields)
                 try:
-                    returned = target(event, **(data if plain(data) else _keywords(data)))
+                    returned = target(
+                        event_of(rec, ckpt_dir, data, hook),
+                        **(data if plain(data) else _keywords(data)),
+                    )
                     if returned is None:
                         continue
                     first = Attempt(returned, None, t0)

@@ -106,9 +106,8 @@ class Completions:
     Deliveries complete in batches (:meth:`complete`: what a queue's worker or a replay's
     inline lane ran in one go): the results file gets one write and the cursor one save per
     batch (a replay's plain successes: per :data:`RECORD_AFTER`), so a crash repeats at most
-    the batch that was running. Nothing here grows with
-    the number of deliveries already made: finished results are counted (:attr:`tally`),
-    not kept.
+    the batch that was running. Nothing here grows with the number of deliveries already
+    made: finished results are counted (:attr:`tally`), not kept.
 
     A results file or cursor that cannot be written (full disk, read-only state dir) is
     said once through ``notice`` and counted in ``unrecorded``; delivery goes on.

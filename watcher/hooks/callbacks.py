@@ -87,8 +87,7 @@ class Event:
         millions): it holds the record and reads the other fields from it on first use
         (:meth:`__getattr__`), ``delivery_id`` made from ``hook``'s ``short_id`` too. Not
         through the frozen ``__init__`` (3x slower); what callbacks get is as frozen, with
-        the same fields, as ever. (``CallableRunner.run`` makes its events the same way,
-        inlined.)"""
+        the same fields, as ever."""
         event = _new(cls)
         _set(event, "__dict__", {"record": rec, "ckpt_dir": ckpt_dir, "data": data, "_hook": hook})
         return event
