@@ -72,7 +72,9 @@ def _load(chunk: bytes, start: int, end: int, first: bytes | None) -> list[Any] 
                 cut = chunk.rfind(b"\n", start, start + ARRAY_BYTES) + 1
                 if cut <= start:  # one line longer than a piece
                     cut = chunk.index(b"\n", start) + 1
-            records += orjson.loads(b"[" + chunk[start : cut - 1].replace(b"\n", b",") + b"]")
+            # two copies of the piece, not four: each one streams through the CPU's cache
+            piece = b"[%b]" % memoryview(chunk)[start : cut - 1]
+            records += orjson.loads(piece.replace(b"\n", b","))
             start = cut
     except orjson.JSONDecodeError:
         return None

@@ -261,6 +261,7 @@ class Watcher:
                     self._dispatch(batch.records, before, follower.position, batch.patched)
                 else:
                     self.completions.read_to(follower.position)
+                del batch  # its records freed before the next read makes more: the cache
                 progressed = follower.position != before
                 full = follower.position.offset - before.offset >= read_bytes // 2
                 if not full:  # before a wait or the end: what ran is written
