@@ -99,8 +99,11 @@ def start_ray(log_dir: Path) -> RayCluster:
         raise RayUnavailable("Ray is not installed (pip install 'ray[default]')")
     # Ray's unix sockets live under the temp dir: a short path (the limit is ~107 bytes)
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-    gcs, dash, node, obj, client, agent, agent_grpc, runtime, metrics = _free_ports(9)
+    ports = _free_ports(9)
+    gcs, dash, node, obj, client, agent, agent_grpc, runtime, metrics = ports
     low = 20000 + (os.getpid() * 37) % 30000  # a worker port range unlikely to be in use
+    while any(low <= p <= low + 200 for p in ports):  # Ray refuses a port used twice
+        low += 201
     argv = [
         str(ray_bin),
         *("start", "--head", "--block", "--disable-usage-stats"),
