@@ -38,7 +38,6 @@ from journal.rundir.files import atomic_write, json_files
 from journal.rundir.inbox import (
     MAX_FILE_BYTES,
     MAX_NAME_CHARS,
-    RefusedFile,
     RejectedFile,
     checked_id,
     checked_time,
@@ -46,12 +45,10 @@ from journal.rundir.inbox import (
     move_aside,
     read_json_object,
     refusal,
-    refused_file,
 )
 from journal.rundir.lock import JournalLocked
 from journal.rundir.paths import (
     PROCESSED_DIR_NAME,
-    REPORTS_DIR_NAME,
     checkpoint_root,
     checkpoint_step,
     checkpoints_dir,
@@ -337,14 +334,6 @@ def ingest(
             handled.add(path.name)
             log.warning("cannot archive %s: %s", path, exc)
     return done
-
-
-def refused_report(data: Mapping[str, Any]) -> RefusedFile | None:
-    """The report file a ``control`` record's payload says was refused (its ``name`` is
-    the report's id and ``.json``), or None (a command's verdict, another inbox's refusal).
-    ``ilab-journal status`` counts these, and a watcher tells the hook whose report it was."""
-    refused = refused_file(data)
-    return refused if refused is not None and refused.inbox == REPORTS_DIR_NAME else None
 
 
 def drain(ckpt_dir: str | os.PathLike[str], *, role: str, rounds: int = 10) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.rundir.safety import safe_dir
 
 #: The largest file an inbox reader reads: a command, a report (its metrics included) or a
@@ -215,3 +216,11 @@ def refused_file(data: Mapping[str, Any]) -> RefusedFile | None:
             why = why[:at]
             break
     return RefusedFile(m["inbox"], m["name"], why)
+
+
+def refused_report(data: Mapping[str, Any]) -> RefusedFile | None:
+    """The report file a ``control`` record's payload says was refused (its ``name`` is
+    the report's id and ``.json``), or None (a command's verdict, another inbox's refusal).
+    ``ilab-journal status`` counts these, and a watcher tells the hook whose report it was."""
+    refused = refused_file(data)
+    return refused if refused is not None and refused.inbox == REPORTS_DIR_NAME else None

@@ -9,7 +9,6 @@ from typing import Any
 
 from journal.record.fields import accepted
 from journal.record.record import Record
-from journal.rundir.paths import REPORTS_DIR_NAME
 from journal.views.ledger import int_or_none, str_or_none
 from journal.views.stops import ending
 
@@ -152,10 +151,9 @@ class Summarizer:
                 k: data.get(k) for k in ("checkpoint_path", "step", "metrics", "source")
             }
         elif event == "control" and data.get("command") is None:
-            from journal.rundir.inbox import refused_file  # rare: not at every start
+            from journal.rundir.inbox import refused_report  # rare: not at every start
 
-            refused = refused_file(data)  # a report file refused: its metrics are lost
-            if refused is not None and refused.inbox == REPORTS_DIR_NAME:
+            if refused_report(data) is not None:  # a report file refused: its metrics are lost
                 s.refused_reports += 1
         elif event == "control" and accepted(data) and data.get("command") in _ENDERS:
             self._enders[str(data.get("id"))] = str_or_none(data.get("source"))

@@ -22,9 +22,9 @@ from journal.channels.control import (
     refuse,
     send_command,
 )
-from journal.channels.reports import InvalidReport, Report, refused_report, submit_report
+from journal.channels.reports import InvalidReport, Report, submit_report
 from journal.record.record import Record
-from journal.rundir.inbox import MAX_NAME_CHARS, clip
+from journal.rundir.inbox import MAX_NAME_CHARS, clip, refused_report
 from watcher.hooks.callbacks import BadReturn, returned_actions
 from watcher.hooks.delivery import Delivery, DeliveryResult
 
