@@ -271,10 +271,10 @@ def begin_payload(
 #: callback-order tests read it.
 COUNT_CALLBACK = '''\
 """Counts on_log calls; on_train_end writes what it saw (the caller reads it), with the
-watcher process's peak memory so far."""
+watcher process's peak memory so far (VmHWM: its own; a child's ru_maxrss also counts the
+peak of the process that started it)."""
 import atexit
 import json
-import resource
 
 OUT = {out!r}
 
@@ -297,7 +297,9 @@ class Count:
 
     def dump(self):
         with open(OUT, "w") as f:
-            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            with open("/proc/self/status") as status:
+                kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+            rss_mb = int(kib) / 1024
             seen = {{"seen_at_end": self.seen_at_end, "on_log": self.n, "late": self.late}}
             json.dump({{**seen, "max_rss_mb": rss_mb}}, f)
 '''

@@ -135,7 +135,7 @@ def agree(cfg: WorkerConfig, rank: int, world: int, resume_from: Path | None) ->
 
 
 def peak_rss_mb() -> int:
-    """This process's peak resident memory so far (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    """This process's own peak resident memory so far (Linux's VmHWM: ``ru_maxrss`` of a
+    rank would count the peak of the torchrun agent that started it)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) // 1024
