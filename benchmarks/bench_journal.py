@@ -3,8 +3,9 @@
 append: a realistic ``log`` record through the public ``JournalWriter.append`` beside the
 physical floor (``orjson.dumps`` + ``os.write`` of the same dict on an O_APPEND fd), in
 interleaved blocks of the same run. Scan: a full parse of a large journal through the reader
-beside plain ``json.loads`` and ``orjson.loads`` loops over the same file (rounds
-interleaved; the ratios' median and range). Query: wall time of the real
+(``iter_batches``: with a checker process on a spare core, where there is one; ``taskset -c
+0`` measures it without) beside plain ``json.loads`` and ``orjson.loads`` loops over the
+same file (rounds interleaved; the ratios' median and range). Query: wall time of the real
 ``ilab-journal query --event save --last`` subprocess on that file.
 """
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from journal.read.lines import MAX_LINE_BYTES
 from journal.read.precheck import Precheck, usable_cores, vouchable
-from journal.read.reader import JournalReader, ReadBatch
+from journal.read.reader import JournalReader, ReadBatch, iter_batches
 from journal.read.tailing import RotatingReader
 from journal.record.events import SCHEMA_VERSION
 from tests.helpers import log_payload, wait_for
@@ -328,6 +328,34 @@ def test_it_vouches_for_the_file_held_not_the_one_at_the_path(tmp_path: Path) ->
         assert vouched.yes > 0
     finally:
         reader.close()
+
+
+def test_a_whole_scan_is_checked_ahead_of_the_file_it_began_with(tmp_path: Path) -> None:
+    """iter_batches over a whole big journal (stats, validate, a backtest's timeline): a
+    checker runs ahead, the batches are those of a scan without one and come from the file
+    held when the scan began, also once another replaces it at the path; the checker and
+    the held file end with the scan, read to its end or left part way."""
+    held = tmp_path / "journal.jsonl"
+    lines: list[bytes] = []
+    for seq in range(0, 7000, 1000):  # 18 MiB (a checker from 16), a pair every 3 MiB
+        lines += [*_good(seq, 3 * MiB), *PAIR]
+    held.write_bytes(b"\n".join(lines) + b"\n")
+    expected = _batches(JournalReader(held), max_bytes=MiB, final=True)[0][:-1]
+    fds, children = _fds(), _children()
+    scan = iter_batches(held, max_bytes=MiB)
+    first = next(scan)
+    (checker,) = _children() - children
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(b"\n".join(_good(0, held.stat().st_size + MiB)) + b"\n")
+    os.replace(other, held)
+    wait_for(lambda: checker not in _children(), timeout=60, what="the checker to finish")
+    assert [_row(first), *map(_row, scan)] == expected
+    assert (_fds(), _children()) == (fds, children)
+    scan = iter_batches(held, max_bytes=MiB)  # left part way
+    next(scan)
+    assert _children() != children
+    scan.close()
+    assert (_fds(), _children()) == (fds, children)
 
 
 def test_no_checker_outlives_its_reader(mixed: Path) -> None:

@@ -21,6 +21,9 @@ import functools
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from journal.read.lines import MAX_LINE_BYTES
 from journal.record.fields import ENVELOPE_TYPES, PAYLOAD_TYPES, payload_problem, record_problem
 
 #: Events whose payload is left to :func:`payload_problem` (a value check, not only types).
@@ -116,3 +119,19 @@ def records_ok(objs: list[Any], incomplete: list[Any] | None = None) -> bool:
     is compiled at its first use, not at import: ``status`` reads a few records and need
     not pay for it."""
     return _compile()(objs, [] if incomplete is None else incomplete)
+
+
+def load_checked(
+    lines: list[bytes], size: int, incomplete: list[dict[str, Any]]
+) -> list[Any] | None:
+    """The records of ``lines`` (``size`` bytes with their newlines), when every one is a
+    valid record (those lacking an envelope field put in ``incomplete``); else None. The
+    line path's check (journal/read/reader.py), and the checker's
+    (journal/read/precheck.py: ``vouchable``)."""
+    if size > MAX_LINE_BYTES and max(map(len, lines)) > MAX_LINE_BYTES:
+        return None
+    try:
+        objs = list(map(orjson.loads, lines))
+    except orjson.JSONDecodeError:  # a bad line (a blank one too): the slow path
+        return None
+    return objs if records_ok(objs, incomplete) else None

@@ -230,11 +230,11 @@ def _stop_all() -> None:
 def vouchable(lines: list[bytes]) -> bool:
     """Whether the line path takes each of ``lines`` (complete, without their newlines) as
     exactly the record it loads to: all valid records by its own check
-    (:func:`~journal.read.reader.load_checked`: no blank line, none over the limit), none
+    (:func:`~journal.read.checks.load_checked`: no blank line, none over the limit), none
     lacking an envelope field (completed there) nor of a newer format version (noted
     there). What the checker vouches for: a reader may load such lines as one JSON array
     (journal/read/vouched.py)."""
-    from journal.read.reader import load_checked
+    from journal.read.checks import load_checked
     from journal.record.events import SCHEMA_VERSION
 
     incomplete: list[dict[str, Any]] = []

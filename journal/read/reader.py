@@ -108,6 +108,8 @@ def _parse_part(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
     Python overhead for error handling."""
     size = sum(map(len, lines)) + len(lines)  # its bytes, newlines included
     incomplete: list[dict[str, Any]] = []
+    from journal.read.checks import load_checked  # not imported by a status with nothing to read
+
     objs = load_checked(lines, size, incomplete)
     if objs is not None:
         for obj in () if batch.as_written else incomplete:  # rare: envelope fields left out
@@ -120,23 +122,6 @@ def _parse_part(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
         batch.line_no += len(lines)
         return
     _parse_slow(lines, batch, newer_version)
-
-
-def load_checked(
-    lines: list[bytes], size: int, incomplete: list[dict[str, Any]]
-) -> list[Any] | None:
-    """The records of ``lines`` (``size`` bytes with their newlines), when every one is a
-    valid record (those lacking an envelope field put in ``incomplete``); else None. The
-    line path's check, and the checker's (journal/read/precheck.py: ``vouchable``)."""
-    from journal.read.checks import records_ok  # not imported by a status with nothing to read
-
-    if size > MAX_LINE_BYTES and max(map(len, lines)) > MAX_LINE_BYTES:
-        return None
-    try:
-        objs = list(map(orjson.loads, lines))
-    except orjson.JSONDecodeError:  # a bad line (a blank one too): the slow path
-        return None
-    return objs if records_ok(objs, incomplete) else None
 
 
 def _note_version(obj: dict[str, Any], newer_version: list[int]) -> None:
@@ -241,6 +226,8 @@ class JournalReader:
     The state to persist for resuming is its :attr:`cursor`. ``as_written``: the records
     without the envelope defaults filled in (``validate`` reports what a writer left out).
     ``vouched``: lines checked ahead, loaded as arrays (journal/read/vouched.py), the same.
+    ``held``: a descriptor of the file to read, whatever the path leads to now (a follower
+    across rotation, a scan checked ahead: the file the checker checks).
     """
 
     def __init__(
@@ -252,8 +239,10 @@ class JournalReader:
         chunk_size: int = CHUNK_SIZE,
         as_written: bool = False,
         vouched: Vouched | None = None,
+        held: int | None = None,
     ) -> None:
         self.path = Path(path)
+        self.held = held
         self.as_written = as_written
         self.vouched = vouched  # a checker (journal/read/precheck.py) on a big backlog
         self.offset = offset
@@ -322,9 +311,8 @@ class JournalReader:
         return batch
 
     def _open(self) -> int:
-        """A descriptor of the file to read (closed after each read; a follower across
-        rotation reads a file it holds open instead: journal/read/tailing.py)."""
-        return open_for_reading(self.path)
+        """A descriptor of the file to read (closed after each read): the held one's copy."""
+        return open_for_reading(self.path) if self.held is None else os.dup(self.held)
 
     def _resume_long_tail(self, carry: Carry, size: int) -> int:
         """Where to start reading: past what an earlier read measured of a torn tail over
@@ -369,17 +357,41 @@ def iter_batches(
     """Read a whole journal, or the lines in ``[start, end)`` (both line starts), batch by
     batch in bounded memory. Line numbers count from ``start``. With ``final=False`` a file
     that ends in a fragment gives a last batch with only ``torn_tail`` set (``as_written``:
-    :class:`JournalReader`'s)."""
+    :class:`JournalReader`'s). A whole journal's scan is checked ahead on a spare core when
+    it is big (:func:`_checked_ahead`); one of a range, maybe one of several in parallel
+    (journal/read/parallel.py), is not."""
     reader = JournalReader(path, offset=start, as_written=as_written)
-    while end is None or reader.offset < end:
-        before = reader.offset
-        room = max_bytes if end is None else min(max_bytes, end - before)
-        batch = reader.read(final=final, max_bytes=room)
-        if reader.offset == before:
-            if batch.torn_tail:
-                yield batch
-            return
-        yield batch
+    with _checked_ahead(reader) if start == 0 and end is None else contextlib.nullcontext():
+        while end is None or reader.offset < end:
+            before = reader.offset
+            room = max_bytes if end is None else min(max_bytes, end - before)
+            batch = reader.read(final=final, max_bytes=room)
+            if reader.offset == before:
+                if batch.torn_tail:
+                    yield batch
+                return
+            yield batch
+
+
+@contextlib.contextmanager
+def _checked_ahead(reader: JournalReader) -> Iterator[None]:
+    """A checker process over a big backlog ahead of ``reader`` (journal/read/precheck.py,
+    as a follower's), which meanwhile reads the very file it checks, held open."""
+    from journal.read.precheck import start_precheck  # it imports this module's check
+
+    held = checker = None
+    with contextlib.suppress(OSError):  # none there: the reader says so, as always
+        held = open_for_reading(reader.path)
+        checker = start_precheck(held, reader.offset)
+    if checker is not None:  # else the path is opened at each read, as always
+        reader.held, reader.vouched = held, checker
+    try:
+        yield
+    finally:
+        if checker is not None:
+            checker.close()
+        if held is not None:
+            os.close(held)
 
 
 def read_all(path: str | os.PathLike[str], *, final: bool = True) -> ReadBatch:

@@ -46,17 +46,6 @@ def _head(fd: int) -> bytes | None:
     return head if len(head) == HEAD_BYTES else None
 
 
-class _HeldReader(JournalReader):
-    """A :class:`JournalReader` of a file held open, whatever its path leads to now."""
-
-    def __init__(self, held: int, path: Path, offset: int, line_no: int) -> None:
-        super().__init__(path, offset, line_no)
-        self.held = held
-
-    def _open(self) -> int:
-        return os.dup(self.held)
-
-
 class RotatingReader:
     """Reads complete records from a journal as it grows, across rotation (module doc)."""
 
@@ -151,7 +140,7 @@ class RotatingReader:
             return None  # the copy is read to its end, then the path's file from byte 0
         self._stop_precheck()  # it vouched for what the file held before
         self._prechecked = False  # the new backlog may have one of its own
-        self.reader = _HeldReader(self._held, self.path, 0, 0)
+        self.reader = JournalReader(self.path, held=self._held)
         self._head = head
         return "truncated"
 
@@ -184,7 +173,7 @@ class RotatingReader:
         self._head = _head(fd)
         self._finished = False
         self._prechecked = False  # its backlog is looked at by the first read
-        self.reader = _HeldReader(fd, self.path, offset, line_no)
+        self.reader = JournalReader(self.path, offset, line_no, held=fd)
 
     def _start_precheck(self, fd: int) -> None:
         """Check the held file's backlog ahead of the reader when it is big (once)."""
