@@ -32,6 +32,7 @@ from journal.read.lines import (
     open_for_reading,
     too_long_reason,
 )
+from journal.read.precheck import start_precheck
 from journal.read.vouched import Vouched, vouched_lines
 from journal.record.events import SCHEMA_VERSION
 from journal.record.fields import record_problem
@@ -106,10 +107,10 @@ def _parse_part(lines: list[bytes], batch: ReadBatch, newer_version: list[int]) 
     """Parse ``lines`` into ``batch``: all in C, checked at once (journal/read/checks.py);
     line by line only for a slice that has a bad line, so clean journals pay no per-line
     Python overhead for error handling."""
-    size = sum(map(len, lines)) + len(lines)  # its bytes, newlines included
-    incomplete: list[dict[str, Any]] = []
     from journal.read.checks import load_checked  # not imported by a status with nothing to read
 
+    size = sum(map(len, lines)) + len(lines)  # its bytes, newlines included
+    incomplete: list[dict[str, Any]] = []
     objs = load_checked(lines, size, incomplete)
     if objs is not None:
         for obj in () if batch.as_written else incomplete:  # rare: envelope fields left out
@@ -377,8 +378,6 @@ def iter_batches(
 def _checked_ahead(reader: JournalReader) -> Iterator[None]:
     """A checker process over a big backlog ahead of ``reader`` (journal/read/precheck.py,
     as a follower's), which meanwhile reads the very file it checks, held open."""
-    from journal.read.precheck import start_precheck  # it imports this module's check
-
     held = checker = None
     with contextlib.suppress(OSError):  # none there: the reader says so, as always
         held = open_for_reading(reader.path)
